@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The whole netreduce test suite, from a fresh clone on Debian 12:
+#   1. installs the Debian packages it needs (scripts/install-deps.sh);
+#   2. builds and tests the release build (build/);
+#   3. builds the DPDK-free code with ASan + UBSan (build-asan/) and runs its
+#      tests there too;
+#   4. ends with one line "netreduce: N passed, M failed".
+# Exit status 0 only if every test passed. Extra arguments go to `meson test`
+# (e.g. --suite wire).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./scripts/install-deps.sh
+
+jobs=$(nproc)
+
+setup() {  # setup DIR [meson options...]
+  local dir=$1; shift
+  if [ -f "$dir/build.ninja" ]; then
+    meson setup --reconfigure "$dir" "$@" >/dev/null
+  else
+    meson setup "$dir" "$@" >/dev/null
+  fi
+}
+
+echo "== build (release) =="
+setup build --buildtype=debugoptimized
+meson compile -C build -j "$jobs"
+
+echo "== build (ASan + UBSan, DPDK-free code) =="
+setup build-asan --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false \
+  -Ddpdk=disabled -Dfuzz_iterations=1000000
+meson compile -C build-asan -j "$jobs"
+
+status=0
+echo "== test (release) =="
+meson test -C build --print-errorlogs --num-processes "$jobs" "$@" || status=1
+echo "== test (ASan + UBSan) =="
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  meson test -C build-asan --print-errorlogs --num-processes "$jobs" "$@" || status=1
+
+# One closing line over both builds, from meson's machine-readable logs.
+/usr/bin/python3 - build/meson-logs/testlog.json build-asan/meson-logs/testlog.json <<'PY'
+import json, sys
+passed = failed = skipped = 0
+for path in sys.argv[1:]:
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        failed += 1
+        continue
+    for line in lines:
+        r = json.loads(line)["result"]
+        if r in ("OK", "EXPECTEDFAIL"):
+            passed += 1
+        elif r == "SKIP":
+            skipped += 1
+        else:
+            failed += 1
+print("netreduce: %d passed, %d failed, %d skipped" % (passed, failed, skipped))
+PY
+exit $status
