@@ -29,6 +29,7 @@ uint64_t g_seed = 0;
 uint64_t g_iter = 0;
 
 [[noreturn]] void fail(const char* what) {
+  std::fflush(stdout);
   std::fprintf(stderr,
                "parse fuzz: invariant violated at iteration %" PRIu64 " (seed %" PRIu64 "): %s\n",
                g_iter, g_seed, what);

@@ -329,3 +329,42 @@ TEST_CASE("INA header round trip and magic check", "[wire][ina]") {
   CHECK(parse_op("min") == ReduceOp::min);
   CHECK_FALSE(is_valid_op(0));
 }
+
+TEST_CASE("CRC linearity: combined ICRC equals a full recompute for every opcode and size", "[wire][icrc]") {
+  std::mt19937_64 rng(99);
+  std::vector<uint8_t> payload;
+  size_t checked = 0;
+  for (uint8_t op : netreduce::testing::known_opcodes()) {
+    if (!opcode_info(op).has(kHasPayload)) continue;
+    for (size_t len = 0; len <= 4096; len += (len < 64 ? 1 : 61)) {
+      RoceFrameSpec s;
+      netreduce::testing::random_spec(rng, s, payload, 0);
+      s.opcode = op;
+      payload.resize(len);
+      for (auto& b : payload) b = static_cast<uint8_t>(rng());
+      s.payload = payload.data();
+      s.payload_len = len;
+      auto f = build(s);
+      ParsedFrame p;
+      REQUIRE(parse_frame(f.data(), f.size(), p) == ParseStatus::ok);
+      // Split anywhere between the BTH and the ICRC: head + tail == whole.
+      const size_t split = p.bth + 12 + rng() % (p.icrc() - p.bth - 12 + 1);
+      const uint32_t head = icrc_head(f.data(), p, split);
+      const uint32_t tail = crc32(0, f.data() + split, p.icrc() - split);
+      CHECK(crc32_combine(head, tail, p.icrc() - split) == icrc_compute(f.data(), p));
+      CHECK(crc32_combine_shifted(head, tail, crc32_shift(p.icrc() - split)) == icrc_load(f.data(), p));
+      ++checked;
+    }
+  }
+  CHECK(checked > 1000);
+  // crc32_combine against the CRC of the concatenation, for random buffers.
+  for (int i = 0; i < 200; ++i) {
+    std::vector<uint8_t> a(rng() % 300), b(rng() % 5000);
+    for (auto& x : a) x = static_cast<uint8_t>(rng());
+    for (auto& x : b) x = static_cast<uint8_t>(rng());
+    std::vector<uint8_t> ab(a);
+    ab.insert(ab.end(), b.begin(), b.end());
+    CHECK(crc32_combine(crc32(0, a.data(), a.size()), crc32(0, b.data(), b.size()), b.size()) ==
+          crc32(0, ab.data(), ab.size()));
+  }
+}
