@@ -1,0 +1,3 @@
+// The avx512 build of the reduction kernels (flags in meson.build).
+#define NETREDUCE_REDUCE_NS isa_avx512
+#include "reduce/kernels_impl.h"
