@@ -1,0 +1,681 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <unordered_map>
+
+#include "wire/icrc.h"
+#include "wire/opcode.h"
+#include "wire/parse.h"
+#include "wire/psn.h"
+
+namespace netreduce::engine {
+
+namespace {
+
+using wire::ParsedFrame;
+
+// ---- CLT: (src IP, dst IP, dst QPN) -> (ring slot, rank) -----------------
+struct ConnKey {
+  uint32_t src = 0;
+  uint32_t dst = 0;
+  uint32_t qpn = 0;
+  bool operator==(const ConnKey&) const = default;
+};
+
+inline uint32_t hash_key(const ConnKey& k) noexcept {
+  uint64_t h = (uint64_t{k.src} << 32 | k.dst) * 0x9E3779B97F4A7C15ull;
+  h ^= uint64_t{k.qpn} * 0xC2B2AE3D27D4EB4Full;
+  return static_cast<uint32_t>(h ^ (h >> 29));
+}
+
+// Non-INA WRITE messages on a connection the box tracks: their later packets
+// must be forwarded, not taken for INA packets whose first packet was lost.
+struct PassRange {
+  uint32_t psn0 = 0;
+  uint32_t len = 0;
+};
+constexpr unsigned kPassRanges = 4;
+
+// Open addressing with linear probing and backward-shift deletion: fixed
+// capacity, no allocation after construction.
+class Clt {
+ public:
+  struct Slot {
+    ConnKey key;
+    uint16_t ring = 0;
+    uint8_t rank = 0;
+    bool used = false;
+    bool ina = false;  // bound to (ring, rank); else a pass-through connection
+    uint8_t pass_next = 0;
+    PassRange pass[kPassRanges];
+
+    void add_pass(uint32_t psn0, uint32_t len) noexcept { pass[pass_next++ % kPassRanges] = {psn0, len}; }
+    bool in_pass(uint32_t psn) const noexcept {
+      for (const PassRange& r : pass)
+        if (r.len && wire::psn_in_range(psn, r.psn0, r.len)) return true;
+      return false;
+    }
+  };
+
+  explicit Clt(unsigned capacity) : slots_(std::bit_ceil(std::max(capacity, 16u)) * 2) {}
+
+  Slot* find(const ConnKey& k) noexcept {
+    const size_t mask = slots_.size() - 1;
+    for (size_t i = hash_key(k) & mask;; i = (i + 1) & mask) {
+      Slot& s = slots_[i];
+      if (!s.used) return nullptr;
+      if (s.key == k) return &s;
+    }
+  }
+  // nullptr when full (load factor capped at 1/2).
+  Slot* insert(const ConnKey& k) noexcept {
+    if (Slot* s = find(k)) return s;
+    if ((size_ + 1) * 2 > slots_.size()) return nullptr;
+    const size_t mask = slots_.size() - 1;
+    for (size_t i = hash_key(k) & mask;; i = (i + 1) & mask) {
+      if (!slots_[i].used) {
+        slots_[i] = Slot{};
+        slots_[i].key = k;
+        slots_[i].used = true;
+        ++size_;
+        return &slots_[i];
+      }
+    }
+  }
+  template <typename Pred>
+  void erase_if(Pred pred) noexcept {
+    for (size_t i = 0; i < slots_.size();) {
+      if (slots_[i].used && pred(slots_[i])) {
+        erase(slots_[i].key);  // may shift a later entry into i: look at i again
+        continue;
+      }
+      ++i;
+    }
+  }
+  void erase(const ConnKey& k) noexcept {
+    const size_t mask = slots_.size() - 1;
+    size_t i = hash_key(k) & mask;
+    for (;; i = (i + 1) & mask) {
+      if (!slots_[i].used) return;
+      if (slots_[i].key == k) break;
+    }
+    // Backward shift: move later entries of the cluster into the hole when
+    // their home position is at or before it.
+    size_t hole = i;
+    for (size_t j = (i + 1) & mask; slots_[j].used; j = (j + 1) & mask) {
+      const size_t home = hash_key(slots_[j].key) & mask;
+      if (((j - home) & mask) >= ((j - hole) & mask)) {
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    slots_[hole] = Slot{};
+    --size_;
+  }
+
+ private:
+  std::vector<Slot> slots_;
+  size_t size_ = 0;
+};
+
+// ---- per-ring state --------------------------------------------------------
+struct HistEntry {
+  uint32_t msg_id = 0;
+  uint32_t psn0 = 0;
+  uint16_t len = 0;  // packets
+  uint8_t dtype = 0;
+  uint8_t op = 0;
+  bool valid = false;
+};
+
+struct RankConn {
+  ConnKey key;
+  bool bound = false;
+  bool has_newest = false;
+  uint32_t newest = 0;
+};
+
+enum class CellState : uint8_t { empty, collecting, complete };
+
+struct Cell {
+  uint64_t arrived = 0;   // bitmap over ranks
+  uint64_t first_ns = 0;  // first arrival, for stall reporting
+  uint32_t tag = 0;       // msg_id
+  uint16_t data_len = 0;  // data bytes per packet (excludes the INA header)
+  uint8_t dtype = 0;
+  uint8_t op = 0;
+  CellState state = CellState::empty;
+};
+
+struct MsgSlot {
+  uint32_t tag = 0;
+  uint16_t len = 0;
+  uint16_t cells_done = 0;
+  bool valid = false;
+};
+
+struct Held {
+  Pkt pkt;
+  ParsedFrame p;
+  uint16_t data_off = 0;
+};
+
+// Accumulate mode: what it takes to rebuild a released packet.
+constexpr size_t kHdrStore = 128;
+struct StoredHdr {
+  ParsedFrame p;
+  uint16_t frame_len = 0;
+  uint16_t data_off = 0;
+  uint8_t pad_bytes[4] = {};
+  uint8_t bytes[kHdrStore];
+};
+
+// Shift operators for the linear ICRC fix-up, by data length. A ring sees
+// few lengths (full first packets, full middle packets, each message's last
+// packet), so four entries replaced round-robin almost never miss; a miss
+// rebuilds one table (about 2 us).
+struct ShiftCache {
+  static constexpr unsigned kEntries = 4;
+  std::vector<wire::Crc32Shift> entries;  // sized at ring installation
+  unsigned next = 0;
+  const wire::Crc32Shift& get(uint32_t len) noexcept {
+    for (const auto& e : entries)
+      if (e.len() == len) return e;
+    wire::Crc32Shift& e = entries[next++ % kEntries];
+    e.set(len);
+    return e;
+  }
+};
+
+struct Ring {
+  RingSpec spec;
+  unsigned p = 0;
+  uint32_t slots = 0;  // S
+  uint32_t msg_len = 0;
+  uint64_t memory = 0;
+  std::vector<Cell> cells;      // S * msg_len
+  std::vector<MsgSlot> msgs;    // S
+  std::vector<HistEntry> hist;  // P * S
+  std::vector<RankConn> conns;  // P
+  std::vector<Held> held;       // deterministic: S * msg_len * P
+  std::vector<StoredHdr> hdrs;  // accumulate: S * msg_len * P
+  std::vector<uint8_t> acc;     // accumulate: S * msg_len * 2 * payload_bytes
+  std::vector<uint8_t> result;  // S * msg_len * payload_bytes
+  RingCounters counters;
+  uint32_t held_packets = 0;
+  uint64_t held_bytes = 0;
+  ShiftCache shifts;
+  bool active = false;
+
+  size_t cell_index(uint32_t msg_id, uint32_t k) const noexcept {
+    return size_t{msg_id & (slots - 1)} * msg_len + k;
+  }
+  uint8_t* result_of(size_t ci) noexcept { return result.data() + ci * spec.payload_bytes; }
+  uint8_t* acc_of(size_t ci) noexcept { return acc.data() + ci * 2 * spec.payload_bytes; }
+};
+
+}  // namespace
+
+struct Engine::Impl {
+  EngineConfig cfg;
+  Clt clt;
+  std::vector<Ring> rings;  // fixed array of max_rings slots
+  std::unordered_map<uint32_t, uint16_t> by_id;
+  // Ring links (rank r -> rank r+1 addresses) of all installed rings, with
+  // the number of rings that use each: a WRITE on such a link may be INA.
+  std::unordered_map<uint64_t, uint32_t> links;
+  ReasonCounters counters{};
+  uint64_t memory = 0;
+
+  explicit Impl(const EngineConfig& c) : cfg(c), clt(c.clt_capacity), rings(c.max_rings) {}
+
+  static uint64_t link_key(uint32_t src, uint32_t dst) noexcept { return uint64_t{src} << 32 | dst; }
+  bool is_link(const ConnKey& k) const noexcept { return links.count(link_key(k.src, k.dst)) != 0; }
+
+  Outcome count(Reason r, Ring* ring = nullptr) noexcept {
+    ++counters[static_cast<size_t>(r)];
+    if (ring && fate_of(r) == Fate::drop) ++ring->counters.drops[static_cast<size_t>(r)];
+    switch (fate_of(r)) {
+      case Fate::forward: return {Verdict::forward, r};
+      case Fate::drop: return {Verdict::drop, r};
+      case Fate::aggregate: break;
+    }
+    return {Verdict::held, r};
+  }
+
+  Outcome process(Pkt pkt, uint64_t now, Sink& out) noexcept;
+  Outcome first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey& key, uint64_t now, Sink& out) noexcept;
+  Outcome later_packet(Pkt pkt, const ParsedFrame& p, const ConnKey& key, uint64_t now, Sink& out) noexcept;
+  Outcome aggregate(Ring& ring, unsigned rank, const HistEntry& msg, uint32_t k, Pkt pkt, const ParsedFrame& p,
+                    uint64_t now, Sink& out) noexcept;
+  void complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned in_rank, const ParsedFrame& in_p,
+                uint16_t in_off, Sink& out) noexcept;
+  void fix_icrc(Ring& ring, uint8_t* frame, const ParsedFrame& p, uint16_t data_off, uint16_t data_len,
+                uint32_t crc_data) noexcept;
+  void reset_cell(Ring& ring, size_t ci, Cell& cell, uint32_t tag, Sink& out) noexcept;
+  void unbind(Ring& ring, unsigned rank) noexcept;
+  void release_all(Ring& ring, std::vector<Pkt>& released) noexcept;
+};
+
+// ---------------------------------------------------------------------------
+
+Outcome Engine::Impl::process(Pkt pkt, uint64_t now, Sink& out) noexcept {
+  ParsedFrame p;
+  const wire::ParseStatus st = wire::parse_frame(pkt.data, pkt.len, p);
+  if (st != wire::ParseStatus::ok)
+    return count(wire::is_not_roce(st) ? Reason::fwd_not_roce : Reason::fwd_unparsed);
+  if (!wire::is_rdma_write(p.opcode)) return count(Reason::fwd_not_write);
+
+  const auto* ip = reinterpret_cast<const wire::Ipv4Hdr*>(pkt.data + p.l3);
+  const auto* bth = reinterpret_cast<const wire::Bth*>(pkt.data + p.bth);
+  const ConnKey key{ip->src.host(), ip->dst.host(), bth->dest_qp.host()};
+  if (wire::is_write_first(p.opcode)) return first_packet(pkt, p, key, now, out);
+  return later_packet(pkt, p, key, now, out);
+}
+
+Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey& key, uint64_t now,
+                                   Sink& out) noexcept {
+  const uint8_t* f = pkt.data;
+  const uint32_t psn = reinterpret_cast<const wire::Bth*>(f + p.bth)->psn.host();
+  const std::optional<wire::InaInfo> ina = wire::ina_decode(f + p.payload, p.payload_len);
+  if (!ina) {
+    // Ordinary RDMA WRITE. On a ring link, remember its PSN range so its
+    // later packets are forwarded too (elsewhere nothing needs tracking).
+    if (is_link(key)) {
+      Clt::Slot* s = clt.insert(key);
+      if (!s) return count(Reason::clt_full);
+      const uint32_t dma = reinterpret_cast<const wire::Reth*>(f + p.reth)->dma_length.host();
+      const uint32_t per = std::max<uint32_t>(p.payload_len, 1);
+      s->add_pass(psn, p.opcode == 0x06 ? std::max<uint32_t>(1, (dma + per - 1) / per) : 1);
+    }
+    return count(Reason::fwd_no_ina);
+  }
+  if (cfg.verify_icrc && !wire::icrc_verify(f, p)) return count(Reason::bad_icrc);
+
+  const auto it = by_id.find(ina->ring_id);
+  if (it == by_id.end()) return count(Reason::unknown_ring);
+  Ring& ring = rings[it->second];
+  if (ina->version != wire::kInaVersion || ina->rank >= ring.p || ina->msg_len == 0 ||
+      ina->msg_len > ring.msg_len || (p.opcode != 0x06 && ina->msg_len != 1) ||
+      (p.opcode == 0x06 && ina->msg_len < 2) || !wire::is_valid_dtype(ina->dtype) ||
+      !wire::is_valid_op(ina->op))
+    return count(Reason::bad_ina_header, &ring);
+  if (key.src != ring.spec.members[ina->rank] || key.dst != ring.spec.members[(ina->rank + 1) % ring.p])
+    return count(Reason::rank_address_mismatch, &ring);
+  if (!ring.spec.allows_dtype(ina->dtype) || !ring.spec.allows_op(ina->op))
+    return count(Reason::dtype_mismatch, &ring);
+
+  // Bind the connection to (ring, rank); a rank whose QP changed is rebound.
+  Clt::Slot* slot = clt.find(key);
+  if (slot && slot->ina && (slot->ring != it->second || slot->rank != ina->rank)) {
+    unbind(rings[slot->ring], slot->rank);  // the key now belongs to another ring/rank
+    slot = nullptr;
+  }
+  RankConn& rc = ring.conns[ina->rank];
+  if (!slot || !slot->ina) {
+    if (rc.bound) {
+      unbind(ring, ina->rank);
+      ++ring.counters.connections_rebound;
+    }
+    slot = clt.insert(key);  // a pass-through entry of the same key is promoted
+    if (!slot) return count(Reason::clt_full, &ring);
+    slot->ina = true;
+    slot->ring = it->second;
+    slot->rank = static_cast<uint8_t>(ina->rank);
+    rc.key = key;
+    rc.bound = true;
+  }
+
+  // Record the message; never let an older message replace newer history.
+  HistEntry& h = ring.hist[size_t{ina->rank} * ring.slots + (ina->msg_id & (ring.slots - 1))];
+  if (h.valid && h.msg_id == ina->msg_id) {
+    if (h.psn0 != psn || h.len != ina->msg_len || h.dtype != ina->dtype || h.op != ina->op)
+      return count(Reason::malformed, &ring);  // same message, different shape
+  } else if (h.valid && wire::msg_before(ina->msg_id, h.msg_id)) {
+    return count(Reason::stale_message, &ring);
+  } else {
+    h = HistEntry{ina->msg_id, psn, ina->msg_len, ina->dtype, ina->op, true};
+    if (!rc.has_newest || wire::msg_before(rc.newest, ina->msg_id)) {
+      rc.newest = ina->msg_id;
+      rc.has_newest = true;
+    }
+  }
+  return aggregate(ring, ina->rank, h, 0, pkt, p, now, out);
+}
+
+Outcome Engine::Impl::later_packet(Pkt pkt, const ParsedFrame& p, const ConnKey& key, uint64_t now,
+                                   Sink& out) noexcept {
+  Clt::Slot* s = clt.find(key);
+  const uint32_t psn = reinterpret_cast<const wire::Bth*>(pkt.data + p.bth)->psn.host();
+  if (!s || !s->ina) {
+    // Not an INA connection (yet). On a ring link the packet may belong to
+    // an INA message whose first packet has not passed: forwarding it would
+    // let the receiver take unreduced data. Only known non-INA messages and
+    // links no ring uses are forwarded.
+    if ((s && s->in_pass(psn)) || !is_link(key)) return count(Reason::fwd_no_ina);
+    return count(Reason::first_packet_lost);
+  }
+  Ring& ring = rings[s->ring];
+  const unsigned rank = s->rank;
+  const RankConn& rc = ring.conns[rank];
+
+  // Newest message first: almost every packet belongs to it.
+  const HistEntry* found = nullptr;
+  if (rc.has_newest) {
+    const HistEntry* base = &ring.hist[size_t{rank} * ring.slots];
+    for (uint32_t i = 0; i < ring.slots; ++i) {
+      const uint32_t m = rc.newest - i;
+      const HistEntry& h = base[m & (ring.slots - 1)];
+      if (!h.valid || h.msg_id != m) continue;
+      if (wire::psn_in_range(psn, h.psn0, h.len)) {
+        found = &h;
+        break;
+      }
+    }
+  }
+  if (!found) {
+    if (s->in_pass(psn)) return count(Reason::fwd_no_ina);
+    return count(Reason::first_packet_lost, &ring);
+  }
+  if (cfg.verify_icrc && !wire::icrc_verify(pkt.data, p)) return count(Reason::bad_icrc, &ring);
+  const uint32_t k = wire::psn_distance(found->psn0, psn);
+  return aggregate(ring, rank, *found, k, pkt, p, now, out);
+}
+
+Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg, uint32_t k, Pkt pkt,
+                                const ParsedFrame& p, uint64_t now, Sink& out) noexcept {
+  // Opcode must fit the position: FIRST/ONLY at 0, LAST/ONLY at len-1, MIDDLE between.
+  const bool first = wire::is_write_first(p.opcode);
+  const bool last = wire::is_write_last(p.opcode);
+  if (first != (k == 0) || last != (k + 1 == msg.len)) return count(Reason::malformed, &ring);
+  if (p.payload_len > ring.spec.payload_bytes) return count(Reason::length_mismatch, &ring);
+  const uint16_t hdr = first ? kInaHeaderBytes : 0;
+  const uint16_t data_off = static_cast<uint16_t>(p.payload + hdr);
+  const uint16_t data_len = static_cast<uint16_t>(p.payload_len - hdr);
+  const size_t esize = wire::dtype_size(msg.dtype);
+  if (data_len % esize != 0) return count(Reason::malformed, &ring);
+
+  const size_t ci = ring.cell_index(msg.msg_id, k);
+  Cell& cell = ring.cells[ci];
+  const uint64_t bit = uint64_t{1} << rank;
+
+  if (cell.state != CellState::empty && cell.tag != msg.msg_id) {
+    if (wire::msg_before(msg.msg_id, cell.tag)) return count(Reason::stale_message, &ring);  // case 5
+    reset_cell(ring, ci, cell, msg.msg_id, out);                                               // case 4
+  }
+  if (cell.state == CellState::empty) {
+    cell.tag = msg.msg_id;
+    cell.arrived = 0;
+    cell.data_len = data_len;
+    cell.dtype = msg.dtype;
+    cell.op = msg.op;
+    cell.first_ns = now;
+    cell.state = CellState::collecting;
+    MsgSlot& ms = ring.msgs[msg.msg_id & (ring.slots - 1)];
+    if (!ms.valid || ms.tag != msg.msg_id) ms = MsgSlot{msg.msg_id, msg.len, 0, true};
+  }
+  if (cell.data_len != data_len) return count(Reason::length_mismatch, &ring);
+  if (cell.dtype != msg.dtype || cell.op != msg.op) return count(Reason::dtype_mismatch, &ring);
+
+  if (cell.state == CellState::complete) {  // case 1: serve the stored result
+    std::memcpy(pkt.data + data_off, ring.result_of(ci), data_len);
+    fix_icrc(ring, pkt.data, p, data_off, data_len, wire::crc32(0, ring.result_of(ci), data_len));
+    ++ring.counters.retransmissions_served;
+    ++counters[static_cast<size_t>(Reason::served_from_cell)];
+    return {Verdict::emit, Reason::served_from_cell};
+  }
+  if (cell.arrived & bit) return count(Reason::duplicate, &ring);  // case 2
+
+  // Case 3: take it.
+  ++ring.counters.packets_aggregated;
+  ring.counters.bytes_aggregated += data_len;
+  cell.arrived |= bit;
+  const bool completes = std::popcount(cell.arrived) == static_cast<int>(ring.p);
+  const size_t hi = ci * ring.p + rank;
+  const auto& kern = reduce::kernels(cfg.isa, static_cast<wire::Dtype>(cell.dtype),
+                                     static_cast<wire::ReduceOp>(cell.op));
+  if (cfg.mode == ReduceMode::accumulate) {
+    void* acc = ring.acc_of(ci);
+    const size_t elems = data_len / esize;
+    if (cell.arrived == bit)
+      kern.init(acc, pkt.data + data_off, elems);
+    else
+      kern.add(acc, pkt.data + data_off, elems);
+    if (!completes) {
+      StoredHdr& sh = ring.hdrs[hi];
+      sh.p = p;
+      sh.frame_len = p.end;
+      sh.data_off = data_off;
+      std::memcpy(sh.bytes, pkt.data, std::min<size_t>(data_off, kHdrStore));
+      std::memcpy(sh.pad_bytes, pkt.data + data_off + data_len, p.pad);
+      ++counters[static_cast<size_t>(Reason::held)];
+      return {Verdict::consumed, Reason::held};
+    }
+  } else if (!completes) {
+    ring.held[hi] = Held{pkt, p, data_off};
+    ++ring.held_packets;
+    ring.held_bytes += pkt.len;
+    ++counters[static_cast<size_t>(Reason::held)];
+    return {Verdict::held, Reason::held};
+  }
+  complete(ring, ci, cell, pkt, rank, p, data_off, out);
+  ++counters[static_cast<size_t>(Reason::held)];
+  return {Verdict::held, Reason::held};
+}
+
+void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned in_rank, const ParsedFrame& in_p,
+                            uint16_t in_off, Sink& out) noexcept {
+  const size_t esize = wire::dtype_size(cell.dtype);
+  const size_t elems = cell.data_len / esize;
+  uint8_t* result = ring.result_of(ci);
+  const auto& kern = reduce::kernels(cfg.isa, static_cast<wire::Dtype>(cell.dtype),
+                                     static_cast<wire::ReduceOp>(cell.op));
+  const uint8_t* srcs[kMaxRanks];
+  if (cfg.mode == ReduceMode::deterministic) {
+    for (unsigned r = 0; r < ring.p; ++r)
+      srcs[r] = r == in_rank ? in.data + in_off : ring.held[ci * ring.p + r].pkt.data + ring.held[ci * ring.p + r].data_off;
+    kern.reduce(srcs, ring.p, result, elems);
+  } else {
+    kern.finish(ring.acc_of(ci), result, elems);
+  }
+  const uint32_t crc_data = cfg.icrc_fixup == IcrcFixup::linear ? wire::crc32(0, result, cell.data_len) : 0;
+
+  for (unsigned r = 0; r < ring.p; ++r) {
+    Pkt pk;
+    ParsedFrame pf;
+    uint16_t off;
+    if (r == in_rank) {
+      pk = in;
+      pf = in_p;
+      off = in_off;
+    } else if (cfg.mode == ReduceMode::deterministic) {
+      Held& h = ring.held[ci * ring.p + r];
+      pk = h.pkt;
+      pf = h.p;
+      off = h.data_off;
+      h = Held{};
+      --ring.held_packets;
+      ring.held_bytes -= pk.len;
+    } else {
+      const StoredHdr& sh = ring.hdrs[ci * ring.p + r];
+      pk = cfg.allocator.alloc ? cfg.allocator.alloc(cfg.allocator.ctx, sh.frame_len) : Pkt{};
+      if (!pk.data) {
+        ++counters[static_cast<size_t>(Reason::alloc_failed)];
+        ++ring.counters.drops[static_cast<size_t>(Reason::alloc_failed)];
+        continue;  // the worker will retransmit and be served from the cell
+      }
+      pk.len = sh.frame_len;
+      std::memcpy(pk.data, sh.bytes, sh.data_off);
+      std::memcpy(pk.data + sh.data_off + cell.data_len, sh.pad_bytes, sh.p.pad);
+      std::memcpy(pk.data + sh.p.icrc(), "\0\0\0\0", 4);
+      pf = sh.p;
+      off = sh.data_off;
+    }
+    std::memcpy(pk.data + off, result, cell.data_len);
+    fix_icrc(ring, pk.data, pf, off, cell.data_len, crc_data);
+    out.tx[out.ntx++] = pk;
+  }
+  cell.state = CellState::complete;
+  ++ring.counters.cells_completed;
+  MsgSlot& ms = ring.msgs[cell.tag & (ring.slots - 1)];
+  if (ms.valid && ms.tag == cell.tag && ++ms.cells_done == ms.len) ++ring.counters.messages_completed;
+}
+
+void Engine::Impl::fix_icrc(Ring& ring, uint8_t* frame, const ParsedFrame& p, uint16_t data_off,
+                            uint16_t data_len, uint32_t crc_data) noexcept {
+  if (cfg.icrc_fixup == IcrcFixup::full) {
+    wire::icrc_update(frame, p);
+    return;
+  }
+  // ICRC = crc(head || data || pad): head per packet, data once per cell.
+  const uint32_t head = wire::icrc_head(frame, p, data_off);
+  const uint32_t tail = wire::crc32(crc_data, frame + data_off + data_len, p.pad);
+  wire::icrc_store(frame, p, ring.shifts.get(data_len + p.pad).combine(head, tail));
+}
+
+void Engine::Impl::reset_cell(Ring& ring, size_t ci, Cell& cell, uint32_t tag, Sink& out) noexcept {
+  if (cell.state == CellState::collecting) {
+    // Only a worker that broke rule W reuses a cell others still wait on.
+    for (unsigned r = 0; r < ring.p; ++r) {
+      if (!(cell.arrived >> r & 1)) continue;
+      ++counters[static_cast<size_t>(Reason::evicted_incomplete)];
+      ++ring.counters.drops[static_cast<size_t>(Reason::evicted_incomplete)];
+      if (cfg.mode == ReduceMode::deterministic) {
+        Held& h = ring.held[ci * ring.p + r];
+        out.drop[out.ndrop++] = h.pkt;
+        --ring.held_packets;
+        ring.held_bytes -= h.pkt.len;
+        h = Held{};
+      }
+    }
+  }
+  cell = Cell{};
+  cell.tag = tag;
+}
+
+void Engine::Impl::unbind(Ring& ring, unsigned rank) noexcept {
+  RankConn& rc = ring.conns[rank];
+  if (rc.bound) clt.erase(rc.key);
+  rc = RankConn{};
+  std::fill_n(ring.hist.begin() + static_cast<long>(size_t{rank} * ring.slots), ring.slots, HistEntry{});
+}
+
+void Engine::Impl::release_all(Ring& ring, std::vector<Pkt>& released) noexcept {
+  for (Held& h : ring.held) {
+    if (!h.pkt.data) continue;
+    released.push_back(h.pkt);
+    ++counters[static_cast<size_t>(Reason::ring_removed)];
+    h = Held{};
+  }
+  ring.held_packets = 0;
+  ring.held_bytes = 0;
+}
+
+// ---------------------------------------------------------------------------
+
+Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+Engine::~Engine() = default;
+
+Status Engine::install_ring(const RingSpec& spec) {
+  Impl& e = *impl_;
+  if (Status s = validate(spec); !s) return s;
+  if (auto it = e.by_id.find(spec.ring_id); it != e.by_id.end()) {
+    if (e.rings[it->second].spec == spec) return {};
+    return {StatusCode::conflict, "ring_id",
+            "ring " + std::to_string(spec.ring_id) + " is installed with a different spec"};
+  }
+  const uint64_t need = ring_memory_bytes(spec, e.cfg.mode);
+  if (spec.memory_quota && need > spec.memory_quota)
+    return {StatusCode::resource_exhausted, "memory_quota",
+            "ring needs " + std::to_string(need) + " bytes, quota is " + std::to_string(spec.memory_quota)};
+  if (e.memory + need > e.cfg.memory_budget)
+    return {StatusCode::resource_exhausted, "memory",
+            "ring needs " + std::to_string(need) + " bytes, " + std::to_string(e.cfg.memory_budget - e.memory) +
+                " of " + std::to_string(e.cfg.memory_budget) + " free"};
+  if (e.cfg.mode == ReduceMode::accumulate && !e.cfg.allocator.alloc)
+    return {StatusCode::internal, "allocator", "accumulate mode needs a packet allocator"};
+  auto free_slot = std::find_if(e.rings.begin(), e.rings.end(), [](const Ring& r) { return !r.active; });
+  if (free_slot == e.rings.end())
+    return {StatusCode::resource_exhausted, "ring_id",
+            "all " + std::to_string(e.cfg.max_rings) + " ring slots are in use"};
+
+  Ring& r = *free_slot;
+  r = Ring{};
+  r.spec = spec;
+  r.p = spec.ranks();
+  r.slots = slots_for_window(spec.window);
+  r.msg_len = spec.msg_len;
+  r.memory = need;
+  const size_t cells = size_t{r.slots} * r.msg_len;
+  r.cells.assign(cells, Cell{});
+  r.msgs.assign(r.slots, MsgSlot{});
+  r.hist.assign(size_t{r.p} * r.slots, HistEntry{});
+  r.conns.assign(r.p, RankConn{});
+  r.result.assign(cells * spec.payload_bytes, 0);
+  if (e.cfg.icrc_fixup == IcrcFixup::linear) r.shifts.entries.resize(ShiftCache::kEntries);
+  if (e.cfg.mode == ReduceMode::deterministic)
+    r.held.assign(cells * r.p, Held{});
+  else {
+    r.hdrs.resize(cells * r.p);
+    r.acc.assign(cells * 2 * spec.payload_bytes, 0);
+  }
+  r.active = true;
+  for (unsigned k = 0; k < r.p; ++k) ++e.links[Impl::link_key(spec.members[k], spec.members[(k + 1) % r.p])];
+  e.by_id[spec.ring_id] = static_cast<uint16_t>(free_slot - e.rings.begin());
+  e.memory += need;
+  return {};
+}
+
+Status Engine::remove_ring(uint32_t ring_id, std::vector<Pkt>& released) {
+  Impl& e = *impl_;
+  auto it = e.by_id.find(ring_id);
+  if (it == e.by_id.end()) return {StatusCode::not_found, "ring_id", "no ring " + std::to_string(ring_id)};
+  Ring& r = e.rings[it->second];
+  for (unsigned rank = 0; rank < r.p; ++rank) e.unbind(r, rank);
+  for (unsigned k = 0; k < r.p; ++k) {
+    auto l = e.links.find(Impl::link_key(r.spec.members[k], r.spec.members[(k + 1) % r.p]));
+    if (l != e.links.end() && --l->second == 0) e.links.erase(l);
+  }
+  e.clt.erase_if([&](const Clt::Slot& s) { return !s.ina && !e.is_link(s.key); });
+  e.release_all(r, released);
+  e.memory -= r.memory;
+  r = Ring{};
+  e.by_id.erase(it);
+  return {};
+}
+
+Outcome Engine::process(Pkt pkt, uint64_t now_ns, Sink& out) noexcept { return impl_->process(pkt, now_ns, out); }
+
+std::vector<uint32_t> Engine::ring_ids() const {
+  std::vector<uint32_t> ids;
+  for (const auto& [id, slot] : impl_->by_id) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+std::optional<RingInfo> Engine::ring_info(uint32_t ring_id, uint64_t now_ns, uint64_t stall_ns) const {
+  auto it = impl_->by_id.find(ring_id);
+  if (it == impl_->by_id.end()) return std::nullopt;
+  const Ring& r = impl_->rings[it->second];
+  RingInfo info;
+  info.spec = r.spec;
+  info.counters = r.counters;
+  info.slots = r.slots;
+  info.memory_bytes = r.memory;
+  info.held_packets = r.held_packets;
+  info.held_bytes = r.held_bytes;
+  for (const Cell& c : r.cells) {
+    if (c.state != CellState::collecting) continue;
+    ++info.open_cells;
+    if (stall_ns && now_ns > c.first_ns && now_ns - c.first_ns > stall_ns) ++info.stalled_cells;
+  }
+  return info;
+}
+
+const ReasonCounters& Engine::counters() const noexcept { return impl_->counters; }
+uint64_t Engine::memory_in_use() const noexcept { return impl_->memory; }
+const EngineConfig& Engine::config() const noexcept { return impl_->cfg; }
+
+}  // namespace netreduce::engine

@@ -1,0 +1,88 @@
+// Every fate a packet can meet in the engine, declared once (VPP-style
+// X-macro): forwarded untouched, taken into a cell, emitted, or dropped for a
+// named reason. Each has a counter; the data plane exports them all.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace netreduce::engine {
+
+enum class Fate : uint8_t { forward, aggregate, drop };
+
+// X(name, fate, description)
+#define NETREDUCE_REASONS(X)                                                                     \
+  X(fwd_not_roce, forward, "not RoCEv2 (not IPv4 / UDP 4791): forwarded untouched")              \
+  X(fwd_unparsed, forward, "RoCEv2 the box does not aggregate (UC/UD, IP options, fragments, "  \
+                           "malformed headers): forwarded untouched")                           \
+  X(fwd_not_write, forward, "RoCE opcode other than RDMA WRITE (ACK, NAK, SEND, READ, CNP)")     \
+  X(fwd_no_ina, forward, "RDMA WRITE that is not part of an INA message")                        \
+  X(held, aggregate, "packet held in an aggregator cell")                                        \
+  X(served_from_cell, aggregate, "retransmission after completion answered with the stored "    \
+                                 "result")                                                       \
+  X(bad_icrc, drop, "ICRC verification failed (corrupted packet never reaches a sum)")           \
+  X(first_packet_lost, drop, "no recorded message of the connection contains the PSN")          \
+  X(duplicate, drop, "duplicate of a packet already held in its cell")                           \
+  X(stale_message, drop, "retransmission into a cell already reused by a newer message")         \
+  X(unknown_ring, drop, "INA header names a ring that is not installed")                        \
+  X(rank_address_mismatch, drop, "source address is not the registered address of the rank")    \
+  X(bad_ina_header, drop, "INA header invalid (version, dtype, op, rank or message length)")     \
+  X(dtype_mismatch, drop, "dtype/op not allowed by the ring or different from the cell's")      \
+  X(length_mismatch, drop, "payload length differs from the cell's or exceeds the ring's")       \
+  X(malformed, drop, "INA packet inconsistent with its message (opcode/offset/alignment)")        \
+  X(evicted_incomplete, drop, "held packet dropped: a worker broke the window rule and reused "  \
+                              "its cell")                                                        \
+  X(ring_removed, drop, "held packet released because its ring was removed")                     \
+  X(clt_full, drop, "connection table full: a new INA connection cannot be tracked")            \
+  X(alloc_failed, drop, "no buffer to build a released packet (accumulate mode)")
+
+enum class Reason : uint8_t {
+#define NETREDUCE_X(name, fate, desc) name,
+  NETREDUCE_REASONS(NETREDUCE_X)
+#undef NETREDUCE_X
+};
+
+inline constexpr size_t kReasonCount = 0
+#define NETREDUCE_X(name, fate, desc) +1
+    NETREDUCE_REASONS(NETREDUCE_X)
+#undef NETREDUCE_X
+    ;
+
+constexpr std::string_view to_string(Reason r) noexcept {
+  switch (r) {
+#define NETREDUCE_X(name, fate, desc) \
+  case Reason::name:                  \
+    return #name;
+    NETREDUCE_REASONS(NETREDUCE_X)
+#undef NETREDUCE_X
+  }
+  return "invalid";
+}
+
+constexpr std::string_view describe(Reason r) noexcept {
+  switch (r) {
+#define NETREDUCE_X(name, fate, desc) \
+  case Reason::name:                  \
+    return desc;
+    NETREDUCE_REASONS(NETREDUCE_X)
+#undef NETREDUCE_X
+  }
+  return "invalid";
+}
+
+constexpr Fate fate_of(Reason r) noexcept {
+  switch (r) {
+#define NETREDUCE_X(name, fate, desc) \
+  case Reason::name:                  \
+    return Fate::fate;
+    NETREDUCE_REASONS(NETREDUCE_X)
+#undef NETREDUCE_X
+  }
+  return Fate::drop;
+}
+
+using ReasonCounters = std::array<uint64_t, kReasonCount>;
+
+}  // namespace netreduce::engine

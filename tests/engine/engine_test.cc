@@ -1,0 +1,477 @@
+// Named regression tests of the aggregation engine: each scenario of
+// DESIGN.md sections 3-5 as a hand-written packet sequence, checked against an
+// independent reference reduction (tests/engine/reference.h).
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include "engine/box_harness.h"
+#include "engine/reference.h"
+#include "wire/headers.h"
+#include "wire/psn.h"
+
+using namespace netreduce;
+using namespace netreduce::testing;
+using engine::Reason;
+using engine::Verdict;
+
+namespace {
+
+std::vector<uint8_t> fp_data(std::mt19937& rng, size_t bytes) {
+  std::vector<uint8_t> d(bytes);
+  for (size_t i = 0; i < bytes; i += 4) {
+    const float v = static_cast<float>(static_cast<int>(rng() % 20001) - 10000) / 64.0f;
+    std::memcpy(d.data() + i, &v, 4);
+  }
+  return d;
+}
+
+// Reference result of one message for all ranks, rank order.
+std::vector<uint8_t> reference(const std::vector<std::vector<uint8_t>>& per_rank, wire::Dtype dt = wire::Dtype::fp32,
+                               wire::ReduceOp op = wire::ReduceOp::sum) {
+  std::vector<const uint8_t*> in;
+  for (const auto& d : per_rank) in.push_back(d.data());
+  std::vector<uint8_t> out(per_rank[0].size());
+  ref::reduce(dt, op, in, out.size(), out.data());
+  return out;
+}
+
+// Expected data of packet k of a message whose data is `d`.
+std::vector<uint8_t> slice(const std::vector<uint8_t>& d, uint32_t k, uint16_t pmtu) {
+  const size_t off = wire::packet_data_offset(k, pmtu);
+  const size_t room = k == 0 ? pmtu - sizeof(wire::InaHdr) : pmtu;
+  const size_t n = std::min(room, d.size() - std::min(off, d.size()));
+  return {d.begin() + static_cast<long>(off), d.begin() + static_cast<long>(off + n)};
+}
+
+uint64_t reason(const Harness& h, Reason r) { return h.e->counters()[static_cast<size_t>(r)]; }
+
+struct Fixture {
+  Harness h;
+  RingTraffic t;
+  std::mt19937 rng{7};
+  std::vector<std::vector<std::vector<uint8_t>>> msgs;  // [msg][rank] data
+  std::vector<std::vector<uint32_t>> psn0;              // [msg][rank]
+
+  explicit Fixture(unsigned ranks = 3, uint16_t window = 2, engine::EngineConfig cfg = {}) : h(cfg) {
+    t.ranks = ranks;
+    REQUIRE(h.e->install_ring(ring_spec(t.ring_id, ranks, 4, window)).ok());
+  }
+  // Adds message m (3 packets of 256 B per rank) with contiguous PSNs per rank.
+  void add_message(size_t bytes = 3 * 256 - 24, uint32_t base = 1000) {
+    std::vector<std::vector<uint8_t>> d;
+    std::vector<uint32_t> p;
+    for (unsigned r = 0; r < t.ranks; ++r) {
+      d.push_back(fp_data(rng, bytes));
+      uint32_t start = base + r * 100000;
+      if (!msgs.empty()) start = wire::psn_add(psn0.back()[r], wire::message_packets(msgs.back()[r].size(), t.pmtu));
+      p.push_back(start);
+    }
+    msgs.push_back(std::move(d));
+    psn0.push_back(std::move(p));
+  }
+  std::vector<uint8_t> pkt(unsigned rank, uint32_t m, uint32_t k) const {
+    return t.packet(rank, m, msgs[m][rank], psn0[m][rank], k);
+  }
+  uint32_t packets(uint32_t m) const { return wire::message_packets(msgs[m][0].size(), t.pmtu); }
+  // Checks that `out` holds the P released packets of (m, k), all with the reference data.
+  void expect_released(const std::vector<std::vector<uint8_t>>& out, uint32_t m, uint32_t k) const {
+    REQUIRE(out.size() == t.ranks);
+    const auto want = slice(reference(msgs[m]), k, t.pmtu);
+    for (const auto& f : out) {
+      CHECK(data_of(f) == want);
+      CHECK(icrc_ok(f));
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a complete cell releases every rank's packet with the rank-order sum", "[engine]") {
+  Fixture x(4);
+  x.add_message();
+  for (uint32_t k = 0; k < x.packets(0); ++k) {
+    for (unsigned r = 0; r < 4; ++r) {
+      const auto o = x.h.feed(x.pkt(r, 0, k));
+      CHECK(o.verdict == Verdict::held);
+      if (r < 3) CHECK(x.h.sent.empty());
+    }
+    const auto out = x.h.take_sent();
+    x.expect_released(out, 0, k);
+    if (k == 0) {
+      // The INA header of each first packet is the sender's own, untouched.
+      std::set<uint16_t> ranks;
+      for (const auto& f : out) {
+        wire::ParsedFrame p;
+        REQUIRE(wire::parse_frame(f.data(), f.size(), p) == wire::ParseStatus::ok);
+        auto ina = wire::ina_decode(f.data() + p.payload, p.payload_len);
+        REQUIRE(ina);
+        ranks.insert(ina->rank);
+        const auto* ip = reinterpret_cast<const wire::Ipv4Hdr*>(f.data() + p.l3);
+        CHECK(ip->src.host() == rank_ip(ina->rank));
+      }
+      CHECK(ranks.size() == 4);
+    }
+  }
+  auto info = x.h.e->ring_info(1);
+  REQUIRE(info);
+  CHECK(info->counters.messages_completed == 1);
+  CHECK(info->counters.cells_completed == 3);
+  CHECK(info->held_packets == 0);
+  CHECK(x.h.live.empty());
+}
+
+TEST_CASE("first packet lost: later packets are dropped until it is resent", "[engine][regression]") {
+  Fixture x;
+  x.add_message();
+  // Rank 1's first packet never reaches the box; its next packet cannot be placed.
+  CHECK(x.h.feed(x.pkt(1, 0, 1)).reason == Reason::first_packet_lost);
+  CHECK(x.h.feed(x.pkt(1, 0, 2)).reason == Reason::first_packet_lost);
+  for (unsigned r : {0u, 2u}) x.h.feed(x.pkt(r, 0, 0));
+  // Go-back-N from the first packet.
+  for (uint32_t k = 0; k < 3; ++k) x.h.feed(x.pkt(1, 0, k));
+  x.expect_released(x.h.take_sent(), 0, 0);
+  for (uint32_t k = 1; k < 3; ++k) {
+    for (unsigned r : {0u, 2u}) x.h.feed(x.pkt(r, 0, k));
+    x.expect_released(x.h.take_sent(), 0, k);
+  }
+  CHECK(reason(x.h, Reason::first_packet_lost) == 2);
+}
+
+TEST_CASE("go-back-N resends into message m-1 after m's first packet passed", "[engine][regression]") {
+  Fixture x;
+  x.add_message();
+  x.add_message();
+  // Message 0: rank 2's packet 2 is lost on the way to the box.
+  for (uint32_t k = 0; k < 3; ++k)
+    for (unsigned r = 0; r < 3; ++r)
+      if (!(r == 2 && k == 2)) x.h.feed(x.pkt(r, 0, k));
+  x.h.take_sent();
+  // Everybody's message 1 first packet passes (rank 2 pipelines past its loss).
+  for (unsigned r = 0; r < 3; ++r) x.h.feed(x.pkt(r, 1, 0));
+  x.expect_released(x.h.take_sent(), 1, 0);
+  // The resend of message 0 packet 2 must still find message 0.
+  CHECK(x.h.feed(x.pkt(2, 0, 2)).verdict == Verdict::held);
+  x.expect_released(x.h.take_sent(), 0, 2);
+  // ... and so must the rest of rank 2's go-back-N: message 1's first packet again.
+  CHECK(x.h.feed(x.pkt(2, 1, 0)).reason == Reason::served_from_cell);
+}
+
+TEST_CASE("a delayed duplicate of an old first packet never rewrites newer history", "[engine][regression]") {
+  Fixture x(2, /*window=*/1);  // S = 2 message slots
+  for (int m = 0; m < 4; ++m) x.add_message();
+  auto run_message = [&](uint32_t m) {
+    for (uint32_t k = 0; k < x.packets(m); ++k) {
+      for (unsigned r = 0; r < 2; ++r) x.h.feed(x.pkt(r, m, k));
+      x.expect_released(x.h.take_sent(), m, k);
+    }
+  };
+  run_message(0);
+  const auto old_first = x.pkt(0, 0, 0);
+  run_message(1);
+  // Message 2 has begun (its first packets passed), reusing message 0's slot.
+  for (unsigned r = 0; r < 2; ++r) x.h.feed(x.pkt(r, 2, 0));
+  x.h.take_sent();
+  // The old duplicate shows up: it must be refused, not re-recorded.
+  CHECK(x.h.feed(old_first).reason == Reason::stale_message);
+  // Message 2 continues normally: its later packets still find message 2.
+  for (uint32_t k = 1; k < x.packets(2); ++k) {
+    for (unsigned r = 0; r < 2; ++r) CHECK(x.h.feed(x.pkt(r, 2, k)).verdict == Verdict::held);
+    x.expect_released(x.h.take_sent(), 2, k);
+  }
+}
+
+TEST_CASE("a result packet lost after completion is served from the cell", "[engine][regression]") {
+  Fixture x;
+  x.add_message();
+  for (unsigned r = 0; r < 3; ++r) x.h.feed(x.pkt(r, 0, 0));
+  const auto released = x.h.take_sent();
+  // Rank 1's result was lost on the way to rank 2: rank 1 retransmits.
+  const auto o = x.h.feed(x.pkt(1, 0, 0));
+  CHECK(o.verdict == Verdict::emit);
+  CHECK(o.reason == Reason::served_from_cell);
+  const auto again = x.h.take_sent();
+  REQUIRE(again.size() == 1);
+  CHECK(icrc_ok(again[0]));
+  // Byte for byte the packet the box released the first time for rank 1.
+  bool same = false;
+  for (const auto& f : released) same |= f == again[0];
+  CHECK(same);
+  CHECK(x.h.e->ring_info(1)->counters.retransmissions_served == 1);
+}
+
+TEST_CASE("a worker breaking rule W cannot corrupt a sum", "[engine][regression]") {
+  Fixture x(3, /*window=*/1);  // S = 2
+  for (int m = 0; m < 3; ++m) x.add_message();
+  // Message 0 completes for packet 0 only; packets 1, 2 are still collecting.
+  for (unsigned r = 0; r < 3; ++r) x.h.feed(x.pkt(r, 0, 0));
+  x.h.take_sent();
+  for (unsigned r = 0; r < 2; ++r) x.h.feed(x.pkt(r, 0, 1));
+  SECTION("retransmission into a cell reused by a newer message is stale") {
+    // Everybody (wrongly) moves on to message 2, which reuses message 0's slot.
+    for (unsigned r = 0; r < 3; ++r) x.h.feed(x.pkt(r, 2, 0));
+    x.expect_released(x.h.take_sent(), 2, 0);
+    // Rank 0 retransmits message 0's first packet: dropped, nothing released.
+    CHECK(x.h.feed(x.pkt(0, 0, 0)).reason == Reason::stale_message);
+    CHECK(x.h.sent.empty());
+  }
+  SECTION("reusing a collecting cell evicts its held packets with a reason") {
+    // Rank 0 jumps to message 2 and sends packet 1: the cell of (0, 1) holds
+    // ranks 0 and 1. The box frees them, counted, and never mixes them in.
+    x.h.feed(x.pkt(0, 2, 0));
+    CHECK(x.h.feed(x.pkt(0, 2, 1)).verdict == Verdict::held);
+    CHECK(x.h.freed == 2);
+    CHECK(reason(x.h, Reason::evicted_incomplete) == 2);
+    for (unsigned r = 1; r < 3; ++r) x.h.feed(x.pkt(r, 2, 0));
+    x.h.take_sent();
+    for (unsigned r = 1; r < 3; ++r) x.h.feed(x.pkt(r, 2, 1));
+    x.expect_released(x.h.take_sent(), 2, 1);
+    // Rank 2's late message-0 packet 1: its history slot now records message
+    // 2, so the packet cannot be placed at all. Dropped, nothing released.
+    CHECK(x.h.feed(x.pkt(2, 0, 1)).reason == Reason::first_packet_lost);
+    CHECK(x.h.sent.empty());
+  }
+}
+
+TEST_CASE("a duplicate of a held packet is dropped", "[engine][regression]") {
+  Fixture x;
+  x.add_message();
+  CHECK(x.h.feed(x.pkt(0, 0, 0)).verdict == Verdict::held);
+  CHECK(x.h.feed(x.pkt(0, 0, 0)).reason == Reason::duplicate);
+  for (unsigned r = 1; r < 3; ++r) x.h.feed(x.pkt(r, 0, 0));
+  x.expect_released(x.h.take_sent(), 0, 0);
+}
+
+TEST_CASE("PSN wrap-around inside a message", "[engine][regression]") {
+  Fixture x;
+  x.add_message(3 * 256 - 24, wire::kPsnMask - 1);  // rank 0: 0xFFFFFE, 0xFFFFFF, 0x000000
+  for (unsigned r = 0; r < 3; ++r) x.psn0[0][r] = wire::psn_sub(0, 1 + r);  // every rank wraps inside
+  for (uint32_t k = 0; k < 3; ++k) {
+    for (unsigned r = 0; r < 3; ++r) CHECK(x.h.feed(x.pkt(r, 0, k)).verdict == Verdict::held);
+    x.expect_released(x.h.take_sent(), 0, k);
+  }
+}
+
+TEST_CASE("two rings interleaved", "[engine][regression]") {
+  Harness h;
+  RingTraffic a, b;
+  a.ring_id = 10;
+  a.ranks = 2;
+  b.ring_id = 20;
+  b.ranks = 3;
+  b.ip_offset = 10;
+  b.dtype = wire::Dtype::int32;
+  b.op = wire::ReduceOp::max;
+  REQUIRE(h.e->install_ring(ring_spec(10, 2)).ok());
+  REQUIRE(h.e->install_ring(ring_spec(20, 3, 4, 2, 256, 10)).ok());
+  std::mt19937 rng(3);
+  std::vector<std::vector<uint8_t>> da, db;
+  for (unsigned r = 0; r < 2; ++r) da.push_back(fp_data(rng, 700));
+  for (unsigned r = 0; r < 3; ++r) {
+    db.emplace_back(700);
+    for (auto& byte : db.back()) byte = static_cast<uint8_t>(rng());
+  }
+  const auto want_a = reference(da);
+  const auto want_b = reference(db, wire::Dtype::int32, wire::ReduceOp::max);
+  for (uint32_t k = 0; k < 3; ++k) {
+    h.feed(a.packet(0, 0, da[0], 50, k));
+    h.feed(b.packet(0, 0, db[0], 70, k));
+    h.feed(b.packet(1, 0, db[1], 80, k));
+    h.feed(a.packet(1, 0, da[1], 60, k));
+    h.feed(b.packet(2, 0, db[2], 90, k));
+    const auto out = h.take_sent();
+    REQUIRE(out.size() == 5);
+    for (size_t i = 0; i < out.size(); ++i) {
+      CHECK(icrc_ok(out[i]));
+      // First released: ring a (2 packets, completed by a's rank 1), then ring b.
+      CHECK(data_of(out[i]) == slice(i < 2 ? want_a : want_b, k, 256));
+    }
+  }
+}
+
+TEST_CASE("classification: what is forwarded untouched and what is dropped", "[engine]") {
+  Fixture x;
+  x.add_message();
+  SECTION("ACK and other opcodes pass") {
+    wire::RoceFrameSpec s;
+    s.src_ip = rank_ip(1);
+    s.dst_ip = rank_ip(0);
+    s.opcode = 0x11;
+    std::vector<uint8_t> f(wire::frame_size(s));
+    wire::build_frame(s, f.data(), f.size());
+    CHECK(x.h.feed(f).reason == Reason::fwd_not_write);
+    CHECK(x.h.take_sent().at(0) == f);
+  }
+  SECTION("non-INA writes: forwarded off ring links, tracked on them") {
+    wire::InaMessage m = x.t.message(0, 0, x.msgs[0][0], 5000);
+    std::vector<uint8_t> first(600), middle(600);
+    m.base.src_ip = rank_ip(7);  // not a ring link
+    first.resize(wire::build_message_packet(m, 0, first.data(), first.size()));
+    first[first.size() - 4 - 256 + 24] ^= 0;  // (payload untouched)
+    // Strip the INA magic: an ordinary RDMA WRITE.
+    wire::ParsedFrame p;
+    REQUIRE(wire::parse_frame(first.data(), first.size(), p) == wire::ParseStatus::ok);
+    first[p.payload] ^= 0xFF;
+    wire::icrc_update(first.data(), p);
+    CHECK(x.h.feed(first).reason == Reason::fwd_no_ina);
+    middle.resize(wire::build_message_packet(m, 1, middle.data(), middle.size()));
+    CHECK(x.h.feed(middle).reason == Reason::fwd_no_ina);
+    // On a ring link: a middle packet with no known first packet is held back...
+    m.base.src_ip = rank_ip(0);
+    middle.resize(600);
+    middle.resize(wire::build_message_packet(m, 1, middle.data(), middle.size()));
+    CHECK(x.h.feed(middle).reason == Reason::first_packet_lost);
+    // ... until its (non-INA) first packet passes; then the message flows.
+    first.resize(600);
+    first.resize(wire::build_message_packet(m, 0, first.data(), first.size()));
+    REQUIRE(wire::parse_frame(first.data(), first.size(), p) == wire::ParseStatus::ok);
+    first[p.payload] ^= 0xFF;
+    wire::icrc_update(first.data(), p);
+    CHECK(x.h.feed(first).reason == Reason::fwd_no_ina);
+    CHECK(x.h.feed(middle).reason == Reason::fwd_no_ina);
+    const auto out = x.h.take_sent();
+    CHECK(out.back() == middle);
+  }
+  SECTION("INA packets that are not the ring's are dropped") {
+    RingTraffic other = x.t;
+    other.ring_id = 99;
+    CHECK(x.h.feed(other.packet(0, 0, x.msgs[0][0], 1000, 0)).reason == Reason::unknown_ring);
+    auto spoof = x.pkt(0, 0, 0);  // rank 0's header from rank 1's address
+    wire::ParsedFrame p;
+    REQUIRE(wire::parse_frame(spoof.data(), spoof.size(), p) == wire::ParseStatus::ok);
+    reinterpret_cast<wire::Ipv4Hdr*>(spoof.data() + p.l3)->src.set(rank_ip(1));
+    wire::icrc_update(spoof.data(), p);
+    CHECK(x.h.feed(spoof).reason == Reason::rank_address_mismatch);
+    auto corrupt = x.pkt(0, 0, 0);
+    corrupt[corrupt.size() - 10] ^= 4;
+    CHECK(x.h.feed(corrupt).reason == Reason::bad_icrc);
+    RingTraffic bad = x.t;
+    bad.dtype = static_cast<wire::Dtype>(9);
+    CHECK(x.h.feed(bad.packet(0, 0, x.msgs[0][0], 1000, 0)).reason == Reason::bad_ina_header);
+    bad = x.t;
+    bad.pmtu = 512;  // bigger than the ring's payload size
+    CHECK(x.h.feed(bad.packet(0, 0, x.msgs[0][0], 1000, 0)).reason == Reason::length_mismatch);
+    CHECK(x.h.sent.empty());
+  }
+  SECTION("a ring restricted to fp32 refuses int32") {
+    engine::RingSpec s = ring_spec(5, 2, 4, 2, 256, 20);
+    s.dtype_mask = 1u << static_cast<unsigned>(wire::Dtype::fp32);
+    REQUIRE(x.h.e->install_ring(s).ok());
+    RingTraffic t;
+    t.ring_id = 5;
+    t.ranks = 2;
+    t.ip_offset = 20;
+    t.dtype = wire::Dtype::int32;
+    CHECK(x.h.feed(t.packet(0, 0, x.msgs[0][0], 1000, 0)).reason == Reason::dtype_mismatch);
+  }
+}
+
+TEST_CASE("ring installation: validation, quotas, idempotency, removal", "[engine][control]") {
+  engine::EngineConfig cfg;
+  cfg.memory_budget = 64ull << 20;
+  Harness h(cfg);
+  auto s = ring_spec(1, 3);
+  CHECK(h.e->install_ring(s).ok());
+  CHECK(h.e->install_ring(s).ok());  // same spec: no-op
+  auto other = s;
+  other.window = 4;
+  auto st = h.e->install_ring(other);
+  CHECK(st.code() == StatusCode::conflict);
+  CHECK(st.field() == "ring_id");
+
+  auto bad = ring_spec(2, 1);
+  CHECK(h.e->install_ring(bad).field() == "members");
+  bad = ring_spec(2, 3);
+  bad.members[2] = bad.members[0];
+  CHECK(h.e->install_ring(bad).field() == "members[2]");
+  bad = ring_spec(2, 3);
+  bad.payload_bytes = 1000;
+  CHECK(h.e->install_ring(bad).field() == "payload_bytes");
+  bad = ring_spec(2, 3);
+  bad.window = 0;
+  CHECK(h.e->install_ring(bad).field() == "window");
+  bad = ring_spec(2, 3);
+  bad.memory_quota = 1000;
+  st = h.e->install_ring(bad);
+  CHECK(st.code() == StatusCode::resource_exhausted);
+  CHECK(st.field() == "memory_quota");
+  bad = ring_spec(2, 64, 64, 64, 4096, 100);  // far over the 64 MiB budget
+  st = h.e->install_ring(bad);
+  CHECK(st.code() == StatusCode::resource_exhausted);
+  CHECK(st.field() == "memory");
+  CHECK(h.e->ring_ids() == std::vector<uint32_t>{1});
+
+  // Removal hands back what the ring held.
+  RingTraffic t;
+  std::vector<uint8_t> d(700, 1);
+  h.feed(t.packet(0, 0, d, 10, 0));
+  h.feed(t.packet(1, 0, d, 20, 0));
+  REQUIRE(h.live.size() == 2);
+  std::vector<engine::Pkt> released;
+  CHECK(h.e->remove_ring(1, released).ok());
+  CHECK(released.size() == 2);
+  CHECK(h.e->remove_ring(1, released).code() == StatusCode::not_found);
+  CHECK(h.e->memory_in_use() == 0);
+  // After removal its packets are unknown-ring drops; the links are no longer tracked.
+  CHECK(h.feed(t.packet(2, 0, d, 30, 0)).reason == Reason::unknown_ring);
+  CHECK(h.feed(t.packet(2, 0, d, 30, 1)).reason == Reason::fwd_no_ina);
+}
+
+TEST_CASE("linear ICRC fix-up releases the same bytes as a full recompute", "[engine][icrc]") {
+  std::mt19937 rng(11);
+  for (uint16_t pmtu : {256, 1024, 4096}) {
+    for (size_t bytes : {size_t{8}, size_t{100}, size_t{pmtu} - 24, size_t{pmtu} * 2 - 24 + 4, size_t{pmtu} * 3 - 28}) {
+      std::vector<std::vector<uint8_t>> outs[2];
+      for (int method = 0; method < 2; ++method) {
+        engine::EngineConfig cfg;
+        cfg.icrc_fixup = method ? engine::IcrcFixup::linear : engine::IcrcFixup::full;
+        Harness h(cfg);
+        REQUIRE(h.e->install_ring(ring_spec(1, 3, 4, 2, pmtu)).ok());
+        RingTraffic t;
+        t.pmtu = pmtu;
+        std::mt19937 r2(static_cast<unsigned>(bytes));
+        std::vector<std::vector<uint8_t>> d;
+        for (unsigned r = 0; r < 3; ++r) d.push_back(fp_data(r2, bytes));
+        for (uint32_t k = 0; k < wire::message_packets(bytes, pmtu); ++k)
+          for (unsigned r = 0; r < 3; ++r) h.feed(t.packet(r, 0, d[r], 100 + r, k));
+        outs[method] = h.take_sent();
+      }
+      INFO("pmtu " << pmtu << " bytes " << bytes);
+      REQUIRE(!outs[0].empty());
+      CHECK(outs[0] == outs[1]);
+      for (const auto& f : outs[1]) CHECK(icrc_ok(f));
+    }
+  }
+  (void)rng;
+}
+
+TEST_CASE("accumulate mode releases what deterministic mode releases (order-free ops)", "[engine][accumulate]") {
+  for (auto op : {wire::ReduceOp::sum, wire::ReduceOp::max}) {
+    std::vector<std::vector<uint8_t>> outs[2];
+    for (int mode = 0; mode < 2; ++mode) {
+      engine::EngineConfig cfg;
+      cfg.mode = mode ? engine::ReduceMode::accumulate : engine::ReduceMode::deterministic;
+      Harness h(cfg);
+      REQUIRE(h.e->install_ring(ring_spec(1, 4)).ok());
+      RingTraffic t;
+      t.ranks = 4;
+      t.dtype = wire::Dtype::int64;
+      t.op = op;
+      std::mt19937 rng(5);
+      std::vector<std::vector<uint8_t>> d(4, std::vector<uint8_t>(3 * 256 - 24));
+      for (auto& v : d)
+        for (auto& b : v) b = static_cast<uint8_t>(rng());
+      // Arrival order differs from rank order.
+      for (uint32_t k = 0; k < 3; ++k)
+        for (unsigned r : {2u, 0u, 3u, 1u}) h.feed(t.packet(r, 0, d[r], 100 + r * 10, k));
+      // A retransmission after completion is served from the cell in both modes.
+      CHECK(h.feed(t.packet(3, 0, d[3], 130, 1)).reason == Reason::served_from_cell);
+      outs[mode] = h.take_sent();
+      CHECK(h.live.empty());
+      const auto want = reference(d, wire::Dtype::int64, op);
+      for (size_t i = 0; i < 12; ++i) CHECK(data_of(outs[mode][i]) == slice(want, static_cast<uint32_t>(i / 4), 256));
+    }
+    // Same packets, same bytes (release order within a cell is rank order in both).
+    CHECK(outs[0] == outs[1]);
+  }
+}

@@ -1,0 +1,66 @@
+// A simulator of P RoCE RC endpoints in a ring, talking through the engine.
+//
+// Faithful to what the box relies on: each worker has a sender QP to its
+// successor and a receiver QP from its predecessor; PSNs are 24-bit and
+// start anywhere (near the wrap on purpose); the receiver accepts only the
+// expected PSN, ACKs it, NAKs (sequence error) the first out-of-order packet
+// and re-ACKs duplicates; the sender goes back N on a NAK or a retransmission
+// timeout; a message's completion at the receiver is its RDMA WRITE WITH
+// IMMEDIATE last packet arriving in order. Workers obey the host window rule
+// W: message m is sent only when m-N is done (result received and own write
+// acknowledged). Every frame, data and ACK, crosses the engine, over
+// channels that drop, duplicate, reorder and corrupt on both sides. The
+// receiver verifies the ICRC like rxe does.
+//
+// At the end each worker's received data must equal a reference reduction
+// computed independently (tests/engine/reference.h) in rank order:
+// bit-identical in deterministic mode; in accumulate mode identical across
+// workers and exact for integers and min/max, within rounding for float sums.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "engine/engine.h"
+
+namespace netreduce::sim {
+
+struct SimParams {
+  uint64_t seed = 1;
+  unsigned ranks = 4;
+  unsigned messages = 4;     // per worker
+  uint16_t pmtu = 256;
+  uint16_t msg_len = 4;      // ring's packets per message
+  uint16_t window = 2;       // N
+  wire::Dtype dtype = wire::Dtype::fp32;
+  wire::ReduceOp op = wire::ReduceOp::sum;
+  engine::ReduceMode mode = engine::ReduceMode::deterministic;
+  engine::IcrcFixup fixup = engine::IcrcFixup::linear;
+  reduce::Isa isa = reduce::Isa::scalar;
+  double drop_in = 0, dup_in = 0, reorder_in = 0, corrupt_in = 0;      // workers -> box
+  double drop_out = 0, dup_out = 0, reorder_out = 0, corrupt_out = 0;  // box -> workers
+  uint32_t psn_base = 0;     // worker r starts at psn_base + r * 7919 (mod 2^24)
+  unsigned burst = 4;        // packets a sender may emit per tick
+  unsigned rto = 40;         // ticks without ACK progress before going back N
+  uint64_t max_ticks = 400000;
+  bool violate_window = false;  // rank 0 ignores rule W (for the regression test)
+};
+
+// Random parameters for a seed: P 2..16, every dtype x op by turn, loss,
+// duplication and reordering up to 5% each, corruption up to 1%.
+SimParams random_params(uint64_t seed, bool allow_accumulate = true);
+
+struct SimResult {
+  bool ok = false;
+  std::string error;  // first problem found (names seed, worker, message)
+  uint64_t ticks = 0;
+  uint64_t frames = 0;  // frames handed to the engine
+  engine::ReasonCounters counters{};
+  engine::RingCounters ring{};
+};
+
+SimResult run_sim(const SimParams& params);
+std::string describe(const SimParams& params);
+
+}  // namespace netreduce::sim
