@@ -407,6 +407,14 @@ TEST_CASE("ring installation: validation, quotas, idempotency, removal", "[engin
   h.feed(t.packet(0, 0, d, 10, 0));
   h.feed(t.packet(1, 0, d, 20, 0));
   REQUIRE(h.live.size() == 2);
+  // A cell waiting on a rank is reported stalled once older than the asked timeout.
+  auto info = h.e->ring_info(1, h.now + 5, 100);
+  REQUIRE(info);
+  CHECK(info->open_cells == 1);
+  CHECK(info->stalled_cells == 0);
+  info = h.e->ring_info(1, h.now + 500, 100);
+  CHECK(info->stalled_cells == 1);
+  CHECK(info->held_packets == 2);
   std::vector<engine::Pkt> released;
   CHECK(h.e->remove_ring(1, released).ok());
   CHECK(released.size() == 2);
