@@ -28,7 +28,7 @@ constexpr uint32_t kMessages = 16;  // window 8: 16 slots; a round of 128*P fram
 
 struct Frames {
   std::vector<std::vector<uint8_t>> pristine, live;  // [m][k][r] flattened
-  std::vector<engine::Pkt> order;                   // feed order
+  std::vector<engine::Pkt> order;                    // feed order
 };
 
 Frames make_frames(unsigned ranks, uint16_t pmtu, wire::Dtype dt) {
@@ -41,7 +41,8 @@ Frames make_frames(unsigned ranks, uint16_t pmtu, wire::Dtype dt) {
         std::vector<uint8_t> data(bytes);
         for (size_t i = 0; i + 4 <= bytes; i += 4) {
           const float v = static_cast<float>(rng() % 1000) / 8.0f;
-          if (dt == wire::Dtype::fp32) std::memcpy(&data[i], &v, 4);
+          if (dt == wire::Dtype::fp32)
+            std::memcpy(&data[i], &v, 4);
           else {  // bf16 pairs: the top halves of two floats
             uint32_t u;
             std::memcpy(&u, &v, 4);
@@ -89,7 +90,8 @@ void BM_Aggregate(benchmark::State& state) {
   const auto fix = state.range(3) ? engine::IcrcFixup::linear : engine::IcrcFixup::full;
   engine::EngineConfig cfg;
   cfg.icrc_fixup = fix;
-  if (const char* isa = std::getenv("NETREDUCE_ISA")) cfg.isa = static_cast<reduce::Isa>(std::atoi(isa));
+  if (const char* isa = std::getenv("NETREDUCE_ISA"))
+    cfg.isa = static_cast<reduce::Isa>(std::atoi(isa));
   Frames fr = make_frames(ranks, pmtu, dt);
   engine::Sink sink;
   uint64_t packets = 0, released = 0;
@@ -100,7 +102,8 @@ void BM_Aggregate(benchmark::State& state) {
     state.PauseTiming();
     (void)e.remove_ring(1, leftover);
     if (!e.install_ring(spec(ranks, pmtu)).ok()) state.SkipWithError("install");
-    for (size_t i = 0; i < fr.live.size(); ++i) std::memcpy(fr.live[i].data(), fr.pristine[i].data(), fr.live[i].size());
+    for (size_t i = 0; i < fr.live.size(); ++i)
+      std::memcpy(fr.live[i].data(), fr.pristine[i].data(), fr.live[i].size());
     state.ResumeTiming();
     for (const engine::Pkt& p : fr.order) {
       sink.clear();
@@ -112,9 +115,10 @@ void BM_Aggregate(benchmark::State& state) {
   if (released != packets) state.SkipWithError("not every packet was released");
   state.SetItemsProcessed(static_cast<int64_t>(packets));
   state.SetBytesProcessed(static_cast<int64_t>(packets) * pmtu);
-  state.counters["ns/pkt"] = benchmark::Counter(static_cast<double>(packets),
-                                                benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
-  state.SetLabel(std::string(wire::to_string(dt)) + (fix == engine::IcrcFixup::linear ? " linear" : " full"));
+  state.counters["ns/pkt"] = benchmark::Counter(
+      static_cast<double>(packets), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.SetLabel(std::string(wire::to_string(dt)) +
+                 (fix == engine::IcrcFixup::linear ? " linear" : " full"));
 }
 
 void BM_ForwardBaseline(benchmark::State& state) {
@@ -128,11 +132,13 @@ void BM_ForwardBaseline(benchmark::State& state) {
   engine::Sink sink;
   for (auto _ : state) {
     sink.clear();
-    benchmark::DoNotOptimize(e.process({f.data(), static_cast<uint16_t>(f.size()), nullptr}, 0, sink));
+    benchmark::DoNotOptimize(
+        e.process({f.data(), static_cast<uint16_t>(f.size()), nullptr}, 0, sink));
   }
   state.SetItemsProcessed(state.iterations());
-  state.counters["ns/pkt"] = benchmark::Counter(static_cast<double>(state.iterations()),
-                                                benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ns/pkt"] =
+      benchmark::Counter(static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 // Reference point: one CRC-32 over a hot buffer of the payload size (the cost

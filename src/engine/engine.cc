@@ -166,6 +166,7 @@ struct Held {
 constexpr size_t kHdrStore = 128;
 struct StoredHdr {
   ParsedFrame p;
+  uint16_t meta = 0;
   uint16_t frame_len = 0;
   uint16_t data_off = 0;
   uint8_t pad_bytes[4] = {};
@@ -447,6 +448,7 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
       StoredHdr& sh = ring.hdrs[hi];
       sh.p = p;
       sh.frame_len = p.end;
+      sh.meta = pkt.meta;
       sh.data_off = data_off;
       std::memcpy(sh.bytes, pkt.data, std::min<size_t>(data_off, kHdrStore));
       std::memcpy(sh.pad_bytes, pkt.data + data_off + data_len, p.pad);
@@ -507,6 +509,7 @@ void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
         continue;  // the worker will retransmit and be served from the cell
       }
       pk.len = sh.frame_len;
+      pk.meta = sh.meta;
       std::memcpy(pk.data, sh.bytes, sh.data_off);
       std::memcpy(pk.data + sh.data_off + cell.data_len, sh.pad_bytes, sh.p.pad);
       std::memcpy(pk.data + sh.p.icrc(), "\0\0\0\0", 4);

@@ -63,6 +63,7 @@ struct Pkt {
   uint8_t* data = nullptr;
   uint16_t len = 0;
   void* handle = nullptr;
+  uint16_t meta = 0;  // the caller's tag (the data plane: RX port); carried onto rebuilt packets
 };
 
 // Packets handed back by one process() call, besides the verdict on the

@@ -42,10 +42,12 @@ struct Harness {
   engine::Outcome feed(const std::vector<uint8_t>& frame) {
     auto& b = buffers.emplace_back(frame);
     engine::Sink sink;
-    const engine::Outcome o = e->process({b.data(), static_cast<uint16_t>(b.size()), &b}, ++now, sink);
+    const engine::Outcome o =
+        e->process({b.data(), static_cast<uint16_t>(b.size()), &b}, ++now, sink);
     outcomes.push_back(o);
     if (o.verdict == engine::Verdict::held) live.insert(&b);
-    if (o.verdict == engine::Verdict::forward || o.verdict == engine::Verdict::emit) sent.push_back(b);
+    if (o.verdict == engine::Verdict::forward || o.verdict == engine::Verdict::emit)
+      sent.push_back(b);
     for (unsigned i = 0; i < sink.ntx; ++i) {
       auto* v = static_cast<std::vector<uint8_t>*>(sink.tx[i].handle);
       REQUIRE(live.erase(v) == 1);  // released exactly once
@@ -69,10 +71,11 @@ struct RingTraffic {
   wire::Dtype dtype = wire::Dtype::fp32;
   wire::ReduceOp op = wire::ReduceOp::sum;
   uint32_t psn_base = 1000;
-  unsigned ip_offset = 0;  // rank r uses rank_ip(ip_offset + r)
+  unsigned ip_offset = 0;                  // rank r uses rank_ip(ip_offset + r)
   std::vector<std::vector<uint8_t>> data;  // per rank, per message data (same size for all ranks)
 
-  wire::InaMessage message(unsigned rank, uint32_t msg_id, const std::vector<uint8_t>& d, uint32_t psn0) const {
+  wire::InaMessage message(unsigned rank, uint32_t msg_id, const std::vector<uint8_t>& d,
+                           uint32_t psn0) const {
     wire::InaMessage m;
     m.base.src_ip = rank_ip(ip_offset + rank);
     m.base.dst_ip = rank_ip(ip_offset + (rank + 1) % ranks);
@@ -90,8 +93,8 @@ struct RingTraffic {
     m.va = 0x1000;
     return m;
   }
-  std::vector<uint8_t> packet(unsigned rank, uint32_t msg_id, const std::vector<uint8_t>& d, uint32_t psn0,
-                              uint32_t k) const {
+  std::vector<uint8_t> packet(unsigned rank, uint32_t msg_id, const std::vector<uint8_t>& d,
+                              uint32_t psn0, uint32_t k) const {
     std::vector<uint8_t> f(4096 + 128);
     const wire::InaMessage m = message(rank, msg_id, d, psn0);
     f.resize(wire::build_message_packet(m, k, f.data(), f.size()));
@@ -100,8 +103,9 @@ struct RingTraffic {
   }
 };
 
-inline engine::RingSpec ring_spec(uint32_t id, unsigned ranks, uint16_t msg_len = 4, uint16_t window = 2,
-                                  uint16_t pmtu = 256, unsigned ip_offset = 0) {
+inline engine::RingSpec ring_spec(uint32_t id, unsigned ranks, uint16_t msg_len = 4,
+                                  uint16_t window = 2, uint16_t pmtu = 256,
+                                  unsigned ip_offset = 0) {
   engine::RingSpec s;
   s.ring_id = id;
   for (unsigned r = 0; r < ranks; ++r) s.members.push_back(rank_ip(ip_offset + r));
@@ -121,7 +125,8 @@ inline std::vector<uint8_t> data_of(const std::vector<uint8_t>& f) {
 
 inline bool icrc_ok(const std::vector<uint8_t>& f) {
   wire::ParsedFrame p;
-  return wire::parse_frame(f.data(), f.size(), p) == wire::ParseStatus::ok && wire::icrc_verify(f.data(), p);
+  return wire::parse_frame(f.data(), f.size(), p) == wire::ParseStatus::ok &&
+         wire::icrc_verify(f.data(), p);
 }
 
 }  // namespace netreduce::testing

@@ -29,12 +29,13 @@ namespace {
 uint64_t g_seed, g_iter;
 [[noreturn]] void fail(const char* what) {
   std::fflush(stdout);
-  std::fprintf(stderr, "engine fuzz: %s at iteration %" PRIu64 " (replay: engine-fuzz-test N %" PRIu64 ")\n", what,
-               g_iter, g_seed);
+  std::fprintf(
+      stderr, "engine fuzz: %s at iteration %" PRIu64 " (replay: engine-fuzz-test N %" PRIu64 ")\n",
+      what, g_iter, g_seed);
   std::abort();
 }
-#define ENSURE(c) \
-  do {            \
+#define ENSURE(c)       \
+  do {                  \
     if (!(c)) fail(#c); \
   } while (0)
 
@@ -156,13 +157,15 @@ void run(engine::ReduceMode mode, uint64_t iterations, std::mt19937_64& rng) {
     switch (rng() % 8) {
       case 0:
       case 1:
-      case 2: break;  // valid, in random order (loss, duplication, reordering)
+      case 2:
+        break;  // valid, in random order (loss, duplication, reordering)
       case 3:
       case 4: {  // damage a header or INA field, then re-seal the ICRC
         if (wire::parse_frame(f.data(), f.size(), p) == wire::ParseStatus::ok) {
           const size_t lim = std::min<size_t>(f.size() - 4, p.payload + 24u);
           f[p.l3 + rng() % (lim - p.l3)] ^= static_cast<uint8_t>(1u << (rng() % 8));
-          if (wire::parse_frame(f.data(), f.size(), p) == wire::ParseStatus::ok) wire::icrc_update(f.data(), p);
+          if (wire::parse_frame(f.data(), f.size(), p) == wire::ParseStatus::ok)
+            wire::icrc_update(f.data(), p);
         }
         break;
       }
@@ -173,7 +176,8 @@ void run(engine::ReduceMode mode, uint64_t iterations, std::mt19937_64& rng) {
         f.resize(rng() % f.size());
         break;
       default: {  // payload bytes changed and re-sealed: a "retransmission" with different data
-        if (wire::parse_frame(f.data(), f.size(), p) == wire::ParseStatus::ok && p.payload_len > 24) {
+        if (wire::parse_frame(f.data(), f.size(), p) == wire::ParseStatus::ok &&
+            p.payload_len > 24) {
           f[p.payload + 24 + rng() % (p.payload_len - 24)] ^= 0x5A;
           wire::icrc_update(f.data(), p);
         }
@@ -181,7 +185,8 @@ void run(engine::ReduceMode mode, uint64_t iterations, std::mt19937_64& rng) {
     }
     Buf* in = st.make(f);
     sink.clear();
-    const engine::Outcome o = e.process({in->b.data(), static_cast<uint16_t>(in->b.size()), in}, g_iter, sink);
+    const engine::Outcome o =
+        e.process({in->b.data(), static_cast<uint16_t>(in->b.size()), in}, g_iter, sink);
     bool in_released = false;
     std::set<uint32_t> srcs;
     uint32_t ring_of_release = 0;
@@ -205,7 +210,8 @@ void run(engine::ReduceMode mode, uint64_t iterations, std::mt19937_64& rng) {
       // One packet per rank of one ring, from exactly the ring's members.
       bool match = false;
       for (const auto& [id, m] : members)
-        if (srcs == m && sink.ntx == m.size() && (ring_of_release == 0 || ring_of_release == id)) match = true;
+        if (srcs == m && sink.ntx == m.size() && (ring_of_release == 0 || ring_of_release == id))
+          match = true;
       ENSURE(match);
     }
     for (unsigned i = 0; i < sink.ndrop; ++i) {
@@ -215,10 +221,13 @@ void run(engine::ReduceMode mode, uint64_t iterations, std::mt19937_64& rng) {
     }
     switch (o.verdict) {
       case engine::Verdict::held:
-        if (!in_released) ENSURE(st.held.insert(in).second);
-        else st.free(in);
+        if (!in_released)
+          ENSURE(st.held.insert(in).second);
+        else
+          st.free(in);
         break;
-      default: st.free(in);
+      default:
+        st.free(in);
     }
     uint64_t held_total = 0;
     for (const RingDef& d : kRings) {
@@ -240,10 +249,12 @@ void run(engine::ReduceMode mode, uint64_t iterations, std::mt19937_64& rng) {
   ENSURE(st.held.empty());
   ENSURE(st.outstanding == 0);
   std::printf("  %s mode: %" PRIu64 " packets, %" PRIu64 " completions, reasons:",
-              mode == engine::ReduceMode::deterministic ? "deterministic" : "accumulate", iterations, completions);
+              mode == engine::ReduceMode::deterministic ? "deterministic" : "accumulate",
+              iterations, completions);
   for (size_t i = 0; i < engine::kReasonCount; ++i)
     if (e.counters()[i])
-      std::printf(" %s=%" PRIu64, std::string(engine::to_string(static_cast<engine::Reason>(i))).c_str(),
+      std::printf(" %s=%" PRIu64,
+                  std::string(engine::to_string(static_cast<engine::Reason>(i))).c_str(),
                   e.counters()[i]);
   std::printf("\n");
   // Guards against a degenerate mutation mix (hundreds are typical).

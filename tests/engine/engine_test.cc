@@ -2,7 +2,6 @@
 // DESIGN.md sections 3-5 as a hand-written packet sequence, checked against an
 // independent reference reduction (tests/engine/reference.h).
 #include <catch2/catch.hpp>
-
 #include <random>
 
 #include "engine/box_harness.h"
@@ -27,7 +26,8 @@ std::vector<uint8_t> fp_data(std::mt19937& rng, size_t bytes) {
 }
 
 // Reference result of one message for all ranks, rank order.
-std::vector<uint8_t> reference(const std::vector<std::vector<uint8_t>>& per_rank, wire::Dtype dt = wire::Dtype::fp32,
+std::vector<uint8_t> reference(const std::vector<std::vector<uint8_t>>& per_rank,
+                               wire::Dtype dt = wire::Dtype::fp32,
                                wire::ReduceOp op = wire::ReduceOp::sum) {
   std::vector<const uint8_t*> in;
   for (const auto& d : per_rank) in.push_back(d.data());
@@ -53,7 +53,8 @@ struct Fixture {
   std::vector<std::vector<std::vector<uint8_t>>> msgs;  // [msg][rank] data
   std::vector<std::vector<uint32_t>> psn0;              // [msg][rank]
 
-  explicit Fixture(unsigned ranks = 3, uint16_t window = 2, engine::EngineConfig cfg = {}) : h(cfg) {
+  explicit Fixture(unsigned ranks = 3, uint16_t window = 2, engine::EngineConfig cfg = {})
+      : h(cfg) {
     t.ranks = ranks;
     REQUIRE(h.e->install_ring(ring_spec(t.ring_id, ranks, 4, window)).ok());
   }
@@ -64,7 +65,8 @@ struct Fixture {
     for (unsigned r = 0; r < t.ranks; ++r) {
       d.push_back(fp_data(rng, bytes));
       uint32_t start = base + r * 100000;
-      if (!msgs.empty()) start = wire::psn_add(psn0.back()[r], wire::message_packets(msgs.back()[r].size(), t.pmtu));
+      if (!msgs.empty())
+        start = wire::psn_add(psn0.back()[r], wire::message_packets(msgs.back()[r].size(), t.pmtu));
       p.push_back(start);
     }
     msgs.push_back(std::move(d));
@@ -121,7 +123,8 @@ TEST_CASE("a complete cell releases every rank's packet with the rank-order sum"
   CHECK(x.h.live.empty());
 }
 
-TEST_CASE("first packet lost: later packets are dropped until it is resent", "[engine][regression]") {
+TEST_CASE("first packet lost: later packets are dropped until it is resent",
+          "[engine][regression]") {
   Fixture x;
   x.add_message();
   // Rank 1's first packet never reaches the box; its next packet cannot be placed.
@@ -138,7 +141,8 @@ TEST_CASE("first packet lost: later packets are dropped until it is resent", "[e
   CHECK(reason(x.h, Reason::first_packet_lost) == 2);
 }
 
-TEST_CASE("go-back-N resends into message m-1 after m's first packet passed", "[engine][regression]") {
+TEST_CASE("go-back-N resends into message m-1 after m's first packet passed",
+          "[engine][regression]") {
   Fixture x;
   x.add_message();
   x.add_message();
@@ -157,7 +161,8 @@ TEST_CASE("go-back-N resends into message m-1 after m's first packet passed", "[
   CHECK(x.h.feed(x.pkt(2, 1, 0)).reason == Reason::served_from_cell);
 }
 
-TEST_CASE("a delayed duplicate of an old first packet never rewrites newer history", "[engine][regression]") {
+TEST_CASE("a delayed duplicate of an old first packet never rewrites newer history",
+          "[engine][regression]") {
   Fixture x(2, /*window=*/1);  // S = 2 message slots
   for (int m = 0; m < 4; ++m) x.add_message();
   auto run_message = [&](uint32_t m) {
@@ -245,7 +250,8 @@ TEST_CASE("a duplicate of a held packet is dropped", "[engine][regression]") {
 TEST_CASE("PSN wrap-around inside a message", "[engine][regression]") {
   Fixture x;
   x.add_message(3 * 256 - 24, wire::kPsnMask - 1);  // rank 0: 0xFFFFFE, 0xFFFFFF, 0x000000
-  for (unsigned r = 0; r < 3; ++r) x.psn0[0][r] = wire::psn_sub(0, 1 + r);  // every rank wraps inside
+  for (unsigned r = 0; r < 3; ++r)
+    x.psn0[0][r] = wire::psn_sub(0, 1 + r);  // every rank wraps inside
   for (uint32_t k = 0; k < 3; ++k) {
     for (unsigned r = 0; r < 3; ++r) CHECK(x.h.feed(x.pkt(r, 0, k)).verdict == Verdict::held);
     x.expect_released(x.h.take_sent(), 0, k);
@@ -428,7 +434,8 @@ TEST_CASE("ring installation: validation, quotas, idempotency, removal", "[engin
 TEST_CASE("linear ICRC fix-up releases the same bytes as a full recompute", "[engine][icrc]") {
   std::mt19937 rng(11);
   for (uint16_t pmtu : {256, 1024, 4096}) {
-    for (size_t bytes : {size_t{8}, size_t{100}, size_t{pmtu} - 24, size_t{pmtu} * 2 - 24 + 4, size_t{pmtu} * 3 - 28}) {
+    for (size_t bytes : {size_t{8}, size_t{100}, size_t{pmtu} - 24, size_t{pmtu} * 2 - 24 + 4,
+                         size_t{pmtu} * 3 - 28}) {
       std::vector<std::vector<uint8_t>> outs[2];
       for (int method = 0; method < 2; ++method) {
         engine::EngineConfig cfg;
@@ -453,7 +460,8 @@ TEST_CASE("linear ICRC fix-up releases the same bytes as a full recompute", "[en
   (void)rng;
 }
 
-TEST_CASE("accumulate mode releases what deterministic mode releases (order-free ops)", "[engine][accumulate]") {
+TEST_CASE("accumulate mode releases what deterministic mode releases (order-free ops)",
+          "[engine][accumulate]") {
   for (auto op : {wire::ReduceOp::sum, wire::ReduceOp::max}) {
     std::vector<std::vector<uint8_t>> outs[2];
     for (int mode = 0; mode < 2; ++mode) {
@@ -477,7 +485,8 @@ TEST_CASE("accumulate mode releases what deterministic mode releases (order-free
       outs[mode] = h.take_sent();
       CHECK(h.live.empty());
       const auto want = reference(d, wire::Dtype::int64, op);
-      for (size_t i = 0; i < 12; ++i) CHECK(data_of(outs[mode][i]) == slice(want, static_cast<uint32_t>(i / 4), 256));
+      for (size_t i = 0; i < 12; ++i)
+        CHECK(data_of(outs[mode][i]) == slice(want, static_cast<uint32_t>(i / 4), 256));
     }
     // Same packets, same bytes (release order within a cell is rank order in both).
     CHECK(outs[0] == outs[1]);

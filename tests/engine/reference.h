@@ -43,7 +43,8 @@ template <typename T>
 T fop(wire::ReduceOp op, T a, T b) {
   if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
   switch (op) {
-    case wire::ReduceOp::sum: return a + b;
+    case wire::ReduceOp::sum:
+      return a + b;
     case wire::ReduceOp::min:
       if (a == b) return std::signbit(a) ? a : b;
       return a < b ? a : b;
@@ -57,9 +58,12 @@ template <typename T>
 T iop(wire::ReduceOp op, T a, T b) {
   using U = std::make_unsigned_t<T>;
   switch (op) {
-    case wire::ReduceOp::sum: return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-    case wire::ReduceOp::min: return a < b ? a : b;
-    case wire::ReduceOp::max: return a > b ? a : b;
+    case wire::ReduceOp::sum:
+      return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+    case wire::ReduceOp::min:
+      return a < b ? a : b;
+    case wire::ReduceOp::max:
+      return a > b ? a : b;
   }
   return a;
 }
@@ -69,8 +73,8 @@ T canon(T v) {
 }
 
 // out = reduction of inputs[0..n) in rank order; every input has `bytes` bytes.
-inline void reduce(wire::Dtype dt, wire::ReduceOp op, const std::vector<const uint8_t*>& in, size_t bytes,
-                   uint8_t* out) {
+inline void reduce(wire::Dtype dt, wire::ReduceOp op, const std::vector<const uint8_t*>& in,
+                   size_t bytes, uint8_t* out) {
   const size_t es = wire::dtype_size(dt);
   for (size_t i = 0; i < bytes / es; ++i) {
     auto load = [&](size_t r, auto& v) { std::memcpy(&v, in[r] + i * es, sizeof(v)); };
@@ -96,7 +100,8 @@ inline void reduce(wire::Dtype dt, wire::ReduceOp op, const std::vector<const ui
         uint16_t h;
         load(0, h);
         float a = half ? fp16_widen(h) : bf16_widen(h);
-        for (size_t r = 1; r < in.size(); ++r) load(r, h), a = fop(op, a, half ? fp16_widen(h) : bf16_widen(h));
+        for (size_t r = 1; r < in.size(); ++r)
+          load(r, h), a = fop(op, a, half ? fp16_widen(h) : bf16_widen(h));
         store(half ? fp16_narrow(a) : bf16_narrow(a));
         break;
       }

@@ -1,9 +1,9 @@
 #include "engine/sim.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cmath>
 #include <cstring>
 #include <memory>
 #include <queue>
@@ -97,7 +97,8 @@ class Channel {
  private:
   bool chance(double p) { return p > 0 && std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
   void enqueue(Frame* f, uint64_t now) {
-    if (chance(corrupt_) && !f->b.empty()) f->b[rng_() % f->b.size()] ^= static_cast<uint8_t>(1u << (rng_() % 8));
+    if (chance(corrupt_) && !f->b.empty())
+      f->b[rng_() % f->b.size()] ^= static_cast<uint8_t>(1u << (rng_() % 8));
     // Reordered frames are mostly a little late; one in ten is very late, so
     // duplicates older than the cells' reuse distance (2N messages) occur.
     uint64_t delay = 1;
@@ -113,25 +114,25 @@ class Channel {
 
 struct Worker {
   unsigned rank = 0;
-  uint32_t psn_base = 0;                 // PSN of the first packet of message 0
-  std::vector<uint8_t> tensor;           // what this worker contributes
-  std::vector<uint32_t> msg_first;       // packet index of each message's first packet
-  uint32_t total = 0;                    // packets over all messages
+  uint32_t psn_base = 0;            // PSN of the first packet of message 0
+  std::vector<uint8_t> tensor;      // what this worker contributes
+  std::vector<uint32_t> msg_first;  // packet index of each message's first packet
+  uint32_t total = 0;               // packets over all messages
   // sender
-  uint32_t snd_una = 0, snd_nxt = 0;     // packet indexes
+  uint32_t snd_una = 0, snd_nxt = 0;  // packet indexes
   uint64_t last_progress = 0;
-  uint32_t allowed = 0;                  // messages [0, allowed) may be sent (rule W)
+  uint32_t allowed = 0;  // messages [0, allowed) may be sent (rule W)
   // receiver (from the predecessor)
-  uint32_t rcv_next = 0;                 // next expected packet index
+  uint32_t rcv_next = 0;  // next expected packet index
   bool nak_sent = false;
-  std::vector<uint8_t> rbuf;             // predecessor's messages as written into our memory
-  uint32_t results = 0;                  // messages received completely (in order)
+  std::vector<uint8_t> rbuf;  // predecessor's messages as written into our memory
+  uint32_t results = 0;       // messages received completely (in order)
 };
 
 struct Layout {
   size_t es = 4;
-  size_t elems = 0;          // per worker tensor
-  size_t cap = 0;            // data bytes per full message
+  size_t elems = 0;  // per worker tensor
+  size_t cap = 0;    // data bytes per full message
   unsigned messages = 0;
   size_t data_bytes(unsigned m, size_t total_bytes) const {
     return std::min(cap, total_bytes - size_t{m} * cap);
@@ -184,7 +185,9 @@ class Sim {
 void Sim::fill_tensor(std::vector<uint8_t>& t) {
   const size_t n = lay_.elems;
   auto small = [&] { return static_cast<int>(rng_() % 2001) - 1000; };
-  auto expo = [&](int lo, int hi) { return lo + static_cast<int>(rng_() % static_cast<unsigned>(hi - lo + 1)); };
+  auto expo = [&](int lo, int hi) {
+    return lo + static_cast<int>(rng_() % static_cast<unsigned>(hi - lo + 1));
+  };
   for (size_t i = 0; i < n; ++i) {
     uint8_t* d = t.data() + i * lay_.es;
     switch (p_.dtype) {
@@ -236,7 +239,8 @@ void Sim::setup() {
   spec.msg_len = p_.msg_len;
   spec.window = p_.window;
   spec.payload_bytes = p_.pmtu;
-  if (Status s = engine_->install_ring(spec); !s) throw std::runtime_error("install_ring: " + s.to_string());
+  if (Status s = engine_->install_ring(spec); !s)
+    throw std::runtime_error("install_ring: " + s.to_string());
 
   lay_.es = wire::dtype_size(p_.dtype);
   lay_.cap = wire::message_capacity(p_.msg_len, p_.pmtu) / lay_.es * lay_.es;
@@ -293,7 +297,9 @@ size_t Sim::build_packet(const Worker& w, uint32_t idx, std::vector<uint8_t>& ou
 void Sim::sender_tick(Worker& w) {
   // Rule W: message m may go once m - N is done (or m < N).
   while (w.allowed < p_.messages &&
-         (p_.violate_window && w.rank == 0 ? true : w.allowed < p_.window || msg_done(w, w.allowed - p_.window)))
+         (p_.violate_window && w.rank == 0
+              ? true
+              : w.allowed < p_.window || msg_done(w, w.allowed - p_.window)))
     ++w.allowed;
   const uint32_t limit = w.msg_first[w.allowed];
   for (unsigned i = 0; i < p_.burst && w.snd_nxt < limit; ++i) {
@@ -330,7 +336,8 @@ void Sim::on_data(Worker& w, Frame* f, const wire::ParsedFrame& pf) {
     const auto it = std::upper_bound(pred.msg_first.begin(), pred.msg_first.end(), idx) - 1;
     const unsigned m = static_cast<unsigned>(it - pred.msg_first.begin());
     const uint32_t k = idx - pred.msg_first[m];
-    std::memcpy(w.rbuf.data() + (size_t{m} * p_.msg_len + k) * p_.pmtu, f->b.data() + pf.payload, pf.payload_len);
+    std::memcpy(w.rbuf.data() + (size_t{m} * p_.msg_len + k) * p_.pmtu, f->b.data() + pf.payload,
+                pf.payload_len);
     if (trace_)
       std::fprintf(stderr, "t=%llu worker %u accepts packet %u (message %u, offset %u, %u bytes)\n",
                    static_cast<unsigned long long>(now_), w.rank, idx, m, k, pf.payload_len);
@@ -392,10 +399,15 @@ void Sim::box(Frame* f) {
   const engine::Outcome o = engine_->process(as_pkt(f), now_, sink_);
   switch (o.verdict) {
     case engine::Verdict::forward:
-    case engine::Verdict::emit: out_.send(f, now_); break;
+    case engine::Verdict::emit:
+      out_.send(f, now_);
+      break;
     case engine::Verdict::consumed:
-    case engine::Verdict::drop: pool_.free(f); break;
-    case engine::Verdict::held: break;
+    case engine::Verdict::drop:
+      pool_.free(f);
+      break;
+    case engine::Verdict::held:
+      break;
   }
   for (unsigned i = 0; i < sink_.ntx; ++i) out_.send(of(sink_.tx[i]), now_);
   for (unsigned i = 0; i < sink_.ndrop; ++i) pool_.free(of(sink_.drop[i]));
@@ -421,7 +433,8 @@ std::string Sim::check_results() {
     std::vector<uint8_t> first_got;
     for (const Worker& w : w_) {
       std::vector<uint8_t> got(bytes);
-      const uint8_t* base = w.rbuf.data() + size_t{m} * p_.msg_len * p_.pmtu + engine::kInaHeaderBytes;
+      const uint8_t* base =
+          w.rbuf.data() + size_t{m} * p_.msg_len * p_.pmtu + engine::kInaHeaderBytes;
       // The message occupies consecutive pmtu-sized packet slots.
       std::memcpy(got.data(), base, bytes);
       if (first_got.empty()) first_got = got;
@@ -434,8 +447,9 @@ std::string Sim::check_results() {
         size_t i = 0;
         while (got[i] == want[i]) ++i;
         std::ostringstream e;
-        e << "worker " << w.rank << " message " << m << ": byte " << i << " (element " << i / lay_.es
-          << ") is 0x" << std::hex << int(got[i]) << ", reference 0x" << int(want[i]);
+        e << "worker " << w.rank << " message " << m << ": byte " << i << " (element "
+          << i / lay_.es << ") is 0x" << std::hex << int(got[i]) << ", reference 0x"
+          << int(want[i]);
         return e.str();
       }
       if (!exact) {  // accumulate-mode float sum: within rounding of the reference
@@ -443,26 +457,60 @@ std::string Sim::check_results() {
           double g = 0, r = 0, mag = 0;
           for (const uint8_t* x : in) {
             double v = 0;
-            if (p_.dtype == Dtype::fp32) { float f; std::memcpy(&f, x + i * 4, 4); v = f; }
-            if (p_.dtype == Dtype::fp64) { std::memcpy(&v, x + i * 8, 8); }
-            if (p_.dtype == Dtype::fp16) { uint16_t h; std::memcpy(&h, x + i * 2, 2); v = ref::fp16_widen(h); }
-            if (p_.dtype == Dtype::bf16) { uint16_t h; std::memcpy(&h, x + i * 2, 2); v = ref::bf16_widen(h); }
+            if (p_.dtype == Dtype::fp32) {
+              float f;
+              std::memcpy(&f, x + i * 4, 4);
+              v = f;
+            }
+            if (p_.dtype == Dtype::fp64) {
+              std::memcpy(&v, x + i * 8, 8);
+            }
+            if (p_.dtype == Dtype::fp16) {
+              uint16_t h;
+              std::memcpy(&h, x + i * 2, 2);
+              v = ref::fp16_widen(h);
+            }
+            if (p_.dtype == Dtype::bf16) {
+              uint16_t h;
+              std::memcpy(&h, x + i * 2, 2);
+              v = ref::bf16_widen(h);
+            }
             mag += std::fabs(v);
           }
           auto val = [&](const uint8_t* b) -> double {
             switch (p_.dtype) {
-              case Dtype::fp32: { float f; std::memcpy(&f, b + i * 4, 4); return f; }
-              case Dtype::fp64: { double d; std::memcpy(&d, b + i * 8, 8); return d; }
-              case Dtype::fp16: { uint16_t h; std::memcpy(&h, b + i * 2, 2); return ref::fp16_widen(h); }
-              default: { uint16_t h; std::memcpy(&h, b + i * 2, 2); return ref::bf16_widen(h); }
+              case Dtype::fp32: {
+                float f;
+                std::memcpy(&f, b + i * 4, 4);
+                return f;
+              }
+              case Dtype::fp64: {
+                double d;
+                std::memcpy(&d, b + i * 8, 8);
+                return d;
+              }
+              case Dtype::fp16: {
+                uint16_t h;
+                std::memcpy(&h, b + i * 2, 2);
+                return ref::fp16_widen(h);
+              }
+              default: {
+                uint16_t h;
+                std::memcpy(&h, b + i * 2, 2);
+                return ref::bf16_widen(h);
+              }
             }
           };
           g = val(got.data());
           r = val(want.data());
-          const double eps = p_.dtype == Dtype::fp64 ? 1e-15 : p_.dtype == Dtype::fp32 ? 1e-6 : 1e-2;
-          if (std::fabs(g - r) > eps * (mag + 1e-30) * p_.ranks && !(std::isinf(g) && std::isinf(r))) {
+          const double eps = p_.dtype == Dtype::fp64   ? 1e-15
+                             : p_.dtype == Dtype::fp32 ? 1e-6
+                                                       : 1e-2;
+          if (std::fabs(g - r) > eps * (mag + 1e-30) * p_.ranks &&
+              !(std::isinf(g) && std::isinf(r))) {
             std::ostringstream e;
-            e << "worker " << w.rank << " message " << m << " element " << i << ": " << g << " vs reference " << r;
+            e << "worker " << w.rank << " message " << m << " element " << i << ": " << g
+              << " vs reference " << r;
             return e.str();
           }
         }
@@ -488,8 +536,8 @@ SimResult Sim::run() {
     std::ostringstream e;
     e << "no progress after " << p_.max_ticks << " ticks:";
     for (const Worker& w : w_)
-      e << " [w" << w.rank << " results " << w.results << "/" << p_.messages << " acked " << w.snd_una << "/"
-        << w.total << "]";
+      e << " [w" << w.rank << " results " << w.results << "/" << p_.messages << " acked "
+        << w.snd_una << "/" << w.total << "]";
     e << " stale=" << res.counters[static_cast<size_t>(engine::Reason::stale_message)];
     res.error = e.str();
   } else {
@@ -501,7 +549,8 @@ SimResult Sim::run() {
   for (const Pkt& pk : released) pool_.free(of(pk));
   while (Frame* f = in_.next(~0ull)) pool_.free(f);
   while (Frame* f = out_.next(~0ull)) pool_.free(f);
-  if (res.error.empty() && pool_.live != 0) res.error = "leaked " + std::to_string(pool_.live) + " frames";
+  if (res.error.empty() && pool_.live != 0)
+    res.error = "leaked " + std::to_string(pool_.live) + " frames";
   res.ok = res.error.empty();
   return res;
 }
@@ -515,7 +564,8 @@ SimParams random_params(uint64_t seed, bool allow_accumulate) {
   SimParams p;
   p.seed = seed;
   p.ranks = static_cast<unsigned>(u(2, 16));
-  static const Dtype dts[] = {Dtype::fp32, Dtype::fp16, Dtype::bf16, Dtype::int32, Dtype::int64, Dtype::fp64};
+  static const Dtype dts[] = {Dtype::fp32,  Dtype::fp16,  Dtype::bf16,
+                              Dtype::int32, Dtype::int64, Dtype::fp64};
   static const ReduceOp ops[] = {ReduceOp::sum, ReduceOp::min, ReduceOp::max};
   p.dtype = dts[seed % 6];
   p.op = ops[(seed / 6) % 3];
@@ -524,7 +574,8 @@ SimParams random_params(uint64_t seed, bool allow_accumulate) {
   p.msg_len = static_cast<uint16_t>(u(1, 6));
   p.window = static_cast<uint16_t>(u(1, 4));
   p.messages = static_cast<unsigned>(u(1, 10));
-  p.mode = allow_accumulate && u(0, 3) == 0 ? engine::ReduceMode::accumulate : engine::ReduceMode::deterministic;
+  p.mode = allow_accumulate && u(0, 3) == 0 ? engine::ReduceMode::accumulate
+                                            : engine::ReduceMode::deterministic;
   p.fixup = u(0, 1) ? engine::IcrcFixup::linear : engine::IcrcFixup::full;
   static const reduce::Isa isas[] = {reduce::Isa::scalar, reduce::Isa::avx2, reduce::Isa::avx512};
   p.isa = isas[u(0, 2)];
@@ -537,19 +588,22 @@ SimParams random_params(uint64_t seed, bool allow_accumulate) {
   p.dup_out = rate(0.05);
   p.reorder_out = rate(0.05);
   p.corrupt_out = rate(0.01);
-  p.psn_base = u(0, 3) == 0 ? static_cast<uint32_t>(wire::kPsnMask - u(0, 64)) : static_cast<uint32_t>(u(0, wire::kPsnMask));
+  p.psn_base = u(0, 3) == 0 ? static_cast<uint32_t>(wire::kPsnMask - u(0, 64))
+                            : static_cast<uint32_t>(u(0, wire::kPsnMask));
   return p;
 }
 
 std::string describe(const SimParams& p) {
   std::ostringstream o;
-  o << "seed=" << p.seed << " P=" << p.ranks << " " << wire::to_string(p.dtype) << "/" << wire::to_string(p.op)
-    << " msgs=" << p.messages << " pmtu=" << p.pmtu << " msg_len=" << p.msg_len << " N=" << p.window
+  o << "seed=" << p.seed << " P=" << p.ranks << " " << wire::to_string(p.dtype) << "/"
+    << wire::to_string(p.op) << " msgs=" << p.messages << " pmtu=" << p.pmtu
+    << " msg_len=" << p.msg_len << " N=" << p.window
     << " mode=" << (p.mode == engine::ReduceMode::deterministic ? "deterministic" : "accumulate")
-    << " icrc=" << (p.fixup == engine::IcrcFixup::linear ? "linear" : "full") << " isa=" << reduce::to_string(p.isa)
-    << " psn_base=0x" << std::hex << p.psn_base << std::dec << " loss/dup/reorder/corrupt in=" << p.drop_in << "/"
-    << p.dup_in << "/" << p.reorder_in << "/" << p.corrupt_in << " out=" << p.drop_out << "/" << p.dup_out << "/"
-    << p.reorder_out << "/" << p.corrupt_out;
+    << " icrc=" << (p.fixup == engine::IcrcFixup::linear ? "linear" : "full")
+    << " isa=" << reduce::to_string(p.isa) << " psn_base=0x" << std::hex << p.psn_base << std::dec
+    << " loss/dup/reorder/corrupt in=" << p.drop_in << "/" << p.dup_in << "/" << p.reorder_in << "/"
+    << p.corrupt_in << " out=" << p.drop_out << "/" << p.dup_out << "/" << p.reorder_out << "/"
+    << p.corrupt_out;
   return o.str();
 }
 

@@ -29,10 +29,10 @@ namespace netreduce::sim {
 struct SimParams {
   uint64_t seed = 1;
   unsigned ranks = 4;
-  unsigned messages = 4;     // per worker
+  unsigned messages = 4;  // per worker
   uint16_t pmtu = 256;
-  uint16_t msg_len = 4;      // ring's packets per message
-  uint16_t window = 2;       // N
+  uint16_t msg_len = 4;  // ring's packets per message
+  uint16_t window = 2;   // N
   wire::Dtype dtype = wire::Dtype::fp32;
   wire::ReduceOp op = wire::ReduceOp::sum;
   engine::ReduceMode mode = engine::ReduceMode::deterministic;
@@ -40,9 +40,9 @@ struct SimParams {
   reduce::Isa isa = reduce::Isa::scalar;
   double drop_in = 0, dup_in = 0, reorder_in = 0, corrupt_in = 0;      // workers -> box
   double drop_out = 0, dup_out = 0, reorder_out = 0, corrupt_out = 0;  // box -> workers
-  uint32_t psn_base = 0;     // worker r starts at psn_base + r * 7919 (mod 2^24)
-  unsigned burst = 4;        // packets a sender may emit per tick
-  unsigned rto = 40;         // ticks without ACK progress before going back N
+  uint32_t psn_base = 0;  // worker r starts at psn_base + r * 7919 (mod 2^24)
+  unsigned burst = 4;     // packets a sender may emit per tick
+  unsigned rto = 40;      // ticks without ACK progress before going back N
   uint64_t max_ticks = 400000;
   bool violate_window = false;  // rank 0 ignores rule W (for the regression test)
 };

@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
     if (replay || !r.ok) std::printf("%s\n", sim::describe(p).c_str());
     if (!r.ok) {
       ++failures;
-      std::printf("FAIL: %s\n  replay: NETREDUCE_SIM_SEED=%" PRIu64 " %s\n", r.error.c_str(), s, argv[0]);
+      std::printf("FAIL: %s\n  replay: NETREDUCE_SIM_SEED=%" PRIu64 " %s\n", r.error.c_str(), s,
+                  argv[0]);
       if (failures >= 5) break;
       continue;
     }
@@ -43,15 +44,17 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < total.size(); ++i) total[i] += r.counters[i];
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("engine sim: %" PRIu64 " seeds from %" PRIu64 " in %.1f s, %" PRIu64 " failed; %" PRIu64
-              " frames through the engine, %" PRIu64 " messages completed, %" PRIu64
-              " retransmissions served from cells\n",
+  std::printf("engine sim: %" PRIu64 " seeds from %" PRIu64 " in %.1f s, %" PRIu64
+              " failed; %" PRIu64 " frames through the engine, %" PRIu64
+              " messages completed, %" PRIu64 " retransmissions served from cells\n",
               seeds, first, secs, failures, frames, completed, served);
   std::printf("  dtype x op combinations run:");
   for (uint64_t c : combos) std::printf(" %" PRIu64, c);
   std::printf("\n  engine reasons:");
   for (size_t i = 0; i < total.size(); ++i)
-    if (total[i]) std::printf(" %s=%" PRIu64, std::string(engine::to_string(static_cast<engine::Reason>(i))).c_str(), total[i]);
+    if (total[i])
+      std::printf(" %s=%" PRIu64,
+                  std::string(engine::to_string(static_cast<engine::Reason>(i))).c_str(), total[i]);
   std::printf("\n");
   return failures == 0 ? 0 : 1;
 }

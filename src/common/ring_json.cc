@@ -1,0 +1,166 @@
+#include "common/ring_json.h"
+
+#include <arpa/inet.h>
+
+#include <set>
+
+namespace netreduce {
+
+using nlohmann::json;
+
+std::string ipv4_to_string(uint32_t addr) {
+  char buf[INET_ADDRSTRLEN];
+  const uint32_t be = htonl(addr);
+  return inet_ntop(AF_INET, &be, buf, sizeof(buf)) ? buf : "?";
+}
+
+bool ipv4_from_string(const std::string& s, uint32_t& addr) {
+  in_addr a{};
+  if (inet_pton(AF_INET, s.c_str(), &a) != 1) return false;
+  addr = ntohl(a.s_addr);
+  return true;
+}
+
+json ring_to_json(const engine::RingSpec& s) {
+  json members = json::array();
+  for (uint32_t m : s.members) members.push_back(ipv4_to_string(m));
+  json dtypes = json::array(), ops = json::array();
+  for (unsigned d = 1; d < 8; ++d)
+    if (wire::is_valid_dtype(static_cast<uint8_t>(d)) && s.allows_dtype(static_cast<uint8_t>(d)))
+      dtypes.push_back(std::string(wire::to_string(static_cast<wire::Dtype>(d))));
+  for (unsigned o = 1; o < 8; ++o)
+    if (wire::is_valid_op(static_cast<uint8_t>(o)) && s.allows_op(static_cast<uint8_t>(o)))
+      ops.push_back(std::string(wire::to_string(static_cast<wire::ReduceOp>(o))));
+  return {{"id", s.ring_id},
+          {"members", members},
+          {"msg_len", s.msg_len},
+          {"window", s.window},
+          {"payload_bytes", s.payload_bytes},
+          {"dtypes", dtypes},
+          {"ops", ops},
+          {"memory_quota", s.memory_quota}};
+}
+
+namespace {
+template <typename T>
+Status get_uint(const json& j, const char* key, T& out, bool required, uint64_t max) {
+  if (!j.contains(key)) {
+    if (required) return Status::invalid(key, "is required");
+    return {};
+  }
+  const json& v = j.at(key);
+  if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
+    return Status::invalid(key, "must be a non-negative integer");
+  const uint64_t x = v.get<uint64_t>();
+  if (x > max) return Status::invalid(key, "must be at most " + std::to_string(max));
+  out = static_cast<T>(x);
+  return {};
+}
+}  // namespace
+
+Status ring_from_json(const json& j, engine::RingSpec& out) {
+  if (!j.is_object()) return Status::invalid("", "a ring must be a JSON object");
+  static const std::set<std::string> known = {
+      "id", "members", "msg_len", "window", "payload_bytes", "dtypes", "ops", "memory_quota"};
+  for (const auto& [k, v] : j.items())
+    if (!known.count(k)) return Status::invalid(k, "unknown field");
+  engine::RingSpec s;
+  if (Status st = get_uint(j, "id", s.ring_id, true, 0xFFFFFFFFu); !st) return st;
+  if (Status st = get_uint(j, "msg_len", s.msg_len, true, 0xFFFF); !st) return st;
+  if (Status st = get_uint(j, "window", s.window, true, 0xFFFF); !st) return st;
+  if (Status st = get_uint(j, "payload_bytes", s.payload_bytes, true, 0xFFFF); !st) return st;
+  if (Status st = get_uint(j, "memory_quota", s.memory_quota, false, ~uint64_t{0}); !st) return st;
+
+  if (!j.contains("members")) return Status::invalid("members", "is required");
+  const json& m = j.at("members");
+  if (!m.is_array()) return Status::invalid("members", "must be an array");
+  s.members.assign(m.size(), 0);
+  std::vector<bool> seen(m.size(), false);
+  for (size_t i = 0; i < m.size(); ++i) {
+    const std::string field = "members[" + std::to_string(i) + "]";
+    std::string addr;
+    size_t rank = i;
+    if (m[i].is_string()) {
+      addr = m[i].get<std::string>();
+    } else if (m[i].is_object() && m[i].contains("rank") && m[i].contains("address") &&
+               m[i]["rank"].is_number_unsigned() && m[i]["address"].is_string()) {
+      rank = m[i]["rank"].get<size_t>();
+      addr = m[i]["address"].get<std::string>();
+      if (rank >= m.size())
+        return Status::invalid(field + ".rank", "must be below the number of members");
+      if (seen[rank])
+        return Status::invalid(field + ".rank", "rank " + std::to_string(rank) + " given twice");
+    } else {
+      return Status::invalid(
+          field, "must be an IPv4 address string or {\"rank\": r, \"address\": \"a.b.c.d\"}");
+    }
+    seen[rank] = true;
+    if (!ipv4_from_string(addr, s.members[rank]))
+      return Status::invalid(field, "'" + addr + "' is not an IPv4 address");
+  }
+
+  auto mask_of = [&](const char* key, uint8_t& mask, bool dtype) -> Status {
+    if (!j.contains(key)) return {};
+    const json& a = j.at(key);
+    if (!a.is_array()) return Status::invalid(key, "must be an array of names");
+    mask = 0;
+    for (const json& n : a) {
+      if (!n.is_string()) return Status::invalid(key, "must be an array of names");
+      const std::string name = n.get<std::string>();
+      if (dtype) {
+        auto d = wire::parse_dtype(name);
+        if (!d)
+          return Status::invalid(
+              key, "unknown dtype '" + name + "' (fp32, fp16, bf16, int32, int64, fp64)");
+        mask |= static_cast<uint8_t>(1u << static_cast<unsigned>(*d));
+      } else {
+        auto o = wire::parse_op(name);
+        if (!o) return Status::invalid(key, "unknown op '" + name + "' (sum, min, max)");
+        mask |= static_cast<uint8_t>(1u << static_cast<unsigned>(*o));
+      }
+    }
+    if (mask == 0)
+      return Status::invalid(key, "must name at least one entry (omit it to allow all)");
+    return {};
+  };
+  if (Status st = mask_of("dtypes", s.dtype_mask, true); !st) return st;
+  if (Status st = mask_of("ops", s.op_mask, false); !st) return st;
+  if (Status st = engine::validate(s); !st) return st;
+  out = std::move(s);
+  return {};
+}
+
+json reasons_to_json(const engine::ReasonCounters& c) {
+  json j = json::object();
+  for (size_t i = 0; i < c.size(); ++i)
+    j[std::string(engine::to_string(static_cast<engine::Reason>(i)))] = c[i];
+  return j;
+}
+
+json ring_info_to_json(const engine::RingInfo& i) {
+  json drops = json::object();
+  for (size_t r = 0; r < i.counters.drops.size(); ++r)
+    if (engine::fate_of(static_cast<engine::Reason>(r)) == engine::Fate::drop)
+      drops[std::string(engine::to_string(static_cast<engine::Reason>(r)))] = i.counters.drops[r];
+  return {{"spec", ring_to_json(i.spec)},
+          {"counters",
+           {{"packets_aggregated", i.counters.packets_aggregated},
+            {"bytes_aggregated", i.counters.bytes_aggregated},
+            {"cells_completed", i.counters.cells_completed},
+            {"messages_completed", i.counters.messages_completed},
+            {"retransmissions_served", i.counters.retransmissions_served},
+            {"connections_rebound", i.counters.connections_rebound},
+            {"drops", drops}}},
+          {"slots", i.slots},
+          {"memory_bytes", i.memory_bytes},
+          {"held_packets", i.held_packets},
+          {"held_bytes", i.held_bytes},
+          {"open_cells", i.open_cells},
+          {"stalled_cells", i.stalled_cells}};
+}
+
+json status_to_json(const Status& s) {
+  return {{"code", to_string(s.code())}, {"field", s.field()}, {"message", s.message()}};
+}
+
+}  // namespace netreduce

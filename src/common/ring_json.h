@@ -1,0 +1,34 @@
+// JSON forms of a ring spec and of the engine's counters: one codec for the
+// data plane's control socket, the control daemon's HTTP API and the CLI.
+//
+// A ring spec:
+//   {"id": 7, "members": ["10.0.0.1", "10.0.0.2", ...],     rank = index
+//    "msg_len": 64, "window": 8, "payload_bytes": 4096,
+//    "dtypes": ["fp32", "bf16"], "ops": ["sum"],             optional: all allowed
+//    "memory_quota": 0}                                      optional, bytes
+// "members" may also be [{"rank": 0, "address": "10.0.0.1"}, ...] with every
+// rank 0..P-1 exactly once. Decoding validates types and names the field at
+// fault; engine::validate() then checks the values.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/status.h"
+#include "engine/engine.h"
+
+namespace netreduce {
+
+std::string ipv4_to_string(uint32_t addr);
+bool ipv4_from_string(const std::string& s, uint32_t& addr);
+
+nlohmann::json ring_to_json(const engine::RingSpec& spec);
+Status ring_from_json(const nlohmann::json& j, engine::RingSpec& out);
+
+nlohmann::json reasons_to_json(
+    const engine::ReasonCounters& c);  // {"bad_icrc": 3, ...}, every reason
+nlohmann::json ring_info_to_json(const engine::RingInfo& info);  // spec + counters + state
+
+nlohmann::json status_to_json(const Status& s);  // {"code": ..., "field": ..., "message": ...}
+
+}  // namespace netreduce
