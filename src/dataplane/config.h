@@ -1,0 +1,86 @@
+// netreduce-dataplane configuration: the YAML file (config/dataplane.yaml is
+// the commented example), parsed and validated before EAL starts, so a bad
+// file is refused with a message that says what to fix. No DPDK here: what
+// can only be checked against the running system (do the ports exist, is
+// there memory for the pools) is checked at start-up by the data plane.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/engine.h"
+
+namespace netreduce::dataplane {
+
+enum class Mode : uint8_t {
+  aggregate,  // INA processing (the product)
+  forward,    // same ports, same burst loop, no INA processing (benchmark baseline)
+};
+
+struct PortConfig {
+  std::string name;  // DPDK device name: a PCI address ("0000:3b:00.0") or a vdev name ("net_ring0")
+};
+
+struct DataplaneConfig {
+  // EAL arguments (e.g. ["-l", "0-1", "--no-huge", "-m", "512", "--vdev", "net_ring0"]);
+  // arguments after "--" on the command line are appended.
+  std::vector<std::string> eal_args;
+
+  // Exactly two ports: bump in the wire, A -> B and B -> A.
+  std::vector<PortConfig> ports;
+  uint16_t mtu = 4200;        // L3 MTU set on the ports: RoCE MTU 4096 + headers
+  uint16_t rx_desc = 1024;    // descriptors per RX queue
+  uint16_t tx_desc = 1024;    // descriptors per TX queue
+  uint16_t burst = 32;        // packets per rx burst (1..256)
+
+  Mode mode = Mode::aggregate;
+
+  // Worker lcores (EAL lcore ids). Empty: every EAL worker lcore. The main
+  // lcore runs the control socket and housekeeping, never the data path.
+  std::vector<unsigned> workers;
+
+  // Memory.
+  uint32_t mbufs = 32768;              // mbufs in the packet pool (held packets come from it)
+  uint32_t mbuf_cache = 256;           // per-lcore mempool cache
+  uint64_t engine_memory = 256ull << 20;  // bytes all rings may reserve, over all workers
+
+  // Aggregation engine.
+  engine::ReduceMode reduce_mode = engine::ReduceMode::deterministic;
+  engine::IcrcFixup icrc_fixup = engine::IcrcFixup::linear;
+  bool verify_icrc = true;
+  unsigned max_rings = 64;             // per worker
+  unsigned clt_capacity = 4096;        // connections per worker
+  uint32_t stall_timeout_ms = 1000;    // cells collecting longer are reported stalled
+
+  // Control.
+  std::string control_socket = "/run/netreduce/dataplane.sock";
+};
+
+// Parses and validates YAML text. `origin` names the source in messages (a
+// file path). Unknown keys are errors (a typo must not be silently ignored);
+// every message names the key, e.g. "engine.reduce_mode: must be
+// deterministic or accumulate, got 'fast'".
+//
+// Messages. A bad value: field() is the dotted key ("mtu",
+// "engine.reduce_mode", "ports[1].name", "workers[2]") and message() says
+// what is wrong, without the origin. Something wrong with the text as a
+// whole (YAML syntax, empty document, top level not a mapping, a second
+// document): field() is empty and message() starts with the origin, as
+// "origin:line:column: ..." when yaml-cpp gives a position. So print
+//   st.field().empty() ? st.message() : origin + ": " + st.to_string()
+// Integers are decimal only; booleans are true/false (also True/TRUE/
+// False/FALSE); a section or list left empty (`memory:`, `workers:`) means
+// its defaults.
+//
+// `out` is assigned only on success, and then entirely: keys absent from the
+// text take the defaults above, not out's previous values. Never throws.
+Status parse_config(const std::string& yaml_text, const std::string& origin, DataplaneConfig& out);
+// Reads the file and parses it; a missing or unreadable file is an error that
+// names the path (field() empty, message() starting with the path; code
+// not_found when it does not exist). Files over 1 MiB are refused. Never
+// throws.
+Status load_config(const std::string& path, DataplaneConfig& out);
+
+}  // namespace netreduce::dataplane
