@@ -1,0 +1,342 @@
+// The data plane's control channel: a Unix stream socket speaking one JSON
+// object per line, request and response. The control daemon (netreduced) is
+// its client; `socat - UNIX-CONNECT:/run/netreduce/dataplane.sock` works too.
+//
+//   {"cmd": "ping"}                                   -> {"ok": true}
+//   {"cmd": "status"}                                 -> ports, workers, memory, mbufs
+//   {"cmd": "stats"}                                  -> reasons (summed), per worker, per port
+//   {"cmd": "install_ring", "ring": {...}}            -> {"ok": true} (see common/ring_json.h)
+//   {"cmd": "remove_ring", "id": 7}
+//   {"cmd": "list_rings"} / {"cmd": "get_ring", "id": 7}
+//   {"cmd": "install_ctt", ...} / "remove_ctt" / "list_ctt"   reserved for multi-rack
+//                                                     connection translation: "unimplemented"
+//   {"cmd": "shutdown"}
+// Errors: {"ok": false, "error": {"code": "...", "field": "...", "message": "..."}}.
+// Also registered with DPDK telemetry: /netreduce/stats, /netreduce/rings.
+#include <poll.h>
+#include <rte_cycles.h>
+#include <rte_ethdev.h>
+#include <rte_launch.h>
+#include <rte_lcore.h>
+#include <rte_mempool.h>
+#include <rte_telemetry.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "common/ring_json.h"
+#include "dataplane/dataplane.h"
+
+namespace netreduce::dataplane {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr size_t kMaxLine = 1 << 20;
+Dataplane* g_telemetry_dp = nullptr;
+
+json error_json(const Status& s) { return {{"ok", false}, {"error", status_to_json(s)}}; }
+
+struct Snapshot {
+  WorkerStats stats;
+  engine::ReasonCounters reasons{};
+  std::vector<engine::RingInfo> rings;
+  uint64_t memory = 0;
+};
+
+Snapshot snapshot_of(Worker& w, bool rings, uint64_t stall_cycles) {
+  Snapshot s;
+  s.stats = w.stats;
+  s.reasons = w.engine->counters();
+  s.memory = w.engine->memory_in_use();
+  if (rings)
+    for (uint32_t id : w.engine->ring_ids())
+      if (auto i = w.engine->ring_info(id, rte_get_tsc_cycles(), stall_cycles))
+        s.rings.push_back(*i);
+  return s;
+}
+
+std::vector<Snapshot> snapshots(Dataplane& dp, bool rings) {
+  const uint64_t stall = rte_get_tsc_hz() / 1000 * dp.config().stall_timeout_ms;
+  std::vector<Snapshot> out(dp.workers().size());
+  for (unsigned i = 0; i < dp.workers().size(); ++i)
+    dp.on_worker(i, [&](Worker& w) { out[i] = snapshot_of(w, rings, stall); });
+  return out;
+}
+
+json port_json(const Dataplane& dp, unsigned slot) {
+  rte_eth_stats st{};
+  rte_eth_stats_get(dp.port_id(slot), &st);
+  rte_eth_link link{};
+  rte_eth_link_get_nowait(dp.port_id(slot), &link);
+  return {{"name", dp.config().ports[slot].name},
+          {"port_id", dp.port_id(slot)},
+          {"link_up", link.link_status == RTE_ETH_LINK_UP},
+          {"speed_mbps", link.link_speed},
+          {"rx_packets", st.ipackets},
+          {"tx_packets", st.opackets},
+          {"rx_bytes", st.ibytes},
+          {"tx_bytes", st.obytes},
+          {"rx_missed", st.imissed},
+          {"rx_errors", st.ierrors},
+          {"tx_errors", st.oerrors}};
+}
+
+json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
+  engine::ReasonCounters sum{};
+  json workers = json::array();
+  for (size_t i = 0; i < snaps.size(); ++i) {
+    const Snapshot& s = snaps[i];
+    for (size_t r = 0; r < sum.size(); ++r) sum[r] += s.reasons[r];
+    const WorkerStats& ws = s.stats;
+    workers.push_back(
+        {{"worker", i},
+         {"lcore", dp.workers()[i]->lcore},
+         {"rx_packets", {ws.rx[0], ws.rx[1]}},
+         {"tx_packets", {ws.tx[0], ws.tx[1]}},
+         {"rx_bytes", {ws.rx_bytes[0], ws.rx_bytes[1]}},
+         {"tx_bytes", {ws.tx_bytes[0], ws.tx_bytes[1]}},
+         {"tx_dropped", {ws.tx_dropped[0], ws.tx_dropped[1]}},
+         {"dispatched", ws.dispatched},
+         {"dispatch_dropped", ws.dispatch_dropped},
+         {"multi_segment", ws.multi_segment},
+         {"busy_ratio", ws.total_cycles ? double(ws.busy_cycles) / double(ws.total_cycles) : 0.0},
+         {"rings", s.rings.size()},
+         {"memory_bytes", s.memory},
+         {"reasons", reasons_to_json(s.reasons)}});
+  }
+  return {{"reasons", reasons_to_json(sum)},
+          {"workers", workers},
+          {"ports", {port_json(dp, 0), port_json(dp, 1)}}};
+}
+
+int telemetry_stats(const char*, const char*, rte_tel_data* d) {
+  if (!g_telemetry_dp) return -1;
+  const auto snaps = snapshots(*g_telemetry_dp, false);
+  engine::ReasonCounters sum{};
+  uint64_t rx = 0, tx = 0;
+  for (const auto& s : snaps) {
+    for (size_t r = 0; r < sum.size(); ++r) sum[r] += s.reasons[r];
+    rx += s.stats.rx[0] + s.stats.rx[1];
+    tx += s.stats.tx[0] + s.stats.tx[1];
+  }
+  rte_tel_data_start_dict(d);
+  rte_tel_data_add_dict_u64(d, "rx_packets", rx);
+  rte_tel_data_add_dict_u64(d, "tx_packets", tx);
+  for (size_t r = 0; r < sum.size(); ++r)
+    rte_tel_data_add_dict_u64(
+        d, std::string(engine::to_string(static_cast<engine::Reason>(r))).c_str(), sum[r]);
+  return 0;
+}
+
+int telemetry_rings(const char*, const char*, rte_tel_data* d) {
+  if (!g_telemetry_dp) return -1;
+  rte_tel_data_start_array(d, RTE_TEL_INT_VAL);
+  for (const auto& s : snapshots(*g_telemetry_dp, true))
+    for (const auto& r : s.rings) rte_tel_data_add_array_int(d, static_cast<int>(r.spec.ring_id));
+  return 0;
+}
+
+}  // namespace
+
+std::string Dataplane::handle_request(const std::string& line) {
+  json req;
+  try {
+    req = json::parse(line);
+  } catch (const std::exception& e) {
+    return error_json(Status::invalid("", std::string("not JSON: ") + e.what())).dump();
+  }
+  if (!req.is_object() || !req.contains("cmd") || !req["cmd"].is_string())
+    return error_json(Status::invalid("cmd", "a request is an object with a string \"cmd\""))
+        .dump();
+  const std::string cmd = req["cmd"];
+  auto ring_id = [&](uint32_t& id) -> Status {
+    if (!req.contains("id") || !req["id"].is_number_unsigned() ||
+        req["id"].get<uint64_t>() > 0xFFFFFFFFu)
+      return Status::invalid("id", "a ring id (unsigned 32-bit integer) is required");
+    id = req["id"].get<uint32_t>();
+    return {};
+  };
+  try {
+    if (cmd == "ping") return json{{"ok", true}}.dump();
+    if (cmd == "shutdown") {
+      stop();
+      return json{{"ok", true}}.dump();
+    }
+    if (cmd == "install_ring") {
+      if (!req.contains("ring")) return error_json(Status::invalid("ring", "is required")).dump();
+      engine::RingSpec spec;
+      if (Status s = ring_from_json(req["ring"], spec); !s) return error_json(s).dump();
+      if (Status s = install_ring(spec); !s) return error_json(s).dump();
+      return json{{"ok", true}}.dump();
+    }
+    if (cmd == "remove_ring") {
+      uint32_t id;
+      if (Status s = ring_id(id); !s) return error_json(s).dump();
+      if (Status s = remove_ring(id); !s) return error_json(s).dump();
+      return json{{"ok", true}}.dump();
+    }
+    if (cmd == "list_rings" || cmd == "get_ring") {
+      uint32_t want = 0;
+      if (cmd == "get_ring")
+        if (Status s = ring_id(want); !s) return error_json(s).dump();
+      json arr = json::array();
+      const auto snaps = snapshots(*this, true);
+      for (size_t w = 0; w < snaps.size(); ++w)
+        for (const auto& r : snaps[w].rings) {
+          if (cmd == "get_ring" && r.spec.ring_id != want) continue;
+          json j = ring_info_to_json(r);
+          j["worker"] = w;
+          arr.push_back(j);
+        }
+      if (cmd == "get_ring") {
+        if (arr.empty())
+          return error_json({StatusCode::not_found, "id", "no ring " + std::to_string(want)})
+              .dump();
+        return json{{"ok", true}, {"ring", arr[0]}}.dump();
+      }
+      return json{{"ok", true}, {"rings", arr}}.dump();
+    }
+    if (cmd == "stats") {
+      json j = stats_json(*this, snapshots(*this, false));
+      j["ok"] = true;
+      return j.dump();
+    }
+    if (cmd == "status") {
+      json ws = json::array();
+      for (Worker* w : workers_) ws.push_back({{"worker", w->index}, {"lcore", w->lcore}});
+      return json{{"ok", true},
+                  {"mode", cfg_.mode == Mode::aggregate ? "aggregate" : "forward"},
+                  {"ports", {port_json(*this, 0), port_json(*this, 1)}},
+                  {"workers", ws},
+                  {"main_lcore", rte_get_main_lcore()},
+                  {"rings", rings_.size()},
+                  {"memory",
+                   {{"engine_reserved_bytes", memory_reserved_},
+                    {"engine_budget_bytes", cfg_.engine_memory}}},
+                  {"mbufs", {{"total", cfg_.mbufs}, {"in_use", rte_mempool_in_use_count(pool_)}}}}
+          .dump();
+    }
+    if (cmd == "install_ctt" || cmd == "remove_ctt" || cmd == "list_ctt")
+      return error_json({StatusCode::internal, "cmd",
+                         "unimplemented: connection translation (multi-rack hierarchies) is not "
+                         "built yet"})
+          .dump();
+    return error_json(Status::invalid("cmd", "unknown command '" + cmd + "'")).dump();
+  } catch (const std::exception& e) {  // a malformed field the checks above missed
+    return error_json({StatusCode::invalid_argument, "", e.what()}).dump();
+  }
+}
+
+void Dataplane::run() {
+  for (unsigned s = 0; s < 2; ++s) {
+    if (int rc = rte_eth_dev_start(port_ids_[s]); rc != 0) {
+      spdlog::critical("cannot start port {}: {}", cfg_.ports[s].name, rte_strerror(-rc));
+      return;
+    }
+    rte_eth_promiscuous_enable(port_ids_[s]);  // a bump in the wire passes every MAC
+  }
+  std::vector<std::pair<Dataplane*, Worker*>> args;
+  args.reserve(workers_.size());
+  for (Worker* w : workers_) args.emplace_back(this, w);
+  started_ = true;
+  for (auto& a : args) rte_eal_remote_launch(&Dataplane::worker_main, &a, a.second->lcore);
+
+  g_telemetry_dp = this;
+  rte_telemetry_register_cmd("/netreduce/stats", telemetry_stats,
+                             "netreduce: packet fates summed over workers");
+  rte_telemetry_register_cmd("/netreduce/rings", telemetry_rings, "netreduce: installed ring ids");
+
+  // Control socket.
+  const std::string& path = cfg_.control_socket;
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  ::unlink(path.c_str());
+  int lfd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (lfd < 0 || path.size() >= sizeof(addr.sun_path) ||
+      ::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(lfd, 8) != 0) {
+    spdlog::critical("control socket {}: {}; stopping", path, std::strerror(errno));
+    stop();
+  } else {
+    ::chmod(path.c_str(), 0660);
+    spdlog::info("control socket {}", path);
+  }
+
+  struct Client {
+    int fd;
+    std::string buf;
+  };
+  std::vector<Client> clients;
+  while (!quitting()) {
+    std::vector<pollfd> fds{{lfd, POLLIN, 0}};
+    for (auto& c : clients) fds.push_back({c.fd, POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), 100) <= 0) continue;
+    if (fds[0].revents & POLLIN) {
+      int c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c >= 0) clients.push_back({c, {}});
+    }
+    for (size_t i = 1; i < fds.size(); ++i) {
+      Client& c = clients[i - 1];
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char chunk[65536];
+      const ssize_t n = ::read(c.fd, chunk, sizeof(chunk));
+      if (n <= 0) {
+        ::close(c.fd);
+        c.fd = -1;
+        continue;
+      }
+      c.buf.append(chunk, static_cast<size_t>(n));
+      size_t nl;
+      while (c.fd >= 0 && (nl = c.buf.find('\n')) != std::string::npos) {
+        std::string reply = handle_request(c.buf.substr(0, nl)) + "\n";
+        c.buf.erase(0, nl + 1);
+        if (::send(c.fd, reply.data(), reply.size(), MSG_NOSIGNAL) < 0) {
+          ::close(c.fd);
+          c.fd = -1;
+        }
+      }
+      if (c.fd >= 0 && c.buf.size() > kMaxLine) {
+        const std::string reply =
+            error_json(Status::invalid("", "request line longer than 1 MiB")).dump() + "\n";
+        (void)::send(c.fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+        ::close(c.fd);
+        c.fd = -1;
+      }
+    }
+    std::erase_if(clients, [](const Client& c) { return c.fd < 0; });
+  }
+  for (auto& c : clients) ::close(c.fd);
+  if (lfd >= 0) ::close(lfd);
+  ::unlink(path.c_str());
+
+  rte_eal_mp_wait_lcore();
+  started_ = false;
+  g_telemetry_dp = nullptr;
+  final_report();
+  for (unsigned s = 0; s < 2; ++s) {
+    rte_eth_dev_stop(port_ids_[s]);
+    rte_eth_dev_close(port_ids_[s]);
+  }
+}
+
+void Dataplane::final_report() {
+  std::vector<Snapshot> snaps;
+  for (Worker* w : workers_) snaps.push_back(snapshot_of(*w, false, 0));
+  json j = stats_json(*this, snaps);
+  j["final"] = true;
+  std::printf("%s\n", j.dump().c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace netreduce::dataplane

@@ -1,0 +1,383 @@
+#include "dataplane/dataplane.h"
+
+#include <rte_cycles.h>
+#include <rte_eal.h>
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+#include <rte_malloc.h>
+#include <rte_mbuf.h>
+#include <rte_rcu_qsbr.h>
+#include <rte_ring.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/ring_json.h"
+
+namespace netreduce::dataplane {
+
+namespace {
+std::string dpdk_error(int rc) { return std::string(rte_strerror(rc < 0 ? -rc : rc)); }
+}  // namespace
+
+Dataplane::Dataplane(DataplaneConfig cfg) : cfg_(std::move(cfg)) {}
+
+Dataplane::~Dataplane() {
+  for (Worker* w : workers_) {
+    for (auto* b : w->txbuf) rte_free(b);
+    if (w->inbox) rte_ring_free(w->inbox);
+    if (w->commands) rte_ring_free(w->commands);
+    for (auto* r : w->tx_handoff_in) rte_ring_free(r);
+    w->~Worker();
+    rte_free(w);
+  }
+  rte_free(qsbr_);
+}
+
+Status Dataplane::setup() {
+  // Ports.
+  if (rte_eth_dev_count_avail() == 0)
+    return {StatusCode::unavailable, "ports",
+            "DPDK found no ports: give PCI devices (bound to vfio-pci) or --vdev arguments in eal"};
+  for (unsigned s = 0; s < 2; ++s) {
+    if (rte_eth_dev_get_port_by_name(cfg_.ports[s].name.c_str(), &port_ids_[s]) != 0) {
+      std::string avail;
+      uint16_t p;
+      RTE_ETH_FOREACH_DEV(p) {
+        char n[RTE_ETH_NAME_MAX_LEN];
+        rte_eth_dev_get_name_by_port(p, n);
+        avail += std::string(avail.empty() ? "" : ", ") + n;
+      }
+      return {StatusCode::not_found, "ports[" + std::to_string(s) + "].name",
+              "no DPDK port named '" + cfg_.ports[s].name + "' (available: " + avail + ")"};
+    }
+  }
+  if (port_ids_[0] == port_ids_[1]) return Status::invalid("ports", "the two ports must differ");
+
+  // Workers: the configured lcores, or every EAL worker lcore.
+  std::vector<unsigned> lcores = cfg_.workers;
+  if (lcores.empty()) {
+    unsigned l;
+    RTE_LCORE_FOREACH_WORKER(l) lcores.push_back(l);
+  }
+  if (lcores.empty())
+    return Status::invalid(
+        "workers",
+        "no worker lcore: give EAL at least two lcores (-l 0-1), the main one runs control");
+  if (lcores.size() > kMaxWorkers) return Status::invalid("workers", "at most 64 workers");
+  for (unsigned l : lcores) {
+    if (!rte_lcore_is_enabled(l) || l == rte_get_main_lcore())
+      return Status::invalid(
+          "workers", "lcore " + std::to_string(l) +
+                         " is not an EAL worker lcore (check -l / --lcores; the main lcore is " +
+                         std::to_string(rte_get_main_lcore()) + ")");
+  }
+
+  // Packet pool: frames up to the MTU plus Ethernet, two VLAN tags and FCS.
+  const uint32_t frame = cfg_.mtu + 14 + 8 + 4;
+  // Never below DPDK's default data room: some PMDs (af_packet) need it.
+  const uint16_t room =
+      static_cast<uint16_t>(RTE_PKTMBUF_HEADROOM + std::max<uint32_t>(RTE_MBUF_DEFAULT_DATAROOM,
+                                                                      ((frame + 127) / 128) * 128));
+  pool_ = rte_pktmbuf_pool_create("netreduce_pkts", cfg_.mbufs, cfg_.mbuf_cache, 0, room,
+                                  rte_socket_id());
+  if (!pool_)
+    return {StatusCode::resource_exhausted, "memory.mbufs",
+            "cannot allocate " + std::to_string(cfg_.mbufs) + " mbufs of " + std::to_string(room) +
+                " bytes: " + dpdk_error(rte_errno) +
+                " (lower memory.mbufs or give EAL more memory: -m / hugepages)"};
+
+  // RCU for the link table.
+  const size_t qs = rte_rcu_qsbr_get_memsize(static_cast<uint32_t>(lcores.size()));
+  qsbr_ = static_cast<rte_rcu_qsbr*>(rte_zmalloc("netreduce_qsbr", qs, RTE_CACHE_LINE_SIZE));
+  if (!qsbr_ || rte_rcu_qsbr_init(qsbr_, static_cast<uint32_t>(lcores.size())) != 0)
+    return {StatusCode::resource_exhausted, "memory", "cannot allocate the RCU state"};
+  links_owned_ = std::make_unique<LinkTable>();
+  links_.store(links_owned_.get(), std::memory_order_release);
+
+  const unsigned nw = static_cast<unsigned>(lcores.size());
+  uint16_t nrxq[2], ntxq[2];
+  for (unsigned s = 0; s < 2; ++s) {
+    rte_eth_dev_info info{};
+    if (int rc = rte_eth_dev_info_get(port_ids_[s], &info); rc != 0)
+      return {StatusCode::internal, "ports", "device info: " + dpdk_error(rc)};
+    nrxq[s] = static_cast<uint16_t>(std::min<unsigned>(nw, info.max_rx_queues));
+    ntxq[s] = static_cast<uint16_t>(std::min<unsigned>(nw, info.max_tx_queues));
+    if (cfg_.mtu > info.max_mtu)
+      return Status::invalid("mtu", "port " + cfg_.ports[s].name + " supports an MTU of at most " +
+                                        std::to_string(info.max_mtu));
+    rte_eth_conf conf{};
+    conf.rxmode.mtu = cfg_.mtu;
+    if (int rc = rte_eth_dev_configure(port_ids_[s], nrxq[s], ntxq[s], &conf); rc != 0)
+      return {StatusCode::internal, "ports[" + std::to_string(s) + "]",
+              "configure: " + dpdk_error(rc)};
+    uint16_t rxd = cfg_.rx_desc, txd = cfg_.tx_desc;
+    rte_eth_dev_adjust_nb_rx_tx_desc(port_ids_[s], &rxd, &txd);
+    for (uint16_t q = 0; q < nrxq[s]; ++q)
+      if (int rc = rte_eth_rx_queue_setup(port_ids_[s], q, rxd, rte_eth_dev_socket_id(port_ids_[s]),
+                                          nullptr, pool_);
+          rc != 0)
+        return {StatusCode::internal, "ports[" + std::to_string(s) + "]",
+                "RX queue setup on " + cfg_.ports[s].name + ": " + dpdk_error(rc) +
+                    " (see the driver's message above)"};
+    for (uint16_t q = 0; q < ntxq[s]; ++q)
+      if (int rc = rte_eth_tx_queue_setup(port_ids_[s], q, txd, rte_eth_dev_socket_id(port_ids_[s]),
+                                          nullptr);
+          rc != 0)
+        return {StatusCode::internal, "ports[" + std::to_string(s) + "]",
+                "TX queue setup on " + cfg_.ports[s].name + ": " + dpdk_error(rc) +
+                    " (see the driver's message above)"};
+  }
+
+  for (unsigned i = 0; i < nw; ++i) {
+    void* mem = rte_zmalloc("netreduce_worker", sizeof(Worker), RTE_CACHE_LINE_SIZE);
+    if (!mem) return {StatusCode::resource_exhausted, "memory", "cannot allocate worker state"};
+    Worker* w = new (mem) Worker();
+    w->index = i;
+    w->lcore = lcores[i];
+    engine::EngineConfig ec;
+    ec.mode = cfg_.reduce_mode;
+    ec.icrc_fixup = cfg_.icrc_fixup;
+    ec.verify_icrc = cfg_.verify_icrc;
+    ec.max_rings = cfg_.max_rings;
+    ec.clt_capacity = cfg_.clt_capacity;
+    ec.memory_budget = cfg_.engine_memory;
+    ec.allocator = {[](void* ctx, uint16_t len) -> engine::Pkt {
+                      rte_mbuf* m = rte_pktmbuf_alloc(static_cast<rte_mempool*>(ctx));
+                      if (!m || rte_pktmbuf_tailroom(m) < len) {
+                        rte_pktmbuf_free(m);
+                        return {};
+                      }
+                      m->data_len = m->pkt_len = len;
+                      return {rte_pktmbuf_mtod(m, uint8_t*), len, m, 0};
+                    },
+                    pool_};
+    w->engine = std::make_unique<engine::Engine>(ec);
+    const std::string id = std::to_string(i);
+    w->inbox = rte_ring_create(("nr_in" + id).c_str(), 4096, rte_socket_id(), RING_F_SC_DEQ);
+    w->commands = rte_ring_create(("nr_cmd" + id).c_str(), 64, rte_socket_id(),
+                                  RING_F_SC_DEQ);  // control thread and telemetry both enqueue
+    if (!w->inbox || !w->commands)
+      return {StatusCode::resource_exhausted, "memory", "cannot create worker rings"};
+    for (unsigned s = 0; s < 2; ++s) {
+      if (i < nrxq[s]) w->rxq.emplace_back(s, i);
+      if (i < ntxq[s]) {
+        w->txq[s] = static_cast<int>(i);
+        w->txbuf[s] = static_cast<rte_eth_dev_tx_buffer*>(
+            rte_zmalloc_socket("nr_txbuf", RTE_ETH_TX_BUFFER_SIZE(kMaxBurst), 0, rte_socket_id()));
+        if (!w->txbuf[s])
+          return {StatusCode::resource_exhausted, "memory", "cannot allocate TX buffers"};
+        rte_eth_tx_buffer_init(w->txbuf[s], cfg_.burst);
+        rte_eth_tx_buffer_set_err_callback(w->txbuf[s], rte_eth_tx_buffer_count_callback,
+                                           &w->stats.tx_dropped[s]);
+        if (nw > ntxq[s]) {
+          w->tx_handoff_in[s] = rte_ring_create(("nr_tx" + id + "_" + std::to_string(s)).c_str(),
+                                                4096, rte_socket_id(), RING_F_SC_DEQ);
+          if (!w->tx_handoff_in[s])
+            return {StatusCode::resource_exhausted, "memory", "cannot create TX handoff ring"};
+        }
+      }
+    }
+    workers_.push_back(w);
+  }
+  for (Worker* w : workers_)
+    for (unsigned s = 0; s < 2; ++s)
+      if (w->txq[s] < 0) w->tx_handoff_to[s] = workers_[w->index % ntxq[s]]->tx_handoff_in[s];
+
+  spdlog::info(
+      "ports {} (id {}, {} rx / {} tx queues) and {} (id {}, {} rx / {} tx queues); {} worker(s); "
+      "mode {}",
+      cfg_.ports[0].name, port_ids_[0], nrxq[0], ntxq[0], cfg_.ports[1].name, port_ids_[1], nrxq[1],
+      ntxq[1], nw, cfg_.mode == Mode::aggregate ? "aggregate" : "forward");
+  return {};
+}
+
+Status Dataplane::preload_rings(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return {StatusCode::not_found, "rings", path + ": cannot open"};
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    return Status::invalid("rings", path + ": " + e.what());
+  }
+  if (!j.is_array()) return Status::invalid("rings", path + ": must be a JSON array of ring specs");
+  for (size_t i = 0; i < j.size(); ++i) {
+    engine::RingSpec spec;
+    if (Status s = ring_from_json(j[i], spec); !s)
+      return Status::invalid("rings[" + std::to_string(i) + "]." + s.field(), s.message());
+    if (Status s = install_ring(spec); !s)
+      return Status(s.code(), "rings[" + std::to_string(i) + "]." + s.field(), s.message());
+  }
+  return {};
+}
+
+// ---- worker side ------------------------------------------------------------
+
+int Dataplane::worker_main(void* arg) {
+  auto* pair = static_cast<std::pair<Dataplane*, Worker*>*>(arg);
+  pair->first->worker_loop(*pair->second);
+  return 0;
+}
+
+void Dataplane::worker_loop(Worker& w) {
+  rte_rcu_qsbr_thread_register(qsbr_, w.index);
+  rte_rcu_qsbr_thread_online(qsbr_, w.index);
+  rte_mbuf* pkts[kMaxBurst];
+  rte_mbuf* mine[kMaxBurst];
+  const bool agg = cfg_.mode == Mode::aggregate;
+  while (!quitting()) {
+    const uint64_t t0 = rte_rdtsc();
+    unsigned moved = 0;
+    for (const auto& [slot, q] : w.rxq) {
+      const uint16_t n = rte_eth_rx_burst(port_ids_[slot], q, pkts, cfg_.burst);
+      if (!n) continue;
+      moved += n;
+      w.stats.rx[slot] += n;
+      for (uint16_t i = 0; i < n; ++i) w.stats.rx_bytes[slot] += pkts[i]->pkt_len;
+      if (!agg) {
+        forward(*this, w, pkts, n);
+        continue;
+      }
+      const unsigned k = dispatch(*this, w, pkts, n, mine);
+      aggregate(*this, w, mine, k);
+    }
+    const unsigned n =
+        rte_ring_dequeue_burst(w.inbox, reinterpret_cast<void**>(pkts), cfg_.burst, nullptr);
+    if (n) {
+      moved += n;
+      aggregate(*this, w, pkts, n);
+    }
+    flush(*this, w, false);
+    void* c;
+    if (rte_ring_dequeue(w.commands, &c) == 0) {
+      auto* cmd = static_cast<Command*>(c);
+      cmd->fn(w);
+      cmd->done.store(true, std::memory_order_release);
+    }
+    rte_rcu_qsbr_quiescent(qsbr_, w.index);
+    const uint64_t dt = rte_rdtsc() - t0;
+    w.stats.total_cycles += dt;
+    if (moved) w.stats.busy_cycles += dt;
+  }
+  // Stopping: flush what is queued, release everything the engine holds.
+  flush(*this, w, true);
+  for (uint32_t id : w.engine->ring_ids()) {
+    std::vector<engine::Pkt> rel;
+    (void)w.engine->remove_ring(id, rel);
+    for (const auto& p : rel) rte_pktmbuf_free(static_cast<rte_mbuf*>(p.handle));
+  }
+  unsigned n;
+  while ((n = rte_ring_dequeue_burst(w.inbox, reinterpret_cast<void**>(pkts), kMaxBurst,
+                                     nullptr)) != 0)
+    rte_pktmbuf_free_bulk(pkts, n);
+  rte_rcu_qsbr_thread_offline(qsbr_, w.index);
+  rte_rcu_qsbr_thread_unregister(qsbr_, w.index);
+}
+
+// ---- control side -------------------------------------------------------------
+
+bool Dataplane::on_worker(unsigned idx, std::function<void(Worker&)> fn) {
+  Worker& w = *workers_[idx];
+  if (!started_) {  // workers not running yet: the control thread may act directly
+    fn(w);
+    return true;
+  }
+  Command cmd;
+  cmd.fn = std::move(fn);
+  if (rte_ring_enqueue(w.commands, &cmd) != 0) return false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!cmd.done.load(std::memory_order_acquire)) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      // The command object must outlive the worker's use of it: wait for good.
+      spdlog::error("worker {} (lcore {}) did not answer a control command in 5 s; still waiting",
+                    idx, w.lcore);
+      while (!cmd.done.load(std::memory_order_acquire))
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  return true;
+}
+
+void Dataplane::publish_links(std::unique_ptr<LinkTable> t) {
+  links_.store(t.get(), std::memory_order_release);
+  if (started_) rte_rcu_qsbr_synchronize(qsbr_, RTE_QSBR_THRID_INVALID);
+  links_owned_ = std::move(t);  // the old table is unreachable now: freed here
+}
+
+Status Dataplane::install_ring(const engine::RingSpec& spec) {
+  if (Status s = engine::validate(spec); !s) return s;
+  if (auto it = rings_.find(spec.ring_id); it != rings_.end()) {
+    if (it->second.spec == spec) return {};
+    return {StatusCode::conflict, "id",
+            "ring " + std::to_string(spec.ring_id) + " is installed with a different spec"};
+  }
+  const uint64_t need = engine::ring_memory_bytes(spec, cfg_.reduce_mode);
+  if (memory_reserved_ + need > cfg_.engine_memory)
+    return {StatusCode::resource_exhausted, "memory",
+            "ring needs " + std::to_string(need) + " bytes; " +
+                std::to_string(cfg_.engine_memory - memory_reserved_) +
+                " of memory.engine=" + std::to_string(cfg_.engine_memory) + " are free"};
+  // Owner: the worker of any ring sharing a link, else the least loaded.
+  const LinkTable* cur = links();
+  int owner = -1;
+  const unsigned p = spec.ranks();
+  for (unsigned r = 0; r < p && owner < 0; ++r) {
+    auto it = cur->owner.find(LinkTable::key(spec.members[r], spec.members[(r + 1) % p]));
+    if (it != cur->owner.end()) owner = it->second;
+  }
+  if (owner < 0) {
+    std::vector<unsigned> load(workers_.size(), 0);
+    for (const auto& [id, e] : rings_) ++load[e.owner];
+    owner = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+  }
+  Status result;
+  if (!on_worker(static_cast<unsigned>(owner),
+                 [&](Worker& w) { result = w.engine->install_ring(spec); }))
+    return {StatusCode::unavailable, "",
+            "worker " + std::to_string(owner) + " did not take the command"};
+  if (!result) return result;
+  auto next = std::make_unique<LinkTable>(*cur);
+  for (unsigned r = 0; r < p; ++r)
+    next->owner[LinkTable::key(spec.members[r], spec.members[(r + 1) % p])] =
+        static_cast<uint16_t>(owner);
+  publish_links(std::move(next));
+  rings_[spec.ring_id] = {spec, static_cast<unsigned>(owner), need};
+  memory_reserved_ += need;
+  spdlog::info("ring {} installed on worker {} ({} ranks, {} bytes reserved)", spec.ring_id, owner,
+               p, need);
+  return {};
+}
+
+Status Dataplane::remove_ring(uint32_t ring_id) {
+  auto it = rings_.find(ring_id);
+  if (it == rings_.end())
+    return {StatusCode::not_found, "id", "no ring " + std::to_string(ring_id)};
+  const RingEntry e = it->second;
+  rings_.erase(it);
+  // Links still used by another ring stay.
+  auto next = std::make_unique<LinkTable>();
+  for (const auto& [id, r] : rings_)
+    for (unsigned k = 0; k < r.spec.ranks(); ++k)
+      next->owner[LinkTable::key(r.spec.members[k], r.spec.members[(k + 1) % r.spec.ranks()])] =
+          static_cast<uint16_t>(r.owner);
+  publish_links(std::move(next));
+  size_t released = 0;
+  on_worker(e.owner, [&](Worker& w) {
+    std::vector<engine::Pkt> rel;
+    (void)w.engine->remove_ring(ring_id, rel);
+    released = rel.size();
+    for (const auto& p : rel) rte_pktmbuf_free(static_cast<rte_mbuf*>(p.handle));
+  });
+  memory_reserved_ -= e.memory;
+  spdlog::info("ring {} removed from worker {}; {} held packets released", ring_id, e.owner,
+               released);
+  return {};
+}
+
+}  // namespace netreduce::dataplane

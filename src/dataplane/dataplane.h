@@ -1,0 +1,178 @@
+// netreduce-dataplane: the DPDK primary process.
+//
+// Theory of operation
+// -------------------
+// Two ports form a bump in the wire: what arrives on one leaves on the other.
+// Worker lcores poll the ports; the main lcore runs the control socket and
+// DPDK telemetry, never the data path.
+//
+// Ownership. Every ring is owned by exactly one worker: its Engine holds the
+// ring's cells and CLT entries, and no other thread touches them. A ring is
+// placed on the worker with the fewest rings, unless it shares a link (an
+// adjacent-member address pair) with an installed ring, in which case it
+// joins that ring's worker, since a link's packets must all meet in one engine.
+//
+// Dispatch. NIC RSS spreads packets by 5-tuple, not by ring, so a packet may
+// arrive on any worker's queue. The first stage (dispatch.cc) looks up the
+// packet's link (IPv4 src, dst) in the link table: packets of a link owned
+// by another worker go to that worker's inbox (an rte_ring, multi-producer /
+// single-consumer); everything else is processed where it arrived. With one
+// worker the stage is skipped. Devices with fewer queues than workers are
+// handled the same way: a worker without an RX queue is fed only through its
+// inbox, and a worker without a TX queue on a port hands its output to the
+// queue's owner through a TX handoff ring.
+//
+// Stages, per burst: rx -> dispatch -> aggregate (Engine::process: parse,
+// CLT lookup, cells, reduction, ICRC fix-up) -> transmit (buffered per port,
+// flushed every burst and on a 100 us timer).
+//
+// Control (ordering contract). The control thread never touches engine
+// state. Commands go to a worker through its command ring (SP/SC) and run
+// between bursts on that worker, which sets `done` (release) when finished;
+// the control thread waits for `done` (acquire). The link table is an
+// immutable object published through `links` (release store). Workers load
+// it once per burst (acquire) and report an RCU quiescent state after every
+// burst; the control thread frees a replaced table only after
+// rte_rcu_qsbr_synchronize. Installing: the owner's engine gets the ring
+// first, then the link table points at the owner. Removing: the link table
+// drops the ring's links first (synchronize), then the owner removes the
+// ring and frees its held mbufs.
+//
+// Counters are per worker, cache-aligned, written only by their worker and
+// read through commands, so they are never torn or shared.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dataplane/config.h"
+#include "engine/engine.h"
+
+struct rte_mempool;
+struct rte_ring;
+struct rte_mbuf;
+struct rte_eth_dev_tx_buffer;
+struct rte_rcu_qsbr;
+
+namespace netreduce::dataplane {
+
+inline constexpr unsigned kMaxBurst = 256;
+inline constexpr unsigned kMaxWorkers = 64;
+
+// (src, dst) address pair of adjacent ring members -> owning worker index.
+struct LinkTable {
+  std::unordered_map<uint64_t, uint16_t> owner;
+  static uint64_t key(uint32_t src, uint32_t dst) { return uint64_t{src} << 32 | dst; }
+};
+
+// A piece of control work run on a worker between bursts.
+struct Command {
+  std::function<void(struct Worker&)> fn;
+  std::atomic<bool> done{false};
+};
+
+struct alignas(64) WorkerStats {
+  uint64_t rx[2] = {};          // packets received per port (by this worker's queues)
+  uint64_t tx[2] = {};          // packets transmitted per port
+  uint64_t tx_dropped[2] = {};  // TX queue full
+  uint64_t rx_bytes[2] = {};
+  uint64_t tx_bytes[2] = {};
+  uint64_t dispatched = 0;        // handed to another worker
+  uint64_t dispatch_dropped = 0;  // that worker's inbox was full
+  uint64_t multi_segment = 0;     // forwarded untouched: not contiguous
+  uint64_t busy_cycles = 0;       // TSC cycles in bursts that moved packets
+  uint64_t total_cycles = 0;
+};
+
+struct alignas(64) Worker {
+  unsigned index = 0;  // 0..workers-1
+  unsigned lcore = 0;
+  std::unique_ptr<engine::Engine> engine;
+  // RX queues this worker polls: (port slot 0/1, queue id).
+  std::vector<std::pair<uint16_t, uint16_t>> rxq;
+  // TX: own queue per port, or the handoff ring of the queue's owner.
+  int txq[2] = {-1, -1};
+  rte_ring* tx_handoff_to[2] = {};
+  rte_ring* tx_handoff_in[2] = {};  // rings others hand this worker's TX queue
+  rte_eth_dev_tx_buffer* txbuf[2] = {};
+  rte_ring* inbox = nullptr;  // dispatched packets
+  rte_ring* commands = nullptr;
+  WorkerStats stats;
+  uint64_t last_flush = 0;
+};
+
+class Dataplane {
+ public:
+  explicit Dataplane(DataplaneConfig cfg);
+  ~Dataplane();
+
+  // After rte_eal_init: checks ports/lcores/memory, sets up pools, queues,
+  // rings and workers. The Status says what to fix.
+  Status setup();
+  // Installs rings from a JSON file (an array of ring specs) before traffic.
+  Status preload_rings(const std::string& path);
+  // Starts the ports and workers; runs the control loop on the main lcore
+  // until stop() or a signal. Returns when all workers have stopped.
+  void run();
+  void stop() { quit_.store(true, std::memory_order_relaxed); }
+  bool quitting() const { return quit_.load(std::memory_order_relaxed); }
+
+  // Control operations (control thread only). JSON in/out, see control.cc.
+  Status install_ring(const engine::RingSpec& spec);
+  Status remove_ring(uint32_t ring_id);
+  std::string handle_request(const std::string& line);  // one JSON request -> one JSON response
+
+  // Runs fn on worker w between bursts; false if it did not answer in time.
+  bool on_worker(unsigned w, std::function<void(Worker&)> fn);
+
+  const DataplaneConfig& config() const { return cfg_; }
+  uint16_t port_id(unsigned slot) const { return port_ids_[slot]; }
+  std::vector<Worker*>& workers() { return workers_; }
+
+  // Worker side.
+  static int worker_main(void* arg);
+  void worker_loop(Worker& w);
+  const LinkTable* links() const { return links_.load(std::memory_order_acquire); }
+  rte_rcu_qsbr* qsbr() const { return qsbr_; }
+  rte_mempool* pool() const { return pool_; }
+
+ private:
+  void publish_links(std::unique_ptr<LinkTable> t);
+  void final_report();
+
+  DataplaneConfig cfg_;
+  uint16_t port_ids_[2] = {};
+  rte_mempool* pool_ = nullptr;
+  std::vector<Worker*> workers_;
+  std::atomic<const LinkTable*> links_{nullptr};
+  std::unique_ptr<LinkTable> links_owned_;
+  rte_rcu_qsbr* qsbr_ = nullptr;
+  std::atomic<bool> quit_{false};
+  bool started_ = false;
+
+  struct RingEntry {
+    engine::RingSpec spec;
+    unsigned owner;
+    uint64_t memory;
+  };
+  std::unordered_map<uint32_t, RingEntry> rings_;
+  uint64_t memory_reserved_ = 0;
+};
+
+// Stage functions (one file each), called by worker_loop.
+// dispatch.cc: keeps this worker's packets in `mine`, hands the rest to their owners.
+unsigned dispatch(Dataplane& dp, Worker& w, rte_mbuf** pkts, unsigned n, rte_mbuf** mine);
+// aggregate.cc: runs each packet through the engine and queues what leaves.
+void aggregate(Dataplane& dp, Worker& w, rte_mbuf** pkts, unsigned n);
+// forward.cc: the forward-only mode: every packet to the other port.
+void forward(Dataplane& dp, Worker& w, rte_mbuf** pkts, unsigned n);
+// transmit.cc: queue one packet for the port opposite to `in_slot`; flush.
+void transmit(Dataplane& dp, Worker& w, rte_mbuf* m, unsigned in_slot);
+void flush(Dataplane& dp, Worker& w, bool force);
+
+}  // namespace netreduce::dataplane

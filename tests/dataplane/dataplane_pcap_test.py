@@ -1,0 +1,392 @@
+#!/usr/bin/python3
+"""Integration test of the real netreduce-dataplane binary on DPDK net_pcap ports.
+
+Traffic is generated here with scapy (BTH from scapy.contrib.roce, RETH, INA
+header and ImmDt packed with struct from the protocol description), not with
+netreduce's own builder. The expected sums are computed with numpy in rank
+order. The binary runs with --no-huge on two net_pcap ports: port 0 replays
+the input capture, and what leaves port 1 is captured and checked byte by byte:
+  - every released INA packet: data == the rank-order reduction, the INA
+    header bytes of first packets are the sender's own, headers otherwise
+    unchanged, ICRC valid according to scapy;
+  - ACKs and non-INA traffic come out byte-identical;
+  - the final counters equal what was sent.
+
+Scenarios (argv[2]): one_ring | af_packet (the same over veth pairs in a netns) |
+two_rings (two rings on two worker lcores,
+one RX queue, so the second worker is fed through the dispatch stage) |
+remove_while_flowing (the input loops; the ring is removed mid-traffic).
+"""
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+from scapy.all import Ether, IP, UDP, Raw, ARP, rdpcap, wrpcap, raw
+from scapy.contrib.roce import BTH
+
+INA_MAGIC = 0x494E4554
+FP32, SUM = 1, 1
+
+
+def ip(r, base):
+    return "10.%d.0.%d" % (base, r + 1)
+
+
+def ina_packets(ring_id, ranks, base, msgs, pkts_per_msg, pmtu, rng, psn_base=1000):
+    """Frames of `msgs` messages from every rank, interleaved rank by rank per
+    packet position, plus the data each rank sent."""
+    cap = pkts_per_msg * pmtu - 24
+    data = {}  # (rank, msg) -> float32 array
+    frames = []
+    for m in range(msgs):
+        for r in range(ranks):
+            data[(r, m)] = (rng.integers(-1000, 1000, cap // 4) / 8).astype(np.float32)
+        for k in range(pkts_per_msg):
+            for r in range(ranks):
+                d = data[(r, m)].tobytes()
+                if k == 0:
+                    hdr = struct.pack("!IBBBBIHHII", INA_MAGIC, 1, FP32, SUM, 0, ring_id, r, pkts_per_msg, m, 0)
+                    payload = hdr + d[: pmtu - 24]
+                    op = 0x06
+                    ext = struct.pack("!QII", 0x10000 + m * cap, 0x1234, cap + 24)
+                else:
+                    off = k * pmtu - 24
+                    payload = d[off: off + pmtu]
+                    op = 0x09 if k == pkts_per_msg - 1 else 0x07
+                    ext = b""
+                imm = struct.pack("!I", m) if op == 0x09 else b""
+                psn = (psn_base + r * 100 + m * pkts_per_msg + k) & 0xFFFFFF
+                pkt = (Ether(src="02:00:00:00:%02x:%02x" % (base, r), dst="02:00:00:00:%02x:%02x" % (base, (r + 1) % ranks))
+                       / IP(src=ip(r, base), dst=ip((r + 1) % ranks, base), flags="DF", ttl=64)
+                       / UDP(sport=0xC000 + r, dport=4791, chksum=0)
+                       / BTH(opcode=op, dqpn=0x100 + (r + 1) % ranks, psn=psn, ackreq=int(op == 0x09))
+                       / Raw(ext + imm + payload))
+                frames.append(pkt)
+    return frames, data, cap
+
+
+def other_traffic(base):
+    """ACKs, a non-INA RDMA WRITE between non-members, ARP: must pass untouched."""
+    out = []
+    for i in range(5):
+        out.append(Ether() / IP(src=ip(1, base), dst=ip(0, base)) / UDP(sport=0xD000, dport=4791, chksum=0)
+                   / BTH(opcode=0x11, dqpn=0x200, psn=2000 + i) / Raw(struct.pack("!I", i)))
+    out.append(Ether() / IP(src="192.168.9.1", dst="192.168.9.2") / UDP(sport=0xC100, dport=4791, chksum=0)
+               / BTH(opcode=0x0A, dqpn=0x300, psn=7) / Raw(struct.pack("!QII", 0, 1, 8) + b"ordinary"))
+    out.append(Ether(dst="ff:ff:ff:ff:ff:ff") / ARP(pdst="10.9.9.9"))
+    return out
+
+
+def ring_spec(ring_id, ranks, base, pkts_per_msg, pmtu):
+    return {"id": ring_id, "members": [ip(r, base) for r in range(ranks)], "msg_len": pkts_per_msg,
+            "window": 4, "payload_bytes": pmtu}
+
+
+class Control:
+    def __init__(self, path, timeout=20):
+        deadline = time.time() + timeout
+        while True:
+            try:
+                self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.s.connect(path)
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise RuntimeError("control socket %s never came up" % path)
+                time.sleep(0.1)
+        self.f = self.s.makefile("rw")
+
+    def __call__(self, **req):
+        self.f.write(json.dumps(req) + "\n")
+        self.f.flush()
+        return json.loads(self.f.readline())
+
+
+def sh(*cmd):
+    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+
+def af_packet_scenario(tmp, rng):
+    """The box on net_af_packet over two veth pairs. Their far ends sit in a
+    network namespace this test creates and always deletes. Frames are
+    injected into one pair and captured from the other, inside that namespace."""
+    ns = "nrtest%d" % os.getpid()
+    frames, data, cap = ina_packets(1, 3, 1, 2, 4, 256, rng)
+    others = other_traffic(1)
+    in_pcap, got_pcap = os.path.join(tmp, "in.pcap"), os.path.join(tmp, "got.pcap")
+    wrpcap(in_pcap, others[:3] + frames + others[3:])
+    sock = os.path.join(tmp, "dp.sock")
+    try:
+        sh("ip", "netns", "add", ns)
+        for side in "AB":
+            sh("ip", "link", "add", "nr%s0%d" % (side, os.getpid() % 10000), "type", "veth", "peer", "name",
+               "nr%s1" % side, "netns", ns)
+            sh("ip", "link", "set", "nr%s0%d" % (side, os.getpid() % 10000), "up")
+            sh("ip", "-n", ns, "link", "set", "nr%s1" % side, "up")
+        a0, b0 = "nrA0%d" % (os.getpid() % 10000), "nrB0%d" % (os.getpid() % 10000)
+        cfg = {"eal": ["-l", "0-1", "--no-huge", "-m", "512", "--no-pci", "--log-level", "lib.eal:warning",
+                       "--file-prefix", "nr%d" % os.getpid(),
+                       "--vdev", "net_af_packet0,iface=%s" % a0, "--vdev", "net_af_packet1,iface=%s" % b0],
+               "ports": [{"name": "net_af_packet0"}, {"name": "net_af_packet1"}],
+               "mtu": 1500, "memory": {"mbufs": 8192}, "control": {"socket": sock}}
+        with open(os.path.join(tmp, "dp.yaml"), "w") as f:
+            json.dump(cfg, f)
+        with open(os.path.join(tmp, "rings.json"), "w") as f:
+            json.dump([ring_spec(1, 3, 1, 4, 256)], f)
+        proc = subprocess.Popen([sys.argv[1], "-c", os.path.join(tmp, "dp.yaml"), "--rings",
+                                 os.path.join(tmp, "rings.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            try:
+                ctl = Control(sock)
+            except RuntimeError:
+                proc.kill()
+                print(proc.communicate()[1][-3000:], file=sys.stderr)
+                raise
+            # Inject on A1, capture on B1, inside the namespace.
+            code = ("from scapy.all import *\n"
+                    "s = AsyncSniffer(iface='nrB1', store=True); s.start(); time.sleep(1)\n"
+                    "sendp(rdpcap(%r), iface='nrA1', verbose=False, inter=0.001); time.sleep(2); s.stop()\n"
+                    "wrpcap(%r, s.results)\n") % (in_pcap, got_pcap)
+            subprocess.run(["ip", "netns", "exec", ns, "/usr/bin/python3", "-c", code], check=True, timeout=120)
+            rings_now = ctl(cmd="list_rings")
+            ctl(cmd="shutdown")
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        got = [f for f in rdpcap(got_pcap) if IP in f or ARP in f]
+        n = check_released(got, frames, data, 3, 256, cap)
+        assert n == len(frames), "released %d of %d INA packets over af_packet" % (n, len(frames))
+        outs = {raw(f) for f in got}
+        for o in others:
+            assert raw(o) in outs, "not forwarded unchanged over af_packet: %s" % o.summary()
+        assert rings_now["rings"][0]["counters"]["messages_completed"] == 2, rings_now
+        print("af_packet: %d INA packets aggregated across veth pairs in netns %s, %d other frames unchanged" %
+              (n, ns, len(others)))
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)  # takes the veth pairs with it
+        for side in "AB":
+            subprocess.run(["ip", "link", "del", "nr%s0%d" % (side, os.getpid() % 10000)], capture_output=True)
+
+
+def query_telemetry(prefix, cmd):
+    """Asks DPDK's telemetry socket, as dpdk-telemetry.py does."""
+    path = "/var/run/dpdk/%s/dpdk_telemetry.v2" % prefix
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(path)
+    json.loads(s.recv(4096))  # greeting
+    s.send(cmd.encode())
+    return json.loads(s.recv(1 << 16))[cmd]
+
+
+def run_dataplane(tmp, in_pcap, rings, workers, loop=False, during=None):
+    out0, out1 = os.path.join(tmp, "out0.pcap"), os.path.join(tmp, "out1.pcap")
+    if loop:  # a looping input floods the output: nothing to read back, do not store it
+        out0 = out1 = "/dev/null"
+    empty = os.path.join(tmp, "empty.pcap")
+    wrpcap(empty, [])
+    sock = os.path.join(tmp, "dp.sock")
+    lcores = "0@0,1@1" if workers == 1 else "0@0,1@1,2@1"
+    cfg = {
+        "eal": ["--lcores", lcores, "--no-huge", "-m", "512", "--no-pci", "--log-level", "lib.eal:warning",
+                "--file-prefix", "nr%d" % os.getpid(),
+                "--vdev", "net_pcap0,rx_pcap=%s,tx_pcap=%s%s" % (in_pcap, out0, ",infinite_rx=1" if loop else ""),
+                "--vdev", "net_pcap1,rx_pcap=%s,tx_pcap=%s" % (empty, out1)],
+        "ports": [{"name": "net_pcap0"}, {"name": "net_pcap1"}],
+        "memory": {"mbufs": 8192},
+        "control": {"socket": sock},
+    }
+    cfg_path = os.path.join(tmp, "dp.yaml")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)  # JSON is YAML
+    rings_path = os.path.join(tmp, "rings.json")
+    with open(rings_path, "w") as f:
+        json.dump(rings, f)
+    proc = subprocess.Popen([sys.argv[1], "-c", cfg_path, "--rings", rings_path],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ctl = Control(sock)
+        # Wait until the counters stop moving (the capture has been replayed).
+        last, stable = None, 0
+        t0 = time.time()
+        while stable < 3 and time.time() - t0 < 60:
+            if during:
+                during(ctl)
+                during = None
+            st = ctl(cmd="stats")
+            assert st["ok"], st
+            cur = sum(w["rx_packets"][0] for w in st["workers"])
+            stable = stable + 1 if cur == last and not loop else 0
+            last = cur
+            if loop and time.time() - t0 > 3:
+                break
+            time.sleep(0.3)
+        status = ctl(cmd="status")
+        telemetry = query_telemetry("nr%d" % os.getpid(), "/netreduce/stats")
+        rings_now = ctl(cmd="list_rings")
+        assert ctl(cmd="shutdown")["ok"]
+        out, err = proc.communicate(timeout=30)
+    except Exception:
+        proc.kill()
+        out, err = proc.communicate()
+        print(err[-3000:], file=sys.stderr)
+        raise
+    if proc.returncode != 0:
+        print(err[-3000:], file=sys.stderr)
+        raise SystemExit("dataplane exited with %d" % proc.returncode)
+    final = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
+    frames = rdpcap(out1) if not loop and os.path.getsize(out1) > 24 else []
+    run_dataplane.telemetry = telemetry
+    return frames, final, status, rings_now
+
+
+def check_released(out_frames, in_frames, data, ranks, pmtu, cap):
+    """Every INA frame in the output: reduced data, own headers, valid ICRC."""
+    by_key = {}
+    for f in in_frames:
+        if BTH in f:
+            by_key[(f[IP].src, f[BTH].psn)] = raw(f)
+    checked = 0
+    for f in out_frames:
+        if BTH not in f or f[BTH].opcode not in (0x06, 0x07, 0x08, 0x09):
+            continue
+        b = raw(f)
+        src = f[IP].src
+        orig = by_key.get((src, f[BTH].psn))
+        assert orig is not None, "output frame from %s psn %d was never sent" % (src, f[BTH].psn)
+        assert len(b) == len(orig), "length changed"
+        # ICRC by scapy
+        f2 = Ether(b)
+        assert struct.unpack("<I", f2[BTH].compute_icrc(None))[0] == struct.unpack("<I", b[-4:])[0], "bad ICRC"
+        opcode = f[BTH].opcode
+        pay_off = 14 + 20 + 8 + 12 + (16 if opcode == 0x06 else 0) + (4 if opcode == 0x09 else 0)
+        if opcode == 0x06:
+            assert b[:pay_off + 24] == orig[:pay_off + 24], "headers or INA header changed"
+            hdr = struct.unpack("!IBBBBIHHII", b[pay_off:pay_off + 24])
+            rank, m, k = hdr[6], hdr[8], 0
+            got = np.frombuffer(b[pay_off + 24:-4], dtype=np.float32)
+            lo = 0
+        else:
+            assert b[:pay_off] == orig[:pay_off], "headers changed"
+            rank = [r for r in range(ranks) if ip(r, int(src.split(".")[1])) == src][0]
+            rel = (f[BTH].psn - (1000 + rank * 100)) & 0xFFFFFF
+            m, k = divmod(rel, (cap + 24) // pmtu)  # packets per message
+            got = np.frombuffer(b[pay_off:-4], dtype=np.float32)
+            lo = (k * pmtu - 24) // 4
+        want = data[(0, m)].copy()
+        for r in range(1, ranks):
+            want = (want + data[(r, m)]).astype(np.float32)  # rank order, fp32 each step
+        want = want[lo: lo + len(got)]
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), \
+            "message %d packet %d from rank %d: data is not the rank-order sum" % (m, k, rank)
+        checked += 1
+    return checked
+
+
+def main():
+    scenario = sys.argv[2]
+    rng = np.random.default_rng(7)
+    pmtu, ppm = 1024, 4
+    with tempfile.TemporaryDirectory() as tmp:
+        in_pcap = os.path.join(tmp, "in.pcap")
+        if scenario == "one_ring":
+            frames, data, cap = ina_packets(1, 3, 1, 3, ppm, pmtu, rng)
+            others = other_traffic(1)
+            wrpcap(in_pcap, others[:3] + frames + others[3:])
+            out, final, status, rings = run_dataplane(tmp, in_pcap, [ring_spec(1, 3, 1, ppm, pmtu)], 1)
+            n = check_released(out, frames, data, 3, pmtu, cap)
+            assert n == len(frames), "released %d of %d INA packets" % (n, len(frames))
+            outs = {raw(f) for f in out}
+            for o in others:
+                assert raw(o) in outs, "non-INA frame not forwarded byte-identical: %s" % o.summary()
+            reasons = final["reasons"]
+            assert reasons["held"] == len(frames), reasons
+            assert reasons["fwd_not_write"] == 5 and reasons["fwd_no_ina"] == 1 and reasons["fwd_not_roce"] == 1, reasons
+            ring = rings["rings"][0]["counters"]
+            assert ring["messages_completed"] == 3 and ring["cells_completed"] == 3 * ppm, ring
+            assert len(out) == len(frames) + len(others)
+            tel = run_dataplane.telemetry
+            assert tel["held"] == len(frames) and tel["fwd_not_write"] == 5, tel
+            print("one_ring: %d INA packets aggregated and checked, %d other frames forwarded unchanged" %
+                  (n, len(others)))
+        elif scenario == "two_rings":
+            fa, da, cap = ina_packets(1, 3, 1, 2, ppm, pmtu, rng)
+            fb, db, _ = ina_packets(2, 2, 2, 2, ppm, pmtu, rng)
+            mixed = [x for pair in zip(fa, fb) for x in pair] + fa[len(fb):] + fb[len(fa):]
+            wrpcap(in_pcap, mixed)
+            out, final, status, rings = run_dataplane(
+                tmp, in_pcap, [ring_spec(1, 3, 1, ppm, pmtu), ring_spec(2, 2, 2, ppm, pmtu)], 2)
+            owners = {r["spec"]["id"]: r["worker"] for r in rings["rings"]}
+            assert owners[1] != owners[2], "rings should sit on different workers: %s" % owners
+            oa = [f for f in out if IP in f and f[IP].src.startswith("10.1.")]
+            ob = [f for f in out if IP in f and f[IP].src.startswith("10.2.")]
+            n = check_released(oa, fa, da, 3, pmtu, cap) + check_released(ob, fb, db, 2, pmtu, cap)
+            assert n == len(fa) + len(fb), "released %d of %d" % (n, len(fa) + len(fb))
+            dispatched = sum(w["dispatched"] for w in final["workers"])
+            assert dispatched > 0, "the second worker should have been fed through dispatch"
+            print("two_rings: %d packets on workers %s, %d dispatched between workers" % (n, owners, dispatched))
+        elif scenario == "remove_while_flowing":
+            frames, data, cap = ina_packets(1, 3, 1, 2, ppm, pmtu, rng)
+            # Only ranks 0 and 1 send: every cell stays open, packets are held.
+            partial = [f for f in frames if f[IP].src != ip(2, 1)]
+            wrpcap(in_pcap, partial)
+
+            def remove(ctl):
+                time.sleep(1.0)
+                before = ctl(cmd="status")["mbufs"]["in_use"]
+                remove.held = ctl(cmd="get_ring", id=1)["ring"]["held_packets"]
+                r = ctl(cmd="remove_ring", id=1)
+                assert r["ok"], r
+                assert ctl(cmd="remove_ring", id=1)["error"]["code"] == "not_found"
+                remove.before = before
+            out, final, status, rings = run_dataplane(tmp, in_pcap, [ring_spec(1, 3, 1, ppm, pmtu)], 1,
+                                                      loop=True, during=remove)
+            assert rings["rings"] == [], rings
+            # Exactly the held packets were released with the reason, none leaked.
+            assert final["reasons"]["ring_removed"] == remove.held > 0, (remove.held, final["reasons"])
+            print("remove_while_flowing: %d packets held before removal, ring_removed=%d, after: unknown_ring=%d "
+                  "first_packet_lost=%d fwd_no_ina=%d, mbufs in use at the end %d" %
+                  (remove.before, final["reasons"]["ring_removed"], final["reasons"]["unknown_ring"],
+                   final["reasons"]["first_packet_lost"], final["reasons"]["fwd_no_ina"],
+                   status["mbufs"]["in_use"]))
+        elif scenario == "af_packet":
+            af_packet_scenario(tmp, rng)
+        elif scenario == "bad_setup":
+            # The binary refuses to start and says what to fix.
+            def refuse(cfg, expect):
+                path = os.path.join(tmp, "bad.yaml")
+                with open(path, "w") as f:
+                    json.dump(cfg, f)
+                p = subprocess.run([sys.argv[1], "-c", path], capture_output=True, text=True, timeout=60)
+                assert p.returncode != 0 and expect in p.stderr, (p.returncode, p.stderr[-2000:])
+                return p.stderr.strip().splitlines()[-1]
+            base_eal = ["-l", "0-1", "--no-huge", "-m", "256", "--no-pci", "--log-level", "lib.eal:warning",
+                        "--file-prefix", "nr%d" % os.getpid(),
+                        "--vdev", "net_null0", "--vdev", "net_null1"]
+            ok_ports = [{"name": "net_null0"}, {"name": "net_null1"}]
+            msgs = [
+                refuse({"eal": base_eal, "ports": [{"name": "net_null0"}, {"name": "net_pcap7"}]},
+                       "no DPDK port named 'net_pcap7'"),
+                refuse({"eal": base_eal, "ports": ok_ports, "workers": [5]}, "lcore 5 is not an EAL worker lcore"),
+                refuse({"eal": base_eal, "ports": ok_ports, "memory": {"mbufs": 4000000}}, "memory.mbufs"),
+                refuse({"eal": base_eal, "ports": ok_ports, "engine": {"reduce_mode": "fast"}}, "engine.reduce_mode"),
+                refuse({"eal": ["-l", "0", "--no-huge", "-m", "256", "--no-pci", "--file-prefix", "nr%d" % os.getpid(),
+                                "--vdev", "net_null0",
+                                "--vdev", "net_null1"], "ports": ok_ports}, "no worker lcore"),
+            ]
+            for m in msgs:
+                print("refused: " + m)
+        else:
+            raise SystemExit("unknown scenario " + scenario)
+
+
+if __name__ == "__main__":
+    main()
