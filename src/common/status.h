@@ -8,18 +8,38 @@
 
 namespace netreduce {
 
-enum class StatusCode { ok, invalid_argument, not_found, already_exists, conflict, resource_exhausted, unavailable, internal };
+enum class StatusCode {
+  ok,
+  invalid_argument,
+  not_found,
+  already_exists,
+  conflict,
+  resource_exhausted,
+  unavailable,
+  unimplemented,
+  internal
+};
 
 constexpr const char* to_string(StatusCode c) noexcept {
   switch (c) {
-    case StatusCode::ok: return "ok";
-    case StatusCode::invalid_argument: return "invalid_argument";
-    case StatusCode::not_found: return "not_found";
-    case StatusCode::already_exists: return "already_exists";
-    case StatusCode::conflict: return "conflict";
-    case StatusCode::resource_exhausted: return "resource_exhausted";
-    case StatusCode::unavailable: return "unavailable";
-    case StatusCode::internal: return "internal";
+    case StatusCode::ok:
+      return "ok";
+    case StatusCode::invalid_argument:
+      return "invalid_argument";
+    case StatusCode::not_found:
+      return "not_found";
+    case StatusCode::already_exists:
+      return "already_exists";
+    case StatusCode::conflict:
+      return "conflict";
+    case StatusCode::resource_exhausted:
+      return "resource_exhausted";
+    case StatusCode::unavailable:
+      return "unavailable";
+    case StatusCode::unimplemented:
+      return "unimplemented";
+    case StatusCode::internal:
+      return "internal";
   }
   return "unknown";
 }

@@ -226,9 +226,8 @@ std::string Dataplane::handle_request(const std::string& line) {
           .dump();
     }
     if (cmd == "install_ctt" || cmd == "remove_ctt" || cmd == "list_ctt")
-      return error_json({StatusCode::internal, "cmd",
-                         "unimplemented: connection translation (multi-rack hierarchies) is not "
-                         "built yet"})
+      return error_json({StatusCode::unimplemented, "cmd",
+                         "connection translation (multi-rack hierarchies) is not built yet"})
           .dump();
     return error_json(Status::invalid("cmd", "unknown command '" + cmd + "'")).dump();
   } catch (const std::exception& e) {  // a malformed field the checks above missed
