@@ -15,9 +15,9 @@ unsigned dispatch(Dataplane& dp, Worker& w, rte_mbuf** pkts, unsigned n, rte_mbu
     return n;
   }
   const LinkTable* links = dp.links();
-  unsigned kept = 0;
-  rte_mbuf* out[kMaxWorkers][kMaxBurst];
-  unsigned nout[kMaxWorkers] = {};
+  unsigned kept = 0, away = 0;
+  uint16_t owner_of[kMaxBurst];
+  rte_mbuf* others[kMaxBurst];
   for (unsigned i = 0; i < n; ++i) {
     rte_mbuf* m = pkts[i];
     wire::ParsedFrame p;
@@ -30,19 +30,33 @@ unsigned dispatch(Dataplane& dp, Worker& w, rte_mbuf** pkts, unsigned n, rte_mbu
       auto it = links->owner.find(LinkTable::key(ip->src.host(), ip->dst.host()));
       if (it != links->owner.end()) owner = it->second;
     }
-    if (owner == w.index)
+    if (owner == w.index) {
       mine[kept++] = m;
-    else
-      out[owner][nout[owner]++] = m;
+    } else {
+      owner_of[away] = static_cast<uint16_t>(owner);
+      others[away++] = m;
+    }
   }
-  for (unsigned o = 0; o < dp.workers().size(); ++o) {
-    if (!nout[o]) continue;
-    const unsigned sent = rte_ring_enqueue_burst(
-        dp.workers()[o]->inbox, reinterpret_cast<void**>(out[o]), nout[o], nullptr);
+  // Hand the others over, one enqueue per destination worker.
+  rte_mbuf* batch[kMaxBurst];
+  while (away) {
+    const uint16_t dest = owner_of[0];
+    unsigned nb = 0, rest = 0;
+    for (unsigned i = 0; i < away; ++i) {
+      if (owner_of[i] == dest) {
+        batch[nb++] = others[i];
+      } else {
+        owner_of[rest] = owner_of[i];
+        others[rest++] = others[i];
+      }
+    }
+    away = rest;
+    const unsigned sent = rte_ring_enqueue_burst(dp.workers()[dest]->inbox,
+                                                 reinterpret_cast<void**>(batch), nb, nullptr);
     w.stats.dispatched += sent;
-    for (unsigned i = sent; i < nout[o]; ++i) {
+    for (unsigned i = sent; i < nb; ++i) {
       ++w.stats.dispatch_dropped;
-      rte_pktmbuf_free(out[o][i]);
+      rte_pktmbuf_free(batch[i]);
     }
   }
   return kept;
