@@ -357,6 +357,78 @@ def main():
                   (remove.before, final["reasons"]["ring_removed"], final["reasons"]["unknown_ring"],
                    final["reasons"]["first_packet_lost"], final["reasons"]["fwd_no_ina"],
                    status["mbufs"]["in_use"]))
+        elif scenario == "bad_requests":
+            wrpcap(in_pcap, [])
+            results = []
+
+            def hostile(ctl):
+                good = ring_spec(5, 2, 3, 4, 1024)
+                def bad(req, field, code="invalid_argument", raw_line=None):
+                    if raw_line is not None:
+                        ctl.f.write(raw_line + "\n")
+                        ctl.f.flush()
+                        r = json.loads(ctl.f.readline())
+                    else:
+                        r = ctl(**req)
+                    assert r["ok"] is False, (req, r)
+                    assert r["error"]["code"] == code and r["error"]["field"] == field, (req, r)
+                    assert r["error"]["message"], r
+                    results.append(r["error"]["message"])
+                bad(None, "", raw_line="this is not json")
+                bad(None, "cmd", raw_line="[1, 2, 3]")
+                bad({"cmd": 5}, "cmd")
+                bad({"cmd": "reboot"}, "cmd")
+                bad({"cmd": "install_ring"}, "ring")
+                bad({"cmd": "install_ring", "ring": "x"}, "")
+                bad({"cmd": "install_ring", "ring": dict(good, members=["10.3.0.1"])}, "members")
+                bad({"cmd": "install_ring", "ring": dict(good, members=["10.3.0.1", "10.3.0.1"])}, "members[1]")
+                bad({"cmd": "install_ring", "ring": dict(good, members=["10.3.0.1", "10.3.0.300"])}, "members[1]")
+                bad({"cmd": "install_ring", "ring": dict(good, dtypes=["float"])}, "dtypes")
+                bad({"cmd": "install_ring", "ring": dict(good, ops=[])}, "ops")
+                bad({"cmd": "install_ring", "ring": dict(good, colour="red")}, "colour")
+                bad({"cmd": "install_ring", "ring": dict(good, id="abc")}, "id")
+                bad({"cmd": "install_ring", "ring": dict(good, id=-1)}, "id")
+                bad({"cmd": "install_ring", "ring": dict(good, payload_bytes=1000)}, "payload_bytes")
+                bad({"cmd": "install_ring", "ring": dict(good, window=0)}, "window")
+                bad({"cmd": "install_ring", "ring": dict(good, memory_quota=10)}, "memory_quota", "resource_exhausted")
+                bad({"cmd": "install_ring", "ring": dict(good, id=6, msg_len=1024, window=1024, payload_bytes=4096,
+                                                         members=["10.4.0.%d" % i for i in range(1, 65)])},
+                    "memory", "resource_exhausted")
+                assert ctl(cmd="install_ring", ring=good)["ok"]
+                assert ctl(cmd="install_ring", ring=good)["ok"]  # same spec: idempotent
+                bad({"cmd": "install_ring", "ring": dict(good, window=8)}, "id", "conflict")
+                bad({"cmd": "remove_ring", "id": 77}, "id", "not_found")
+                bad({"cmd": "remove_ring"}, "id")
+                bad({"cmd": "get_ring", "id": "five"}, "id")
+                bad({"cmd": "install_ctt"}, "cmd", "unimplemented")
+                # An endless line is refused and the connection closed; the box lives on.
+                raw_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                raw_sock.connect(os.path.join(tmp, "dp.sock"))
+                try:
+                    raw_sock.sendall(b"x" * (1 << 21))
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the box hung up while we were still writing: also fine
+                try:
+                    reply = raw_sock.makefile().readline()
+                except ConnectionResetError:
+                    reply = ""
+                if reply:
+                    r = json.loads(reply)
+                    assert r["ok"] is False and "longer than" in r["error"]["message"], r
+                    results.append(r["error"]["message"])
+
+            def during(ctl):
+                hostile(ctl)
+                fresh = Control(os.path.join(tmp, "dp.sock"))
+                assert fresh(cmd="ping")["ok"]
+                ids = [x["spec"]["id"] for x in fresh(cmd="list_rings")["rings"]]
+                assert ids == [5], ids
+            out, final, status, rings = run_dataplane(tmp, in_pcap, [], 1, during=during)
+            assert [x["spec"]["id"] for x in rings["rings"]] == [5]
+            print("bad_requests: %d hostile requests refused with their field named; the box kept its state" %
+                  len(results))
+            for m in results[:6]:
+                print("  e.g. " + m)
         elif scenario == "af_packet":
             af_packet_scenario(tmp, rng)
         elif scenario == "bad_setup":
