@@ -274,6 +274,14 @@ void Dataplane::worker_loop(Worker& w) {
   while ((n = rte_ring_dequeue_burst(w.inbox, reinterpret_cast<void**>(pkts), kMaxBurst,
                                      nullptr)) != 0)
     rte_pktmbuf_free_bulk(pkts, n);
+  // Answer whatever control work is queued, then let callers act directly.
+  void* c;
+  while (rte_ring_dequeue(w.commands, &c) == 0) {
+    auto* cmd = static_cast<Command*>(c);
+    cmd->fn(w);
+    cmd->done.store(true, std::memory_order_release);
+  }
+  w.stopped.store(true, std::memory_order_release);
   rte_rcu_qsbr_thread_offline(qsbr_, w.index);
   rte_rcu_qsbr_thread_unregister(qsbr_, w.index);
 }
@@ -281,8 +289,10 @@ void Dataplane::worker_loop(Worker& w) {
 // ---- control side -------------------------------------------------------------
 
 bool Dataplane::on_worker(unsigned idx, std::function<void(Worker&)> fn) {
+  std::lock_guard<std::mutex> lock(on_worker_mu_);
   Worker& w = *workers_[idx];
-  if (!started_) {  // workers not running yet: the control thread may act directly
+  // Workers not running (before start, after stop): act directly.
+  if (!started_ || w.stopped.load(std::memory_order_acquire)) {
     fn(w);
     return true;
   }
@@ -291,13 +301,25 @@ bool Dataplane::on_worker(unsigned idx, std::function<void(Worker&)> fn) {
   if (rte_ring_enqueue(w.commands, &cmd) != 0) return false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (!cmd.done.load(std::memory_order_acquire)) {
+    if (w.stopped.load(std::memory_order_acquire)) {
+      // The worker left after draining its ring but before our command
+      // landed: it is ours to take back and run (callers are serialized).
+      void* c;
+      while (rte_ring_dequeue(w.commands, &c) == 0) {
+        auto* other = static_cast<Command*>(c);
+        other->fn(w);
+        other->done.store(true, std::memory_order_release);
+      }
+      continue;
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       // The command object must outlive the worker's use of it: wait for good.
       spdlog::error("worker {} (lcore {}) did not answer a control command in 5 s; still waiting",
                     idx, w.lcore);
-      while (!cmd.done.load(std::memory_order_acquire))
+      while (!cmd.done.load(std::memory_order_acquire) &&
+             !w.stopped.load(std::memory_order_acquire))
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      return true;
+      continue;  // done, or the worker stopped (handled above)
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -104,6 +105,9 @@ struct alignas(64) Worker {
   rte_ring* commands = nullptr;
   WorkerStats stats;
   uint64_t last_flush = 0;
+  // Set (release) once the worker has left its loop and drained its command
+  // ring; from then on control callers run commands themselves.
+  std::atomic<bool> stopped{false};
 };
 
 class Dataplane {
@@ -154,6 +158,7 @@ class Dataplane {
   rte_rcu_qsbr* qsbr_ = nullptr;
   std::atomic<bool> quit_{false};
   bool started_ = false;
+  std::mutex on_worker_mu_;  // one control caller at a time (control thread, telemetry)
 
   struct RingEntry {
     engine::RingSpec spec;
