@@ -345,6 +345,20 @@ Status Dataplane::install_ring(const engine::RingSpec& spec) {
             "ring needs " + std::to_string(need) + " bytes; " +
                 std::to_string(cfg_.engine_memory - memory_reserved_) +
                 " of memory.engine=" + std::to_string(cfg_.engine_memory) + " are free"};
+  // Held packets keep their mbufs: all rings together may hold at most half
+  // the pool, or RX could starve and stall every job.
+  const uint64_t held_max =
+      cfg_.reduce_mode == engine::ReduceMode::deterministic
+          ? uint64_t{engine::slots_for_window(spec.window)} * spec.msg_len * (spec.ranks() - 1)
+          : 0;
+  if (mbufs_reserved_ + held_max > cfg_.mbufs / 2)
+    return {
+        StatusCode::resource_exhausted, "memory.mbufs",
+        "ring may hold " + std::to_string(held_max) + " packets; " +
+            std::to_string(cfg_.mbufs / 2 - std::min<uint64_t>(mbufs_reserved_, cfg_.mbufs / 2)) +
+            " of the pool's " + std::to_string(cfg_.mbufs) +
+            " mbufs are left for holding (half stay for RX): raise memory.mbufs, or lower "
+            "window/msg_len"};
   // Owner: the worker of any ring sharing a link, else the least loaded.
   const LinkTable* cur = links();
   int owner = -1;
@@ -369,8 +383,9 @@ Status Dataplane::install_ring(const engine::RingSpec& spec) {
     next->owner[LinkTable::key(spec.members[r], spec.members[(r + 1) % p])] =
         static_cast<uint16_t>(owner);
   publish_links(std::move(next));
-  rings_[spec.ring_id] = {spec, static_cast<unsigned>(owner), need};
+  rings_[spec.ring_id] = {spec, static_cast<unsigned>(owner), need, held_max};
   memory_reserved_ += need;
+  mbufs_reserved_ += held_max;
   spdlog::info("ring {} installed on worker {} ({} ranks, {} bytes reserved)", spec.ring_id, owner,
                p, need);
   return {};
@@ -397,6 +412,7 @@ Status Dataplane::remove_ring(uint32_t ring_id) {
     for (const auto& p : rel) rte_pktmbuf_free(static_cast<rte_mbuf*>(p.handle));
   });
   memory_reserved_ -= e.memory;
+  mbufs_reserved_ -= e.mbufs;
   spdlog::info("ring {} removed from worker {}; {} held packets released", ring_id, e.owner,
                released);
   return {};

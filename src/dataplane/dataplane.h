@@ -164,9 +164,11 @@ class Dataplane {
     engine::RingSpec spec;
     unsigned owner;
     uint64_t memory;
+    uint64_t mbufs;  // most mbufs its cells can hold at once
   };
   std::unordered_map<uint32_t, RingEntry> rings_;
   uint64_t memory_reserved_ = 0;
+  uint64_t mbufs_reserved_ = 0;
 };
 
 // Stage functions (one file each), called by worker_loop.

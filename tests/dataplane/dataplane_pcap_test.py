@@ -394,6 +394,9 @@ def main():
                 bad({"cmd": "install_ring", "ring": dict(good, id=6, msg_len=1024, window=1024, payload_bytes=4096,
                                                          members=["10.4.0.%d" % i for i in range(1, 65)])},
                     "memory", "resource_exhausted")
+                # 8192 mbufs, half may be held: 1 other rank x 64 packets x 128 slots is more.
+                bad({"cmd": "install_ring", "ring": dict(good, id=7, msg_len=64, window=64)},
+                    "memory.mbufs", "resource_exhausted")
                 assert ctl(cmd="install_ring", ring=good)["ok"]
                 assert ctl(cmd="install_ring", ring=good)["ok"]  # same spec: idempotent
                 bad({"cmd": "install_ring", "ring": dict(good, window=8)}, "id", "conflict")
