@@ -17,7 +17,7 @@ inline unsigned slot_of(const Dataplane& dp, const rte_mbuf* m) {
 }  // namespace
 
 void aggregate(Dataplane& dp, Worker& w, rte_mbuf** pkts, unsigned n) {
-  engine::Sink sink;
+  engine::Sink& sink = w.sink;
   const uint64_t now = rte_get_tsc_cycles();
   for (unsigned i = 0; i < n; ++i) {
     rte_mbuf* m = pkts[i];

@@ -104,6 +104,7 @@ struct alignas(64) Worker {
   rte_ring* inbox = nullptr;  // dispatched packets
   rte_ring* commands = nullptr;
   WorkerStats stats;
+  engine::Sink sink;  // what the engine releases per packet, reused
   uint64_t last_flush = 0;
   // Set (release) once the worker has left its loop and drained its command
   // ring; from then on control callers run commands themselves.

@@ -15,6 +15,7 @@ namespace netreduce::engine {
 namespace {
 
 using wire::ParsedFrame;
+constexpr uint8_t kWriteFirst = static_cast<uint8_t>(wire::Opcode::kWriteFirst);
 
 // ---- CLT: (src IP, dst IP, dst QPN) -> (ring slot, rank) -----------------
 struct ConnKey {
@@ -51,7 +52,9 @@ class Clt {
     uint8_t pass_next = 0;
     PassRange pass[kPassRanges];
 
-    void add_pass(uint32_t psn0, uint32_t len) noexcept { pass[pass_next++ % kPassRanges] = {psn0, len}; }
+    void add_pass(uint32_t psn0, uint32_t len) noexcept {
+      pass[pass_next++ % kPassRanges] = {psn0, len};
+    }
     bool in_pass(uint32_t psn) const noexcept {
       for (const PassRange& r : pass)
         if (r.len && wire::psn_in_range(psn, r.psn0, r.len)) return true;
@@ -162,8 +165,12 @@ struct Held {
   uint16_t data_off = 0;
 };
 
-// Accumulate mode: what it takes to rebuild a released packet.
+// Accumulate mode: what it takes to rebuild a released packet. The bytes
+// before the data are at most Ethernet + 2 VLAN tags + IPv4 + UDP + BTH +
+// RETH + ImmDt + INA header (the parser refuses IP options).
+constexpr size_t kMaxDataOffset = 14 + 8 + 20 + 8 + 12 + 16 + 4 + kInaHeaderBytes;
 constexpr size_t kHdrStore = 128;
+static_assert(kMaxDataOffset <= kHdrStore);
 struct StoredHdr {
   ParsedFrame p;
   uint16_t meta = 0;
@@ -232,29 +239,40 @@ struct Engine::Impl {
 
   explicit Impl(const EngineConfig& c) : cfg(c), clt(c.clt_capacity), rings(c.max_rings) {}
 
-  static uint64_t link_key(uint32_t src, uint32_t dst) noexcept { return uint64_t{src} << 32 | dst; }
+  static uint64_t link_key(uint32_t src, uint32_t dst) noexcept {
+    return uint64_t{src} << 32 | dst;
+  }
   bool is_link(const ConnKey& k) const noexcept { return links.count(link_key(k.src, k.dst)) != 0; }
 
   Outcome count(Reason r, Ring* ring = nullptr) noexcept {
     ++counters[static_cast<size_t>(r)];
     if (ring && fate_of(r) == Fate::drop) ++ring->counters.drops[static_cast<size_t>(r)];
     switch (fate_of(r)) {
-      case Fate::forward: return {Verdict::forward, r};
-      case Fate::drop: return {Verdict::drop, r};
-      case Fate::aggregate: break;
+      case Fate::forward:
+        return {Verdict::forward, r};
+      case Fate::drop:
+        return {Verdict::drop, r};
+      case Fate::aggregate:
+        break;
     }
     return {Verdict::held, r};
   }
 
   Outcome process(Pkt pkt, uint64_t now, Sink& out) noexcept;
-  Outcome first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey& key, uint64_t now, Sink& out) noexcept;
-  Outcome later_packet(Pkt pkt, const ParsedFrame& p, const ConnKey& key, uint64_t now, Sink& out) noexcept;
-  Outcome aggregate(Ring& ring, unsigned rank, const HistEntry& msg, uint32_t k, Pkt pkt, const ParsedFrame& p,
-                    uint64_t now, Sink& out) noexcept;
-  void complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned in_rank, const ParsedFrame& in_p,
-                uint16_t in_off, Sink& out) noexcept;
-  void fix_icrc(Ring& ring, uint8_t* frame, const ParsedFrame& p, uint16_t data_off, uint16_t data_len,
-                uint32_t crc_data) noexcept;
+  Outcome first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey& key, uint64_t now,
+                       Sink& out) noexcept;
+  Outcome later_packet(Pkt pkt, const ParsedFrame& p, const ConnKey& key, uint64_t now,
+                       Sink& out) noexcept;
+  Outcome aggregate(Ring& ring, unsigned rank, const HistEntry& msg, uint32_t k, Pkt pkt,
+                    const ParsedFrame& p, uint64_t now, Sink& out) noexcept;
+  void complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned in_rank,
+                const ParsedFrame& in_p, uint16_t in_off, Sink& out) noexcept;
+  // CRC of a cell's result, which only the linear fix-up uses.
+  uint32_t result_crc(const uint8_t* result, uint16_t len) const noexcept {
+    return cfg.icrc_fixup == IcrcFixup::linear ? wire::crc32(0, result, len) : 0;
+  }
+  void fix_icrc(Ring& ring, uint8_t* frame, const ParsedFrame& p, uint16_t data_off,
+                uint16_t data_len, uint32_t crc_data) noexcept;
   void reset_cell(Ring& ring, size_t ci, Cell& cell, uint32_t tag, Sink& out) noexcept;
   void unbind(Ring& ring, unsigned rank) noexcept;
   void release_all(Ring& ring, std::vector<Pkt>& released) noexcept;
@@ -289,7 +307,7 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
       if (!s) return count(Reason::clt_full);
       const uint32_t dma = reinterpret_cast<const wire::Reth*>(f + p.reth)->dma_length.host();
       const uint32_t per = std::max<uint32_t>(p.payload_len, 1);
-      s->add_pass(psn, p.opcode == 0x06 ? std::max<uint32_t>(1, (dma + per - 1) / per) : 1);
+      s->add_pass(psn, p.opcode == kWriteFirst ? std::max<uint32_t>(1, (dma + per - 1) / per) : 1);
     }
     return count(Reason::fwd_no_ina);
   }
@@ -299,11 +317,12 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
   if (it == by_id.end()) return count(Reason::unknown_ring);
   Ring& ring = rings[it->second];
   if (ina->version != wire::kInaVersion || ina->rank >= ring.p || ina->msg_len == 0 ||
-      ina->msg_len > ring.msg_len || (p.opcode != 0x06 && ina->msg_len != 1) ||
-      (p.opcode == 0x06 && ina->msg_len < 2) || !wire::is_valid_dtype(ina->dtype) ||
+      ina->msg_len > ring.msg_len || (p.opcode != kWriteFirst && ina->msg_len != 1) ||
+      (p.opcode == kWriteFirst && ina->msg_len < 2) || !wire::is_valid_dtype(ina->dtype) ||
       !wire::is_valid_op(ina->op))
     return count(Reason::bad_ina_header, &ring);
-  if (key.src != ring.spec.members[ina->rank] || key.dst != ring.spec.members[(ina->rank + 1) % ring.p])
+  if (key.src != ring.spec.members[ina->rank] ||
+      key.dst != ring.spec.members[(ina->rank + 1) % ring.p])
     return count(Reason::rank_address_mismatch, &ring);
   if (!ring.spec.allows_dtype(ina->dtype) || !ring.spec.allows_op(ina->op))
     return count(Reason::dtype_mismatch, &ring);
@@ -385,8 +404,8 @@ Outcome Engine::Impl::later_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
   return aggregate(ring, rank, *found, k, pkt, p, now, out);
 }
 
-Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg, uint32_t k, Pkt pkt,
-                                const ParsedFrame& p, uint64_t now, Sink& out) noexcept {
+Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg, uint32_t k,
+                                Pkt pkt, const ParsedFrame& p, uint64_t now, Sink& out) noexcept {
   // Opcode must fit the position: FIRST/ONLY at 0, LAST/ONLY at len-1, MIDDLE between.
   const bool first = wire::is_write_first(p.opcode);
   const bool last = wire::is_write_last(p.opcode);
@@ -403,8 +422,9 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
   const uint64_t bit = uint64_t{1} << rank;
 
   if (cell.state != CellState::empty && cell.tag != msg.msg_id) {
-    if (wire::msg_before(msg.msg_id, cell.tag)) return count(Reason::stale_message, &ring);  // case 5
-    reset_cell(ring, ci, cell, msg.msg_id, out);                                               // case 4
+    if (wire::msg_before(msg.msg_id, cell.tag))
+      return count(Reason::stale_message, &ring);  // case 5
+    reset_cell(ring, ci, cell, msg.msg_id, out);   // case 4
   }
   if (cell.state == CellState::empty) {
     cell.tag = msg.msg_id;
@@ -422,7 +442,7 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
 
   if (cell.state == CellState::complete) {  // case 1: serve the stored result
     std::memcpy(pkt.data + data_off, ring.result_of(ci), data_len);
-    fix_icrc(ring, pkt.data, p, data_off, data_len, wire::crc32(0, ring.result_of(ci), data_len));
+    fix_icrc(ring, pkt.data, p, data_off, data_len, result_crc(ring.result_of(ci), data_len));
     ++ring.counters.retransmissions_served;
     ++counters[static_cast<size_t>(Reason::served_from_cell)];
     return {Verdict::emit, Reason::served_from_cell};
@@ -435,9 +455,9 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
   cell.arrived |= bit;
   const bool completes = std::popcount(cell.arrived) == static_cast<int>(ring.p);
   const size_t hi = ci * ring.p + rank;
-  const auto& kern = reduce::kernels(cfg.isa, static_cast<wire::Dtype>(cell.dtype),
-                                     static_cast<wire::ReduceOp>(cell.op));
   if (cfg.mode == ReduceMode::accumulate) {
+    const auto& kern = reduce::kernels(cfg.isa, static_cast<wire::Dtype>(cell.dtype),
+                                       static_cast<wire::ReduceOp>(cell.op));
     void* acc = ring.acc_of(ci);
     const size_t elems = data_len / esize;
     if (cell.arrived == bit)
@@ -450,7 +470,7 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
       sh.frame_len = p.end;
       sh.meta = pkt.meta;
       sh.data_off = data_off;
-      std::memcpy(sh.bytes, pkt.data, std::min<size_t>(data_off, kHdrStore));
+      std::memcpy(sh.bytes, pkt.data, data_off);
       std::memcpy(sh.pad_bytes, pkt.data + data_off + data_len, p.pad);
       ++counters[static_cast<size_t>(Reason::held)];
       return {Verdict::consumed, Reason::held};
@@ -467,8 +487,8 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
   return {Verdict::held, Reason::held};
 }
 
-void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned in_rank, const ParsedFrame& in_p,
-                            uint16_t in_off, Sink& out) noexcept {
+void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned in_rank,
+                            const ParsedFrame& in_p, uint16_t in_off, Sink& out) noexcept {
   const size_t esize = wire::dtype_size(cell.dtype);
   const size_t elems = cell.data_len / esize;
   uint8_t* result = ring.result_of(ci);
@@ -477,12 +497,14 @@ void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
   const uint8_t* srcs[kMaxRanks];
   if (cfg.mode == ReduceMode::deterministic) {
     for (unsigned r = 0; r < ring.p; ++r)
-      srcs[r] = r == in_rank ? in.data + in_off : ring.held[ci * ring.p + r].pkt.data + ring.held[ci * ring.p + r].data_off;
+      srcs[r] = r == in_rank
+                    ? in.data + in_off
+                    : ring.held[ci * ring.p + r].pkt.data + ring.held[ci * ring.p + r].data_off;
     kern.reduce(srcs, ring.p, result, elems);
   } else {
     kern.finish(ring.acc_of(ci), result, elems);
   }
-  const uint32_t crc_data = cfg.icrc_fixup == IcrcFixup::linear ? wire::crc32(0, result, cell.data_len) : 0;
+  const uint32_t crc_data = result_crc(result, cell.data_len);
 
   for (unsigned r = 0; r < ring.p; ++r) {
     Pkt pk;
@@ -512,7 +534,6 @@ void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
       pk.meta = sh.meta;
       std::memcpy(pk.data, sh.bytes, sh.data_off);
       std::memcpy(pk.data + sh.data_off + cell.data_len, sh.pad_bytes, sh.p.pad);
-      std::memcpy(pk.data + sh.p.icrc(), "\0\0\0\0", 4);
       pf = sh.p;
       off = sh.data_off;
     }
@@ -523,7 +544,8 @@ void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
   cell.state = CellState::complete;
   ++ring.counters.cells_completed;
   MsgSlot& ms = ring.msgs[cell.tag & (ring.slots - 1)];
-  if (ms.valid && ms.tag == cell.tag && ++ms.cells_done == ms.len) ++ring.counters.messages_completed;
+  if (ms.valid && ms.tag == cell.tag && ++ms.cells_done == ms.len)
+    ++ring.counters.messages_completed;
 }
 
 void Engine::Impl::fix_icrc(Ring& ring, uint8_t* frame, const ParsedFrame& p, uint16_t data_off,
@@ -562,7 +584,8 @@ void Engine::Impl::unbind(Ring& ring, unsigned rank) noexcept {
   RankConn& rc = ring.conns[rank];
   if (rc.bound) clt.erase(rc.key);
   rc = RankConn{};
-  std::fill_n(ring.hist.begin() + static_cast<long>(size_t{rank} * ring.slots), ring.slots, HistEntry{});
+  std::fill_n(ring.hist.begin() + static_cast<long>(size_t{rank} * ring.slots), ring.slots,
+              HistEntry{});
 }
 
 void Engine::Impl::release_all(Ring& ring, std::vector<Pkt>& released) noexcept {
@@ -592,14 +615,17 @@ Status Engine::install_ring(const RingSpec& spec) {
   const uint64_t need = ring_memory_bytes(spec, e.cfg.mode);
   if (spec.memory_quota && need > spec.memory_quota)
     return {StatusCode::resource_exhausted, "memory_quota",
-            "ring needs " + std::to_string(need) + " bytes, quota is " + std::to_string(spec.memory_quota)};
+            "ring needs " + std::to_string(need) + " bytes, quota is " +
+                std::to_string(spec.memory_quota)};
   if (e.memory + need > e.cfg.memory_budget)
     return {StatusCode::resource_exhausted, "memory",
-            "ring needs " + std::to_string(need) + " bytes, " + std::to_string(e.cfg.memory_budget - e.memory) +
-                " of " + std::to_string(e.cfg.memory_budget) + " free"};
+            "ring needs " + std::to_string(need) + " bytes, " +
+                std::to_string(e.cfg.memory_budget - e.memory) + " of " +
+                std::to_string(e.cfg.memory_budget) + " free"};
   if (e.cfg.mode == ReduceMode::accumulate && !e.cfg.allocator.alloc)
     return {StatusCode::internal, "allocator", "accumulate mode needs a packet allocator"};
-  auto free_slot = std::find_if(e.rings.begin(), e.rings.end(), [](const Ring& r) { return !r.active; });
+  auto free_slot =
+      std::find_if(e.rings.begin(), e.rings.end(), [](const Ring& r) { return !r.active; });
   if (free_slot == e.rings.end())
     return {StatusCode::resource_exhausted, "ring_id",
             "all " + std::to_string(e.cfg.max_rings) + " ring slots are in use"};
@@ -625,7 +651,8 @@ Status Engine::install_ring(const RingSpec& spec) {
     r.acc.assign(cells * 2 * spec.payload_bytes, 0);
   }
   r.active = true;
-  for (unsigned k = 0; k < r.p; ++k) ++e.links[Impl::link_key(spec.members[k], spec.members[(k + 1) % r.p])];
+  for (unsigned k = 0; k < r.p; ++k)
+    ++e.links[Impl::link_key(spec.members[k], spec.members[(k + 1) % r.p])];
   e.by_id[spec.ring_id] = static_cast<uint16_t>(free_slot - e.rings.begin());
   e.memory += need;
   return {};
@@ -634,7 +661,8 @@ Status Engine::install_ring(const RingSpec& spec) {
 Status Engine::remove_ring(uint32_t ring_id, std::vector<Pkt>& released) {
   Impl& e = *impl_;
   auto it = e.by_id.find(ring_id);
-  if (it == e.by_id.end()) return {StatusCode::not_found, "ring_id", "no ring " + std::to_string(ring_id)};
+  if (it == e.by_id.end())
+    return {StatusCode::not_found, "ring_id", "no ring " + std::to_string(ring_id)};
   Ring& r = e.rings[it->second];
   for (unsigned rank = 0; rank < r.p; ++rank) e.unbind(r, rank);
   for (unsigned k = 0; k < r.p; ++k) {
@@ -649,7 +677,9 @@ Status Engine::remove_ring(uint32_t ring_id, std::vector<Pkt>& released) {
   return {};
 }
 
-Outcome Engine::process(Pkt pkt, uint64_t now_ns, Sink& out) noexcept { return impl_->process(pkt, now_ns, out); }
+Outcome Engine::process(Pkt pkt, uint64_t now_ns, Sink& out) noexcept {
+  return impl_->process(pkt, now_ns, out);
+}
 
 std::vector<uint32_t> Engine::ring_ids() const {
   std::vector<uint32_t> ids;
@@ -658,7 +688,8 @@ std::vector<uint32_t> Engine::ring_ids() const {
   return ids;
 }
 
-std::optional<RingInfo> Engine::ring_info(uint32_t ring_id, uint64_t now_ns, uint64_t stall_ns) const {
+std::optional<RingInfo> Engine::ring_info(uint32_t ring_id, uint64_t now_ns,
+                                          uint64_t stall_ns) const {
   auto it = impl_->by_id.find(ring_id);
   if (it == impl_->by_id.end()) return std::nullopt;
   const Ring& r = impl_->rings[it->second];
