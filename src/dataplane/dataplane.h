@@ -23,8 +23,8 @@
 // queue's owner through a TX handoff ring.
 //
 // Stages, per burst: rx -> dispatch -> aggregate (Engine::process: parse,
-// CLT lookup, cells, reduction, ICRC fix-up) -> transmit (buffered per port,
-// flushed every burst and on a 100 us timer).
+// CLT lookup, cells, reduction, ICRC fix-up) -> transmit (buffered per port:
+// sent once a burst's worth is queued, otherwise within 100 us).
 //
 // Control (ordering contract). The control thread never touches engine
 // state. Commands go to a worker through its command ring (SP/SC) and run

@@ -1,6 +1,6 @@
 // Stage: transmit. Packets leave on the port opposite to the one they came
-// in on, through this worker's TX buffer for that port (flushed every burst
-// and on a 100 us timer) or, when the device has fewer TX queues than
+// in on, through this worker's TX buffer for that port (sent as soon as a
+// burst's worth is buffered, otherwise within 100 us by the flush timer) or, when the device has fewer TX queues than
 // workers, through the handoff ring of the worker that owns the queue.
 #include <rte_cycles.h>
 #include <rte_ethdev.h>

@@ -13,6 +13,9 @@ namespace netreduce::wire {
 static_assert(sizeof(Ipv4Hdr) + sizeof(UdpHdr) + sizeof(Bth) == 40, "masked prefix is five 8-byte words");
 
 namespace {
+// Reflected CRC-32 polynomial; bit 31 is x^0, bit 0 is x^31.
+constexpr uint32_t kPoly = 0xEDB88320u;
+
 // The masked pseudo-header (IPv4 + UDP + BTH, 40 bytes) is CRC'd straight
 // from the frame with a slicing-by-8 table, the masks applied in registers.
 // Staging it in a scratch buffer and handing that to ISA-L costs ~30x more:
@@ -25,7 +28,7 @@ constexpr SliceTables make_slice_tables() {
   SliceTables st{};
   for (uint32_t i = 0; i < 256; ++i) {
     uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ kPoly : c >> 1;
     st.t[0][i] = c;
   }
   for (int k = 1; k < 8; ++k)
@@ -63,7 +66,7 @@ constexpr uint64_t kMask[5] = {
 // Raw CRC register after the 8 bytes of 0xFF (pseudo-LRH), from init ~0.
 constexpr uint32_t lrh_state() {
   uint32_t raw = 0xFFFFFFFFu;
-  for (int i = 0; i < 8; ++i) raw = (raw >> 8) ^ make_slice_tables().t[0][(raw ^ 0xFF) & 0xFF];
+  for (int i = 0; i < 8; ++i) raw = (raw >> 8) ^ kSlice.t[0][(raw ^ 0xFF) & 0xFF];
   return raw;
 }
 constexpr uint32_t kLrhRaw = lrh_state();
@@ -116,9 +119,7 @@ uint32_t icrc_compute(const uint8_t* frame, const ParsedFrame& p) noexcept {
 }
 
 namespace {
-// Reflected CRC-32 polynomial; bit 31 is x^0, bit 0 is x^31.
-constexpr uint32_t kPoly = 0xEDB88320u;
-constexpr uint32_t kOne = 1u << 31;  // the polynomial "1"
+constexpr uint32_t kOne = 1u << 31;  // the polynomial "1" (reflected: bit 31 is x^0)
 
 // kPow2[k] = x^(2^k) mod P, for k = 0..63.
 struct Pow2Table {
