@@ -26,10 +26,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "common/ring_json.h"
 #include "dataplane/dataplane.h"
@@ -41,7 +44,17 @@ using nlohmann::json;
 namespace {
 
 constexpr size_t kMaxLine = 1 << 20;
-Dataplane* g_telemetry_dp = nullptr;
+// The telemetry thread outlives the Dataplane: callbacks announce themselves
+// in `g_telemetry_inflight` before reading the pointer, and shutdown clears
+// the pointer and then waits for the count to drain (both seq_cst).
+std::atomic<Dataplane*> g_telemetry_dp{nullptr};
+std::atomic<int> g_telemetry_inflight{0};
+
+struct TelemetryCall {
+  Dataplane* dp;
+  TelemetryCall() : dp((++g_telemetry_inflight, g_telemetry_dp.load())) {}
+  ~TelemetryCall() { --g_telemetry_inflight; }
+};
 
 json error_json(const Status& s) { return {{"ok", false}, {"error", status_to_json(s)}}; }
 
@@ -119,8 +132,9 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
 }
 
 int telemetry_stats(const char*, const char*, rte_tel_data* d) {
-  if (!g_telemetry_dp) return -1;
-  const auto snaps = snapshots(*g_telemetry_dp, false);
+  TelemetryCall call;
+  if (!call.dp) return -1;
+  const auto snaps = snapshots(*call.dp, false);
   engine::ReasonCounters sum{};
   uint64_t rx = 0, tx = 0;
   for (const auto& s : snaps) {
@@ -138,9 +152,10 @@ int telemetry_stats(const char*, const char*, rte_tel_data* d) {
 }
 
 int telemetry_rings(const char*, const char*, rte_tel_data* d) {
-  if (!g_telemetry_dp) return -1;
+  TelemetryCall call;
+  if (!call.dp) return -1;
   rte_tel_data_start_array(d, RTE_TEL_INT_VAL);
-  for (const auto& s : snapshots(*g_telemetry_dp, true))
+  for (const auto& s : snapshots(*call.dp, true))
     for (const auto& r : s.rings) rte_tel_data_add_array_int(d, static_cast<int>(r.spec.ring_id));
   return 0;
 }
@@ -249,7 +264,7 @@ void Dataplane::run() {
   started_ = true;
   for (auto& a : args) rte_eal_remote_launch(&Dataplane::worker_main, &a, a.second->lcore);
 
-  g_telemetry_dp = this;
+  g_telemetry_dp.store(this);
   rte_telemetry_register_cmd("/netreduce/stats", telemetry_stats,
                              "netreduce: packet fates summed over workers");
   rte_telemetry_register_cmd("/netreduce/rings", telemetry_rings, "netreduce: installed ring ids");
@@ -320,8 +335,10 @@ void Dataplane::run() {
   ::unlink(path.c_str());
 
   rte_eal_mp_wait_lcore();
+  g_telemetry_dp.store(nullptr);
+  while (g_telemetry_inflight.load() != 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   started_ = false;
-  g_telemetry_dp = nullptr;
   final_report();
   for (unsigned s = 0; s < 2; ++s) {
     rte_eth_dev_stop(port_ids_[s]);
