@@ -10,6 +10,8 @@
 //   {"cmd": "list_rings"} / {"cmd": "get_ring", "id": 7}
 //   {"cmd": "install_ctt", ...} / "remove_ctt" / "list_ctt"   reserved for multi-rack
 //                                                     connection translation: "unimplemented"
+//   {"cmd": "set_mode", "mode": "forward"}           -> {"ok": true, "mode": ..., "previous": ...}
+//                                                     aggregate | forward (the benchmark baseline)
 //   {"cmd": "shutdown"}
 // Errors: {"ok": false, "error": {"code": "...", "field": "...", "message": "..."}}.
 // Also registered with DPDK telemetry: /netreduce/stats, /netreduce/rings.
@@ -122,11 +124,14 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
          {"dispatch_dropped", ws.dispatch_dropped},
          {"multi_segment", ws.multi_segment},
          {"busy_ratio", ws.total_cycles ? double(ws.busy_cycles) / double(ws.total_cycles) : 0.0},
+         {"busy_cycles", ws.busy_cycles},
+         {"total_cycles", ws.total_cycles},
          {"rings", s.rings.size()},
          {"memory_bytes", s.memory},
          {"reasons", reasons_to_json(s.reasons)}});
   }
   return {{"reasons", reasons_to_json(sum)},
+          {"tsc_hz", rte_get_tsc_hz()},
           {"workers", workers},
           {"ports", {port_json(dp, 0), port_json(dp, 1)}}};
 }
@@ -229,7 +234,7 @@ std::string Dataplane::handle_request(const std::string& line) {
       json ws = json::array();
       for (Worker* w : workers_) ws.push_back({{"worker", w->index}, {"lcore", w->lcore}});
       return json{{"ok", true},
-                  {"mode", cfg_.mode == Mode::aggregate ? "aggregate" : "forward"},
+                  {"mode", mode() == Mode::aggregate ? "aggregate" : "forward"},
                   {"ports", {port_json(*this, 0), port_json(*this, 1)}},
                   {"workers", ws},
                   {"main_lcore", rte_get_main_lcore()},
@@ -239,6 +244,17 @@ std::string Dataplane::handle_request(const std::string& line) {
                     {"engine_budget_bytes", cfg_.engine_memory}}},
                   {"mbufs", {{"total", cfg_.mbufs}, {"in_use", rte_mempool_in_use_count(pool_)}}}}
           .dump();
+    }
+    if (cmd == "set_mode") {
+      const auto it = req.find("mode");
+      const std::string m = it != req.end() && it->is_string() ? it->get<std::string>() : "";
+      if (m != "aggregate" && m != "forward")
+        return error_json(Status::invalid("mode", "must be \"aggregate\" or \"forward\""))
+            .dump();
+      const char* previous = mode() == Mode::aggregate ? "aggregate" : "forward";
+      set_mode(m == "aggregate" ? Mode::aggregate : Mode::forward);
+      spdlog::info("mode {} (was {})", m, previous);
+      return json{{"ok", true}, {"mode", m}, {"previous", previous}}.dump();
     }
     if (cmd == "install_ctt" || cmd == "remove_ctt" || cmd == "list_ctt")
       return error_json({StatusCode::unimplemented, "cmd",

@@ -23,7 +23,7 @@ namespace {
 std::string dpdk_error(int rc) { return std::string(rte_strerror(rc < 0 ? -rc : rc)); }
 }  // namespace
 
-Dataplane::Dataplane(DataplaneConfig cfg) : cfg_(std::move(cfg)) {}
+Dataplane::Dataplane(DataplaneConfig cfg) : cfg_(std::move(cfg)) { mode_.store(cfg_.mode); }
 
 Dataplane::~Dataplane() {
   for (Worker* w : workers_) {
@@ -106,9 +106,13 @@ Status Dataplane::setup() {
       return {StatusCode::internal, "ports", "device info: " + dpdk_error(rc)};
     nrxq[s] = static_cast<uint16_t>(std::min<unsigned>(nw, info.max_rx_queues));
     ntxq[s] = static_cast<uint16_t>(std::min<unsigned>(nw, info.max_tx_queues));
-    if (cfg_.mtu > info.max_mtu)
+    // ethdev checks the frame (MTU + Ethernet header + FCS) against the
+    // device's largest receive frame as well as the MTU limit.
+    const uint32_t max_mtu =
+        std::min<uint32_t>(info.max_mtu, info.max_rx_pktlen > 18 ? info.max_rx_pktlen - 18 : 0);
+    if (cfg_.mtu > max_mtu)
       return Status::invalid("mtu", "port " + cfg_.ports[s].name + " supports an MTU of at most " +
-                                        std::to_string(info.max_mtu));
+                                        std::to_string(max_mtu));
     rte_eth_conf conf{};
     conf.rxmode.mtu = cfg_.mtu;
     if (int rc = rte_eth_dev_configure(port_ids_[s], nrxq[s], ntxq[s], &conf); rc != 0)
@@ -228,8 +232,8 @@ void Dataplane::worker_loop(Worker& w) {
   rte_rcu_qsbr_thread_online(qsbr_, w.index);
   rte_mbuf* pkts[kMaxBurst];
   rte_mbuf* mine[kMaxBurst];
-  const bool agg = cfg_.mode == Mode::aggregate;
   while (!quitting()) {
+    const bool agg = mode() == Mode::aggregate;
     const uint64_t t0 = rte_rdtsc();
     unsigned moved = 0;
     for (const auto& [slot, q] : w.rxq) {
@@ -237,7 +241,14 @@ void Dataplane::worker_loop(Worker& w) {
       if (!n) continue;
       moved += n;
       w.stats.rx[slot] += n;
-      for (uint16_t i = 0; i < n; ++i) w.stats.rx_bytes[slot] += pkts[i]->pkt_len;
+      // Stamp the arrival port: later stages (and other workers, after
+      // dispatch) send a packet out of the opposite one. Not every PMD sets
+      // mbuf->port on receive (net_ring does not).
+      const uint16_t port = port_ids_[slot];
+      for (uint16_t i = 0; i < n; ++i) {
+        w.stats.rx_bytes[slot] += pkts[i]->pkt_len;
+        pkts[i]->port = port;
+      }
       if (!agg) {
         forward(*this, w, pkts, n);
         continue;

@@ -125,6 +125,14 @@ class Dataplane {
   // until stop() or a signal. Returns when all workers have stopped.
   void run();
   void stop() { quit_.store(true, std::memory_order_relaxed); }
+  // The packet path's mode. Starts as config().mode; `set_mode` on the
+  // control channel switches it at run time (benchmarks measure the forward-
+  // only baseline on the same ports in the same run). Workers read it once
+  // per burst (relaxed: a burst or two in the old mode is harmless). Rings
+  // stay installed in forward mode; their held packets wait for aggregate
+  // mode or for the ring's removal.
+  Mode mode() const { return mode_.load(std::memory_order_relaxed); }
+  void set_mode(Mode m) { mode_.store(m, std::memory_order_relaxed); }
   bool quitting() const { return quit_.load(std::memory_order_relaxed); }
 
   // Control operations (control thread only). JSON in/out, see control.cc.
@@ -158,6 +166,7 @@ class Dataplane {
   std::unique_ptr<LinkTable> links_owned_;
   rte_rcu_qsbr* qsbr_ = nullptr;
   std::atomic<bool> quit_{false};
+  std::atomic<Mode> mode_{Mode::aggregate};
   bool started_ = false;
   std::mutex on_worker_mu_;  // one control caller at a time (control thread, telemetry)
 

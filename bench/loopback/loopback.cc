@@ -1,0 +1,636 @@
+// netreduce-loopback: the loopback performance benchmark.
+//
+// Theory of operation
+// -------------------
+// A generator plays the P workers of a ring (traffic.h): it builds their
+// RoCEv2 RC RDMA WRITE streams (INA headers, PSNs, ICRCs) and sends them into
+// the box's port A; a sink takes what the box releases on port B and checks
+// every frame byte for byte against the expected reduction. Both run on one
+// lcore; the box runs on its own.
+//
+// Measurement. Each measurement is a series of rounds. A round's frames are
+// built first (not timed); then the timed part pushes them into the box as
+// fast as the port takes them and collects the box's output, so the box is
+// the bottleneck whenever it is slower than pointer passing. After the round
+// every collected frame is checked and freed. For every point (P, payload,
+// dtype) the same ports are measured twice in the same run: with the box in
+// forward-only mode (the baseline: same burst loop, no INA processing) and
+// in aggregate mode. Figures: packet and bit rates in and out (wall clock),
+// goodput (one copy of each completed message's tensor data per second), the
+// box's own cost per packet from its worker's busy cycles (so "Mpps per lcore"
+// is what one box lcore sustains), busy ratio, and latency through the box
+// measured separately at light load (one message of every worker at a time).
+//
+// Modes.
+//   inproc  the box (the real Dataplane) runs in this process on net_ring
+//           ports wired to the generator's; lcore 0 runs the box's control
+//           loop, lcore 1 the box worker, lcore 2 the generator.
+//   ports   the box is another process (netreduce-dataplane); the generator
+//           uses two DPDK ports given by EAL arguments: memif, af_packet, or
+//           real NIC ports cabled to the box's. --box-socket names the box's
+//           control socket (to install rings and switch modes).
+#include <rte_cycles.h>
+#include <rte_eal.h>
+#include <rte_errno.h>
+#include <rte_eth_ring.h>
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+#include <rte_mbuf.h>
+#include <rte_ring.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "bench/loopback/box_client.h"
+#include "bench/loopback/traffic.h"
+#include "common/ring_json.h"
+#include "dataplane/dataplane.h"
+
+using nlohmann::json;
+namespace nb = netreduce::bench;
+namespace wire = netreduce::wire;
+
+namespace {
+
+constexpr unsigned kBurst = 32;
+constexpr unsigned kRoundPackets = 8192;
+constexpr unsigned kPoolMbufs = 24576;
+constexpr uint16_t kDataRoom = RTE_PKTMBUF_HEADROOM + 4352;
+
+struct Options {
+  std::string mode = "inproc";
+  std::vector<unsigned> ranks{2, 4, 8, 16};
+  std::vector<unsigned> payloads{1024, 4096};
+  std::vector<std::string> dtypes{"fp32", "bf16"};
+  unsigned msg_len = 4;
+  unsigned window = 16;
+  double seconds = 0.5;
+  unsigned latency_rounds = 300;
+  bool forward = true;
+  bool install = true;
+  uint32_t ring_id = 0xB0;
+  std::string box_socket;
+  std::string tx_port, rx_port;
+  std::string json_out;
+  bool quiet = false;
+  size_t max_inflight = 0;  // 0: 4096 in process, 512 over ports
+};
+
+struct Figures {
+  uint64_t packets_in = 0, packets_out = 0, bytes_in = 0, bytes_out = 0;
+  uint64_t cycles = 0;  // timed
+  uint64_t good = 0, bad = 0, unknown = 0, duplicate = 0, missing = 0;
+  uint64_t messages = 0;
+  uint64_t box_busy = 0, box_packets = 0;
+  std::vector<double> busy_per_lcore;
+  double lat_p50_us = 0, lat_p99_us = 0;
+  double seconds(uint64_t hz) const { return double(cycles) / double(hz); }
+};
+
+struct Ports {
+  uint16_t tx = 0, rx = 0;
+  rte_mempool* pool = nullptr;
+};
+
+uint64_t g_hz = 0;
+
+std::string port_setup(uint16_t port, rte_mempool* pool) {
+  rte_eth_conf conf{};
+  rte_eth_dev_info info{};
+  if (rte_eth_dev_info_get(port, &info) != 0) return "device info failed";
+  conf.rxmode.mtu = std::min<uint32_t>(
+      {4200, info.max_mtu, info.max_rx_pktlen > 18 ? info.max_rx_pktlen - 18 : 0});
+  if (int rc = rte_eth_dev_configure(port, 1, 1, &conf); rc != 0)
+    return std::string("configure: ") + rte_strerror(-rc);
+  uint16_t rxd = 2048, txd = 2048;
+  rte_eth_dev_adjust_nb_rx_tx_desc(port, &rxd, &txd);
+  if (int rc = rte_eth_rx_queue_setup(port, 0, rxd, rte_eth_dev_socket_id(port), nullptr, pool);
+      rc != 0)
+    return std::string("rx queue: ") + rte_strerror(-rc);
+  if (int rc = rte_eth_tx_queue_setup(port, 0, txd, rte_eth_dev_socket_id(port), nullptr); rc != 0)
+    return std::string("tx queue: ") + rte_strerror(-rc);
+  if (int rc = rte_eth_dev_start(port); rc != 0) return std::string("start: ") + rte_strerror(-rc);
+  rte_eth_promiscuous_enable(port);
+  return "";
+}
+
+// The box's worker counters, summed: (busy cycles, packets received, per-worker busy).
+struct BoxSample {
+  uint64_t busy = 0, packets = 0;
+  std::vector<uint64_t> busy_w, total_w;
+};
+BoxSample sample(nb::BoxClient& box) {
+  const json s = box.call({{"cmd", "stats"}});
+  BoxSample b;
+  for (const auto& w : s.at("workers")) {
+    b.busy += w.at("busy_cycles").get<uint64_t>();
+    b.busy_w.push_back(w.at("busy_cycles").get<uint64_t>());
+    b.total_w.push_back(w.at("total_cycles").get<uint64_t>());
+    for (const auto& p : w.at("rx_packets")) b.packets += p.get<uint64_t>();
+  }
+  return b;
+}
+
+class Generator {
+ public:
+  Generator(const Ports& ports, const nb::Traffic& t, Figures& f, size_t max_inflight)
+      : p_(ports), t_(t), f_(f), scratch_(t.max_frame()), max_inflight_(max_inflight) {}
+
+  // Sends messages [base, base + count) of every worker; collects and checks
+  // what comes back. Returns false if the pool ran dry.
+  bool round(uint64_t base, uint64_t count, bool aggregated, bool timed,
+             std::vector<double>* latencies) {
+    const unsigned P = t_.spec().ranks;
+    const uint32_t L = t_.packets_per_message();
+    const size_t total = count * L * P;
+    out_.resize(total);
+    in_.resize(total + kBurst);
+    if (rte_pktmbuf_alloc_bulk(p_.pool, out_.data(), static_cast<unsigned>(total)) != 0) return false;
+    size_t i = 0;
+    for (uint64_t n = base; n < base + count; ++n)
+      for (uint32_t k = 0; k < L; ++k)
+        for (unsigned r = 0; r < P; ++r, ++i) {
+          rte_mbuf* m = out_[i];
+          const size_t len =
+              t_.build(r, n, k, rte_pktmbuf_mtod(m, uint8_t*), rte_pktmbuf_tailroom(m));
+          m->data_len = static_cast<uint16_t>(len);
+          m->pkt_len = static_cast<uint32_t>(len);
+          f_.bytes_in += len;
+        }
+    // Timed: push everything, collect everything (or give up after 2 s of silence).
+    size_t sent = 0, got = 0;
+    const uint64_t t0 = rte_rdtsc();
+    uint64_t last = t0, t_last_rx = t0;
+    while (got < total) {
+      if (sent < total && sent - got < max_inflight_)
+        sent += rte_eth_tx_burst(p_.tx, 0, out_.data() + sent,
+                                 static_cast<uint16_t>(std::min<size_t>(kBurst, total - sent)));
+      if (p_.tx != p_.rx) {  // nothing should come back the way it went: count and free it
+        rte_mbuf* back[kBurst];
+        const uint16_t b = rte_eth_rx_burst(p_.tx, 0, back, kBurst);
+        f_.unknown += b;
+        rte_pktmbuf_free_bulk(back, b);
+      }
+      const uint16_t n = rte_eth_rx_burst(p_.rx, 0, in_.data() + got, kBurst);
+      const uint64_t now = rte_rdtsc();
+      if (n) {
+        if (latencies)
+          for (uint16_t j = 0; j < n; ++j) latencies->push_back(double(now - t0) * 1e6 / double(g_hz));
+        got += n;
+        last = t_last_rx = now;
+        if (got + kBurst > in_.size()) in_.resize(in_.size() * 2);  // more than sent: keep counting
+      } else if (now - last > 2 * g_hz) {
+        break;
+      }
+    }
+    if (timed) f_.cycles += t_last_rx - t0;
+    if (sent < total) rte_pktmbuf_free_bulk(out_.data() + sent, static_cast<unsigned>(total - sent));
+    f_.packets_in += sent;
+    f_.packets_out += got;
+    // Check every frame the box released.
+    seen_.assign(total, 0);
+    for (size_t j = 0; j < got; ++j) {
+      rte_mbuf* m = in_[j];
+      f_.bytes_out += m->pkt_len;
+      nb::Traffic::Id id;
+      const auto v = m->nb_segs == 1 ? t_.check_frame(rte_pktmbuf_mtod(m, const uint8_t*),
+                                                      m->data_len, aggregated, base, count, id,
+                                                      scratch_.data())
+                                     : nb::Traffic::Verdict::unknown;
+      if (v == nb::Traffic::Verdict::good) {
+        uint8_t& s = seen_[((id.n - base) * L + id.k) * P + id.rank];
+        if (s++) ++f_.duplicate; else ++f_.good;
+      } else if (v == nb::Traffic::Verdict::bad) {
+        ++f_.bad;
+      } else {
+        ++f_.unknown;
+      }
+    }
+    rte_pktmbuf_free_bulk(in_.data(), static_cast<unsigned>(got));
+    for (uint8_t s : seen_) f_.missing += s == 0;
+    // A message is complete when every worker got every packet of it.
+    for (uint64_t n = 0; n < count; ++n) {
+      bool all = true;
+      for (size_t j = n * L * P; j < (n + 1) * L * P; ++j) all = all && seen_[j];
+      f_.messages += all;
+    }
+    return true;
+  }
+
+ private:
+  Ports p_;
+  const nb::Traffic& t_;
+  Figures& f_;
+  std::vector<uint8_t> scratch_;
+  std::vector<rte_mbuf*> out_, in_;
+  std::vector<uint8_t> seen_;
+  size_t max_inflight_;  // frames sent and not yet back: bounds what queues in the ports
+};
+
+double percentile(std::vector<double>& v, double q) {
+  if (v.empty()) return 0;
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * double(v.size())));
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(i), v.end());
+  return v[i];
+}
+
+// One measurement of one mode. `next` is the first message index to use.
+Figures measure(const Options& o, const Ports& ports, const nb::Traffic& t, nb::BoxClient& box,
+                bool aggregated, uint64_t& next) {
+  box.call({{"cmd", "set_mode"}, {"mode", aggregated ? "aggregate" : "forward"}});
+  Figures f;
+  Generator g(ports, t, f, o.max_inflight);
+  const uint64_t per_round =
+      std::max<uint64_t>(1, kRoundPackets / (uint64_t{t.spec().ranks} * t.packets_per_message()));
+  // Warm-up round (caches, the box's first CLT entries), not counted.
+  {
+    Figures w;
+    Generator gw(ports, t, w, o.max_inflight);
+    gw.round(next, per_round, aggregated, false, nullptr);
+    next += per_round;
+  }
+  const BoxSample b0 = sample(box);
+  unsigned rounds = 0;
+  while (rounds < 2 || f.seconds(g_hz) < o.seconds) {
+    if (!g.round(next, per_round, aggregated, true, nullptr))
+      throw std::runtime_error("generator mbuf pool exhausted");
+    next += per_round;
+    ++rounds;
+    if (f.bad + f.unknown + f.missing > 0) break;  // reported as errors; no point going on
+  }
+  const BoxSample b1 = sample(box);
+  f.box_busy = b1.busy - b0.busy;
+  f.box_packets = b1.packets - b0.packets;
+  for (size_t w = 0; w < b1.busy_w.size() && w < b0.busy_w.size(); ++w)
+    f.busy_per_lcore.push_back(f.cycles ? double(b1.busy_w[w] - b0.busy_w[w]) / double(f.cycles)
+                                        : 0.0);
+  // Latency at light load: one message of every worker at a time.
+  std::vector<double> lat;
+  Figures lf;
+  Generator gl(ports, t, lf, o.max_inflight);
+  for (unsigned i = 0; i < o.latency_rounds; ++i, ++next) gl.round(next, 1, aggregated, false, &lat);
+  f.good += lf.good;
+  f.bad += lf.bad;
+  f.unknown += lf.unknown;
+  f.duplicate += lf.duplicate;
+  f.missing += lf.missing;
+  f.lat_p50_us = percentile(lat, 0.5);
+  f.lat_p99_us = percentile(lat, 0.99);
+  return f;
+}
+
+json figures_json(const Figures& f, const nb::Traffic& t) {
+  const double s = f.seconds(g_hz);
+  const double box_cpp = f.box_packets ? double(f.box_busy) / double(f.box_packets) : 0;
+  return {{"packets_in", f.packets_in},
+          {"packets_out", f.packets_out},
+          {"seconds", s},
+          {"mpps_in", s > 0 ? double(f.packets_in) / s / 1e6 : 0},
+          {"mpps_out", s > 0 ? double(f.packets_out) / s / 1e6 : 0},
+          {"gbps_in", s > 0 ? double(f.bytes_in) * 8 / s / 1e9 : 0},
+          {"gbps_out", s > 0 ? double(f.bytes_out) * 8 / s / 1e9 : 0},
+          {"goodput_gbps", s > 0 ? double(f.messages) * double(t.data_bytes()) * 8 / s / 1e9 : 0},
+          {"messages_completed", f.messages},
+          {"box_ns_per_packet", box_cpp * 1e9 / double(g_hz)},
+          {"box_mpps_per_lcore", box_cpp > 0 ? double(g_hz) / box_cpp / 1e6 : 0},
+          {"busy_per_lcore", f.busy_per_lcore},
+          {"latency_p50_us", f.lat_p50_us},
+          {"latency_p99_us", f.lat_p99_us},
+          {"verified",
+           {{"good", f.good},
+            {"bad", f.bad},
+            {"unknown", f.unknown},
+            {"duplicate", f.duplicate},
+            {"missing", f.missing}}}};
+}
+
+std::optional<wire::Dtype> dtype_of(const std::string& s) {
+  for (uint8_t d = 1; d < 8; ++d)
+    if (wire::is_valid_dtype(d) && wire::to_string(static_cast<wire::Dtype>(d)) == s)
+      return static_cast<wire::Dtype>(d);
+  return std::nullopt;
+}
+
+// The whole sweep; returns the report.
+json sweep(const Options& o, const Ports& ports) {
+  nb::BoxClient box(o.box_socket, std::chrono::seconds(10));
+  json points = json::array();
+  uint64_t next = 0;
+  for (unsigned P : o.ranks)
+    for (unsigned payload : o.payloads)
+      for (const std::string& dt : o.dtypes) {
+        nb::TrafficSpec s;
+        s.ring_id = o.ring_id;
+        s.ranks = P;
+        s.pmtu = static_cast<uint16_t>(payload);
+        s.msg_len = static_cast<uint16_t>(o.msg_len);
+        s.dtype = *dtype_of(dt);
+        s.window = static_cast<uint16_t>(o.window);
+        // Message ids and PSNs start afresh for every point: the ring is
+        // installed anew for it (with --no-install there is one point).
+        s.msg_id0 = 1;
+        if (std::string e = nb::check(s); !e.empty()) throw std::runtime_error(e);
+        const nb::Traffic t(s);
+        next = 0;
+        netreduce::engine::RingSpec ring;
+        ring.ring_id = s.ring_id;
+        ring.members = t.members();
+        ring.msg_len = s.msg_len;
+        ring.window = s.window;
+        ring.payload_bytes = s.pmtu;
+        if (o.install) {
+          box.call({{"cmd", "remove_ring"}, {"id", s.ring_id}}, false);
+          box.call({{"cmd", "install_ring"}, {"ring", netreduce::ring_to_json(ring)}});
+        } else {
+          const json r = box.call({{"cmd", "get_ring"}, {"id", s.ring_id}}, false);
+          netreduce::engine::RingSpec have;
+          if (!r.value("ok", false) || !netreduce::ring_from_json(r.at("ring"), have).ok() ||
+              have.members != ring.members || have.msg_len != ring.msg_len ||
+              have.payload_bytes != ring.payload_bytes)
+            throw std::runtime_error(
+                "--no-install: the box has no ring " + std::to_string(s.ring_id) +
+                " matching the generator (install " + netreduce::ring_to_json(ring).dump() + ")");
+        }
+        json pt = {{"ranks", P}, {"payload", payload}, {"dtype", dt}, {"msg_len", o.msg_len}};
+        std::optional<Figures> fwd;
+        if (o.forward) {
+          fwd = measure(o, ports, t, box, false, next);
+          pt["forward"] = figures_json(*fwd, t);
+        }
+        const Figures agg = measure(o, ports, t, box, true, next);
+        pt["aggregate"] = figures_json(agg, t);
+        if (fwd) {
+          const json& a = pt["aggregate"];
+          const json& b = pt["forward"];
+          pt["ratio"] = {
+              {"pps", a["mpps_out"].get<double>() / std::max(1e-9, b["mpps_out"].get<double>())},
+              {"box_mpps_per_lcore", a["box_mpps_per_lcore"].get<double>() /
+                                         std::max(1e-9, b["box_mpps_per_lcore"].get<double>())}};
+        }
+        if (o.install) box.call({{"cmd", "remove_ring"}, {"id", s.ring_id}});
+        box.call({{"cmd", "set_mode"}, {"mode", "aggregate"}});
+        if (!o.quiet)
+          std::fprintf(stderr, "  P=%u payload=%u %s: aggregate %.2f Mpps%s\n", P, payload,
+                       dt.c_str(), pt["aggregate"]["mpps_out"].get<double>(),
+                       fwd ? (", " + std::to_string(pt["ratio"]["pps"].get<double>()) +
+                              " of forwarding")
+                                 .c_str()
+                           : "");
+        points.push_back(pt);
+      }
+  return points;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.starts_with("model name")) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+void print_table(const json& report) {
+  std::printf(
+      "\n%-3s %-7s %-5s | %9s %9s %6s | %8s %8s %7s | %7s %7s %7s | %5s | %8s %8s | %s\n", "P",
+      "payload", "dtype", "fwd Mpps", "agg Mpps", "ratio", "Gb/s in", "Gb/s out", "goodput",
+      "box ns", "lc Mpps", "lc rat", "busy", "p50 us", "p99 us", "verified");
+  for (const auto& p : report["points"]) {
+    const json& a = p["aggregate"];
+    const bool f = p.contains("forward");
+    const json& v = a["verified"];
+    const bool ok = v["bad"] == 0 && v["unknown"] == 0 && v["duplicate"] == 0 && v["missing"] == 0 &&
+                    (!f || (p["forward"]["verified"]["bad"] == 0 &&
+                            p["forward"]["verified"]["missing"] == 0));
+    const double busy = a["busy_per_lcore"].empty() ? 0.0 : a["busy_per_lcore"][0].get<double>();
+    std::printf(
+        "%-3u %-7u %-5s | %9.2f %9.2f %6.2f | %8.2f %8.2f %7.2f | %7.0f %7.2f %7.2f | %5.2f | "
+        "%8.1f %8.1f | %s\n",
+        p["ranks"].get<unsigned>(), p["payload"].get<unsigned>(),
+        p["dtype"].get<std::string>().c_str(), f ? p["forward"]["mpps_out"].get<double>() : 0.0,
+        a["mpps_out"].get<double>(), f ? p["ratio"]["pps"].get<double>() : 0.0,
+        a["gbps_in"].get<double>(), a["gbps_out"].get<double>(), a["goodput_gbps"].get<double>(),
+        a["box_ns_per_packet"].get<double>(), a["box_mpps_per_lcore"].get<double>(),
+        f ? p["ratio"]["box_mpps_per_lcore"].get<double>() : 0.0, busy,
+        a["latency_p50_us"].get<double>(), a["latency_p99_us"].get<double>(),
+        ok ? (std::to_string(v["good"].get<uint64_t>()) + " good").c_str() : "ERRORS");
+  }
+}
+
+bool report_ok(const json& report) {
+  for (const auto& p : report["points"])
+    for (const char* m : {"forward", "aggregate"})
+      if (p.contains(m)) {
+        const json& v = p[m]["verified"];
+        if (v["bad"] != 0 || v["unknown"] != 0 || v["duplicate"] != 0 || v["missing"] != 0 ||
+            v["good"] == 0)
+          return false;
+      }
+  return true;
+}
+
+struct InprocArgs {
+  const Options* o;
+  Ports ports;
+  json points;
+  std::string error;
+  netreduce::dataplane::Dataplane* dp;
+};
+
+int generator_lcore(void* arg) {
+  auto* a = static_cast<InprocArgs*>(arg);
+  try {
+    a->points = sweep(*a->o, a->ports);
+  } catch (const std::exception& e) {
+    a->error = e.what();
+  }
+  a->dp->stop();
+  return 0;
+}
+
+// Creates a net_ring port pair: `a` receives what `b` sends and vice versa.
+std::string ring_pair(const std::string& a, const std::string& b, uint16_t& pa, uint16_t& pb) {
+  rte_ring* ab = rte_ring_create((a + "_to_" + b).c_str(), 16384, rte_socket_id(),
+                                 RING_F_SP_ENQ | RING_F_SC_DEQ);
+  rte_ring* ba = rte_ring_create((b + "_to_" + a).c_str(), 16384, rte_socket_id(),
+                                 RING_F_SP_ENQ | RING_F_SC_DEQ);
+  if (!ab || !ba) return "cannot create rings: " + std::string(rte_strerror(rte_errno));
+  const int ia = rte_eth_from_rings(a.c_str(), &ba, 1, &ab, 1, rte_socket_id());
+  const int ib = rte_eth_from_rings(b.c_str(), &ab, 1, &ba, 1, rte_socket_id());
+  if (ia < 0 || ib < 0) return "cannot create ring ports: " + std::string(rte_strerror(rte_errno));
+  pa = static_cast<uint16_t>(ia);
+  pb = static_cast<uint16_t>(ib);
+  return "";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "netreduce-loopback: P synthetic RoCE workers through the box; every released frame "
+      "checked; figures with their ratio to the forward-only mode on the same ports"};
+  Options o;
+  app.add_option("--mode", o.mode, "inproc (box in this process, net_ring ports) or ports")
+      ->check(CLI::IsMember({"inproc", "ports"}));
+  app.add_option("--ranks", o.ranks, "workers per ring (2..16), e.g. --ranks 2,4,8,16")
+      ->delimiter(',');
+  app.add_option("--payloads", o.payloads, "RoCE payload bytes per packet (256..4096)")
+      ->delimiter(',');
+  app.add_option("--dtypes", o.dtypes, "fp32, bf16, fp16, int32, int64, fp64")->delimiter(',');
+  app.add_option("--msg-len", o.msg_len, "packets per message");
+  app.add_option("--window", o.window, "host window N (the box keeps 2N message slots)");
+  app.add_option("--seconds", o.seconds, "timed seconds per measurement");
+  app.add_option("--latency-rounds", o.latency_rounds, "light-load messages for latency");
+  app.add_flag("!--no-forward", o.forward, "skip the forward-only baseline");
+  app.add_flag("!--no-install", o.install,
+               "ports mode: the ring is installed already (e.g. through netreduced)");
+  app.add_option("--ring-id", o.ring_id, "ring id the generator uses");
+  app.add_option("--box-socket", o.box_socket, "ports mode: the box's control socket");
+  app.add_option("--tx-port", o.tx_port, "ports mode: DPDK port cabled to the box's port A");
+  app.add_option("--rx-port", o.rx_port, "ports mode: DPDK port cabled to the box's port B");
+  app.add_option("--json", o.json_out, "write the report as JSON to this file");
+  app.add_flag("--quiet", o.quiet, "no progress lines");
+  app.add_option("--max-inflight", o.max_inflight,
+                 "frames sent and not yet back (default 4096 in process, 512 over ports; must "
+                 "exceed ranks x msg-len)");
+  app.allow_extras();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  for (const auto& d : o.dtypes)
+    if (!dtype_of(d)) {
+      std::fprintf(stderr, "netreduce-loopback: --dtypes: unknown dtype '%s'\n", d.c_str());
+      return 2;
+    }
+  std::vector<std::string> extra = app.remaining();
+  if (!extra.empty() && extra.front() == "--") extra.erase(extra.begin());
+  const bool inproc = o.mode == "inproc";
+  if (o.max_inflight == 0) o.max_inflight = inproc ? 4096 : 512;
+  for (unsigned P : o.ranks)
+    if (o.max_inflight <= size_t{P} * o.msg_len) {
+      std::fprintf(stderr, "netreduce-loopback: --max-inflight must exceed ranks x msg-len (%u)\n",
+                   P * o.msg_len);
+      return 2;
+    }
+  if (!o.install && (inproc || o.ranks.size() * o.payloads.size() * o.dtypes.size() != 1)) {
+    std::fprintf(stderr,
+                 "netreduce-loopback: --no-install is for ports mode with one ring (one value "
+                 "each of --ranks, --payloads, --dtypes); reinstall the ring between runs\n");
+    return 2;
+  }
+  if (!inproc && (o.box_socket.empty() || o.tx_port.empty() || o.rx_port.empty())) {
+    std::fprintf(stderr,
+                 "netreduce-loopback: ports mode needs --box-socket, --tx-port and --rx-port\n");
+    return 2;
+  }
+  const std::string prefix = "nrlb" + std::to_string(::getpid());
+  std::vector<std::string> eal = {"netreduce-loopback"};
+  if (inproc) {
+    o.box_socket = "/tmp/" + prefix + ".sock";
+    for (const char* a : {"--no-huge", "-m", "1536", "--lcores", "0@0,1@1,2@0", "--no-pci",
+                          "--log-level", "lib.eal:warning"})
+      eal.push_back(a);
+    eal.push_back("--file-prefix");
+    eal.push_back(prefix);
+  }
+  eal.insert(eal.end(), extra.begin(), extra.end());
+  std::vector<char*> eal_argv;
+  for (auto& a : eal) eal_argv.push_back(a.data());
+  if (rte_eal_init(static_cast<int>(eal_argv.size()), eal_argv.data()) < 0) {
+    std::fprintf(stderr, "netreduce-loopback: EAL initialization failed: %s\n",
+                 rte_strerror(rte_errno));
+    return 1;
+  }
+  g_hz = rte_get_tsc_hz();
+  Ports ports;
+  ports.pool = rte_pktmbuf_pool_create("nrlb_gen", kPoolMbufs, 256, 0, kDataRoom, rte_socket_id());
+  if (!ports.pool) {
+    std::fprintf(stderr, "netreduce-loopback: cannot allocate the generator's mbufs: %s\n",
+                 rte_strerror(rte_errno));
+    return 1;
+  }
+  json report = {{"mode", o.mode},
+                 {"machine",
+                  {{"cpu", cpu_model()},
+                   {"online_cpus", std::thread::hardware_concurrency()},
+                   {"tsc_hz", g_hz}}},
+                 {"msg_len", o.msg_len},
+                 {"window", o.window}};
+  std::string error;
+  int rc = 0;
+  if (inproc) {
+    uint16_t box_a, box_b;
+    std::string e = ring_pair("nrlb_gen_a", "nrlb_box_a", ports.tx, box_a);
+    if (e.empty()) e = ring_pair("nrlb_gen_b", "nrlb_box_b", ports.rx, box_b);
+    if (e.empty()) e = port_setup(ports.tx, ports.pool);
+    if (e.empty()) e = port_setup(ports.rx, ports.pool);
+    if (!e.empty()) {
+      std::fprintf(stderr, "netreduce-loopback: %s\n", e.c_str());
+      return 1;
+    }
+    netreduce::dataplane::DataplaneConfig cfg;
+    cfg.ports = {{"net_ring_nrlb_box_a"}, {"net_ring_nrlb_box_b"}};  // the ring PMD prefixes names
+    cfg.workers = {1};
+    cfg.mbufs = 8192;
+    cfg.engine_memory = 512ull << 20;
+    cfg.control_socket = o.box_socket;
+    netreduce::dataplane::Dataplane dp(cfg);
+    if (netreduce::Status s = dp.setup(); !s) {
+      std::fprintf(stderr, "netreduce-loopback: box: %s\n", s.to_string().c_str());
+      return 1;
+    }
+    InprocArgs args{&o, ports, {}, {}, &dp};
+    rte_eal_remote_launch(generator_lcore, &args, 2);
+    dp.run();  // returns when the generator stops it
+    report["points"] = args.points;
+    error = args.error;
+  } else {
+    uint16_t tx, rx;
+    if (rte_eth_dev_get_port_by_name(o.tx_port.c_str(), &tx) != 0 ||
+        rte_eth_dev_get_port_by_name(o.rx_port.c_str(), &rx) != 0) {
+      std::fprintf(stderr, "netreduce-loopback: no DPDK port named %s or %s (give --vdev/-a)\n",
+                   o.tx_port.c_str(), o.rx_port.c_str());
+      return 2;
+    }
+    ports.tx = tx;
+    ports.rx = rx;
+    std::string e = port_setup(tx, ports.pool);
+    if (e.empty() && rx != tx) e = port_setup(rx, ports.pool);
+    if (!e.empty()) {
+      std::fprintf(stderr, "netreduce-loopback: %s\n", e.c_str());
+      return 1;
+    }
+    try {
+      report["points"] = sweep(o, ports);
+    } catch (const std::exception& ex) {
+      error = ex.what();
+    }
+  }
+  if (!error.empty()) {
+    std::fprintf(stderr, "netreduce-loopback: %s\n", error.c_str());
+    rc = 1;
+  } else {
+    print_table(report);
+    if (!report_ok(report)) {
+      std::fprintf(stderr, "netreduce-loopback: some released frames were wrong or missing\n");
+      rc = 1;
+    }
+  }
+  for (uint16_t p : {ports.tx, ports.rx}) {
+    rte_eth_dev_stop(p);
+    rte_eth_dev_close(p);
+  }
+  report["ok"] = rc == 0;
+  if (!o.json_out.empty()) std::ofstream(o.json_out) << report.dump(2) << "\n";
+  rte_eal_cleanup();
+  return rc;
+}
