@@ -22,6 +22,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "common/ring_json.h"
@@ -74,6 +75,9 @@ std::string token(const Options& o) {
 // daemon cannot be reached and 1 on an HTTP error (printing it).
 json call(const Options& o, const std::string& method, const std::string& path,
           const std::string& body = "", bool auth = false) {
+  static const std::regex kUrl(R"(^http://[A-Za-z0-9.\-\[\]:]+(:[0-9]{1,5})?/?$)");
+  if (!std::regex_match(o.server, kUrl))
+    usage_error("bad --server '" + o.server + "' (expected http://host:port)");
   httplib::Client cli(o.server);
   if (!cli.is_valid()) usage_error("bad --server '" + o.server + "' (expected http://host:port)");
   cli.set_connection_timeout(o.timeout_s, 0);

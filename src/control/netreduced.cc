@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   Daemon daemon(cfg);
-  if (Status s = daemon.start(); !s) refuse("state.file", s.to_string());
+  if (Status s = daemon.start(); !s) refuse("state.file", s.message());
 
   httplib::Server svr;
   svr.new_task_queue = [n = cfg.threads] { return new httplib::ThreadPool(n); };
