@@ -19,7 +19,7 @@ struct DaemonConfig {
   std::string token_file = "/etc/netreduce/token";            // auth.token_file
   std::string state_file = "/var/lib/netreduce/state.json";   // state.file
   std::string dataplane_socket = "/run/netreduce/dataplane.sock";  // dataplane.socket
-  uint32_t dataplane_timeout_ms = 2000;    // dataplane.timeout_ms: every request's deadline
+  uint32_t dataplane_timeout_ms = 5000;    // dataplane.timeout_ms: every request's deadline
   uint32_t reconcile_interval_ms = 1000;   // dataplane.reconcile_interval_ms
   bool require_dataplane = false;          // dataplane.require: refuse rings (503) while it is down
   unsigned max_rings = 64;                 // quotas.max_rings

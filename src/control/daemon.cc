@@ -15,6 +15,16 @@ namespace netreduce::control {
 
 using nlohmann::json;
 
+namespace {
+
+// Two specs describe the same ring. Compared in their JSON form, where an
+// omitted dtype/op list (mask 0, "all") and the full list are the same thing.
+bool same_spec(const engine::RingSpec& a, const engine::RingSpec& b) {
+  return a == b || ring_to_json(a) == ring_to_json(b);
+}
+
+}  // namespace
+
 Reply error_reply(const Status& s) {
   int http = 500;
   std::string code = to_string(s.code());
@@ -133,7 +143,7 @@ Status Daemon::reconcile_locked() {
     const bool parsed = r.contains("spec") && ring_from_json(r["spec"], have).ok();
     if (!parsed) continue;
     auto it = rings_.find(have.ring_id);
-    if (it != rings_.end() && it->second == have) {
+    if (it != rings_.end() && same_spec(it->second, have)) {
       good.insert(have.ring_id);
       continue;
     }
@@ -169,7 +179,7 @@ Reply Daemon::create_ring(const json& body) {
   if (Status s = ring_from_json(body, spec); !s) return error_reply(s);
   std::lock_guard lock(mu_);
   if (auto it = rings_.find(spec.ring_id); it != rings_.end()) {
-    if (it->second == spec) return {200, {{"ring", ring_to_json(spec)}}};
+    if (same_spec(it->second, spec)) return {200, {{"ring", ring_to_json(it->second)}}};
     return error_reply({StatusCode::conflict, "id",
                         "ring " + std::to_string(spec.ring_id) +
                             " exists with a different spec; delete it first"});
@@ -212,6 +222,7 @@ Reply Daemon::create_ring(const json& body) {
   }
   json j = ring_to_json(spec);
   j["installed"] = installed;
+  if (!installed) j["dataplane_error"] = s.message();  // pushed when the data plane connects
   return {201, {{"ring", j}}};
 }
 
@@ -244,7 +255,7 @@ Reply Daemon::list_rings() {
     for (const json& r : reply.value("rings", json::array())) {
       engine::RingSpec have;
       if (r.contains("spec") && ring_from_json(r["spec"], have).ok() && rings.count(have.ring_id) &&
-          rings[have.ring_id] == have)
+          same_spec(rings[have.ring_id], have))
         installed.insert(have.ring_id);
     }
   json arr = json::array();
@@ -271,7 +282,7 @@ Reply Daemon::get_ring(uint32_t id) {
   if (dp_.call({{"cmd", "get_ring"}, {"id", id}}, reply).ok() && reply.contains("ring")) {
     json live = reply["ring"];
     engine::RingSpec have;
-    if (live.contains("spec") && ring_from_json(live["spec"], have).ok() && have == spec) {
+    if (live.contains("spec") && ring_from_json(live["spec"], have).ok() && same_spec(have, spec)) {
       j["installed"] = true;
       for (auto& [k, v] : live.items())
         if (k != "spec") j[k] = v;

@@ -71,7 +71,7 @@ class Daemon:
         self.cfg = {"listen": {"address": "127.0.0.1", "port": self.port, "threads": 4},
                     "auth": {"token_file": self.token_file},
                     "state": {"file": os.path.join(tmp, "state.json")},
-                    "dataplane": {"socket": os.path.join(tmp, "dp.sock"), "timeout_ms": 2000,
+                    "dataplane": {"socket": os.path.join(tmp, "dp.sock"), "timeout_ms": 5000,
                                   "reconcile_interval_ms": 200},
                     "quotas": {"max_rings": 8, "max_memory": "1GiB"}}
         for k, v in overrides.items():
@@ -464,8 +464,9 @@ def scenario_restart_daemon(tmp):
     for i in range(1, 6):
         assert d.call("POST", "/v1/rings", ring(i, base=i))[0] == 201
     assert d.call("DELETE", "/v1/rings/3")[0] == 204
-    before = d.call("GET", "/v1/rings")[1]
     wait_until("rings installed", lambda: dp.ring_ids() == [1, 2, 4, 5])
+    before = d.call("GET", "/v1/rings")[1]
+    assert [r["id"] for r in before["rings"]] == [1, 2, 4, 5] and all(r["installed"] for r in before["rings"]), before
     for _ in range(3):  # kill -9 several times, with requests in between
         d.kill9()
         d.start()
