@@ -249,7 +249,8 @@ def scenario_api(tmp):
             "payload_bytes": 1024, "dtypes": ["fp32", "fp16", "bf16", "int32", "int64", "fp64"],
             "ops": ["sum", "min", "max"], "memory_quota": 0}
     got = dict(body["ring"])
-    assert got.pop("installed") is False, body  # no data plane yet
+    assert got.pop("installed") is False, body  # no data plane yet: persisted, pushed when it connects
+    assert "cannot connect to the data plane" in got.pop("dataplane_error"), body
     assert got == want, got
     st, body = d.call("POST", "/v1/rings", ring(1))
     assert st == 200 and body["ring"]["id"] == 1, (st, body)
