@@ -126,7 +126,6 @@ std::string child(const std::string& parent, std::string_view key) {
   return parent.empty() ? std::string(key) : parent + "." + std::string(key);
 }
 
-
 // The text of a scalar value; `what` describes the expected value.
 const std::string& scalar(const YAML::Node& n, const std::string& field, std::string_view what) {
   if (!n.IsScalar()) fail(field, "must be " + std::string(what) + ", got " + describe(n));
@@ -226,7 +225,8 @@ std::string socket_path(const YAML::Node& n, const std::string& field) {
   if (s[0] != '/') fail(field, "must be an absolute path, got " + show(s));
   if (s.size() > kMaxSocketPath) {
     fail(field, "must be at most " + std::to_string(kMaxSocketPath) +
-                    " bytes long (the limit of a Unix socket path), got " + std::to_string(s.size()));
+                    " bytes long (the limit of a Unix socket path), got " +
+                    std::to_string(s.size()));
   }
   return s;
 }
@@ -275,7 +275,6 @@ Status parse_document(const std::string& yaml_text, const std::string& origin,
                   name + ": unexpected error while reading the configuration");
   }
 }
-
 
 Status read_file(const std::string& path, std::string& out) {
   try {

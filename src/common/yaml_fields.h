@@ -35,8 +35,8 @@ struct ConfigError {
 // Input text as shown in a message or a field name: control characters
 // replaced, long values cut.
 std::string clean(std::string_view s);
-std::string show(std::string_view s);               // 'clean(s)'
-std::string describe(const YAML::Node& n);          // what a node is, for "got ..." messages
+std::string show(std::string_view s);       // 'clean(s)'
+std::string describe(const YAML::Node& n);  // what a node is, for "got ..." messages
 std::string join(std::initializer_list<std::string_view> names);
 size_t edit_distance(std::string_view a, std::string_view b);
 std::string child(const std::string& parent, std::string_view key);

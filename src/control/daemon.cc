@@ -185,9 +185,9 @@ Reply Daemon::create_ring(const json& body) {
                             " exists with a different spec; delete it first"});
   }
   if (rings_.size() >= cfg_.max_rings)
-    return error_reply({StatusCode::resource_exhausted, "quotas.max_rings",
-                        "the daemon holds its maximum of " + std::to_string(cfg_.max_rings) +
-                            " rings"});
+    return error_reply(
+        {StatusCode::resource_exhausted, "quotas.max_rings",
+         "the daemon holds its maximum of " + std::to_string(cfg_.max_rings) + " rings"});
   const uint64_t need = engine::ring_memory_bytes(spec, engine::ReduceMode::deterministic);
   const uint64_t used = memory_locked();
   if (need > cfg_.max_memory || used + need > cfg_.max_memory)
@@ -196,8 +196,8 @@ Reply Daemon::create_ring(const json& body) {
                             std::to_string(used) + " of " + std::to_string(cfg_.max_memory) +
                             " are taken"});
   if (cfg_.require_dataplane && !dp_up_.load())
-    return error_reply({StatusCode::unavailable, "",
-                        "the data plane is down and dataplane.require is set"});
+    return error_reply(
+        {StatusCode::unavailable, "", "the data plane is down and dataplane.require is set"});
 
   rings_.emplace(spec.ring_id, spec);
   auto rollback = [&] {
@@ -328,9 +328,7 @@ Reply Daemon::stats() {
   return {200, st};
 }
 
-Reply Daemon::health() {
-  return {200, {{"status", "ok"}, {"dataplane_connected", dp_up_.load()}}};
-}
+Reply Daemon::health() { return {200, {{"status", "ok"}, {"dataplane_connected", dp_up_.load()}}}; }
 
 std::string Daemon::metrics() {
   MetricsInput in;

@@ -37,10 +37,10 @@ bool wait_for(int fd, short events, Clock::time_point deadline) {
 }  // namespace
 
 StatusCode status_code_from_string(const std::string& name) {
-  for (StatusCode c : {StatusCode::ok, StatusCode::invalid_argument, StatusCode::not_found,
-                       StatusCode::already_exists, StatusCode::conflict,
-                       StatusCode::resource_exhausted, StatusCode::unavailable,
-                       StatusCode::unimplemented, StatusCode::internal})
+  for (StatusCode c :
+       {StatusCode::ok, StatusCode::invalid_argument, StatusCode::not_found,
+        StatusCode::already_exists, StatusCode::conflict, StatusCode::resource_exhausted,
+        StatusCode::unavailable, StatusCode::unimplemented, StatusCode::internal})
     if (name == to_string(c)) return c;
   return StatusCode::internal;
 }
@@ -132,7 +132,8 @@ Status DataplaneClient::call(const json& request, json& reply) {
   try {
     const json& err = reply.at("error");
     return {status_code_from_string(err.at("code").get<std::string>()),
-            err.value("field", std::string()), err.value("message", std::string("data plane error"))};
+            err.value("field", std::string()),
+            err.value("message", std::string("data plane error"))};
   } catch (const std::exception&) {
     return {StatusCode::internal, "", "data plane error without details: " + text.substr(0, 200)};
   }

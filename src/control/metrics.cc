@@ -81,7 +81,7 @@ std::string render_metrics(const MetricsInput& in) {
     const auto reason = static_cast<engine::Reason>(r);
     const std::string name(engine::to_string(reason));
     const engine::Fate fate = engine::fate_of(reason);
-    const char* fate_name = fate == engine::Fate::forward   ? "forward"
+    const char* fate_name = fate == engine::Fate::forward     ? "forward"
                             : fate == engine::Fate::aggregate ? "aggregate"
                                                               : "drop";
     set(fates, {{"fate", fate_name}, {"reason", name}}, num(reasons, name.c_str()));
@@ -117,8 +117,9 @@ std::string render_metrics(const MetricsInput& in) {
   }
 
   // Worker lcores.
-  auto& busy = b.gauge("netreduce_lcore_busy_ratio",
-                       "share of the worker lcore's cycles spent on bursts with packets, since start");
+  auto& busy =
+      b.gauge("netreduce_lcore_busy_ratio",
+              "share of the worker lcore's cycles spent on bursts with packets, since start");
   auto& lmem = b.gauge("netreduce_lcore_engine_memory_bytes",
                        "engine memory in use on the worker lcore (cells, tables)");
   auto& disp = b.counter("netreduce_lcore_dispatched_packets_total",
@@ -136,7 +137,8 @@ std::string render_metrics(const MetricsInput& in) {
   // Memory.
   const json mem = in.status.value("memory", json::object());
   const json mbufs = in.status.value("mbufs", json::object());
-  set(b.gauge("netreduce_engine_memory_reserved_bytes", "engine memory reserved by installed rings"),
+  set(b.gauge("netreduce_engine_memory_reserved_bytes",
+              "engine memory reserved by installed rings"),
       {}, num(mem, "engine_reserved_bytes"));
   set(b.gauge("netreduce_engine_memory_budget_bytes", "memory.engine: what all rings may reserve"),
       {}, num(mem, "engine_budget_bytes"));
@@ -149,18 +151,20 @@ std::string render_metrics(const MetricsInput& in) {
                          "packets of the ring taken into aggregator cells");
   auto& r_by = b.counter("netreduce_ring_aggregated_bytes_total",
                          "payload bytes of the ring taken into aggregator cells");
-  auto& r_msg = b.counter("netreduce_ring_messages_completed_total",
-                          "messages whose every cell completed");
+  auto& r_msg =
+      b.counter("netreduce_ring_messages_completed_total", "messages whose every cell completed");
   auto& r_cell = b.counter("netreduce_ring_cells_completed_total",
                            "cells that collected every rank and were released");
   auto& r_rtx = b.counter("netreduce_ring_retransmissions_served_total",
                           "retransmissions answered from a completed cell's stored result");
   auto& r_rb = b.counter("netreduce_ring_connections_rebound_total",
                          "connections re-bound to the ring (a rank's new QP)");
-  auto& r_drop = b.counter("netreduce_ring_dropped_packets_total", "packets of the ring dropped, by reason");
+  auto& r_drop =
+      b.counter("netreduce_ring_dropped_packets_total", "packets of the ring dropped, by reason");
   auto& r_held = b.gauge("netreduce_ring_held_packets", "packets held in the ring's open cells");
   auto& r_hb = b.gauge("netreduce_ring_held_bytes", "bytes held in the ring's cells");
-  auto& r_mem = b.gauge("netreduce_ring_memory_reserved_bytes", "engine memory reserved for the ring");
+  auto& r_mem =
+      b.gauge("netreduce_ring_memory_reserved_bytes", "engine memory reserved for the ring");
   auto& r_open = b.gauge("netreduce_ring_open_cells", "cells collecting (some ranks arrived)");
   auto& r_stall = b.gauge("netreduce_ring_stalled_cells",
                           "open cells collecting for longer than engine.stall_timeout_ms");
@@ -178,7 +182,8 @@ std::string render_metrics(const MetricsInput& in) {
     set(r_rb, l, num(c, "connections_rebound"));
     const json c_drops = c.value("drops", json::object());
     for (const auto& [reason, v] : c_drops.items())
-      set(r_drop, {{"ring", l.at("ring")}, {"reason", reason}}, v.is_number() ? v.get<double>() : 0);
+      set(r_drop, {{"ring", l.at("ring")}, {"reason", reason}},
+          v.is_number() ? v.get<double>() : 0);
     set(r_held, l, num(r, "held_packets"));
     set(r_hb, l, num(r, "held_bytes"));
     set(r_mem, l, num(r, "memory_bytes"));
@@ -187,7 +192,8 @@ std::string render_metrics(const MetricsInput& in) {
     set(r_ranks, l, static_cast<double>(spec.value("members", json::array()).size()));
     held_total += num(r, "held_bytes");
   }
-  set(b.gauge("netreduce_cell_memory_held_bytes", "bytes of packets held in aggregator cells, all rings"),
+  set(b.gauge("netreduce_cell_memory_held_bytes",
+              "bytes of packets held in aggregator cells, all rings"),
       {}, held_total);
   return b.text();
 }

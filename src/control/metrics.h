@@ -17,7 +17,7 @@ struct MetricsInput {
   bool dataplane_up = false;
   nlohmann::json status;  // data plane replies (null while it is down)
   nlohmann::json stats;
-  nlohmann::json rings;   // array of ring_info_to_json + "worker"
+  nlohmann::json rings;  // array of ring_info_to_json + "worker"
   uint64_t configured_rings = 0;
   uint64_t configured_memory = 0;
   uint64_t max_rings = 0;

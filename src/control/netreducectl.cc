@@ -109,8 +109,8 @@ json call(const Options& o, const std::string& method, const std::string& path,
       std::cout << j.dump(2) << "\n";
     } else if (j.is_object() && j.contains("error") && j["error"].is_object()) {
       const json& e = j["error"];
-      std::cerr << "error (HTTP " << r->status << ", " << e.value("code", "") << "): "
-                << (e.value("field", "").empty() ? "" : e.value("field", "") + ": ")
+      std::cerr << "error (HTTP " << r->status << ", " << e.value("code", "")
+                << "): " << (e.value("field", "").empty() ? "" : e.value("field", "") + ": ")
                 << e.value("message", "") << "\n";
     } else {
       std::cerr << "error: HTTP " << r->status << "\n";
@@ -121,7 +121,8 @@ json call(const Options& o, const std::string& method, const std::string& path,
 }
 
 // A plain text table: the header row, then the rows, columns padded.
-void table(const std::vector<std::string>& head, const std::vector<std::vector<std::string>>& rows) {
+void table(const std::vector<std::string>& head,
+           const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> w(head.size());
   for (size_t c = 0; c < head.size(); ++c) w[c] = head[c].size();
   for (const auto& r : rows)
@@ -159,14 +160,14 @@ std::string str(const json& v) {
 std::string field(const json& j, const char* k) { return j.contains(k) ? str(j[k]) : "-"; }
 
 std::vector<std::string> ring_row(const json& r) {
-  return {field(r, "id"),     std::to_string(r.value("members", json::array()).size()),
-          field(r, "members"), field(r, "msg_len"),
-          field(r, "window"), field(r, "payload_bytes"),
-          field(r, "dtypes"), field(r, "ops"),
+  return {field(r, "id"),       std::to_string(r.value("members", json::array()).size()),
+          field(r, "members"),  field(r, "msg_len"),
+          field(r, "window"),   field(r, "payload_bytes"),
+          field(r, "dtypes"),   field(r, "ops"),
           field(r, "installed")};
 }
-const std::vector<std::string> kRingHead = {"ID", "RANKS", "MEMBERS", "MSG_LEN", "WINDOW",
-                                            "PAYLOAD", "DTYPES", "OPS", "INSTALLED"};
+const std::vector<std::string> kRingHead = {"ID",      "RANKS",  "MEMBERS", "MSG_LEN",  "WINDOW",
+                                            "PAYLOAD", "DTYPES", "OPS",     "INSTALLED"};
 
 void print_ring(const json& r) {
   table(kRingHead, {ring_row(r)});
@@ -174,10 +175,11 @@ void print_ring(const json& r) {
   std::cout << "\n";
   const json& c = r["counters"];
   std::vector<std::vector<std::string>> rows;
-  for (const char* k : {"packets_aggregated", "bytes_aggregated", "cells_completed", "messages_completed",
-                        "retransmissions_served", "connections_rebound"})
+  for (const char* k : {"packets_aggregated", "bytes_aggregated", "cells_completed",
+                        "messages_completed", "retransmissions_served", "connections_rebound"})
     rows.push_back({k, field(c, k)});
-  for (const char* k : {"held_packets", "held_bytes", "open_cells", "stalled_cells", "memory_bytes", "worker"})
+  for (const char* k :
+       {"held_packets", "held_bytes", "open_cells", "stalled_cells", "memory_bytes", "worker"})
     rows.push_back({k, field(r, k)});
   const json c_drops = c.value("drops", json::object());
   for (const auto& [k, v] : c_drops.items())
@@ -188,8 +190,9 @@ void print_ring(const json& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"netreducectl: configure and inspect a netreduce box through netreduced\n"
-               "exit status: 0 ok, 1 API error (HTTP 4xx/5xx), 2 usage, 3 cannot reach the daemon"};
+  CLI::App app{
+      "netreducectl: configure and inspect a netreduce box through netreduced\n"
+      "exit status: 0 ok, 1 API error (HTTP 4xx/5xx), 2 usage, 3 cannot reach the daemon"};
   app.require_subcommand(1);
   Options o;
   o.server = env_or("NETREDUCE_DAEMON", "http://127.0.0.1:7470");
@@ -198,7 +201,8 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", o.token_file,
                  "file holding the bearer token (env NETREDUCE_TOKEN_FILE, or NETREDUCE_TOKEN)");
   app.add_flag("--json", o.json_out, "print the API's JSON instead of tables");
-  app.add_option("--timeout", o.timeout_s, "seconds to wait for the daemon")->check(CLI::Range(1, 3600));
+  app.add_option("--timeout", o.timeout_s, "seconds to wait for the daemon")
+      ->check(CLI::Range(1, 3600));
 
   CLI::App* ring = app.add_subcommand("ring", "rings: add, ls, show, rm");
   ring->require_subcommand(1);
@@ -218,7 +222,8 @@ int main(int argc, char** argv) {
   add->add_option("--payload", payload, "payload bytes per packet (RoCE MTU: 256..4096)");
   add->add_option("--dtype", dtypes, "allowed dtype (repeat or comma-separated; default all)")
       ->delimiter(',');
-  add->add_option("--op", ops, "allowed op (repeat or comma-separated; default all)")->delimiter(',');
+  add->add_option("--op", ops, "allowed op (repeat or comma-separated; default all)")
+      ->delimiter(',');
   add->add_option("--memory-quota", memory_quota, "bytes the ring may hold (0: no per-ring quota)");
   uint32_t show_id = 0, rm_id = 0;
   CLI::App* ls = ring->add_subcommand("ls", "list rings");
@@ -248,10 +253,14 @@ int main(int argc, char** argv) {
       }
     } else {
       for (const char* req : {"--id", "--msg-len", "--window", "--payload"})
-        if (!add->count(req)) usage_error(std::string("ring add: ") + req + " is required (or --file)");
+        if (!add->count(req))
+          usage_error(std::string("ring add: ") + req + " is required (or --file)");
       members.insert(members.end(), member_lists.begin(), member_lists.end());
       if (members.empty()) usage_error("ring add: --member or --members is required (or --file)");
-      spec = {{"id", id}, {"members", members}, {"msg_len", msg_len}, {"window", window},
+      spec = {{"id", id},
+              {"members", members},
+              {"msg_len", msg_len},
+              {"window", window},
               {"payload_bytes", payload}};
       if (!dtypes.empty()) spec["dtypes"] = dtypes;
       if (!ops.empty()) spec["ops"] = ops;
@@ -305,8 +314,10 @@ int main(int argc, char** argv) {
     table({"ITEM", "VALUE"},
           {{"daemon version", field(r, "version")},
            {"rings configured", field(r, "rings") + " (max " + field(q, "max_rings") + ")"},
-           {"ring memory (worst case)", field(q, "memory_in_use_bytes") + " of " + field(q, "max_memory_bytes")},
-           {"data plane", dp.value("connected", false) ? "connected" : "DOWN (" + field(dp, "error") + ")"},
+           {"ring memory (worst case)",
+            field(q, "memory_in_use_bytes") + " of " + field(q, "max_memory_bytes")},
+           {"data plane",
+            dp.value("connected", false) ? "connected" : "DOWN (" + field(dp, "error") + ")"},
            {"data plane mode", field(dp, "mode")},
            {"engine memory in use", field(dp.value("memory", json::object()), "in_use_bytes")},
            {"engine memory free", field(dp.value("memory", json::object()), "free_bytes")},

@@ -122,8 +122,7 @@ int main(int argc, char** argv) {
     const std::string prefix = "Bearer ";
     if (h.rfind(prefix, 0) == 0 && same_token(h.substr(prefix.size()), token)) return true;
     send_error(res, 401, "unauthorized", "Authorization",
-               h.empty() ? "this call needs 'Authorization: Bearer <token>'"
-                         : "bad bearer token");
+               h.empty() ? "this call needs 'Authorization: Bearer <token>'" : "bad bearer token");
     res.set_header("WWW-Authenticate", "Bearer");
     return false;
   };
@@ -134,13 +133,13 @@ int main(int argc, char** argv) {
     try {
       body = json::parse(req.body);
     } catch (const std::exception& e) {
-      return send_error(res, 400, "invalid_argument", "", std::string("body is not JSON: ") + e.what());
+      return send_error(res, 400, "invalid_argument", "",
+                        std::string("body is not JSON: ") + e.what());
     }
     send(res, daemon.create_ring(body));
   });
-  svr.Get("/v1/rings", [&](const httplib::Request&, httplib::Response& res) {
-    send(res, daemon.list_rings());
-  });
+  svr.Get("/v1/rings",
+          [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.list_rings()); });
   svr.Get(R"(/v1/rings/([^/]+))", [&](const httplib::Request& req, httplib::Response& res) {
     uint32_t id;
     if (ring_id(req, res, id)) send(res, daemon.get_ring(id));
@@ -149,15 +148,12 @@ int main(int argc, char** argv) {
     uint32_t id;
     if (authorized(req, res) && ring_id(req, res, id)) send(res, daemon.delete_ring(id));
   });
-  svr.Get("/v1/status", [&](const httplib::Request&, httplib::Response& res) {
-    send(res, daemon.status());
-  });
-  svr.Get("/v1/stats", [&](const httplib::Request&, httplib::Response& res) {
-    send(res, daemon.stats());
-  });
-  svr.Get("/v1/health", [&](const httplib::Request&, httplib::Response& res) {
-    send(res, daemon.health());
-  });
+  svr.Get("/v1/status",
+          [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.status()); });
+  svr.Get("/v1/stats",
+          [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.stats()); });
+  svr.Get("/v1/health",
+          [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.health()); });
   svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(daemon.metrics(), "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -166,19 +162,20 @@ int main(int argc, char** argv) {
     if (res.status == 404)
       send_error(res, 404, "not_found", "", "no such endpoint: " + req.method + " " + req.path);
     else
-      send_error(res, res.status, "invalid_argument", "", "request refused (HTTP " +
-                                                          std::to_string(res.status) + ")");
+      send_error(res, res.status, "invalid_argument", "",
+                 "request refused (HTTP " + std::to_string(res.status) + ")");
   });
-  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unexpected error";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    send_error(res, 500, "internal", "", what);
-  });
+  svr.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unexpected error";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        send_error(res, 500, "internal", "", what);
+      });
 
   if (!svr.bind_to_port(cfg.bind_address, cfg.port))
     refuse("listen.port", "cannot listen on " + cfg.bind_address + ":" + std::to_string(cfg.port) +

@@ -61,9 +61,11 @@ Status StateFile::load(RingMap& out) const {
   for (size_t i = 0; i < j["rings"].size(); ++i) {
     engine::RingSpec spec;
     if (Status s = ring_from_json(j["rings"][i], spec); !s)
-      return Status::invalid(s.field(), path_ + ": rings[" + std::to_string(i) + "]: " + s.to_string());
+      return Status::invalid(s.field(),
+                             path_ + ": rings[" + std::to_string(i) + "]: " + s.to_string());
     if (!rings.emplace(spec.ring_id, spec).second)
-      return Status::invalid("id", path_ + ": ring " + std::to_string(spec.ring_id) + " given twice");
+      return Status::invalid("id",
+                             path_ + ": ring " + std::to_string(spec.ring_id) + " given twice");
   }
   out = std::move(rings);
   return {};

@@ -56,16 +56,22 @@ TEST_CASE("daemon config errors name the key", "[control][config]") {
   CHECK(error_of("listen: {port: 0}").rfind("listen.port: must be in 1..65535", 0) == 0);
   CHECK(error_of("listen: {port: 0x10}").rfind("listen.port: must be an integer", 0) == 0);
   CHECK(error_of("listen: {address: localhost}").rfind("listen.address:", 0) == 0);
-  CHECK(error_of("auth: {token_file: token}").rfind("auth.token_file: must be an absolute path", 0) == 0);
+  CHECK(
+      error_of("auth: {token_file: token}").rfind("auth.token_file: must be an absolute path", 0) ==
+      0);
   CHECK(error_of("state: {file: ''}").rfind("state.file:", 0) == 0);
-  CHECK(error_of("dataplane: {socket: /" + std::string(200, 'x') + "}").rfind("dataplane.socket:", 0) == 0);
-  CHECK(error_of("dataplane: {require: maybe}").rfind("dataplane.require: must be true or false", 0) == 0);
-  CHECK(error_of("quotas: {max_memory: 10XB}").rfind("quotas.max_memory: unknown size suffix", 0) == 0);
+  CHECK(error_of("dataplane: {socket: /" + std::string(200, 'x') + "}")
+            .rfind("dataplane.socket:", 0) == 0);
+  CHECK(error_of("dataplane: {require: maybe}")
+            .rfind("dataplane.require: must be true or false", 0) == 0);
+  CHECK(error_of("quotas: {max_memory: 10XB}").rfind("quotas.max_memory: unknown size suffix", 0) ==
+        0);
   CHECK(error_of("quotas: [1, 2]").rfind("quotas: must be a mapping", 0) == 0);
-  CHECK(error_of("a: 1\n---\nb: 2").find("content after the end of the document") != std::string::npos);
+  CHECK(error_of("a: 1\n---\nb: 2").find("content after the end of the document") !=
+        std::string::npos);
   DaemonConfig cfg;
-  REQUIRE(parse_daemon_config("quotas: {max_memory: 64MiB, max_rings: 3}\ndataplane: {require: true}",
-                              "t", cfg)
+  REQUIRE(parse_daemon_config(
+              "quotas: {max_memory: 64MiB, max_rings: 3}\ndataplane: {require: true}", "t", cfg)
               .ok());
   CHECK(cfg.max_memory == 64ull << 20);
   CHECK(cfg.max_rings == 3);
@@ -80,8 +86,12 @@ TEST_CASE("state file: round trip, atomic replace, refusals", "[control][state]"
   CHECK(rings.empty());
 
   engine::RingSpec a;
-  REQUIRE(ring_from_json(json{{"id", 7}, {"members", {"10.0.0.1", "10.0.0.2"}}, {"msg_len", 4},
-                              {"window", 2}, {"payload_bytes", 1024}, {"dtypes", {"bf16"}}},
+  REQUIRE(ring_from_json(json{{"id", 7},
+                              {"members", {"10.0.0.1", "10.0.0.2"}},
+                              {"msg_len", 4},
+                              {"window", 2},
+                              {"payload_bytes", 1024},
+                              {"dtypes", {"bf16"}}},
                          a)
               .ok());
   engine::RingSpec b = a;
@@ -102,11 +112,10 @@ TEST_CASE("state file: round trip, atomic replace, refusals", "[control][state]"
   CHECK(j["version"] == 1);
   CHECK(j["rings"][0]["id"] == 7);
 
-  auto write = [&](const std::string& text) {
-    std::ofstream(dir / "state.json") << text;
-  };
-  write("{\"rings\": [{\"id\": 1, \"members\": [\"10.0.0.1\"], \"msg_len\": 1, \"window\": 1, "
-        "\"payload_bytes\": 256}]}");
+  auto write = [&](const std::string& text) { std::ofstream(dir / "state.json") << text; };
+  write(
+      "{\"rings\": [{\"id\": 1, \"members\": [\"10.0.0.1\"], \"msg_len\": 1, \"window\": 1, "
+      "\"payload_bytes\": 256}]}");
   Status s = st.load(back);
   CHECK(s.field() == "members");
   CHECK(s.message().find("rings[0]") != std::string::npos);
@@ -159,7 +168,8 @@ TEST_CASE("metrics follow the Prometheus naming conventions", "[control][metrics
   CHECK(text.find("netreduce_port_dropped_packets_total{port=\"p0\",reason=\"rx_missed\"} 3") !=
         std::string::npos);
   CHECK(text.find("netreduce_lcore_busy_ratio{lcore=\"1\"} 0.25") != std::string::npos);
-  CHECK(text.find("netreduce_packets_total{fate=\"drop\",reason=\"bad_icrc\"} 2") != std::string::npos);
+  CHECK(text.find("netreduce_packets_total{fate=\"drop\",reason=\"bad_icrc\"} 2") !=
+        std::string::npos);
   CHECK(text.find("netreduce_cell_memory_held_bytes 77") != std::string::npos);
   CHECK(text.find("netreduce_dataplane_up 1") != std::string::npos);
 
