@@ -489,7 +489,7 @@ def scenario_restart_daemon(tmp):
     d.start()
     wait_until("ring 42 pruned", lambda: dp.ring_ids() == [1, 2, 4, 5, 6])
     d.stop()
-    print("restart_daemon: 4 kill -9 restarts, state intact (%d rings), all installed; a stray ring pruned" %
+    print("restart_daemon: 5 kill -9 restarts, state intact (%d rings), all installed; a stray ring pruned" %
           len(before["rings"]))
 
 
