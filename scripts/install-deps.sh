@@ -15,7 +15,7 @@ PACKAGES=(
   libyaml-cpp-dev prometheus-cpp-dev nlohmann-json3-dev libcpp-httplib-dev
   libspdlog-dev libfmt-dev libcli11-dev
   # tests and benchmarks
-  catch2 libbenchmark-dev python3 python3-scapy iproute2 python3-numpy python3-matplotlib
+  catch2 libbenchmark-dev python3 python3-scapy iproute2 python3-numpy python3-matplotlib prometheus
 )
 
 missing=()

@@ -3,7 +3,9 @@
 // its client; `socat - UNIX-CONNECT:/run/netreduce/dataplane.sock` works too.
 //
 //   {"cmd": "ping"}                                   -> {"ok": true}
-//   {"cmd": "status"}                                 -> ports, workers, memory, mbufs
+//   {"cmd": "status"}                                 -> instance, ports, workers, memory, mbufs
+//                                                     ("instance" differs in every process:
+//                                                     the daemon's restart detector)
 //   {"cmd": "stats"}                                  -> reasons (summed), per worker, per port
 //   {"cmd": "install_ring", "ring": {...}}            -> {"ok": true} (see common/ring_json.h)
 //   {"cmd": "remove_ring", "id": 7}
@@ -57,6 +59,16 @@ struct TelemetryCall {
   TelemetryCall() : dp((++g_telemetry_inflight, g_telemetry_dp.load())) {}
   ~TelemetryCall() { --g_telemetry_inflight; }
 };
+
+// This process's identity: pid and start time, fixed at start-up.
+const std::string& instance_id() {
+  static const std::string id =
+      std::to_string(::getpid()) + "-" +
+      std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count());
+  return id;
+}
 
 json error_json(const Status& s) { return {{"ok", false}, {"error", status_to_json(s)}}; }
 
@@ -234,6 +246,7 @@ std::string Dataplane::handle_request(const std::string& line) {
       json ws = json::array();
       for (Worker* w : workers_) ws.push_back({{"worker", w->index}, {"lcore", w->lcore}});
       return json{{"ok", true},
+                  {"instance", instance_id()},
                   {"mode", mode() == Mode::aggregate ? "aggregate" : "forward"},
                   {"ports", {port_json(*this, 0), port_json(*this, 1)}},
                   {"workers", ws},
@@ -280,6 +293,7 @@ void Dataplane::run() {
   started_ = true;
   for (auto& a : args) rte_eal_remote_launch(&Dataplane::worker_main, &a, a.second->lcore);
 
+  (void)instance_id();  // fixed at start-up
   g_telemetry_dp.store(this);
   rte_telemetry_register_cmd("/netreduce/stats", telemetry_stats,
                              "netreduce: packet fates summed over workers");

@@ -230,6 +230,7 @@ def run_dataplane(tmp, in_pcap, rings, workers, loop=False, during=None):
                 break
             time.sleep(0.3)
         status = ctl(cmd="status")
+        assert status["instance"].split("-")[0] == str(proc.pid), status  # the daemon's restart detector
         telemetry = query_telemetry("nr%d" % os.getpid(), "/netreduce/stats")
         rings_now = ctl(cmd="list_rings")
         assert ctl(cmd="shutdown")["ok"]

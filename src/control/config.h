@@ -1,0 +1,33 @@
+// netreduced configuration: the YAML file (config/netreduced.yaml is the
+// commented example), read with the strict field readers of
+// common/yaml_fields.h, so every error names its dotted key. Checks that need
+// the system (can the token file be read, can the port be bound) are made at
+// start-up by the daemon, which exits with status 2 and names the key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace netreduce::control {
+
+struct DaemonConfig {
+  std::string bind_address = "127.0.0.1";                    // listen.address
+  uint16_t port = 7470;                                      // listen.port
+  unsigned threads = 8;                                      // listen.threads: HTTP worker threads
+  std::string token_file = "/etc/netreduce/token";           // auth.token_file
+  std::string state_file = "/var/lib/netreduce/state.json";  // state.file
+  std::string dataplane_socket = "/run/netreduce/dataplane.sock";  // dataplane.socket
+  uint32_t dataplane_timeout_ms = 5000;   // dataplane.timeout_ms: every request's deadline
+  uint32_t reconcile_interval_ms = 1000;  // dataplane.reconcile_interval_ms
+  bool require_dataplane = false;         // dataplane.require: refuse rings (503) while it is down
+  unsigned max_rings = 64;                // quotas.max_rings
+  uint64_t max_memory = 1ull << 30;       // quotas.max_memory: bytes all rings may reserve
+};
+
+Status parse_daemon_config(const std::string& yaml_text, const std::string& origin,
+                           DaemonConfig& out);
+Status load_daemon_config(const std::string& path, DaemonConfig& out);
+
+}  // namespace netreduce::control

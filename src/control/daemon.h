@@ -1,0 +1,93 @@
+// netreduced's core, independent of HTTP: the ring table (the source of
+// truth, persisted through StateFile), quotas, and the reconciler that makes
+// the data plane's rings equal to it.
+//
+// Locking: `mu_` guards `rings_` and the state file. Every mutation is made
+// under it in the order validate -> persist -> push to the data plane, and
+// the reconciler holds it for a whole pass, so a pass never races an API call.
+// Data plane calls under the lock are bounded by the client's deadline.
+//
+// Reconciler: a thread that every `reconcile_interval_ms` asks the data plane
+// for its status. When the connection was (re)made since the last pass, when
+// the data plane's "instance" (pid and start time) changed, or when the last
+// pass did not finish, it reconciles: lists the data plane's rings, removes
+// those the state does not have (or has with another spec) and installs the
+// missing ones. "Installed with the identical spec" counts as done. So a
+// restarted data plane gets every ring back with no operator action, and a
+// restarted daemon pushes what it persisted.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "common/status.h"
+#include "control/config.h"
+#include "control/dataplane_client.h"
+#include "control/state.h"
+
+namespace netreduce::control {
+
+// What an API call answers: an HTTP status and a JSON body (or an error).
+struct Reply {
+  int http = 200;
+  nlohmann::json body;
+};
+
+// The error body of the API: {"error": {"code", "field", "message"}} with the
+// API's code words (quota, conflict, not_found, dataplane_unavailable, ...).
+Reply error_reply(const Status& s);
+
+struct DaemonCounters {
+  std::atomic<uint64_t> reconciles{0};     // completed reconcile passes
+  std::atomic<uint64_t> rings_pushed{0};   // install_ring sent by the reconciler
+  std::atomic<uint64_t> rings_pruned{0};   // remove_ring sent by the reconciler
+  std::atomic<uint64_t> restarts_seen{0};  // data plane instance changes observed
+};
+
+class Daemon {
+ public:
+  explicit Daemon(DaemonConfig cfg);
+  ~Daemon();
+
+  // Loads the persisted state (error: unreadable state file) and starts the
+  // reconciler.
+  Status start();
+  void stop();
+
+  Reply create_ring(const nlohmann::json& body);
+  Reply delete_ring(uint32_t id);
+  Reply list_rings();
+  Reply get_ring(uint32_t id);
+  Reply status();
+  Reply stats();
+  Reply health();
+  std::string metrics();
+
+  const DaemonConfig& config() const noexcept { return cfg_; }
+  bool dataplane_up() const noexcept { return dp_up_.load(); }
+
+ private:
+  void reconciler_main();
+  Status reconcile_locked();
+  uint64_t memory_locked() const;
+
+  const DaemonConfig cfg_;
+  StateFile state_;
+  DataplaneClient dp_;
+
+  std::mutex mu_;
+  RingMap rings_;
+
+  std::atomic<bool> dp_up_{false};
+  DaemonCounters counters_;
+  std::thread reconciler_;
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;
+};
+
+}  // namespace netreduce::control

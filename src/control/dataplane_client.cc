@@ -1,0 +1,142 @@
+#include "control/dataplane_client.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace netreduce::control {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr size_t kMaxReply = 16u << 20;
+
+int ms_left(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return left.count() > 0 ? static_cast<int>(left.count()) : 0;
+}
+
+// Waits for `events` on fd until the deadline; false on timeout or error.
+bool wait_for(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int n = ::poll(&p, 1, ms_left(deadline));
+    if (n > 0) return (p.revents & (events | POLLHUP | POLLERR)) != 0;
+    if (n == 0) return false;
+    if (errno != EINTR) return false;
+  }
+}
+
+}  // namespace
+
+StatusCode status_code_from_string(const std::string& name) {
+  for (StatusCode c :
+       {StatusCode::ok, StatusCode::invalid_argument, StatusCode::not_found,
+        StatusCode::already_exists, StatusCode::conflict, StatusCode::resource_exhausted,
+        StatusCode::unavailable, StatusCode::unimplemented, StatusCode::internal})
+    if (name == to_string(c)) return c;
+  return StatusCode::internal;
+}
+
+DataplaneClient::~DataplaneClient() {
+  std::lock_guard lock(mu_);
+  close_locked();
+}
+
+void DataplaneClient::close_locked() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  buf_.clear();
+  fd_open_ = false;
+}
+
+Status DataplaneClient::connect_locked(Clock::time_point deadline) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path_.size() >= sizeof(addr.sun_path))
+    return {StatusCode::unavailable, "", "data plane socket path too long: " + path_};
+  std::memcpy(addr.sun_path, path_.data(), path_.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return {StatusCode::unavailable, "", std::string("socket: ") + std::strerror(errno)};
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    bool ok = false;
+    if (err == EINPROGRESS || err == EAGAIN) {
+      int so = 0;
+      socklen_t len = sizeof(so);
+      ok = wait_for(fd, POLLOUT, deadline) &&
+           ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &len) == 0 && so == 0;
+    }
+    if (!ok) {
+      ::close(fd);
+      return {StatusCode::unavailable, "",
+              "cannot connect to the data plane at " + path_ + ": " + std::strerror(err)};
+    }
+  }
+  fd_ = fd;
+  fd_open_ = true;
+  ++connects_;
+  return {};
+}
+
+Status DataplaneClient::call(const json& request, json& reply) {
+  std::lock_guard lock(mu_);
+  const auto deadline = Clock::now() + timeout_;
+  if (fd_ < 0)
+    if (Status s = connect_locked(deadline); !s) return s;
+  auto lost = [&](const std::string& why) {
+    close_locked();
+    return Status(StatusCode::unavailable, "", "data plane at " + path_ + ": " + why);
+  };
+  const std::string line = request.dump() + "\n";
+  size_t off = 0;
+  while (off < line.size()) {
+    const ssize_t n = ::send(fd_, line.data() + off, line.size() - off, MSG_NOSIGNAL);
+    if (n > 0) {
+      off += static_cast<size_t>(n);
+    } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      if (!wait_for(fd_, POLLOUT, deadline)) return lost("request not accepted in time");
+    } else {
+      return lost(std::string("send: ") + std::strerror(errno));
+    }
+  }
+  size_t nl;
+  while ((nl = buf_.find('\n')) == std::string::npos) {
+    if (buf_.size() > kMaxReply) return lost("reply longer than 16 MiB");
+    if (!wait_for(fd_, POLLIN, deadline)) return lost("no reply in time");
+    char chunk[65536];
+    const ssize_t n = ::recv(fd_, chunk, sizeof(chunk), 0);
+    if (n == 0) return lost("connection closed");
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return lost(std::string("recv: ") + std::strerror(errno));
+    }
+    buf_.append(chunk, static_cast<size_t>(n));
+  }
+  const std::string text = buf_.substr(0, nl);
+  buf_.erase(0, nl + 1);
+  try {
+    reply = json::parse(text);
+  } catch (const std::exception& e) {
+    return lost(std::string("reply is not JSON: ") + e.what());
+  }
+  if (!reply.is_object()) return lost("reply is not a JSON object");
+  if (reply.value("ok", false)) return {};
+  try {
+    const json& err = reply.at("error");
+    return {status_code_from_string(err.at("code").get<std::string>()),
+            err.value("field", std::string()),
+            err.value("message", std::string("data plane error"))};
+  } catch (const std::exception&) {
+    return {StatusCode::internal, "", "data plane error without details: " + text.substr(0, 200)};
+  }
+}
+
+}  // namespace netreduce::control

@@ -1,0 +1,201 @@
+#include "control/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <string_view>
+
+#include "engine/reasons.h"
+
+namespace netreduce::control {
+
+using nlohmann::json;
+using prometheus::Labels;
+
+namespace {
+
+double num(const json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number()) return 0;
+  return j[key].get<double>();
+}
+
+class Builder {
+ public:
+  // A counter family; set(labels, value) records one series.
+  auto& counter(const std::string& name, const std::string& help) {
+    return prometheus::BuildCounter().Name(name).Help(help).Register(reg_);
+  }
+  auto& gauge(const std::string& name, const std::string& help) {
+    return prometheus::BuildGauge().Name(name).Help(help).Register(reg_);
+  }
+  std::string text() const { return prometheus::TextSerializer().Serialize(reg_.Collect()); }
+
+ private:
+  prometheus::Registry reg_;
+};
+
+void set(prometheus::Family<prometheus::Counter>& f, const Labels& l, double v) {
+  f.Add(l).Increment(v);
+}
+void set(prometheus::Family<prometheus::Gauge>& f, const Labels& l, double v) { f.Add(l).Set(v); }
+
+}  // namespace
+
+std::string render_metrics(const MetricsInput& in) {
+  Builder b;
+  // The daemon.
+  set(b.gauge("netreduce_dataplane_up", "1 if the daemon reaches the data plane's control socket"),
+      {}, in.dataplane_up ? 1 : 0);
+  set(b.counter("netreduce_dataplane_connections_total",
+                "connections the daemon made to the data plane's control socket"),
+      {}, static_cast<double>(in.connects));
+  set(b.counter("netreduce_dataplane_restarts_total",
+                "data plane restarts the daemon observed (instance changes)"),
+      {}, static_cast<double>(in.restarts_seen));
+  set(b.counter("netreduce_reconciles_total",
+                "completed passes making the data plane's rings equal to the daemon's state"),
+      {}, static_cast<double>(in.reconciles));
+  set(b.counter("netreduce_reconcile_ring_installs_total",
+                "rings the reconciler (re)installed on the data plane"),
+      {}, static_cast<double>(in.rings_pushed));
+  set(b.counter("netreduce_reconcile_ring_removals_total",
+                "rings the reconciler removed from the data plane (not in the state)"),
+      {}, static_cast<double>(in.rings_pruned));
+  set(b.gauge("netreduce_rings_configured", "rings in the daemon's persisted state"), {},
+      static_cast<double>(in.configured_rings));
+  set(b.gauge("netreduce_rings_max", "quotas.max_rings"), {}, static_cast<double>(in.max_rings));
+  set(b.gauge("netreduce_rings_configured_memory_bytes",
+              "worst-case engine memory of the configured rings (deterministic mode)"),
+      {}, static_cast<double>(in.configured_memory));
+  set(b.gauge("netreduce_rings_max_memory_bytes", "quotas.max_memory"), {},
+      static_cast<double>(in.max_memory));
+  if (!in.dataplane_up) return b.text();
+
+  // Engine packet fates, summed over lcores.
+  auto& fates = b.counter("netreduce_packets_total",
+                          "packets by engine fate (forward, aggregate, drop) and reason");
+  const json& reasons = in.stats.value("reasons", json::object());
+  for (size_t r = 0; r < engine::kReasonCount; ++r) {
+    const auto reason = static_cast<engine::Reason>(r);
+    const std::string name(engine::to_string(reason));
+    const engine::Fate fate = engine::fate_of(reason);
+    const char* fate_name = fate == engine::Fate::forward     ? "forward"
+                            : fate == engine::Fate::aggregate ? "aggregate"
+                                                              : "drop";
+    set(fates, {{"fate", fate_name}, {"reason", name}}, num(reasons, name.c_str()));
+  }
+
+  // Ports.
+  auto& rx_p = b.counter("netreduce_port_received_packets_total", "packets received by the port");
+  auto& tx_p = b.counter("netreduce_port_transmitted_packets_total", "packets sent by the port");
+  auto& rx_b = b.counter("netreduce_port_received_bytes_total", "bytes received by the port");
+  auto& tx_b = b.counter("netreduce_port_transmitted_bytes_total", "bytes sent by the port");
+  auto& drops = b.counter("netreduce_port_dropped_packets_total",
+                          "packets the port lost: rx_missed (no RX descriptor), rx_errors, "
+                          "tx_errors (NIC), tx_full (TX queue full, dropped by the box)");
+  auto& link = b.gauge("netreduce_port_link_up", "1 if the port's link is up");
+  const json ports = in.stats.value("ports", json::array());
+  const json workers = in.stats.value("workers", json::array());
+  for (size_t i = 0; i < ports.size(); ++i) {
+    const json& p = ports[i];
+    const Labels l{{"port", p.value("name", std::to_string(i))}};
+    set(rx_p, l, num(p, "rx_packets"));
+    set(tx_p, l, num(p, "tx_packets"));
+    set(rx_b, l, num(p, "rx_bytes"));
+    set(tx_b, l, num(p, "tx_bytes"));
+    double tx_full = 0;
+    for (const json& w : workers)
+      if (w.contains("tx_dropped") && w["tx_dropped"].is_array() && i < w["tx_dropped"].size())
+        tx_full += w["tx_dropped"][i].get<double>();
+    set(drops, {{"port", l.at("port")}, {"reason", "rx_missed"}}, num(p, "rx_missed"));
+    set(drops, {{"port", l.at("port")}, {"reason", "rx_errors"}}, num(p, "rx_errors"));
+    set(drops, {{"port", l.at("port")}, {"reason", "tx_errors"}}, num(p, "tx_errors"));
+    set(drops, {{"port", l.at("port")}, {"reason", "tx_full"}}, tx_full);
+    set(link, l, p.value("link_up", false) ? 1 : 0);
+  }
+
+  // Worker lcores.
+  auto& busy =
+      b.gauge("netreduce_lcore_busy_ratio",
+              "share of the worker lcore's cycles spent on bursts with packets, since start");
+  auto& lmem = b.gauge("netreduce_lcore_engine_memory_bytes",
+                       "engine memory in use on the worker lcore (cells, tables)");
+  auto& disp = b.counter("netreduce_lcore_dispatched_packets_total",
+                         "packets the lcore handed to another lcore's ring owner");
+  auto& ddrop = b.counter("netreduce_lcore_dispatch_dropped_packets_total",
+                          "packets dropped because another lcore's inbox was full");
+  for (const json& w : workers) {
+    const Labels l{{"lcore", std::to_string(w.value("lcore", 0u))}};
+    set(busy, l, num(w, "busy_ratio"));
+    set(lmem, l, num(w, "memory_bytes"));
+    set(disp, l, num(w, "dispatched"));
+    set(ddrop, l, num(w, "dispatch_dropped"));
+  }
+
+  // Memory.
+  const json mem = in.status.value("memory", json::object());
+  const json mbufs = in.status.value("mbufs", json::object());
+  set(b.gauge("netreduce_engine_memory_reserved_bytes",
+              "engine memory reserved by installed rings"),
+      {}, num(mem, "engine_reserved_bytes"));
+  set(b.gauge("netreduce_engine_memory_budget_bytes", "memory.engine: what all rings may reserve"),
+      {}, num(mem, "engine_budget_bytes"));
+  set(b.gauge("netreduce_mbufs_in_use", "packet buffers in use (held packets included)"), {},
+      num(mbufs, "in_use"));
+  set(b.gauge("netreduce_mbufs", "packet buffers in the pool"), {}, num(mbufs, "total"));
+
+  // Rings.
+  auto& r_pk = b.counter("netreduce_ring_aggregated_packets_total",
+                         "packets of the ring taken into aggregator cells");
+  auto& r_by = b.counter("netreduce_ring_aggregated_bytes_total",
+                         "payload bytes of the ring taken into aggregator cells");
+  auto& r_msg =
+      b.counter("netreduce_ring_messages_completed_total", "messages whose every cell completed");
+  auto& r_cell = b.counter("netreduce_ring_cells_completed_total",
+                           "cells that collected every rank and were released");
+  auto& r_rtx = b.counter("netreduce_ring_retransmissions_served_total",
+                          "retransmissions answered from a completed cell's stored result");
+  auto& r_rb = b.counter("netreduce_ring_connections_rebound_total",
+                         "connections re-bound to the ring (a rank's new QP)");
+  auto& r_drop =
+      b.counter("netreduce_ring_dropped_packets_total", "packets of the ring dropped, by reason");
+  auto& r_held = b.gauge("netreduce_ring_held_packets", "packets held in the ring's open cells");
+  auto& r_hb = b.gauge("netreduce_ring_held_bytes", "bytes held in the ring's cells");
+  auto& r_mem =
+      b.gauge("netreduce_ring_memory_reserved_bytes", "engine memory reserved for the ring");
+  auto& r_open = b.gauge("netreduce_ring_open_cells", "cells collecting (some ranks arrived)");
+  auto& r_stall = b.gauge("netreduce_ring_stalled_cells",
+                          "open cells collecting for longer than engine.stall_timeout_ms");
+  auto& r_ranks = b.gauge("netreduce_ring_ranks", "members of the ring");
+  double held_total = 0;
+  for (const json& r : in.rings) {
+    const json spec = r.value("spec", json::object());
+    const Labels l{{"ring", std::to_string(spec.value("id", 0u))}};
+    const json c = r.value("counters", json::object());
+    set(r_pk, l, num(c, "packets_aggregated"));
+    set(r_by, l, num(c, "bytes_aggregated"));
+    set(r_msg, l, num(c, "messages_completed"));
+    set(r_cell, l, num(c, "cells_completed"));
+    set(r_rtx, l, num(c, "retransmissions_served"));
+    set(r_rb, l, num(c, "connections_rebound"));
+    const json c_drops = c.value("drops", json::object());
+    for (const auto& [reason, v] : c_drops.items())
+      set(r_drop, {{"ring", l.at("ring")}, {"reason", reason}},
+          v.is_number() ? v.get<double>() : 0);
+    set(r_held, l, num(r, "held_packets"));
+    set(r_hb, l, num(r, "held_bytes"));
+    set(r_mem, l, num(r, "memory_bytes"));
+    set(r_open, l, num(r, "open_cells"));
+    set(r_stall, l, num(r, "stalled_cells"));
+    set(r_ranks, l, static_cast<double>(spec.value("members", json::array()).size()));
+    held_total += num(r, "held_bytes");
+  }
+  set(b.gauge("netreduce_cell_memory_held_bytes",
+              "bytes of packets held in aggregator cells, all rings"),
+      {}, held_total);
+  return b.text();
+}
+
+}  // namespace netreduce::control

@@ -1,0 +1,201 @@
+// netreduced: the control daemon. HTTP/1.1 + JSON API under /v1 (contract in
+// README.md, "Control daemon"), Prometheus /metrics, persistence and the
+// data plane reconciler (control/daemon.h). cpp-httplib serves from a thread
+// pool; handlers only parse, authenticate and call Daemon.
+//
+//   netreduced -c config/netreduced.yaml
+//
+// Exit status: 0 after SIGINT/SIGTERM, 2 when it cannot start (bad config,
+// unreadable token or state file, address in use); the message names the
+// config key to fix.
+#include <httplib.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <charconv>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "control/daemon.h"
+
+using namespace netreduce;
+using namespace netreduce::control;
+using nlohmann::json;
+
+namespace {
+
+[[noreturn]] void refuse(const std::string& key, const std::string& message) {
+  std::cerr << "netreduced: " << (key.empty() ? "" : key + ": ") << message << "\n";
+  std::exit(2);
+}
+
+std::string read_token(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) refuse("auth.token_file", "cannot read " + path + ": " + std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string t = ss.str();
+  const auto ws = " \t\r\n";
+  t.erase(t.find_last_not_of(ws) + 1);
+  t.erase(0, t.find_first_not_of(ws));
+  if (t.empty()) refuse("auth.token_file", path + " is empty; put the bearer token in it");
+  return t;
+}
+
+// Constant-time comparison: the time taken does not depend on where they differ.
+bool same_token(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i % b.size()]);
+  return diff == 0;
+}
+
+void send(httplib::Response& res, const Reply& r) {
+  res.status = r.http;
+  if (r.http == 204) return;
+  res.set_content(r.body.dump() + "\n", "application/json");
+}
+
+void send_error(httplib::Response& res, int http, const std::string& code, const std::string& field,
+                const std::string& message) {
+  res.status = http;
+  res.set_content(
+      json{{"error", {{"code", code}, {"field", field}, {"message", message}}}}.dump() + "\n",
+      "application/json");
+}
+
+// The {id} of /v1/rings/{id}: a decimal unsigned 32-bit integer.
+bool ring_id(const httplib::Request& req, httplib::Response& res, uint32_t& id) {
+  const std::string s = req.matches[1];
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), id);
+  if (ec != std::errc() || end != s.data() + s.size()) {
+    send_error(res, 400, "invalid_argument", "id",
+               "'" + s.substr(0, 40) + "' is not a ring id (unsigned 32-bit integer)");
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"netreduced: the netreduce control daemon (HTTP API, persistence, metrics)"};
+  std::string config_path = "/etc/netreduce/netreduced.yaml";
+  bool check = false;
+  app.add_option("-c,--config", config_path, "YAML configuration (see config/netreduced.yaml)");
+  app.add_flag("--check", check, "validate the configuration and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  DaemonConfig cfg;
+  if (Status s = load_daemon_config(config_path, cfg); !s) refuse(s.field(), s.message());
+  const std::string token = read_token(cfg.token_file);
+  if (check) {
+    std::cout << "netreduced: " << config_path << " is valid\n";
+    return 0;
+  }
+
+  // Signals go to one thread that stops the server; block them everywhere else.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  Daemon daemon(cfg);
+  if (Status s = daemon.start(); !s) refuse("state.file", s.message());
+
+  httplib::Server svr;
+  svr.new_task_queue = [n = cfg.threads] { return new httplib::ThreadPool(n); };
+  svr.set_payload_max_length(1 << 20);
+  svr.set_read_timeout(10, 0);
+  svr.set_write_timeout(10, 0);
+
+  auto authorized = [&](const httplib::Request& req, httplib::Response& res) {
+    const std::string h = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    if (h.rfind(prefix, 0) == 0 && same_token(h.substr(prefix.size()), token)) return true;
+    send_error(res, 401, "unauthorized", "Authorization",
+               h.empty() ? "this call needs 'Authorization: Bearer <token>'" : "bad bearer token");
+    res.set_header("WWW-Authenticate", "Bearer");
+    return false;
+  };
+
+  svr.Post("/v1/rings", [&](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    json body;
+    try {
+      body = json::parse(req.body);
+    } catch (const std::exception& e) {
+      return send_error(res, 400, "invalid_argument", "",
+                        std::string("body is not JSON: ") + e.what());
+    }
+    send(res, daemon.create_ring(body));
+  });
+  svr.Get("/v1/rings",
+          [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.list_rings()); });
+  svr.Get(R"(/v1/rings/([^/]+))", [&](const httplib::Request& req, httplib::Response& res) {
+    uint32_t id;
+    if (ring_id(req, res, id)) send(res, daemon.get_ring(id));
+  });
+  svr.Delete(R"(/v1/rings/([^/]+))", [&](const httplib::Request& req, httplib::Response& res) {
+    uint32_t id;
+    if (authorized(req, res) && ring_id(req, res, id)) send(res, daemon.delete_ring(id));
+  });
+  svr.Get("/v1/status",
+          [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.status()); });
+  svr.Get("/v1/stats",
+          [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.stats()); });
+  svr.Get("/v1/health",
+          [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.health()); });
+  svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(daemon.metrics(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 404)
+      send_error(res, 404, "not_found", "", "no such endpoint: " + req.method + " " + req.path);
+    else
+      send_error(res, res.status, "invalid_argument", "",
+                 "request refused (HTTP " + std::to_string(res.status) + ")");
+  });
+  svr.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unexpected error";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        send_error(res, 500, "internal", "", what);
+      });
+
+  if (!svr.bind_to_port(cfg.bind_address, cfg.port))
+    refuse("listen.port", "cannot listen on " + cfg.bind_address + ":" + std::to_string(cfg.port) +
+                              ": " + std::strerror(errno));
+  spdlog::info("netreduced listening on http://{}:{} (data plane {}, state {})", cfg.bind_address,
+               cfg.port, cfg.dataplane_socket, cfg.state_file);
+
+  std::thread signals([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    spdlog::info("signal {}: stopping", sig);
+    svr.stop();
+  });
+  svr.listen_after_bind();
+  daemon.stop();
+  // The signal thread is still waiting if the server stopped for another reason.
+  if (signals.joinable()) {
+    pthread_kill(signals.native_handle(), SIGTERM);
+    signals.join();
+  }
+  spdlog::info("netreduced stopped");
+  return 0;
+}

@@ -1,0 +1,104 @@
+#include "control/state.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/ring_json.h"
+
+namespace netreduce::control {
+
+using nlohmann::json;
+
+namespace {
+
+Status io_error(const std::string& what, const std::string& path) {
+  return {StatusCode::internal, "", what + " " + path + ": " + std::strerror(errno)};
+}
+
+// Writes all of `data` to fd; false on error.
+bool write_all(int fd, const std::string& data) {
+  size_t off = 0;
+  while (off < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    off += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+Status StateFile::load(RingMap& out) const {
+  std::ifstream in(path_);
+  if (!in) {
+    if (errno == ENOENT) {
+      out.clear();
+      return {};
+    }
+    return io_error("cannot open", path_);
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(ss.str());
+  } catch (const std::exception& e) {
+    return Status::invalid("", path_ + ": not JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("rings") || !j["rings"].is_array())
+    return Status::invalid("", path_ + ": expected {\"version\": 1, \"rings\": [...]}");
+  RingMap rings;
+  for (size_t i = 0; i < j["rings"].size(); ++i) {
+    engine::RingSpec spec;
+    if (Status s = ring_from_json(j["rings"][i], spec); !s)
+      return Status::invalid(s.field(),
+                             path_ + ": rings[" + std::to_string(i) + "]: " + s.to_string());
+    if (!rings.emplace(spec.ring_id, spec).second)
+      return Status::invalid("id",
+                             path_ + ": ring " + std::to_string(spec.ring_id) + " given twice");
+  }
+  out = std::move(rings);
+  return {};
+}
+
+Status StateFile::save(const RingMap& rings) const {
+  json arr = json::array();
+  for (const auto& [id, spec] : rings) arr.push_back(ring_to_json(spec));
+  const std::string text = json{{"version", 1}, {"rings", arr}}.dump(2) + "\n";
+
+  const std::filesystem::path path(path_);
+  const std::string dir = path.parent_path().empty() ? "." : path.parent_path().string();
+  const std::string tmp = path_ + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return io_error("cannot create", tmp);
+  if (!write_all(fd, text) || ::fsync(fd) != 0) {
+    Status s = io_error("cannot write", tmp);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  if (::close(fd) != 0) return io_error("cannot close", tmp);
+  if (::rename(tmp.c_str(), path_.c_str()) != 0) {
+    Status s = io_error("cannot rename over", path_);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return io_error("cannot open directory", dir);
+  const int rc = ::fsync(dfd);
+  ::close(dfd);
+  if (rc != 0) return io_error("cannot fsync directory", dir);
+  return {};
+}
+
+}  // namespace netreduce::control

@@ -1,0 +1,180 @@
+// The daemon's pieces without HTTP: the configuration loader (the shipped
+// example and named errors), the state file (round trip, atomic replace,
+// refusals) and the metrics rendering (naming conventions).
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/ring_json.h"
+#include "control/config.h"
+#include "control/metrics.h"
+#include "control/state.h"
+
+using namespace netreduce;
+using namespace netreduce::control;
+using nlohmann::json;
+
+namespace {
+
+std::string error_of(const std::string& yaml) {
+  DaemonConfig cfg;
+  const Status s = parse_daemon_config(yaml, "test.yaml", cfg);
+  REQUIRE_FALSE(s.ok());
+  return s.to_string();
+}
+
+std::filesystem::path temp_dir() {
+  char tmpl[] = "/tmp/nrctl-unit-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
+}  // namespace
+
+TEST_CASE("the shipped netreduced.yaml loads with its documented values", "[control][config]") {
+  const char* path = std::getenv("NETREDUCE_DAEMON_CONFIG_EXAMPLE");
+  REQUIRE(path != nullptr);
+  DaemonConfig cfg;
+  const Status s = load_daemon_config(path, cfg);
+  INFO(s.to_string());
+  REQUIRE(s.ok());
+  CHECK(cfg.bind_address == "127.0.0.1");
+  CHECK(cfg.port == 7470);
+  CHECK(cfg.token_file == "/etc/netreduce/token");
+  CHECK(cfg.state_file == "/var/lib/netreduce/state.json");
+  CHECK(cfg.dataplane_socket == "/run/netreduce/dataplane.sock");
+  CHECK(cfg.max_rings == 64);
+  CHECK(cfg.max_memory == (1ull << 30));
+  CHECK_FALSE(cfg.require_dataplane);
+}
+
+TEST_CASE("daemon config errors name the key", "[control][config]") {
+  CHECK(error_of("listen: {prot: 80}").rfind("listen.prot: unknown key", 0) == 0);
+  CHECK(error_of("listen: {prot: 80}").find("did you mean 'port'") != std::string::npos);
+  CHECK(error_of("listen: {port: 0}").rfind("listen.port: must be in 1..65535", 0) == 0);
+  CHECK(error_of("listen: {port: 0x10}").rfind("listen.port: must be an integer", 0) == 0);
+  CHECK(error_of("listen: {address: localhost}").rfind("listen.address:", 0) == 0);
+  CHECK(
+      error_of("auth: {token_file: token}").rfind("auth.token_file: must be an absolute path", 0) ==
+      0);
+  CHECK(error_of("state: {file: ''}").rfind("state.file:", 0) == 0);
+  CHECK(error_of("dataplane: {socket: /" + std::string(200, 'x') + "}")
+            .rfind("dataplane.socket:", 0) == 0);
+  CHECK(error_of("dataplane: {require: maybe}")
+            .rfind("dataplane.require: must be true or false", 0) == 0);
+  CHECK(error_of("quotas: {max_memory: 10XB}").rfind("quotas.max_memory: unknown size suffix", 0) ==
+        0);
+  CHECK(error_of("quotas: [1, 2]").rfind("quotas: must be a mapping", 0) == 0);
+  CHECK(error_of("a: 1\n---\nb: 2").find("content after the end of the document") !=
+        std::string::npos);
+  DaemonConfig cfg;
+  REQUIRE(parse_daemon_config(
+              "quotas: {max_memory: 64MiB, max_rings: 3}\ndataplane: {require: true}", "t", cfg)
+              .ok());
+  CHECK(cfg.max_memory == 64ull << 20);
+  CHECK(cfg.max_rings == 3);
+  CHECK(cfg.require_dataplane);
+}
+
+TEST_CASE("state file: round trip, atomic replace, refusals", "[control][state]") {
+  const auto dir = temp_dir();
+  StateFile st((dir / "state.json").string());
+  RingMap rings;
+  REQUIRE(st.load(rings).ok());  // no file yet: empty
+  CHECK(rings.empty());
+
+  engine::RingSpec a;
+  REQUIRE(ring_from_json(json{{"id", 7},
+                              {"members", {"10.0.0.1", "10.0.0.2"}},
+                              {"msg_len", 4},
+                              {"window", 2},
+                              {"payload_bytes", 1024},
+                              {"dtypes", {"bf16"}}},
+                         a)
+              .ok());
+  engine::RingSpec b = a;
+  b.ring_id = 4000000000u;
+  b.members = {0x0A000003, 0x0A000004, 0x0A000005};
+  rings = {{a.ring_id, a}, {b.ring_id, b}};
+  REQUIRE(st.save(rings).ok());
+  CHECK_FALSE(std::filesystem::exists(dir / "state.json.tmp"));
+  RingMap back;
+  REQUIRE(st.load(back).ok());
+  REQUIRE(back.size() == 2);
+  for (const auto& [id, spec] : rings)  // omitted ops come back as the full list: the same ring
+    CHECK(ring_to_json(back.at(id)) == ring_to_json(spec));
+
+  // The file is plain JSON a person can read.
+  std::ifstream in(dir / "state.json");
+  const json j = json::parse(in);
+  CHECK(j["version"] == 1);
+  CHECK(j["rings"][0]["id"] == 7);
+
+  auto write = [&](const std::string& text) { std::ofstream(dir / "state.json") << text; };
+  write(
+      "{\"rings\": [{\"id\": 1, \"members\": [\"10.0.0.1\"], \"msg_len\": 1, \"window\": 1, "
+      "\"payload_bytes\": 256}]}");
+  Status s = st.load(back);
+  CHECK(s.field() == "members");
+  CHECK(s.message().find("rings[0]") != std::string::npos);
+  write("[]");
+  CHECK_FALSE(st.load(back).ok());
+  write("{\"rings\": [");
+  CHECK(st.load(back).message().find("not JSON") != std::string::npos);
+  const std::string two = ring_to_json(a).dump();
+  write("{\"rings\": [" + two + "," + two + "]}");
+  CHECK(st.load(back).message().find("given twice") != std::string::npos);
+
+  // A directory that does not exist: an error, never a crash.
+  StateFile nowhere((dir / "missing" / "state.json").string());
+  CHECK(nowhere.save(rings).code() == StatusCode::internal);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("metrics follow the Prometheus naming conventions", "[control][metrics]") {
+  MetricsInput in;
+  in.dataplane_up = true;
+  in.status = json::parse(R"({"memory": {"engine_reserved_bytes": 100, "engine_budget_bytes": 1000},
+                              "mbufs": {"total": 8192, "in_use": 12}})");
+  in.stats = json::parse(R"({"reasons": {"held": 36, "bad_icrc": 2},
+      "workers": [{"lcore": 1, "busy_ratio": 0.25, "tx_dropped": [1, 2], "memory_bytes": 5}],
+      "ports": [{"name": "p0", "rx_packets": 10, "tx_packets": 11, "rx_bytes": 1000, "tx_bytes": 1100,
+                 "rx_missed": 3, "rx_errors": 0, "tx_errors": 0, "link_up": true}]})");
+  in.rings = json::parse(R"([{"spec": {"id": 9, "members": ["10.0.0.1", "10.0.0.2"]},
+      "counters": {"packets_aggregated": 36, "bytes_aggregated": 36648, "messages_completed": 3,
+                   "drops": {"duplicate": 4}}, "held_bytes": 77}])");
+  const std::string text = render_metrics(in);
+  std::istringstream lines(text);
+  std::string line;
+  int types = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("# TYPE ", 0) != 0) continue;
+    ++types;
+    std::istringstream f(line.substr(7));
+    std::string name, type;
+    f >> name >> type;
+    INFO(name);
+    CHECK(name.rfind("netreduce_", 0) == 0);
+    CHECK((type == "counter") == (name.size() > 6 && name.substr(name.size() - 6) == "_total"));
+  }
+  CHECK(types > 30);
+  CHECK(text.find("netreduce_ring_aggregated_packets_total{ring=\"9\"} 36") != std::string::npos);
+  CHECK(text.find("netreduce_ring_dropped_packets_total{reason=\"duplicate\",ring=\"9\"} 4") !=
+        std::string::npos);
+  CHECK(text.find("netreduce_port_dropped_packets_total{port=\"p0\",reason=\"tx_full\"} 1") !=
+        std::string::npos);
+  CHECK(text.find("netreduce_port_dropped_packets_total{port=\"p0\",reason=\"rx_missed\"} 3") !=
+        std::string::npos);
+  CHECK(text.find("netreduce_lcore_busy_ratio{lcore=\"1\"} 0.25") != std::string::npos);
+  CHECK(text.find("netreduce_packets_total{fate=\"drop\",reason=\"bad_icrc\"} 2") !=
+        std::string::npos);
+  CHECK(text.find("netreduce_cell_memory_held_bytes 77") != std::string::npos);
+  CHECK(text.find("netreduce_dataplane_up 1") != std::string::npos);
+
+  MetricsInput down;
+  const std::string d = render_metrics(down);
+  CHECK(d.find("netreduce_dataplane_up 0") != std::string::npos);
+  CHECK(d.find("netreduce_ring_") == std::string::npos);
+}
