@@ -198,7 +198,7 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
                                   who + "write of message id " +
                                       std::to_string(base + static_cast<uint32_t>(c.wr_id)) +
                                       " to successor rank " + std::to_string(t_.successor()) +
-                                      " failed (status " + std::to_string(c.vendor_status) + ")"));
+                                      " failed (" + c.what + ", status " + std::to_string(c.vendor_status) + ")"));
         if (!w.write_completed(c.wr_id))
           return fail(Error::make(ErrorCode::internal,
                                   who + "write completion out of order (work request " +
@@ -211,7 +211,7 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
         return fail(Error::make(ErrorCode::transport,
                                 who + "receive of message id " + std::to_string(id) +
                                     " from predecessor rank " + std::to_string(t_.predecessor()) +
-                                    " failed (status " + std::to_string(c.vendor_status) + ")"));
+                                    " failed (" + c.what + ", status " + std::to_string(c.vendor_status) + ")"));
       if (c.imm != id || i >= w.next_send())
         return fail(Error::make(
             ErrorCode::transport,
@@ -311,7 +311,7 @@ Error Collective::ring_allreduce(const void* send, void* recv, size_t count, Dat
               who + (c.kind == Completion::Kind::write_done
                          ? "write to successor rank " + std::to_string(t_.successor())
                          : "receive from predecessor rank " + std::to_string(t_.predecessor())) +
-                  " failed at " + where + " (status " + std::to_string(c.vendor_status) + ")"));
+                  " failed at " + where + " (" + c.what + ", status " + std::to_string(c.vendor_status) + ")"));
         if (c.kind == Completion::Kind::write_done) {
           if (c.wr_id != imm || wrote)
             return fail(Error::make(ErrorCode::internal, who + "unexpected write completion at " + where));

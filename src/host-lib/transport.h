@@ -44,6 +44,7 @@ struct Completion {
   uint32_t imm = 0;       // recv_imm: the immediate
   uint32_t byte_len = 0;  // recv_imm: bytes written
   int vendor_status = 0;  // !ok: the transport's status (ibv_wc_status)
+  const char* what = "";  // !ok: its name (static string)
 };
 
 class Transport {
