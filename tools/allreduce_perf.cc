@@ -5,6 +5,8 @@
 //       [--device rxe0] [--gid-index -1] [-b 8] [-e 32M] [-f 2] [-d fp32]
 //       [-o sum] [-n 20] [-w 5] [-c 1] [--msg-len 4] [--payload 1024]
 //       [--window 0] [--timeout-ms 30000] [--force-ring]
+//   netreduce-allreduce-perf --loopback [--loopback-box] --world P ...
+//       (self-test without RDMA: P ranks as threads of this process)
 //
 // For each size: warm-up calls, then n timed calls; time is the mean per call.
 // algbw = bytes / time; busbw = algbw * 2 (P - 1) / P (nccl-tests' convention
@@ -21,6 +23,10 @@
 #include <string>
 #include <vector>
 
+#include <thread>
+
+#include "host-lib/loopback.h"
+#include "host-lib/plan.h"
 #include "netreduce/netreduce.hpp"
 #include "reduce/reduce.h"
 #include "wire/ina.h"
@@ -82,6 +88,74 @@ size_t check(DataType t, Op op, const std::vector<uint8_t>& got, size_t count, i
   return errors;
 }
 
+struct SweepParams {
+  DataType t;
+  Op o;
+  size_t min_bytes, max_bytes;
+  double factor;
+  int iters, warmup;
+  bool check;
+};
+
+// The size sweep of one rank; rank 0 prints. Returns the exit status.
+int sweep(Communicator& comm, const SweepParams& p) {
+  const int rank = comm.rank(), world = comm.world();
+  const DataType t = p.t;
+  const Op o = p.o;
+  const size_t es = element_size(t), min_bytes = p.min_bytes, max_bytes = p.max_bytes;
+  const double factor = p.factor;
+  const int iters = p.iters, warmup = p.warmup, check_on = p.check ? 1 : 0;
+  if (rank == 0) {
+    std::printf("# netreduce-allreduce-perf: world %d, path %s (%s), ring %u, window %u\n", world,
+                to_string(comm.path()), comm.path_reason().c_str(), comm.ring_id(),
+                comm.window());
+    std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s\n", "size(B)", "count", "type", "op",
+                "path", "time(us)", "algbw", "busbw", "errors");
+    std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s\n", "", "(elements)", "", "", "", "",
+                "(GB/s)", "(GB/s)", "");
+  }
+  std::vector<uint8_t> in(std::max<size_t>(max_bytes, es)), out(in.size());
+  size_t total_errors = 0;
+  int status = 0;
+  for (size_t bytes = std::max(min_bytes, es); bytes <= max_bytes;) {
+    const size_t count = bytes / es;
+    fill(t, in, count, rank);
+    Error err;
+    for (int i = 0; i < warmup && err.ok(); ++i) err = comm.allreduce(in.data(), out.data(), count, p.t, p.o);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters && err.ok(); ++i) err = comm.allreduce(in.data(), out.data(), count, p.t, p.o);
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+    size_t errors = 0;
+    if (err.ok() && check_on) {
+      std::memset(out.data(), 0xA5, count * es);
+      err = comm.allreduce(in.data(), out.data(), count, p.t, p.o);
+      if (err.ok()) errors = check(t, o, out, count, world);
+    }
+    if (!err.ok()) {
+      std::fprintf(stderr, "netreduce-allreduce-perf: rank %d: size %zu: %s\n", rank,
+                   count * es, err.message.c_str());
+      status = 1;
+      break;
+    }
+    total_errors += errors;
+    if (rank == 0 || errors > 0) {
+      const double algbw = static_cast<double>(count * es) / us / 1e3;
+      const double busbw = algbw * 2.0 * (world - 1) / world;
+      std::printf("  %12zu %12zu %6s %5s %5s %10.1f %9.3f %9.3f %7s\n", count * es, count,
+                  to_string(t), to_string(o), to_string(comm.path()), us, algbw, busbw,
+                  check_on ? std::to_string(errors).c_str() : "N/A");
+      std::fflush(stdout);
+    }
+    const size_t next = static_cast<size_t>(std::ceil(static_cast<double>(bytes) * factor));
+    bytes = next > bytes ? next : bytes + 1;
+  }
+  if (rank == 0)
+    std::printf("# errors: %zu, status: %s\n", total_errors,
+                status == 0 && total_errors == 0 ? "ok" : "FAILED");
+  return status != 0 || total_errors != 0 ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,9 +164,9 @@ int main(int argc, char** argv) {
   std::string bootstrap, device, dtype_s = "fp32", op_s = "sum", min_s = "8", max_s = "32M";
   double factor = 2;
   Options opt;
-  app.add_option("--rank", rank, "this process's rank")->required();
+  app.add_option("--rank", rank, "this process's rank (required unless --loopback)");
   app.add_option("--world", world, "number of ranks")->required();
-  app.add_option("--bootstrap", bootstrap, "rank 0's rendezvous address host:port")->required();
+  app.add_option("--bootstrap", bootstrap, "rank 0's rendezvous address host:port (required unless --loopback)");
   app.add_option("--device", device, "RDMA device (default: the first one)");
   app.add_option("--gid-index", gid_index, "GID index (default -1: the first RoCEv2 IPv4 GID)");
   app.add_option("-b,--minbytes", min_s, "smallest size (K, M, G suffixes)");
@@ -111,6 +185,11 @@ int main(int argc, char** argv) {
   app.add_option("--ring-id", opt.ring_id, "ring id registered with the daemon (0: derived)");
   app.add_option("--ipv4", opt.ipv4, "this rank's IPv4 in the ring (default: from the GID)");
   app.add_flag("--force-ring", opt.force_ring, "never use the box");
+  bool loopback = false, loopback_box = false;
+  app.add_flag("--loopback", loopback,
+               "self-test without RDMA: all --world ranks as threads over the loopback transport");
+  app.add_flag("--loopback-box", loopback_box,
+               "with --loopback: through an in-process engine (the INA path)");
   CLI11_PARSE(app, argc, argv);
 
   const auto dt = wire::parse_dtype(dtype_s);
@@ -121,65 +200,50 @@ int main(int argc, char** argv) {
   else if (!op) bad = "-o: unknown op '" + op_s + "'";
   else if (!parse_size(min_s, min_bytes) || !parse_size(max_s, max_bytes)) bad = "-b/-e: bad size";
   else if (min_bytes > max_bytes) bad = "-b: larger than -e";
-  else if (world < 1 || rank < 0 || rank >= world) bad = "--rank: must be in 0..world-1";
+  else if (loopback_box && !loopback) bad = "--loopback-box: needs --loopback";
+  else if (world < 1 || world > 64) bad = "--world: must be in 1..64";
+  else if (!loopback && (rank < 0 || rank >= world)) bad = "--rank: must be in 0..world-1";
+  else if (!loopback && bootstrap.empty()) bad = "--bootstrap: required (host:port of rank 0)";
   if (!bad.empty()) {
     std::fprintf(stderr, "netreduce-allreduce-perf: %s\n", bad.c_str());
     return 1;
   }
   const DataType t = static_cast<DataType>(*dt);
   const Op o = static_cast<Op>(*op);
-  const size_t es = element_size(t);
-
-  std::unique_ptr<Communicator> comm;
-  if (Error e = Communicator::create(rank, world, device, gid_index, bootstrap, opt, comm)) {
-    std::fprintf(stderr, "netreduce-allreduce-perf: rank %d: %s\n", rank, e.message.c_str());
-    return e.code == ErrorCode::no_device ? 2 : 1;
-  }
-  if (rank == 0) {
-    std::printf("# netreduce-allreduce-perf: world %d, path %s (%s), ring %u, window %u\n", world,
-                to_string(comm->path()), comm->path_reason().c_str(), comm->ring_id(),
-                comm->window());
-    std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s\n", "size(B)", "count", "type", "op",
-                "path", "time(us)", "algbw", "busbw", "errors");
-    std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s\n", "", "(elements)", "", "", "", "",
-                "(GB/s)", "(GB/s)", "");
-  }
-  std::vector<uint8_t> in(std::max<size_t>(max_bytes, es)), out(in.size());
-  size_t total_errors = 0;
-  int status = 0;
-  for (size_t bytes = std::max(min_bytes, es); bytes <= max_bytes;) {
-    const size_t count = bytes / es;
-    fill(t, in, count, rank);
-    Error err;
-    for (int i = 0; i < warmup && err.ok(); ++i) err = comm->allreduce(in.data(), out.data(), count, t, o);
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters && err.ok(); ++i) err = comm->allreduce(in.data(), out.data(), count, t, o);
-    const double us =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
-    size_t errors = 0;
-    if (err.ok() && check_on) {
-      std::memset(out.data(), 0xA5, count * es);
-      err = comm->allreduce(in.data(), out.data(), count, t, o);
-      if (err.ok()) errors = check(t, o, out, count, world);
+  const SweepParams sp{t, o, min_bytes, max_bytes, factor, iters, warmup, check_on != 0};
+  if (!loopback) {
+    std::unique_ptr<Communicator> comm;
+    if (Error e = Communicator::create(rank, world, device, gid_index, bootstrap, opt, comm)) {
+      std::fprintf(stderr, "netreduce-allreduce-perf: rank %d: %s\n", rank, e.message.c_str());
+      return e.code == ErrorCode::no_device ? 2 : 1;
     }
-    if (!err.ok()) {
-      std::fprintf(stderr, "netreduce-allreduce-perf: rank %d: size %zu: %s\n", rank,
-                   count * es, err.message.c_str());
-      status = 1;
-      break;
-    }
-    total_errors += errors;
-    if (rank == 0 || errors > 0) {
-      const double algbw = static_cast<double>(count * es) / us / 1e3;
-      const double busbw = algbw * 2.0 * (world - 1) / world;
-      std::printf("  %12zu %12zu %6s %5s %5s %10.1f %9.3f %9.3f %7s\n", count * es, count,
-                  to_string(t), to_string(o), to_string(comm->path()), us, algbw, busbw,
-                  check_on ? std::to_string(errors).c_str() : "N/A");
-      std::fflush(stdout);
-    }
-    const size_t next = static_cast<size_t>(std::ceil(static_cast<double>(bytes) * factor));
-    bytes = next > bytes ? next : bytes + 1;
+    return sweep(*comm, sp);
   }
-  if (rank == 0) std::printf("# errors: %zu, status: %s\n", total_errors, status == 0 && total_errors == 0 ? "ok" : "FAILED");
-  return status != 0 || total_errors != 0 ? 1 : 0;
+  // Self-test without RDMA: every rank a thread of this process over the
+  // loopback transport, through an in-process engine (--loopback-box).
+  host::LoopbackConfig lc;
+  lc.world = static_cast<unsigned>(world);
+  lc.box = loopback_box;
+  lc.ring.ring_id = 1;
+  lc.ring.msg_len = opt.msg_len;
+  lc.ring.payload_bytes = opt.payload_bytes;
+  lc.ring.window = opt.window ? opt.window
+                              : host::window_from_bdp(opt.link_gbps, opt.rtt_us,
+                                                      size_t{opt.msg_len} * opt.payload_bytes);
+  opt.window = lc.ring.window;
+  lc.recv_bytes = std::max(opt.ring_buffer_bytes, size_t{lc.ring.window} * opt.msg_len * opt.payload_bytes);
+  host::LoopbackFabric fabric(lc);
+  std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r)
+    if (Error e = host::make_loopback_communicator(fabric, static_cast<unsigned>(r), opt, comms[r])) {
+      std::fprintf(stderr, "netreduce-allreduce-perf: loopback rank %d: %s\n", r, e.message.c_str());
+      return 1;
+    }
+  std::vector<int> rc(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { rc[r] = sweep(*comms[r], sp); });
+  for (auto& t : threads) t.join();
+  for (int r : rc)
+    if (r != 0) return r;
+  return 0;
 }
