@@ -142,7 +142,7 @@ class VerbsTransport final : public Transport {
         c.vendor_status = wc[i].status;
         c.what = ibv_wc_status_str(wc[i].status);
         c.wr_id = wc[i].wr_id;
-        if (wc[i].qp_num == qp_p_->qp_num) {
+        if (qp_p_ && wc[i].qp_num == qp_p_->qp_num) {
           c.kind = Completion::Kind::recv_imm;
           c.imm = ntohl(wc[i].imm_data);
           c.byte_len = wc[i].byte_len;
