@@ -21,9 +21,8 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
-#include <vector>
-
 #include <thread>
+#include <vector>
 
 #include "host-lib/loopback.h"
 #include "host-lib/plan.h"
@@ -46,24 +45,52 @@ bool parse_size(const std::string& s, size_t& out) {
   }
   std::string suf = s.substr(pos);
   unsigned long long mul = 1;
-  if (suf == "K" || suf == "k") mul = 1ull << 10;
-  else if (suf == "M" || suf == "m") mul = 1ull << 20;
-  else if (suf == "G" || suf == "g") mul = 1ull << 30;
-  else if (!suf.empty()) return false;
+  if (suf == "K" || suf == "k")
+    mul = 1ull << 10;
+  else if (suf == "M" || suf == "m")
+    mul = 1ull << 20;
+  else if (suf == "G" || suf == "g")
+    mul = 1ull << 30;
+  else if (!suf.empty())
+    return false;
   out = static_cast<size_t>(v * mul);
   return true;
 }
 
-int pattern(size_t i, int rank) { return static_cast<int>((7 * i + 13 * static_cast<size_t>(rank)) % 9) - 4; }
+int pattern(size_t i, int rank) {
+  return static_cast<int>((7 * i + 13 * static_cast<size_t>(rank)) % 9) - 4;
+}
 
 void store(DataType t, uint8_t* p, double v) {
   switch (t) {
-    case DataType::fp32: { const float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
-    case DataType::fp64: std::memcpy(p, &v, 8); break;
-    case DataType::fp16: { const uint16_t h = reduce::float_to_fp16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-    case DataType::bf16: { const uint16_t h = reduce::float_to_bf16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-    case DataType::int32: { const int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-    case DataType::int64: { const int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
+    case DataType::fp32: {
+      const float f = static_cast<float>(v);
+      std::memcpy(p, &f, 4);
+      break;
+    }
+    case DataType::fp64:
+      std::memcpy(p, &v, 8);
+      break;
+    case DataType::fp16: {
+      const uint16_t h = reduce::float_to_fp16(static_cast<float>(v));
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DataType::bf16: {
+      const uint16_t h = reduce::float_to_bf16(static_cast<float>(v));
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DataType::int32: {
+      const int32_t x = static_cast<int32_t>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    case DataType::int64: {
+      const int64_t x = static_cast<int64_t>(v);
+      std::memcpy(p, &x, 8);
+      break;
+    }
   }
 }
 
@@ -107,8 +134,7 @@ int sweep(Communicator& comm, const SweepParams& p) {
   const int iters = p.iters, warmup = p.warmup, check_on = p.check ? 1 : 0;
   if (rank == 0) {
     std::printf("# netreduce-allreduce-perf: world %d, path %s (%s), ring %u, window %u\n", world,
-                to_string(comm.path()), comm.path_reason().c_str(), comm.ring_id(),
-                comm.window());
+                to_string(comm.path()), comm.path_reason().c_str(), comm.ring_id(), comm.window());
     std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s\n", "size(B)", "count", "type", "op",
                 "path", "time(us)", "algbw", "busbw", "errors");
     std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s\n", "", "(elements)", "", "", "", "",
@@ -121,11 +147,14 @@ int sweep(Communicator& comm, const SweepParams& p) {
     const size_t count = bytes / es;
     fill(t, in, count, rank);
     Error err;
-    for (int i = 0; i < warmup && err.ok(); ++i) err = comm.allreduce(in.data(), out.data(), count, p.t, p.o);
+    for (int i = 0; i < warmup && err.ok(); ++i)
+      err = comm.allreduce(in.data(), out.data(), count, p.t, p.o);
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters && err.ok(); ++i) err = comm.allreduce(in.data(), out.data(), count, p.t, p.o);
+    for (int i = 0; i < iters && err.ok(); ++i)
+      err = comm.allreduce(in.data(), out.data(), count, p.t, p.o);
     const double us =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+        iters;
     size_t errors = 0;
     if (err.ok() && check_on) {
       std::memset(out.data(), 0xA5, count * es);
@@ -133,8 +162,8 @@ int sweep(Communicator& comm, const SweepParams& p) {
       if (err.ok()) errors = check(t, o, out, count, world);
     }
     if (!err.ok()) {
-      std::fprintf(stderr, "netreduce-allreduce-perf: rank %d: size %zu: %s\n", rank,
-                   count * es, err.message.c_str());
+      std::fprintf(stderr, "netreduce-allreduce-perf: rank %d: size %zu: %s\n", rank, count * es,
+                   err.message.c_str());
       status = 1;
       break;
     }
@@ -166,16 +195,19 @@ int main(int argc, char** argv) {
   Options opt;
   app.add_option("--rank", rank, "this process's rank (required unless --loopback)");
   app.add_option("--world", world, "number of ranks")->required();
-  app.add_option("--bootstrap", bootstrap, "rank 0's rendezvous address host:port (required unless --loopback)");
+  app.add_option("--bootstrap", bootstrap,
+                 "rank 0's rendezvous address host:port (required unless --loopback)");
   app.add_option("--device", device, "RDMA device (default: the first one)");
   app.add_option("--gid-index", gid_index, "GID index (default -1: the first RoCEv2 IPv4 GID)");
   app.add_option("-b,--minbytes", min_s, "smallest size (K, M, G suffixes)");
   app.add_option("-e,--maxbytes", max_s, "largest size");
-  app.add_option("-f,--stepfactor", factor, "size multiplier between steps")->check(CLI::Range(1.01, 1e6));
+  app.add_option("-f,--stepfactor", factor, "size multiplier between steps")
+      ->check(CLI::Range(1.01, 1e6));
   app.add_option("-d,--datatype", dtype_s, "fp32 fp16 bf16 int32 int64 fp64");
   app.add_option("-o,--op", op_s, "sum min max");
   app.add_option("-n,--iters", iters, "timed calls per size")->check(CLI::Range(1, 1000000));
-  app.add_option("-w,--warmup_iters", warmup, "warm-up calls per size")->check(CLI::Range(0, 1000000));
+  app.add_option("-w,--warmup_iters", warmup, "warm-up calls per size")
+      ->check(CLI::Range(0, 1000000));
   app.add_option("-c,--check", check_on, "check the result at every size (0/1)");
   app.add_option("--msg-len", opt.msg_len, "packets per INA message");
   app.add_option("--payload", opt.payload_bytes, "RoCE path MTU (payload bytes per packet)");
@@ -196,14 +228,22 @@ int main(int argc, char** argv) {
   const auto op = wire::parse_op(op_s);
   size_t min_bytes = 0, max_bytes = 0;
   std::string bad;
-  if (!dt) bad = "-d: unknown data type '" + dtype_s + "'";
-  else if (!op) bad = "-o: unknown op '" + op_s + "'";
-  else if (!parse_size(min_s, min_bytes) || !parse_size(max_s, max_bytes)) bad = "-b/-e: bad size";
-  else if (min_bytes > max_bytes) bad = "-b: larger than -e";
-  else if (loopback_box && !loopback) bad = "--loopback-box: needs --loopback";
-  else if (world < 1 || world > 64) bad = "--world: must be in 1..64";
-  else if (!loopback && (rank < 0 || rank >= world)) bad = "--rank: must be in 0..world-1";
-  else if (!loopback && bootstrap.empty()) bad = "--bootstrap: required (host:port of rank 0)";
+  if (!dt)
+    bad = "-d: unknown data type '" + dtype_s + "'";
+  else if (!op)
+    bad = "-o: unknown op '" + op_s + "'";
+  else if (!parse_size(min_s, min_bytes) || !parse_size(max_s, max_bytes))
+    bad = "-b/-e: bad size";
+  else if (min_bytes > max_bytes)
+    bad = "-b: larger than -e";
+  else if (loopback_box && !loopback)
+    bad = "--loopback-box: needs --loopback";
+  else if (world < 1 || world > 64)
+    bad = "--world: must be in 1..64";
+  else if (!loopback && (rank < 0 || rank >= world))
+    bad = "--rank: must be in 0..world-1";
+  else if (!loopback && bootstrap.empty())
+    bad = "--bootstrap: required (host:port of rank 0)";
   if (!bad.empty()) {
     std::fprintf(stderr, "netreduce-allreduce-perf: %s\n", bad.c_str());
     return 1;
@@ -231,12 +271,15 @@ int main(int argc, char** argv) {
                               : host::window_from_bdp(opt.link_gbps, opt.rtt_us,
                                                       size_t{opt.msg_len} * opt.payload_bytes);
   opt.window = lc.ring.window;
-  lc.recv_bytes = std::max(opt.ring_buffer_bytes, size_t{lc.ring.window} * opt.msg_len * opt.payload_bytes);
+  lc.recv_bytes =
+      std::max(opt.ring_buffer_bytes, size_t{lc.ring.window} * opt.msg_len * opt.payload_bytes);
   host::LoopbackFabric fabric(lc);
   std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r)
-    if (Error e = host::make_loopback_communicator(fabric, static_cast<unsigned>(r), opt, comms[r])) {
-      std::fprintf(stderr, "netreduce-allreduce-perf: loopback rank %d: %s\n", r, e.message.c_str());
+    if (Error e =
+            host::make_loopback_communicator(fabric, static_cast<unsigned>(r), opt, comms[r])) {
+      std::fprintf(stderr, "netreduce-allreduce-perf: loopback rank %d: %s\n", r,
+                   e.message.c_str());
       return 1;
     }
   std::vector<int> rc(static_cast<size_t>(world));

@@ -148,7 +148,8 @@ Error Bootstrap::create(unsigned rank, unsigned world, const std::string& addres
     b->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     const int one = 1;
     ::setsockopt(b->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (b->listen_fd_ < 0 || ::bind(b->listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+    if (b->listen_fd_ < 0 ||
+        ::bind(b->listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
         ::listen(b->listen_fd_, static_cast<int>(world)) != 0)
       return berr("rank 0 cannot listen at " + address + ": " + std::strerror(errno));
     b->peers_.assign(world, -1);
@@ -158,8 +159,8 @@ Error Bootstrap::create(unsigned rank, unsigned world, const std::string& addres
         std::string missing;
         for (unsigned r = 1; r < world; ++r)
           if (b->peers_[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-        return Error::make(ErrorCode::timeout, "bootstrap: rank 0 at " + address +
-                                                   ": ranks " + missing + " did not connect in time");
+        return Error::make(ErrorCode::timeout, "bootstrap: rank 0 at " + address + ": ranks " +
+                                                   missing + " did not connect in time");
       }
       const int fd = ::accept4(b->listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) continue;
@@ -227,9 +228,9 @@ Error Bootstrap::allgather(const std::string& mine, std::vector<std::string>& al
   if (rank_ == 0) {
     for (unsigned r = 1; r < world_; ++r)
       if (!recv_frame(peers_[r], all[r], deadline))
-        return Error::make(ErrorCode::timeout, "bootstrap: rank 0 did not get rank " +
-                                                   std::to_string(r) +
-                                                   "'s connection information in time (or it left)");
+        return Error::make(ErrorCode::timeout,
+                           "bootstrap: rank 0 did not get rank " + std::to_string(r) +
+                               "'s connection information in time (or it left)");
     std::string table;
     for (const auto& s : all) {
       const uint32_t len = htonl(static_cast<uint32_t>(s.size()));

@@ -1,9 +1,8 @@
 // The C API: thin wrappers over the C++ Communicator; no exception crosses it.
-#include "netreduce/netreduce.h"
-
 #include <new>
 #include <string>
 
+#include "netreduce/netreduce.h"
 #include "netreduce/netreduce.hpp"
 
 using netreduce::Error;
@@ -126,9 +125,9 @@ nr_status nr_allreduce_async(nr_comm* comm, const void* send, void* recv, size_t
     *out = nullptr;
     if (!comm || !comm->c) return invalid("comm: null");
     auto r = std::make_unique<nr_request>();
-    const Error e = comm->c->allreduce_async(send, recv, count,
-                                             static_cast<netreduce::DataType>(dtype),
-                                             static_cast<netreduce::Op>(op), r->h, timeout_ms);
+    const Error e =
+        comm->c->allreduce_async(send, recv, count, static_cast<netreduce::DataType>(dtype),
+                                 static_cast<netreduce::Op>(op), r->h, timeout_ms);
     if (!e.ok()) return set(e);
     *out = r.release();
     return NR_OK;

@@ -62,12 +62,12 @@ Error Collective::create(Transport& transport, const CollectiveConfig& cfg,
     return Error::make(ErrorCode::invalid_argument,
                        "ring_buffer_bytes: this rank's receive region (" + std::to_string(local) +
                            " bytes) differs from successor rank " +
-                           std::to_string(transport.successor()) + "'s (" +
-                           std::to_string(remote) + "): every rank needs the same options");
+                           std::to_string(transport.successor()) + "'s (" + std::to_string(remote) +
+                           "): every rank needs the same options");
   if (cfg.path == Path::ina && local < size_t{cfg.window} * slot)
-    return Error::make(ErrorCode::invalid_argument,
-                       "window: " + std::to_string(cfg.window) + " messages of " +
-                           std::to_string(slot) + " bytes do not fit the receive region");
+    return Error::make(ErrorCode::invalid_argument, "window: " + std::to_string(cfg.window) +
+                                                        " messages of " + std::to_string(slot) +
+                                                        " bytes do not fit the receive region");
   if (P > 1) {
     c->ring_stride_ = local / (4 * size_t{P - 1}) / 64 * 64;
     if (c->ring_stride_ < 64)
@@ -88,8 +88,7 @@ Error Collective::create(Transport& transport, const CollectiveConfig& cfg,
   return {};
 }
 
-Error Collective::check_args(const void* send, void* recv, size_t count, DataType t,
-                             Op op) const {
+Error Collective::check_args(const void* send, void* recv, size_t count, DataType t, Op op) const {
   if (element_size(t) == 0)
     return Error::make(ErrorCode::invalid_argument,
                        "dtype: " + std::to_string(static_cast<int>(t)) + " is not a data type");
@@ -194,11 +193,11 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
       const Completion& c = comps[k];
       if (c.kind == Completion::Kind::write_done) {
         if (!c.ok)
-          return fail(Error::make(ErrorCode::transport,
-                                  who + "write of message id " +
-                                      std::to_string(base + static_cast<uint32_t>(c.wr_id)) +
-                                      " to successor rank " + std::to_string(t_.successor()) +
-                                      " failed (" + c.what + ", status " + std::to_string(c.vendor_status) + ")"));
+          return fail(Error::make(
+              ErrorCode::transport,
+              who + "write of message id " + std::to_string(base + static_cast<uint32_t>(c.wr_id)) +
+                  " to successor rank " + std::to_string(t_.successor()) + " failed (" + c.what +
+                  ", status " + std::to_string(c.vendor_status) + ")"));
         if (!w.write_completed(c.wr_id))
           return fail(Error::make(ErrorCode::internal,
                                   who + "write completion out of order (work request " +
@@ -211,24 +210,25 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
         return fail(Error::make(ErrorCode::transport,
                                 who + "receive of message id " + std::to_string(id) +
                                     " from predecessor rank " + std::to_string(t_.predecessor()) +
-                                    " failed (" + c.what + ", status " + std::to_string(c.vendor_status) + ")"));
+                                    " failed (" + c.what + ", status " +
+                                    std::to_string(c.vendor_status) + ")"));
       if (c.imm != id || i >= w.next_send())
-        return fail(Error::make(
-            ErrorCode::transport,
-            who + "from predecessor rank " + std::to_string(t_.predecessor()) + ": immediate " +
-                std::to_string(c.imm) + " where message id " + std::to_string(id) +
-                " was expected" + (i >= w.next_send() ? " (not sent yet by this rank)" : "")));
+        return fail(Error::make(ErrorCode::transport,
+                                who + "from predecessor rank " + std::to_string(t_.predecessor()) +
+                                    ": immediate " + std::to_string(c.imm) + " where message id " +
+                                    std::to_string(id) + " was expected" +
+                                    (i >= w.next_send() ? " (not sent yet by this rank)" : "")));
       const uint8_t* r = rr.addr + (i % N) * slot;
       const size_t want = kInaHeaderBytes + plan.data_bytes(i);
       const auto hdr = wire::ina_decode(r, c.byte_len);
-      if (c.byte_len != want || !hdr || hdr->msg_id != id || hdr->dtype != static_cast<uint8_t>(t) ||
-          hdr->op != static_cast<uint8_t>(op) || hdr->ring_id != cfg_.ring_id)
-        return fail(Error::make(ErrorCode::transport,
-                                who + "message id " + std::to_string(id) +
-                                    " from predecessor rank " + std::to_string(t_.predecessor()) +
-                                    " has a wrong INA header or length (" +
-                                    std::to_string(c.byte_len) + " bytes, expected " +
-                                    std::to_string(want) + ")"));
+      if (c.byte_len != want || !hdr || hdr->msg_id != id ||
+          hdr->dtype != static_cast<uint8_t>(t) || hdr->op != static_cast<uint8_t>(op) ||
+          hdr->ring_id != cfg_.ring_id)
+        return fail(Error::make(
+            ErrorCode::transport,
+            who + "message id " + std::to_string(id) + " from predecessor rank " +
+                std::to_string(t_.predecessor()) + " has a wrong INA header or length (" +
+                std::to_string(c.byte_len) + " bytes, expected " + std::to_string(want) + ")"));
       std::memcpy(dst + plan.first_elem(i) * plan.esize, r + kInaHeaderBytes, plan.data_bytes(i));
       (void)w.result_received(i);
     }
@@ -251,7 +251,8 @@ Error Collective::ring_allreduce(const void* send, void* recv, size_t count, Dat
     return {};
   }
   const reduce::ReduceFn reduce_fn =
-      reduce::kernels(reduce::best_isa(), static_cast<wire::Dtype>(t), static_cast<wire::ReduceOp>(op))
+      reduce::kernels(reduce::best_isa(), static_cast<wire::Dtype>(t),
+                      static_cast<wire::ReduceOp>(op))
           .reduce;
   const Clock::time_point start = Clock::now();
   const unsigned steps = ring_steps(P);
@@ -295,36 +296,38 @@ Error Collective::ring_allreduce(const void* send, void* recv, size_t count, Dat
         if (nc == 0) {
           std::string what;
           if (!got)
-            what = "chunk " + std::to_string(st.recv_chunk) + " not received from predecessor rank " +
-                   std::to_string(t_.predecessor());
+            what = "chunk " + std::to_string(st.recv_chunk) +
+                   " not received from predecessor rank " + std::to_string(t_.predecessor());
           if (!wrote)
             what += std::string(what.empty() ? "" : "; ") + "write of chunk " +
                     std::to_string(st.send_chunk) + " to successor rank " +
                     std::to_string(t_.successor()) + " not acknowledged";
-          return fail(Error::make(ErrorCode::timeout, who + "all-reduce (ring path) timed out after " +
-                                                          ms_since(start) + " ms at " + where +
-                                                          ": " + what));
+          return fail(Error::make(ErrorCode::timeout,
+                                  who + "all-reduce (ring path) timed out after " +
+                                      ms_since(start) + " ms at " + where + ": " + what));
         }
         if (!c.ok)
           return fail(Error::make(
               ErrorCode::transport,
-              who + (c.kind == Completion::Kind::write_done
-                         ? "write to successor rank " + std::to_string(t_.successor())
-                         : "receive from predecessor rank " + std::to_string(t_.predecessor())) +
-                  " failed at " + where + " (" + c.what + ", status " + std::to_string(c.vendor_status) + ")"));
+              who +
+                  (c.kind == Completion::Kind::write_done
+                       ? "write to successor rank " + std::to_string(t_.successor())
+                       : "receive from predecessor rank " + std::to_string(t_.predecessor())) +
+                  " failed at " + where + " (" + c.what + ", status " +
+                  std::to_string(c.vendor_status) + ")"));
         if (c.kind == Completion::Kind::write_done) {
           if (c.wr_id != imm || wrote)
-            return fail(Error::make(ErrorCode::internal, who + "unexpected write completion at " + where));
+            return fail(
+                Error::make(ErrorCode::internal, who + "unexpected write completion at " + where));
           wrote = true;
           continue;
         }
         if (c.imm != imm || got || c.byte_len != rc.count * es)
-          return fail(Error::make(ErrorCode::transport,
-                                  who + "from predecessor rank " + std::to_string(t_.predecessor()) +
-                                      ": immediate " + hex(c.imm) + " with " +
-                                      std::to_string(c.byte_len) + " bytes where " + where +
-                                      " with " + std::to_string(rc.count * es) +
-                                      " bytes was expected"));
+          return fail(Error::make(
+              ErrorCode::transport,
+              who + "from predecessor rank " + std::to_string(t_.predecessor()) + ": immediate " +
+                  hex(c.imm) + " with " + std::to_string(c.byte_len) + " bytes where " + where +
+                  " with " + std::to_string(rc.count * es) + " bytes was expected"));
         got = true;
         const uint8_t* in = t_.recv_region().addr + (half + s) * ring_stride_;
         uint8_t* own = work + rc.first * es;

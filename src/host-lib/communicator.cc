@@ -20,13 +20,20 @@ const char* to_string(Op o) noexcept {
 const char* to_string(Path p) noexcept { return p == Path::ina ? "ina" : "ring"; }
 const char* to_string(ErrorCode c) noexcept {
   switch (c) {
-    case ErrorCode::ok: return "ok";
-    case ErrorCode::invalid_argument: return "invalid_argument";
-    case ErrorCode::no_device: return "no_device";
-    case ErrorCode::timeout: return "timeout";
-    case ErrorCode::transport: return "transport";
-    case ErrorCode::bootstrap: return "bootstrap";
-    case ErrorCode::internal: return "internal";
+    case ErrorCode::ok:
+      return "ok";
+    case ErrorCode::invalid_argument:
+      return "invalid_argument";
+    case ErrorCode::no_device:
+      return "no_device";
+    case ErrorCode::timeout:
+      return "timeout";
+    case ErrorCode::transport:
+      return "transport";
+    case ErrorCode::bootstrap:
+      return "bootstrap";
+    case ErrorCode::internal:
+      return "internal";
   }
   return "unknown";
 }
@@ -152,9 +159,9 @@ Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Op
   cc.ring_id = box ? fabric.config().ring.ring_id : 0;
   cc.msg_len = box ? fabric.config().ring.msg_len : options.msg_len;
   cc.pmtu = box ? fabric.config().ring.payload_bytes : options.payload_bytes;
-  cc.window = options.window != 0
-                  ? options.window
-                  : window_from_bdp(options.link_gbps, options.rtt_us, size_t{cc.msg_len} * cc.pmtu);
+  cc.window = options.window != 0 ? options.window
+                                  : window_from_bdp(options.link_gbps, options.rtt_us,
+                                                    size_t{cc.msg_len} * cc.pmtu);
   std::unique_ptr<Collective> c;
   if (Error e = Collective::create(*t, cc, c)) return e;
   out = std::make_unique<Communicator>(

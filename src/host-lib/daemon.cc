@@ -110,8 +110,8 @@ Registration register_ring(const DaemonTarget& target, const engine::RingSpec& s
       }
       if (std::chrono::steady_clock::now() + std::chrono::milliseconds(100) >= deadline) {
         reg.reason = "daemon at " + target.url + " accepted ring " + std::to_string(spec.ring_id) +
-                     " but the data plane did not install it within " +
-                     std::to_string(timeout_ms) + " ms (" +
+                     " but the data plane did not install it within " + std::to_string(timeout_ms) +
+                     " ms (" +
                      (g && g->status == 200 ? std::string("installed: false") : describe_error(g)) +
                      ")";
         return reg;

@@ -49,8 +49,8 @@ struct LoopbackFabric::Impl {
   std::vector<std::unique_ptr<RankState>> ranks;
   std::unique_ptr<engine::Engine> box;
   Error box_error;
-  std::set<FrameRec*> frames;   // live packets (held by the engine or in flight)
-  std::set<WriteRec*> writes;   // writes not fully delivered
+  std::set<FrameRec*> frames;  // live packets (held by the engine or in flight)
+  std::set<WriteRec*> writes;  // writes not fully delivered
   uint64_t into_box = 0, dropped = 0;
   uint16_t pmtu = 1024;
 
@@ -137,8 +137,8 @@ struct LoopbackFabric::Impl {
       const size_t flen = wire::build_message_packet(m, k, f->frame.data(), f->frame.size());
       if (flen == 0) {
         delete f;
-        return Error::make(ErrorCode::internal, "loopback: cannot build packet " +
-                                                    std::to_string(k) + " of a message");
+        return Error::make(ErrorCode::internal,
+                           "loopback: cannot build packet " + std::to_string(k) + " of a message");
       }
       f->frame.resize(flen);
       frames.insert(f);
@@ -250,8 +250,8 @@ LoopbackFabric::LoopbackFabric(const LoopbackConfig& cfg) : cfg_(cfg), impl_(new
     impl_->box = std::make_unique<engine::Engine>(cfg_.engine);
     const Status st = impl_->box->install_ring(cfg_.ring);
     if (!st.ok())
-      impl_->box_error =
-          Error::make(ErrorCode::invalid_argument, "loopback box refused the ring: " + st.to_string());
+      impl_->box_error = Error::make(ErrorCode::invalid_argument,
+                                     "loopback box refused the ring: " + st.to_string());
   }
 }
 
@@ -265,12 +265,13 @@ LoopbackFabric::~LoopbackFabric() {
 Error LoopbackFabric::transport(unsigned rank, std::unique_ptr<Transport>& out) {
   std::lock_guard lk(impl_->mu);
   if (rank >= cfg_.world)
-    return Error::make(ErrorCode::invalid_argument,
-                       "rank: " + std::to_string(rank) + " is outside 0.." +
-                           std::to_string(cfg_.world - 1));
+    return Error::make(
+        ErrorCode::invalid_argument,
+        "rank: " + std::to_string(rank) + " is outside 0.." + std::to_string(cfg_.world - 1));
   if (!impl_->box_error.ok()) return impl_->box_error;
   if (impl_->ranks[rank]->taken)
-    return Error::make(ErrorCode::invalid_argument, "rank: " + std::to_string(rank) + " taken twice");
+    return Error::make(ErrorCode::invalid_argument,
+                       "rank: " + std::to_string(rank) + " taken twice");
   impl_->ranks[rank]->taken = true;
   out = std::make_unique<LoopbackTransport>(*impl_, rank);
   return {};

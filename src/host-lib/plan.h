@@ -62,7 +62,7 @@ class Window {
   bool sent(size_t i);
   bool write_completed(size_t i);
   bool result_received(size_t i);
-  size_t done() const noexcept { return done_; }              // messages done (a prefix)
+  size_t done() const noexcept { return done_; }  // messages done (a prefix)
   size_t next_send() const noexcept { return sent_; }
   size_t writes_completed() const noexcept { return writes_; }
   size_t results_received() const noexcept { return results_; }

@@ -26,9 +26,9 @@
 #include <random>
 #include <thread>
 
+#include "common/ring_json.h"
 #include "host-lib/bootstrap.h"
 #include "host-lib/comm_impl.h"
-#include "common/ring_json.h"
 #include "host-lib/daemon.h"
 
 namespace netreduce {
@@ -41,11 +41,16 @@ Error verr(const std::string& m) { return Error::make(ErrorCode::transport, m); 
 
 ibv_mtu mtu_enum(uint16_t bytes) {
   switch (bytes) {
-    case 256: return IBV_MTU_256;
-    case 512: return IBV_MTU_512;
-    case 1024: return IBV_MTU_1024;
-    case 2048: return IBV_MTU_2048;
-    default: return IBV_MTU_4096;
+    case 256:
+      return IBV_MTU_256;
+    case 512:
+      return IBV_MTU_512;
+    case 1024:
+      return IBV_MTU_1024;
+    case 2048:
+      return IBV_MTU_2048;
+    default:
+      return IBV_MTU_4096;
   }
 }
 unsigned mtu_bytes(int e) { return 128u << e; }  // IBV_MTU_256 = 1
@@ -97,7 +102,9 @@ class VerbsTransport final : public Transport {
       }
     }
     ibv_mr* mr = ibv_reg_mr(pd_, addr, len, IBV_ACCESS_LOCAL_WRITE);
-    if (!mr) return verr("ibv_reg_mr of " + std::to_string(len) + " bytes failed: " + std::strerror(errno));
+    if (!mr)
+      return verr("ibv_reg_mr of " + std::to_string(len) +
+                  " bytes failed: " + std::strerror(errno));
     mrs_[a] = {len, mr};
     out = {static_cast<uint8_t*>(addr), len, mr->lkey, mr->rkey};
     return {};
@@ -106,8 +113,8 @@ class VerbsTransport final : public Transport {
   Error post_write_imm(const Region& src, size_t off, size_t len, size_t remote_off, uint32_t imm,
                        uint64_t wr_id) override {
     if (off + len > src.len || remote_off + len > succ_.recv_len)
-      return Error::make(ErrorCode::invalid_argument,
-                         "write of " + std::to_string(len) + " bytes outside the registered regions");
+      return Error::make(ErrorCode::invalid_argument, "write of " + std::to_string(len) +
+                                                          " bytes outside the registered regions");
     ibv_sge sge{};
     sge.addr = reinterpret_cast<uintptr_t>(src.addr + off);
     sge.length = static_cast<uint32_t>(len);
@@ -168,7 +175,8 @@ class VerbsTransport final : public Transport {
       ibv_recv_wr wr{};
       ibv_recv_wr* bad = nullptr;
       if (const int rc = ibv_post_recv(qp_p_, &wr, &bad))
-        return verr("rank " + std::to_string(rank_) + ": ibv_post_recv failed: " + std::strerror(rc));
+        return verr("rank " + std::to_string(rank_) +
+                    ": ibv_post_recv failed: " + std::strerror(rc));
     }
     return {};
   }
@@ -203,7 +211,9 @@ class VerbsTransport final : public Transport {
     ctx_ = ibv_open_device(dev);
     const std::string devname = ibv_get_device_name(dev);
     ibv_free_device_list(list);
-    if (!ctx_) return Error::make(ErrorCode::no_device, "cannot open RDMA device " + devname + ": " + std::strerror(errno));
+    if (!ctx_)
+      return Error::make(ErrorCode::no_device,
+                         "cannot open RDMA device " + devname + ": " + std::strerror(errno));
     ibv_port_attr pa{};
     if (ibv_query_port(ctx_, port_, &pa) != 0)
       return Error::make(ErrorCode::no_device, devname + ": no port " + std::to_string(port_));
@@ -235,8 +245,10 @@ class VerbsTransport final : public Transport {
     recv_buf_ = static_cast<uint8_t*>(std::aligned_alloc(4096, (recv_bytes + 4095) / 4096 * 4096));
     if (!recv_buf_) return Error::make(ErrorCode::internal, "out of memory for the receive region");
     std::memset(recv_buf_, 0, recv_bytes);
-    recv_mr_ = ibv_reg_mr(pd_, recv_buf_, recv_bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-    if (!recv_mr_) return verr(devname + ": cannot register the receive region: " + std::strerror(errno));
+    recv_mr_ =
+        ibv_reg_mr(pd_, recv_buf_, recv_bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (!recv_mr_)
+      return verr(devname + ": cannot register the receive region: " + std::strerror(errno));
     recv_ = {recv_buf_, recv_bytes, recv_mr_->lkey, recv_mr_->rkey};
     if (world_ > 1) {
       ibv_device_attr da{};
@@ -258,7 +270,8 @@ class VerbsTransport final : public Transport {
         a.pkey_index = 0;
         a.port_num = port_;
         a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
-        if (ibv_modify_qp(*q, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+        if (ibv_modify_qp(*q, &a,
+                          IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
           return verr(devname + ": QP to INIT failed: " + std::strerror(errno));
       }
       if (Error e = post_recvs(depth)) return e;
@@ -301,10 +314,11 @@ class VerbsTransport final : public Transport {
     a.ah_attr.grh.sgid_index = static_cast<uint8_t>(gid_index_);
     a.ah_attr.grh.hop_limit = 64;
     a.ah_attr.port_num = port_;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-      return verr("rank " + std::to_string(rank_) + ": QP to RTR with rank " + std::to_string(peer) +
-                  " failed: " + std::strerror(errno));
+    if (ibv_modify_qp(qp, &a,
+                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+      return verr("rank " + std::to_string(rank_) + ": QP to RTR with rank " +
+                  std::to_string(peer) + " failed: " + std::strerror(errno));
     ibv_qp_attr b{};
     b.qp_state = IBV_QPS_RTS;
     b.timeout = 14;
@@ -312,18 +326,19 @@ class VerbsTransport final : public Transport {
     b.rnr_retry = 7;
     b.sq_psn = my_psn;
     b.max_rd_atomic = 1;
-    if (ibv_modify_qp(qp, &b, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-      return verr("rank " + std::to_string(rank_) + ": QP to RTS with rank " + std::to_string(peer) +
-                  " failed: " + std::strerror(errno));
+    if (ibv_modify_qp(qp, &b,
+                      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                          IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+      return verr("rank " + std::to_string(rank_) + ": QP to RTS with rank " +
+                  std::to_string(peer) + " failed: " + std::strerror(errno));
     return {};
   }
 
   Error connect(const std::vector<PeerInfo>& all, uint16_t pmtu) {
     if (pmtu > mtu_bytes(active_mtu_))
-      return Error::make(ErrorCode::invalid_argument,
-                         "payload_bytes: " + std::to_string(pmtu) + " exceeds the port's active MTU " +
-                             std::to_string(mtu_bytes(active_mtu_)));
+      return Error::make(ErrorCode::invalid_argument, "payload_bytes: " + std::to_string(pmtu) +
+                                                          " exceeds the port's active MTU " +
+                                                          std::to_string(mtu_bytes(active_mtu_)));
     succ_ = all[successor()];
     if (world_ == 1) return {};
     const PeerInfo& pred = all[predecessor()];
@@ -374,16 +389,20 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   using namespace host;
   out.reset();
   if (world < 1 || world > 64)
-    return Error::make(ErrorCode::invalid_argument, "world: " + std::to_string(world) + " is outside 1..64");
-  if (rank < 0 || rank >= world)
     return Error::make(ErrorCode::invalid_argument,
-                       "rank: " + std::to_string(rank) + " is outside 0.." + std::to_string(world - 1));
+                       "world: " + std::to_string(world) + " is outside 1..64");
+  if (rank < 0 || rank >= world)
+    return Error::make(
+        ErrorCode::invalid_argument,
+        "rank: " + std::to_string(rank) + " is outside 0.." + std::to_string(world - 1));
   {
     std::string h, err;
     uint16_t p = 0;
-    if (!parse_host_port(bootstrap, h, p, err)) return Error::make(ErrorCode::invalid_argument, err);
+    if (!parse_host_port(bootstrap, h, p, err))
+      return Error::make(ErrorCode::invalid_argument, err);
   }
-  if (options.connect_timeout_ms <= 0 || options.op_timeout_ms <= 0 || options.daemon_timeout_ms <= 0)
+  if (options.connect_timeout_ms <= 0 || options.op_timeout_ms <= 0 ||
+      options.daemon_timeout_ms <= 0)
     return Error::make(ErrorCode::invalid_argument, "timeouts must be positive");
   const auto deadline = Clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
 
@@ -397,25 +416,27 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   if (Error e = make_plan(0, DataType::fp32, cc.msg_len, cc.pmtu, probe)) return e;
 
   auto t = std::make_unique<VerbsTransport>();
-  const size_t recv_bytes = recv_region_bytes(cc, static_cast<unsigned>(world), options.ring_buffer_bytes);
-  if (Error e = t->open(static_cast<unsigned>(rank), static_cast<unsigned>(world), device, gid_index,
-                        options.port, recv_bytes))
+  const size_t recv_bytes =
+      recv_region_bytes(cc, static_cast<unsigned>(world), options.ring_buffer_bytes);
+  if (Error e = t->open(static_cast<unsigned>(rank), static_cast<unsigned>(world), device,
+                        gid_index, options.port, recv_bytes))
     return e;
   PeerInfo mine = t->local_info();
   if (!options.ipv4.empty() && !ipv4_from_string(options.ipv4, mine.ipv4))
-    return Error::make(ErrorCode::invalid_argument, "ipv4: '" + options.ipv4 + "' is not an IPv4 address");
+    return Error::make(ErrorCode::invalid_argument,
+                       "ipv4: '" + options.ipv4 + "' is not an IPv4 address");
   mine.msg_len = cc.msg_len;
   mine.payload_bytes = cc.pmtu;
   mine.window = cc.window;
   mine.force_ring = options.force_ring ? 1 : 0;
 
   std::unique_ptr<Bootstrap> boot;
-  if (Error e = Bootstrap::create(static_cast<unsigned>(rank), static_cast<unsigned>(world), bootstrap,
-                                  deadline, boot))
+  if (Error e = Bootstrap::create(static_cast<unsigned>(rank), static_cast<unsigned>(world),
+                                  bootstrap, deadline, boot))
     return e;
   std::vector<std::string> blobs;
-  if (Error e = boot->allgather(std::string(reinterpret_cast<const char*>(&mine), sizeof mine), blobs,
-                                deadline))
+  if (Error e = boot->allgather(std::string(reinterpret_cast<const char*>(&mine), sizeof mine),
+                                blobs, deadline))
     return e;
   std::vector<PeerInfo> all(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
@@ -425,12 +446,13 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
     std::memcpy(&all[r], blobs[r].data(), sizeof(PeerInfo));
     const PeerInfo& p = all[r];
     if (p.magic != mine.magic || p.world != mine.world || p.msg_len != mine.msg_len ||
-        p.payload_bytes != mine.payload_bytes || p.window != mine.window || p.recv_len != mine.recv_len ||
-        p.force_ring != mine.force_ring)
+        p.payload_bytes != mine.payload_bytes || p.window != mine.window ||
+        p.recv_len != mine.recv_len || p.force_ring != mine.force_ring)
       return Error::make(ErrorCode::invalid_argument,
                          "rank " + std::to_string(r) +
                              " uses different options (world, msg_len, payload_bytes, window, "
-                             "ring_buffer_bytes or force_ring) than rank " + std::to_string(rank));
+                             "ring_buffer_bytes or force_ring) than rank " +
+                             std::to_string(rank));
   }
   if (Error e = t->connect(all, cc.pmtu)) return e;
   // Everyone's QPs are ready before anyone sends.
@@ -450,11 +472,16 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
     spec.window = cc.window;
     spec.payload_bytes = cc.pmtu;
     Registration reg;
-    if (options.force_ring) reg.reason = "ring forced by options";
-    else if (world < 2) reg.reason = "a single rank needs no box";
-    else if (!ips) reg.reason = "a rank's GID has no IPv4 address (give --ipv4)";
-    else reg = register_ring(daemon_target(options), spec, options.daemon_timeout_ms);
-    decision = std::string(reg.installed ? "I" : "R") + std::to_string(spec.ring_id) + ":" + reg.reason;
+    if (options.force_ring)
+      reg.reason = "ring forced by options";
+    else if (world < 2)
+      reg.reason = "a single rank needs no box";
+    else if (!ips)
+      reg.reason = "a rank's GID has no IPv4 address (give --ipv4)";
+    else
+      reg = register_ring(daemon_target(options), spec, options.daemon_timeout_ms);
+    decision =
+        std::string(reg.installed ? "I" : "R") + std::to_string(spec.ring_id) + ":" + reg.reason;
   }
   if (Error e = boot->broadcast(decision, deadline)) return e;
   const size_t colon = decision.find(':');

@@ -1,7 +1,8 @@
 // The C API: bad arguments and the missing device come back as status codes
 // with a message, never as a crash or an exception.
-#include <catch2/catch.hpp>
 #include <infiniband/verbs.h>
+
+#include <catch2/catch.hpp>
 #include <string>
 
 #include "netreduce/netreduce.h"

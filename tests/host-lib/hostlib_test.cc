@@ -8,8 +8,9 @@
 //     bit for bit; for integers and min/max this is the same as rank order,
 //     which is checked too, and so are float sums of exactly representable
 //     values.
-#include <catch2/catch.hpp>
 #include <infiniband/verbs.h>
+
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -28,7 +29,7 @@ using namespace netreduce::host;
 
 namespace {
 
-constexpr DataType kTypes[] = {DataType::fp32, DataType::fp16, DataType::bf16,
+constexpr DataType kTypes[] = {DataType::fp32,  DataType::fp16,  DataType::bf16,
                                DataType::int32, DataType::int64, DataType::fp64};
 constexpr Op kOps[] = {Op::sum, Op::min, Op::max};
 
@@ -140,8 +141,8 @@ struct Job {
     std::vector<Error> errs(comms.size());
     for (unsigned r : ranks) {
       out[r].assign(in[r].size(), 0xEE);
-      errs[r] = comms[r]->allreduce_async(in[r].data(), out[r].data(), count, t, op, h[r],
-                                          timeout_ms);
+      errs[r] =
+          comms[r]->allreduce_async(in[r].data(), out[r].data(), count, t, op, h[r], timeout_ms);
     }
     for (unsigned r : ranks)
       if (errs[r].ok()) errs[r] = h[r].wait();
@@ -236,8 +237,8 @@ TEST_CASE("INA header: the bytes the host writes, by hand", "[hostlib][header]")
   uint8_t b[24];
   std::memset(b, 0xCC, sizeof b);
   wire::ina_encode(info, b);
-  const uint8_t expect[24] = {'I', 'N', 'E', 'T', 1, 3, 3, 0, 1, 2, 3, 4,
-                              5, 6, 7, 8, 0xA0, 0xB0, 0xC0, 0xD0, 0, 0, 0, 0};
+  const uint8_t expect[24] = {'I', 'N', 'E', 'T', 1,    3,    3,    0,    1, 2, 3, 4,
+                              5,   6,   7,   8,   0xA0, 0xB0, 0xC0, 0xD0, 0, 0, 0, 0};
   CHECK(std::memcmp(b, expect, 24) == 0);
   const auto d = wire::ina_decode(b, sizeof b);
   REQUIRE(d);
@@ -285,7 +286,7 @@ TEST_CASE("window: bandwidth-delay estimate", "[hostlib][window]") {
   // 25 Gb/s * 10 us = 31250 bytes; 4 KiB messages -> 8.
   CHECK(window_from_bdp(25, 10, 4096) == 8);
   CHECK(window_from_bdp(100, 10, 4096) == 31);
-  CHECK(window_from_bdp(1, 1, 4096) == 2);      // at least 2
+  CHECK(window_from_bdp(1, 1, 4096) == 2);       // at least 2
   CHECK(window_from_bdp(400, 100, 1024) == 64);  // at most 64
   CHECK(window_from_bdp(0, 10, 4096) == 2);
 }
@@ -327,8 +328,7 @@ TEST_CASE("ring schedule: every rank receives what its predecessor sends", "[hos
   }
 }
 
-TEST_CASE("ring fallback: every dtype x op against the ring-order reference",
-          "[hostlib][ring]") {
+TEST_CASE("ring fallback: every dtype x op against the ring-order reference", "[hostlib][ring]") {
   std::mt19937_64 rng(20261122);
   for (unsigned P : {2u, 3u, 5u}) {
     // A small receive region forces several segments per call.
@@ -387,8 +387,10 @@ TEST_CASE("ring fallback: in place, P = 1, empty tensors", "[hostlib][ring]") {
     const auto want = rank_order_reference(in, DataType::int32, Op::sum);
     std::vector<AllreduceHandle> h(P);
     for (unsigned r = 0; r < P; ++r)
-      REQUIRE(job.comms[r]->allreduce_async(in[r].data(), in[r].data(), 1000, DataType::int32,
-                                            Op::sum, h[r]).ok());
+      REQUIRE(
+          job.comms[r]
+              ->allreduce_async(in[r].data(), in[r].data(), 1000, DataType::int32, Op::sum, h[r])
+              .ok());
     for (unsigned r = 0; r < P; ++r) REQUIRE(h[r].wait().ok());
     for (unsigned r = 0; r < P; ++r) REQUIRE(in[r] == want);
     std::vector<std::vector<uint8_t>> out;
@@ -479,11 +481,15 @@ TEST_CASE("INA path: a window the box has no room for is caught by the box, not 
   // Rank 1 starts late, so rank 0 runs 4 messages ahead into reused slots.
   std::vector<AllreduceHandle> h(P);
   out.assign(P, std::vector<uint8_t>(in[0].size()));
-  REQUIRE(job.comms[0]->allreduce_async(in[0].data(), out[0].data(), count, DataType::fp32,
-                                        Op::sum, h[0], 1500).ok());
+  REQUIRE(
+      job.comms[0]
+          ->allreduce_async(in[0].data(), out[0].data(), count, DataType::fp32, Op::sum, h[0], 1500)
+          .ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  REQUIRE(job.comms[1]->allreduce_async(in[1].data(), out[1].data(), count, DataType::fp32,
-                                        Op::sum, h[1], 1500).ok());
+  REQUIRE(
+      job.comms[1]
+          ->allreduce_async(in[1].data(), out[1].data(), count, DataType::fp32, Op::sum, h[1], 1500)
+          .ok());
   const Error e0 = h[0].wait(), e1 = h[1].wait();
   const auto info = job.fabric.box_ring();
   REQUIRE(info);
@@ -499,7 +505,8 @@ TEST_CASE("INA path: a window the box has no room for is caught by the box, not 
   }
 }
 
-TEST_CASE("deadline: a rank that never sends is named, with the message id", "[hostlib][deadline]") {
+TEST_CASE("deadline: a rank that never sends is named, with the message id",
+          "[hostlib][deadline]") {
   std::mt19937_64 rng(11);
   const unsigned P = 3;
   for (bool box : {false, true}) {
@@ -533,7 +540,8 @@ TEST_CASE("deadline: a rank that never sends is named, with the message id", "[h
     }
     // The communicator refuses further calls with the first error.
     std::vector<uint8_t> buf(16);
-    const Error again = job.comms[0]->allreduce(buf.data(), buf.data(), 4, DataType::fp32, Op::sum, 100);
+    const Error again =
+        job.comms[0]->allreduce(buf.data(), buf.data(), 4, DataType::fp32, Op::sum, 100);
     CHECK(again.code == ErrorCode::timeout);
     CHECK(again.message.find("unusable") != std::string::npos);
   }
@@ -584,11 +592,13 @@ TEST_CASE("async: test() and wait(timeout) report progress", "[hostlib][async]")
   Job job(ring_fabric(P, 1 << 14), Options{});
   std::vector<int64_t> x(1000, 3), y(1000, 4), rx(1000), ry(1000);
   AllreduceHandle h0, h1;
-  REQUIRE(job.comms[0]->allreduce_async(x.data(), rx.data(), 1000, DataType::int64, Op::sum, h0).ok());
+  REQUIRE(
+      job.comms[0]->allreduce_async(x.data(), rx.data(), 1000, DataType::int64, Op::sum, h0).ok());
   // Rank 1 has not started: rank 0 cannot finish.
   CHECK(!h0.test());
   CHECK(h0.wait(20).code == ErrorCode::timeout);
-  REQUIRE(job.comms[1]->allreduce_async(y.data(), ry.data(), 1000, DataType::int64, Op::sum, h1).ok());
+  REQUIRE(
+      job.comms[1]->allreduce_async(y.data(), ry.data(), 1000, DataType::int64, Op::sum, h1).ok());
   REQUIRE(h0.wait().ok());
   REQUIRE(h1.wait().ok());
   Error e;

@@ -59,7 +59,8 @@ TEST_CASE("bootstrap: allgather and broadcast over TCP", "[hostlib][bootstrap]")
       std::unique_ptr<Bootstrap> b;
       errs[r] = Bootstrap::create(r, P, addr, in_ms(10000), b);
       if (!errs[r].ok()) return;
-      errs[r] = b->allgather("rank" + std::to_string(r) + std::string(r * 100, 'x'), got[r], in_ms(10000));
+      errs[r] = b->allgather("rank" + std::to_string(r) + std::string(r * 100, 'x'), got[r],
+                             in_ms(10000));
       if (!errs[r].ok()) return;
       bc[r] = r == 0 ? "decision" : "";
       errs[r] = b->broadcast(bc[r], in_ms(10000));
@@ -69,7 +70,8 @@ TEST_CASE("bootstrap: allgather and broadcast over TCP", "[hostlib][bootstrap]")
     INFO(errs[r].message);
     REQUIRE(errs[r].ok());
     REQUIRE(got[r].size() == P);
-    for (unsigned k = 0; k < P; ++k) CHECK(got[r][k] == "rank" + std::to_string(k) + std::string(k * 100, 'x'));
+    for (unsigned k = 0; k < P; ++k)
+      CHECK(got[r][k] == "rank" + std::to_string(k) + std::string(k * 100, 'x'));
     CHECK(bc[r] == "decision");
   }
 }
@@ -134,8 +136,9 @@ struct StubDaemon {
       seen_body = req.body;
       res.status = post_status;
       if (post_status >= 300)
-        res.set_content(R"({"error":{"code":"conflict","field":"id","message":"ring 42 exists with another spec"}})",
-                        "application/json");
+        res.set_content(
+            R"({"error":{"code":"conflict","field":"id","message":"ring 42 exists with another spec"}})",
+            "application/json");
       else
         res.set_content(R"({"ring":)" + req.body + "}", "application/json");
     });
