@@ -346,4 +346,18 @@ Error Collective::ring_allreduce(const void* send, void* recv, size_t count, Dat
   return {};
 }
 
+Error probe_box(Collective& c, unsigned rank, unsigned world, Clock::time_point deadline,
+                bool& confirmed, std::string& reason) {
+  confirmed = false;
+  const int32_t mine = static_cast<int32_t>(rank) + 1;
+  int32_t got = 0;
+  if (Error e = c.ina_allreduce(&mine, &got, 1, DataType::int32, Op::sum, deadline)) return e;
+  const int32_t want = static_cast<int32_t>(world * (world + 1) / 2);
+  confirmed = got == want;
+  if (!confirmed)
+    reason = "probe all-reduce gave " + std::to_string(got) + " instead of " +
+             std::to_string(want) + ": the box is not on the path between the ranks";
+  return {};
+}
+
 }  // namespace netreduce::host

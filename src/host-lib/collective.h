@@ -80,4 +80,13 @@ class Collective {
   std::deque<Completion> early_;  // ring path: receives that came before their step
 };
 
+// Checks that the box really is on the path before the INA path is trusted:
+// one all-reduce of int32 (rank + 1) that must sum to P (P + 1) / 2. Without
+// a box each rank would get its predecessor's data and the INA path would
+// silently return wrong results. Returns the all-reduce's own error (a
+// timeout: the box drops our packets), or ok with `confirmed` false and a
+// reason when the sum is wrong.
+Error probe_box(Collective& c, unsigned rank, unsigned world, Clock::time_point deadline,
+                bool& confirmed, std::string& reason);
+
 }  // namespace netreduce::host

@@ -494,6 +494,29 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
 
   std::unique_ptr<Collective> coll;
   if (Error e = Collective::create(*t, cc, coll)) return e;
+  if (cc.path == Path::ina) {
+    // Trust the box only once a probe all-reduce through it is right on
+    // every rank; otherwise every rank falls back to the ring together.
+    bool confirmed = false;
+    std::string why;
+    const auto probe_deadline =
+        std::max(deadline, Clock::now() + std::chrono::milliseconds(options.daemon_timeout_ms));
+    if (Error e = probe_box(*coll, static_cast<unsigned>(rank), static_cast<unsigned>(world),
+                            probe_deadline, confirmed, why))
+      return Error::make(e.code,
+                         "the daemon installed ring " + std::to_string(cc.ring_id) +
+                             " but the probe all-reduce through the box failed: " + e.message);
+    if (Error e = boot->allgather(confirmed ? "1" : "0" + why, blobs, deadline)) return e;
+    for (int r = 0; r < world; ++r) {
+      if (blobs[r] == "1") continue;
+      cc.path = Path::ring;
+      cc.reason = "rank " + std::to_string(r) + ": " + blobs[r].substr(1);
+      cc.ring_id = 0;
+      coll.reset();
+      if (Error e = Collective::create(*t, cc, coll)) return e;
+      break;
+    }
+  }
   out = std::make_unique<Communicator>(
       std::make_unique<Communicator::Impl>(std::move(t), std::move(coll), options));
   return {};

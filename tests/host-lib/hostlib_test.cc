@@ -634,3 +634,42 @@ TEST_CASE("verbs: no RDMA device is a clear error, not a crash", "[hostlib][verb
   CHECK(e.message.find("no RDMA device") != std::string::npos);
   CHECK(c == nullptr);
 }
+
+TEST_CASE("probe: the INA path is trusted only when the box is on the path", "[hostlib][probe]") {
+  for (bool box : {true, false}) {
+    INFO((box ? "with" : "without") << " a box");
+    const unsigned P = 3;
+    LoopbackConfig cfg = box ? box_fabric(P, 4, 2, 256) : ring_fabric(P, 1 << 14);
+    LoopbackFabric fabric(cfg);
+    std::vector<std::unique_ptr<Transport>> ts(P);
+    std::vector<std::unique_ptr<Collective>> cs(P);
+    CollectiveConfig cc;
+    cc.path = Path::ina;  // what a daemon that accepted the ring would make us use
+    cc.ring_id = 7;
+    cc.msg_len = 4;
+    cc.pmtu = 256;
+    cc.window = 2;
+    for (unsigned r = 0; r < P; ++r) {
+      REQUIRE(fabric.transport(r, ts[r]).ok());
+      REQUIRE(Collective::create(*ts[r], cc, cs[r]).ok());
+    }
+    std::vector<Error> errs(P);
+    std::vector<bool> ok(P);
+    std::vector<std::string> why(P);
+    std::vector<std::thread> th;
+    for (unsigned r = 0; r < P; ++r)
+      th.emplace_back([&, r] {
+        bool confirmed = false;
+        errs[r] =
+            probe_box(*cs[r], r, P, Clock::now() + std::chrono::seconds(20), confirmed, why[r]);
+        ok[r] = confirmed;
+      });
+    for (auto& t : th) t.join();
+    for (unsigned r = 0; r < P; ++r) {
+      INFO(errs[r].message << why[r]);
+      REQUIRE(errs[r].ok());
+      CHECK(ok[r] == box);
+      if (!box) CHECK(why[r].find("not on the path") != std::string::npos);
+    }
+  }
+}
