@@ -1,0 +1,181 @@
+// The C API: thin wrappers over the C++ Communicator; no exception crosses it.
+#include <new>
+#include <string>
+
+#include "netreduce/netreduce.h"
+#include "netreduce/netreduce.hpp"
+
+using netreduce::Error;
+using netreduce::ErrorCode;
+
+struct nr_comm {
+  std::unique_ptr<netreduce::Communicator> c;
+};
+struct nr_request {
+  netreduce::AllreduceHandle h;
+  bool finished = false;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+nr_status set(const Error& e) {
+  g_last_error = e.message;
+  return static_cast<nr_status>(static_cast<int>(e.code));
+}
+nr_status invalid(const char* msg) {
+  g_last_error = msg;
+  return NR_ERR_INVALID_ARGUMENT;
+}
+
+template <typename F>
+nr_status guarded(F&& f) noexcept {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    g_last_error = "out of memory";
+    return NR_ERR_INTERNAL;
+  } catch (const std::exception& e) {
+    g_last_error = e.what();
+    return NR_ERR_INTERNAL;
+  } catch (...) {
+    g_last_error = "unknown exception";
+    return NR_ERR_INTERNAL;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+void nr_options_init(nr_options* o) {
+  if (!o) return;
+  const netreduce::Options d;
+  o->msg_len = d.msg_len;
+  o->payload_bytes = d.payload_bytes;
+  o->window = d.window;
+  o->link_gbps = d.link_gbps;
+  o->rtt_us = d.rtt_us;
+  o->ring_id = d.ring_id;
+  o->daemon = nullptr;
+  o->token = nullptr;
+  o->force_ring = d.force_ring ? 1 : 0;
+  o->connect_timeout_ms = d.connect_timeout_ms;
+  o->daemon_timeout_ms = d.daemon_timeout_ms;
+  o->op_timeout_ms = d.op_timeout_ms;
+  o->ring_buffer_bytes = d.ring_buffer_bytes;
+  o->port = d.port;
+  o->ipv4 = nullptr;
+}
+
+nr_status nr_comm_create(int rank, int world, const char* device, int gid_index,
+                         const char* bootstrap, const nr_options* opts, nr_comm** out) {
+  return guarded([&]() -> nr_status {
+    if (!out) return invalid("out: null pointer");
+    *out = nullptr;
+    if (!bootstrap) return invalid("bootstrap: null (expected \"host:port\")");
+    netreduce::Options o;
+    if (opts) {
+      o.msg_len = opts->msg_len;
+      o.payload_bytes = opts->payload_bytes;
+      o.window = opts->window;
+      o.link_gbps = opts->link_gbps;
+      o.rtt_us = opts->rtt_us;
+      o.ring_id = opts->ring_id;
+      o.daemon = opts->daemon ? opts->daemon : "";
+      o.token = opts->token ? opts->token : "";
+      o.force_ring = opts->force_ring != 0;
+      o.connect_timeout_ms = opts->connect_timeout_ms;
+      o.daemon_timeout_ms = opts->daemon_timeout_ms;
+      o.op_timeout_ms = opts->op_timeout_ms;
+      o.ring_buffer_bytes = opts->ring_buffer_bytes;
+      o.port = opts->port;
+      o.ipv4 = opts->ipv4 ? opts->ipv4 : "";
+    }
+    auto c = std::make_unique<nr_comm>();
+    const Error e = netreduce::Communicator::create(rank, world, device ? device : "", gid_index,
+                                                    bootstrap, o, c->c);
+    if (!e.ok()) return set(e);
+    *out = c.release();
+    return NR_OK;
+  });
+}
+
+void nr_comm_destroy(nr_comm* comm) {
+  try {
+    delete comm;
+  } catch (...) {
+  }
+}
+
+nr_status nr_allreduce(nr_comm* comm, const void* send, void* recv, size_t count, nr_dtype dtype,
+                       nr_op op, int timeout_ms) {
+  return guarded([&]() -> nr_status {
+    if (!comm || !comm->c) return invalid("comm: null");
+    return set(comm->c->allreduce(send, recv, count, static_cast<netreduce::DataType>(dtype),
+                                  static_cast<netreduce::Op>(op), timeout_ms));
+  });
+}
+
+nr_status nr_allreduce_async(nr_comm* comm, const void* send, void* recv, size_t count,
+                             nr_dtype dtype, nr_op op, int timeout_ms, nr_request** out) {
+  return guarded([&]() -> nr_status {
+    if (!out) return invalid("out: null pointer");
+    *out = nullptr;
+    if (!comm || !comm->c) return invalid("comm: null");
+    auto r = std::make_unique<nr_request>();
+    const Error e =
+        comm->c->allreduce_async(send, recv, count, static_cast<netreduce::DataType>(dtype),
+                                 static_cast<netreduce::Op>(op), r->h, timeout_ms);
+    if (!e.ok()) return set(e);
+    *out = r.release();
+    return NR_OK;
+  });
+}
+
+nr_status nr_wait(nr_request* req, int timeout_ms) {
+  return guarded([&]() -> nr_status {
+    if (!req) return invalid("request: null");
+    const Error e = req->h.wait(timeout_ms);
+    if (req->h.test()) req->finished = true;
+    return set(e);
+  });
+}
+
+nr_status nr_test(nr_request* req) {
+  return guarded([&]() -> nr_status {
+    if (!req) return invalid("request: null");
+    Error e;
+    if (!req->h.test(&e)) return NR_IN_PROGRESS;
+    req->finished = true;
+    return set(e);
+  });
+}
+
+void nr_request_free(nr_request* req) {
+  if (!req) return;
+  // A running request would be written to after the free: wait for it.
+  if (!req->finished) (void)req->h.wait(-1);
+  delete req;
+}
+
+nr_status nr_comm_path(const nr_comm* comm, nr_path* path, const char** reason) {
+  if (!comm || !comm->c) return invalid("comm: null");
+  if (path) *path = comm->c->path() == netreduce::Path::ina ? NR_PATH_INA : NR_PATH_RING;
+  if (reason) *reason = comm->c->path_reason().c_str();
+  return NR_OK;
+}
+
+int nr_comm_rank(const nr_comm* comm) { return comm && comm->c ? comm->c->rank() : -1; }
+int nr_comm_world(const nr_comm* comm) { return comm && comm->c ? comm->c->world() : -1; }
+
+const char* nr_last_error(void) { return g_last_error.c_str(); }
+
+const char* nr_status_string(nr_status s) {
+  if (s == NR_IN_PROGRESS) return "in_progress";
+  if (static_cast<int>(s) < 0 || static_cast<int>(s) > 6) return "unknown";
+  return netreduce::to_string(static_cast<ErrorCode>(static_cast<int>(s)));
+}
+
+}  // extern "C"

@@ -1,0 +1,173 @@
+// The public C++ API over Communicator::Impl (comm_impl.h).
+#include <chrono>
+
+#include "host-lib/comm_impl.h"
+#include "host-lib/loopback.h"
+#include "wire/ina.h"
+
+namespace netreduce {
+
+size_t element_size(DataType t) noexcept { return wire::dtype_size(static_cast<uint8_t>(t)); }
+
+const char* to_string(DataType t) noexcept {
+  if (!wire::is_valid_dtype(static_cast<uint8_t>(t))) return "invalid";
+  return wire::to_string(static_cast<wire::Dtype>(t)).data();  // literals: NUL-terminated
+}
+const char* to_string(Op o) noexcept {
+  if (!wire::is_valid_op(static_cast<uint8_t>(o))) return "invalid";
+  return wire::to_string(static_cast<wire::ReduceOp>(o)).data();
+}
+const char* to_string(Path p) noexcept { return p == Path::ina ? "ina" : "ring"; }
+const char* to_string(ErrorCode c) noexcept {
+  switch (c) {
+    case ErrorCode::ok:
+      return "ok";
+    case ErrorCode::invalid_argument:
+      return "invalid_argument";
+    case ErrorCode::no_device:
+      return "no_device";
+    case ErrorCode::timeout:
+      return "timeout";
+    case ErrorCode::transport:
+      return "transport";
+    case ErrorCode::bootstrap:
+      return "bootstrap";
+    case ErrorCode::internal:
+      return "internal";
+  }
+  return "unknown";
+}
+
+Communicator::Impl::Impl(std::unique_ptr<host::Transport> t, std::unique_ptr<host::Collective> c,
+                         const Options& o, std::shared_ptr<void> k)
+    : options(o), keepalive(std::move(k)), transport(std::move(t)), collective(std::move(c)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Communicator::Impl::~Impl() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();  // queued calls finish first; each has a deadline
+  collective.reset();
+  transport.reset();
+}
+
+void Communicator::Impl::run() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    job();
+  }
+}
+
+Error Communicator::Impl::submit(const void* send, void* recv, size_t count, DataType t, Op op,
+                                 int timeout_ms, std::shared_ptr<AllreduceHandle::State>& out) {
+  auto st = std::make_shared<AllreduceHandle::State>();
+  st->path = collective->config().path;
+  const int ms = timeout_ms < 0 ? options.op_timeout_ms : timeout_ms;
+  {
+    std::lock_guard lk(mu_);
+    if (stop_) return Error::make(ErrorCode::internal, "communicator is shutting down");
+    queue_.push_back([this, st, send, recv, count, t, op, ms] {
+      // The deadline runs from when the call starts, not from when it was queued.
+      const auto deadline = host::Clock::now() + std::chrono::milliseconds(ms);
+      Error e = collective->allreduce(send, recv, count, t, op, deadline);
+      std::lock_guard g(st->mu);
+      st->result = std::move(e);
+      st->done = true;
+      st->cv.notify_all();
+    });
+  }
+  cv_.notify_all();
+  out = std::move(st);
+  return {};
+}
+
+Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Communicator::~Communicator() = default;
+
+Error Communicator::allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
+                              int timeout_ms) {
+  AllreduceHandle h;
+  if (Error e = allreduce_async(send, recv, count, t, op, h, timeout_ms)) return e;
+  return h.wait(-1);
+}
+
+Error Communicator::allreduce_async(const void* send, void* recv, size_t count, DataType t, Op op,
+                                    AllreduceHandle& handle, int timeout_ms) {
+  std::shared_ptr<AllreduceHandle::State> st;
+  if (Error e = impl_->submit(send, recv, count, t, op, timeout_ms, st)) return e;
+  handle = AllreduceHandle(std::move(st));
+  return {};
+}
+
+int Communicator::rank() const noexcept { return static_cast<int>(impl_->transport->rank()); }
+int Communicator::world() const noexcept { return static_cast<int>(impl_->transport->world()); }
+Path Communicator::path() const noexcept { return impl_->collective->config().path; }
+const std::string& Communicator::path_reason() const noexcept {
+  return impl_->collective->config().reason;
+}
+uint32_t Communicator::ring_id() const noexcept { return impl_->collective->config().ring_id; }
+uint16_t Communicator::window() const noexcept { return impl_->collective->config().window; }
+
+Error AllreduceHandle::wait(int timeout_ms) {
+  if (!state_) return Error::make(ErrorCode::invalid_argument, "handle: no operation");
+  std::unique_lock lk(state_->mu);
+  if (timeout_ms < 0) {
+    state_->cv.wait(lk, [&] { return state_->done; });
+  } else if (!state_->cv.wait_for(lk, std::chrono::milliseconds(timeout_ms),
+                                  [&] { return state_->done; })) {
+    return Error::make(ErrorCode::timeout, "all-reduce still running after " +
+                                               std::to_string(timeout_ms) +
+                                               " ms (it has its own deadline; wait again)");
+  }
+  return state_->result;
+}
+
+bool AllreduceHandle::test(Error* result) {
+  if (!state_) {
+    if (result) *result = Error::make(ErrorCode::invalid_argument, "handle: no operation");
+    return true;
+  }
+  std::lock_guard lk(state_->mu);
+  if (state_->done && result) *result = state_->result;
+  return state_->done;
+}
+
+Path AllreduceHandle::path() const noexcept { return state_ ? state_->path : Path::ring; }
+
+namespace host {
+
+Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Options& options,
+                                 std::unique_ptr<Communicator>& out) {
+  std::unique_ptr<Transport> t;
+  if (Error e = fabric.transport(rank, t)) return e;
+  CollectiveConfig cc;
+  const bool box = fabric.config().box && !options.force_ring;
+  cc.path = box ? Path::ina : Path::ring;
+  cc.reason = box ? "loopback box (engine::Engine in process)"
+                  : (fabric.config().box ? "ring forced by options" : "loopback without a box");
+  cc.ring_id = box ? fabric.config().ring.ring_id : 0;
+  cc.msg_len = box ? fabric.config().ring.msg_len : options.msg_len;
+  cc.pmtu = box ? fabric.config().ring.payload_bytes : options.payload_bytes;
+  cc.window = options.window != 0 ? options.window
+                                  : window_from_bdp(options.link_gbps, options.rtt_us,
+                                                    size_t{cc.msg_len} * cc.pmtu);
+  std::unique_ptr<Collective> c;
+  if (Error e = Collective::create(*t, cc, c)) return e;
+  out = std::make_unique<Communicator>(
+      std::make_unique<Communicator::Impl>(std::move(t), std::move(c), options));
+  return {};
+}
+
+}  // namespace host
+}  // namespace netreduce

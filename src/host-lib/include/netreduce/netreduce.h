@@ -1,0 +1,84 @@
+/* libnetreduce, C API (for bindings): the same communicator as netreduce.hpp.
+ *
+ * Every function returns an nr_status (0 = NR_OK). On failure the message is
+ * available from nr_last_error() (thread-local, valid until the next call
+ * on the same thread). No function throws or aborts on bad input.
+ */
+#ifndef NETREDUCE_NETREDUCE_H
+#define NETREDUCE_NETREDUCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  NR_OK = 0,
+  NR_ERR_INVALID_ARGUMENT = 1,
+  NR_ERR_NO_DEVICE = 2,
+  NR_ERR_TIMEOUT = 3,
+  NR_ERR_TRANSPORT = 4,
+  NR_ERR_BOOTSTRAP = 5,
+  NR_ERR_INTERNAL = 6,
+  NR_IN_PROGRESS = 7 /* nr_test: not finished yet */
+} nr_status;
+
+typedef enum { NR_FP32 = 1, NR_FP16 = 2, NR_BF16 = 3, NR_INT32 = 4, NR_INT64 = 5, NR_FP64 = 6 } nr_dtype;
+typedef enum { NR_SUM = 1, NR_MIN = 2, NR_MAX = 3 } nr_op;
+typedef enum { NR_PATH_INA = 0, NR_PATH_RING = 1 } nr_path;
+
+typedef struct nr_comm nr_comm;
+typedef struct nr_request nr_request;
+
+/* Options; nr_options_init fills the defaults (see netreduce.hpp Options). */
+typedef struct {
+  uint16_t msg_len;
+  uint16_t payload_bytes;
+  uint16_t window; /* 0: bandwidth-delay estimate */
+  double link_gbps;
+  double rtt_us;
+  uint32_t ring_id; /* 0: derived */
+  const char* daemon; /* NULL: NETREDUCE_DAEMON */
+  const char* token;  /* NULL: NETREDUCE_TOKEN / NETREDUCE_TOKEN_FILE */
+  int force_ring;
+  int connect_timeout_ms;
+  int daemon_timeout_ms;
+  int op_timeout_ms;
+  size_t ring_buffer_bytes;
+  uint8_t port;
+  const char* ipv4; /* NULL: from the GID */
+} nr_options;
+
+void nr_options_init(nr_options* o);
+
+/* device NULL or "": the first RDMA device. opts NULL: defaults. */
+nr_status nr_comm_create(int rank, int world, const char* device, int gid_index,
+                         const char* bootstrap, const nr_options* opts, nr_comm** out);
+void nr_comm_destroy(nr_comm* comm);
+
+/* timeout_ms < 0: the communicator's op_timeout_ms. */
+nr_status nr_allreduce(nr_comm* comm, const void* send, void* recv, size_t count, nr_dtype dtype,
+                       nr_op op, int timeout_ms);
+nr_status nr_allreduce_async(nr_comm* comm, const void* send, void* recv, size_t count,
+                             nr_dtype dtype, nr_op op, int timeout_ms, nr_request** out);
+/* Waits up to timeout_ms (< 0: until done). NR_ERR_TIMEOUT: still running. */
+nr_status nr_wait(nr_request* req, int timeout_ms);
+/* NR_IN_PROGRESS, or the operation's result. */
+nr_status nr_test(nr_request* req);
+/* Frees a request; it must have finished (nr_wait/nr_test returned its result). */
+void nr_request_free(nr_request* req);
+
+nr_status nr_comm_path(const nr_comm* comm, nr_path* path, const char** reason);
+int nr_comm_rank(const nr_comm* comm);
+int nr_comm_world(const nr_comm* comm);
+
+const char* nr_last_error(void);
+const char* nr_status_string(nr_status s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NETREDUCE_NETREDUCE_H */

@@ -1,0 +1,148 @@
+// libnetreduce, C++ API: all-reduce for data-parallel training over RoCEv2,
+// through the netreduce box when there is one, as a plain ring otherwise.
+//
+// One Communicator per process and job. Communicator::create() connects an
+// RC queue pair to the successor (rank + 1 mod P) and accepts one from the
+// predecessor, exchanging QP information through a TCP rendezvous at the
+// bootstrap address (rank 0 listens there, like NCCL's unique id). Rank 0
+// then registers the job's ring with the control daemon (NETREDUCE_DAEMON)
+// and tells every rank which path the collectives take:
+//   Path::ina   the box aggregates: each rank RDMA-WRITEs each message once
+//               and receives the reduced message from its predecessor's QP;
+//   Path::ring  no box configured, the daemon unreachable or refusing the
+//               ring: reduce-scatter + all-gather ring all-reduce over the
+//               same QPs. path_reason() says why.
+//
+// Errors are values, never exceptions. Every wait has a deadline; on expiry
+// the error names the peer rank, the message id and what was missing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace netreduce {
+
+// Wire values of the INA header (src/wire/ina.h).
+enum class DataType : uint8_t { fp32 = 1, fp16 = 2, bf16 = 3, int32 = 4, int64 = 5, fp64 = 6 };
+enum class Op : uint8_t { sum = 1, min = 2, max = 3 };
+enum class Path : uint8_t { ina, ring };
+
+size_t element_size(DataType t) noexcept;  // 0 for an invalid value
+const char* to_string(DataType t) noexcept;
+const char* to_string(Op o) noexcept;
+const char* to_string(Path p) noexcept;
+
+enum class ErrorCode : int {
+  ok = 0,
+  invalid_argument = 1,  // bad argument (the message names it)
+  no_device = 2,         // no RDMA device, or the named one does not exist
+  timeout = 3,           // a deadline expired (names the peer, message id, what was missing)
+  transport = 4,         // QP/CQ error, a work completion with an error status
+  bootstrap = 5,         // TCP rendezvous failed
+  internal = 6,
+};
+const char* to_string(ErrorCode c) noexcept;
+
+struct Error {
+  ErrorCode code = ErrorCode::ok;
+  std::string message;
+  bool ok() const noexcept { return code == ErrorCode::ok; }
+  explicit operator bool() const noexcept { return !ok(); }  // true when there is an error
+  static Error make(ErrorCode c, std::string m) { return {c, std::move(m)}; }
+};
+
+struct Options {
+  // Messages of the INA path: msg_len packets of payload_bytes (the RoCE path
+  // MTU: 256..4096); the first packet carries the 24-byte INA header.
+  uint16_t msg_len = 4;
+  uint16_t payload_bytes = 1024;
+  // Window N of rule W (DESIGN.md section 4). 0: estimated from the
+  // bandwidth-delay product link_gbps x rtt_us over the message size,
+  // clamped to [2, 64].
+  uint16_t window = 0;
+  double link_gbps = 25.0;
+  double rtt_us = 10.0;
+  // Ring id registered with the daemon; 0 derives one from the bootstrap
+  // address and the members.
+  uint32_t ring_id = 0;
+  // Daemon URL and token; empty = from NETREDUCE_DAEMON, NETREDUCE_TOKEN,
+  // NETREDUCE_TOKEN_FILE. No daemon URL at all = no box: ring path.
+  std::string daemon;
+  std::string token;
+  bool force_ring = false;  // never use the box
+  // Deadlines, milliseconds: bootstrap and connection set-up; the daemon's
+  // answer; one collective (the default when a call passes none).
+  int connect_timeout_ms = 30000;
+  int daemon_timeout_ms = 3000;
+  int op_timeout_ms = 30000;
+  // Receive buffer of the ring path (and at least the INA window): the ring
+  // path moves tensors in segments that fit in it.
+  size_t ring_buffer_bytes = 4u << 20;
+  // Verbs: port number, and the local IPv4 to put in the ring when the GID
+  // is not IPv4-mapped (empty = from the GID).
+  uint8_t port = 1;
+  std::string ipv4;
+};
+
+class AllreduceHandle;
+
+class Communicator {
+ public:
+  struct Impl;
+
+  // Creates the communicator over rdma-core verbs. device empty = the first
+  // RDMA device. Fails with ErrorCode::no_device when there is none.
+  static Error create(int rank, int world, const std::string& device, int gid_index,
+                      const std::string& bootstrap, const Options& options,
+                      std::unique_ptr<Communicator>& out);
+
+  explicit Communicator(std::unique_ptr<Impl> impl);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // recv may equal send (in place). count elements of type t. timeout_ms < 0:
+  // Options::op_timeout_ms. Every rank must make the same calls in the same
+  // order with the same count, type and op.
+  Error allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
+                  int timeout_ms = -1);
+  // Starts the all-reduce on the communicator's progress thread; the buffers
+  // must stay valid until the handle reports completion. Calls run in order.
+  Error allreduce_async(const void* send, void* recv, size_t count, DataType t, Op op,
+                        AllreduceHandle& handle, int timeout_ms = -1);
+
+  int rank() const noexcept;
+  int world() const noexcept;
+  Path path() const noexcept;
+  const std::string& path_reason() const noexcept;
+  uint32_t ring_id() const noexcept;
+  uint16_t window() const noexcept;
+
+  Impl& impl() noexcept { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+class AllreduceHandle {
+ public:
+  struct State;
+  AllreduceHandle() = default;
+  explicit AllreduceHandle(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  // Waits up to timeout_ms (< 0: forever; the operation has its own deadline,
+  // so this returns). A wait that times out returns ErrorCode::timeout and
+  // the operation keeps running: wait again before reusing the buffers.
+  Error wait(int timeout_ms = -1);
+  // True once the operation finished; error (if finished) in *result.
+  bool test(Error* result = nullptr);
+  bool valid() const noexcept { return state_ != nullptr; }
+  Path path() const noexcept;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace netreduce

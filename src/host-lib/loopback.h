@@ -1,0 +1,69 @@
+// LoopbackTransport: P ranks as threads of one process, for unit tests of
+// the collectives without an RDMA device.
+//
+// A LoopbackFabric holds every rank's receive region and completion queue
+// behind one mutex. post_write_imm() delivers at once: the bytes land in the
+// successor's receive region, the successor gets a receive completion with
+// the immediate, the writer a write completion; in the order posted, like RC.
+//
+// With `box` set, the fabric emulates the netreduce box by packetizing: every
+// write that starts with an INA header is cut into RoCEv2 frames through
+// wire::build_message_packet (rank r at 10.0.0.1 + r, real PSNs starting near
+// the 2^24 wrap, RETH, ImmDt, ICRC) and fed to a real engine::Engine with the
+// job's ring installed. What the engine releases (or forwards) is parsed
+// and its payload written into the receiver's region at its offset; a
+// write completes, on both sides, when its last packet has been delivered.
+// Packets the engine drops are lost for good (there is no retransmission
+// here): the writer then times out, which is how tests see them. Writes
+// without the INA magic are delivered directly (the engine would forward
+// them untouched).
+#pragma once
+
+#include <memory>
+
+#include "engine/engine.h"
+#include "host-lib/transport.h"
+
+namespace netreduce::host {
+
+struct LoopbackConfig {
+  unsigned world = 2;
+  size_t recv_bytes = 1u << 20;
+  bool box = false;
+  // Ring installed in the box (members are filled in: rank r = 10.0.0.1 + r).
+  engine::RingSpec ring{};
+  engine::EngineConfig engine{};
+};
+
+class LoopbackFabric {
+ public:
+  explicit LoopbackFabric(const LoopbackConfig& cfg);
+  ~LoopbackFabric();
+  LoopbackFabric(const LoopbackFabric&) = delete;
+  LoopbackFabric& operator=(const LoopbackFabric&) = delete;
+
+  // The transport of one rank (each rank once). Errors: rank out of range,
+  // taken twice, or the box refusing the ring.
+  Error transport(unsigned rank, std::unique_ptr<Transport>& out);
+
+  const LoopbackConfig& config() const noexcept { return cfg_; }
+  static uint32_t rank_ip(unsigned rank) noexcept { return 0x0A000001u + rank; }
+
+  // Box statistics (zero without a box).
+  uint64_t packets_into_box() const;
+  uint64_t packets_dropped_by_box() const;
+  std::optional<engine::RingInfo> box_ring() const;
+
+  struct Impl;
+
+ private:
+  LoopbackConfig cfg_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A Communicator over the fabric: path ina when the fabric has a box (and
+// options do not force the ring), ring otherwise.
+Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Options& options,
+                                 std::unique_ptr<Communicator>& out);
+
+}  // namespace netreduce::host

@@ -1,0 +1,525 @@
+// VerbsTransport (rdma-core) and Communicator::create.
+//
+// Each rank opens the device, makes one PD and one CQ, and two RC QPs: qp_s
+// sends to the successor, qp_p receives from the predecessor (P = 2 gives
+// two QPs between the same pair, one per direction). The receive region is
+// registered with remote write access; its address, rkey and size, each
+// QP's number and initial PSN, the GID, the port's active MTU and the
+// options that must agree travel through the bootstrap's allgather. Then
+// qp_s is brought to RTS against the successor's qp_p and qp_p against the
+// predecessor's qp_s (RoCEv2: a GRH with the peer's GID, path MTU =
+// payload_bytes, so the NIC cuts messages exactly where the box expects),
+// a second allgather makes sure every QP is ready before anything is sent,
+// and rank 0 registers the ring and broadcasts the path.
+//
+// Receives: WRITE WITH IMM consumes a receive WQE; qp_p keeps its receive
+// queue full (zero-SGE WQEs, re-posted as completions are polled). Memory
+// registrations are cached by address range and released with the
+// transport. Polling spins with yields, then sleeps 20 us per empty poll,
+// until the deadline.
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "common/ring_json.h"
+#include "host-lib/bootstrap.h"
+#include "host-lib/comm_impl.h"
+#include "host-lib/daemon.h"
+
+namespace netreduce {
+namespace host {
+namespace {
+
+constexpr int kQueueDepth = 1024;
+
+Error verr(const std::string& m) { return Error::make(ErrorCode::transport, m); }
+
+ibv_mtu mtu_enum(uint16_t bytes) {
+  switch (bytes) {
+    case 256:
+      return IBV_MTU_256;
+    case 512:
+      return IBV_MTU_512;
+    case 1024:
+      return IBV_MTU_1024;
+    case 2048:
+      return IBV_MTU_2048;
+    default:
+      return IBV_MTU_4096;
+  }
+}
+unsigned mtu_bytes(int e) { return 128u << e; }  // IBV_MTU_256 = 1
+
+// The per-rank information every other rank needs (fixed layout, host order;
+// all ranks run the same build).
+struct PeerInfo {
+  uint32_t magic = 0x4E52494E;
+  uint32_t world = 0;
+  uint32_t qpn_s = 0, psn_s = 0;  // QP to the successor
+  uint32_t qpn_p = 0, psn_p = 0;  // QP from the predecessor
+  uint8_t gid[16] = {};
+  uint64_t recv_addr = 0;
+  uint64_t recv_len = 0;
+  uint32_t recv_rkey = 0;
+  uint32_t ipv4 = 0;  // host order; 0 = unknown
+  uint32_t active_mtu = 0;
+  uint16_t msg_len = 0, payload_bytes = 0, window = 0, force_ring = 0;
+};
+
+class VerbsTransport final : public Transport {
+ public:
+  ~VerbsTransport() override {
+    if (qp_s_) ibv_destroy_qp(qp_s_);
+    if (qp_p_) ibv_destroy_qp(qp_p_);
+    for (auto& [addr, e] : mrs_) ibv_dereg_mr(e.mr);
+    if (recv_mr_) ibv_dereg_mr(recv_mr_);
+    if (cq_) ibv_destroy_cq(cq_);
+    if (pd_) ibv_dealloc_pd(pd_);
+    if (ctx_) ibv_close_device(ctx_);
+    std::free(recv_buf_);
+  }
+
+  unsigned rank() const noexcept override { return rank_; }
+  unsigned world() const noexcept override { return world_; }
+  const Region& recv_region() const noexcept override { return recv_; }
+  size_t successor_recv_bytes() const noexcept override { return succ_.recv_len; }
+  unsigned max_outstanding_writes() const noexcept override { return kQueueDepth; }
+
+  Error register_memory(void* addr, size_t len, Region& out) override {
+    const auto a = reinterpret_cast<uintptr_t>(addr);
+    auto it = mrs_.upper_bound(a);
+    if (it != mrs_.begin()) {
+      --it;
+      if (a >= it->first && a + len <= it->first + it->second.len) {
+        ibv_mr* mr = it->second.mr;
+        out = {static_cast<uint8_t*>(addr), len, mr->lkey, mr->rkey};
+        return {};
+      }
+    }
+    ibv_mr* mr = ibv_reg_mr(pd_, addr, len, IBV_ACCESS_LOCAL_WRITE);
+    if (!mr)
+      return verr("ibv_reg_mr of " + std::to_string(len) +
+                  " bytes failed: " + std::strerror(errno));
+    mrs_[a] = {len, mr};
+    out = {static_cast<uint8_t*>(addr), len, mr->lkey, mr->rkey};
+    return {};
+  }
+
+  Error post_write_imm(const Region& src, size_t off, size_t len, size_t remote_off, uint32_t imm,
+                       uint64_t wr_id) override {
+    if (off + len > src.len || remote_off + len > succ_.recv_len)
+      return Error::make(ErrorCode::invalid_argument, "write of " + std::to_string(len) +
+                                                          " bytes outside the registered regions");
+    ibv_sge sge{};
+    sge.addr = reinterpret_cast<uintptr_t>(src.addr + off);
+    sge.length = static_cast<uint32_t>(len);
+    sge.lkey = src.lkey;
+    ibv_send_wr wr{};
+    wr.wr_id = wr_id;
+    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wr.sg_list = len ? &sge : nullptr;
+    wr.num_sge = len ? 1 : 0;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.imm_data = htonl(imm);
+    wr.wr.rdma.remote_addr = succ_.recv_addr + remote_off;
+    wr.wr.rdma.rkey = succ_.recv_rkey;
+    ibv_send_wr* bad = nullptr;
+    if (const int rc = ibv_post_send(qp_s_, &wr, &bad))
+      return verr("rank " + std::to_string(rank_) + ": ibv_post_send to successor rank " +
+                  std::to_string(successor()) + " failed: " + std::strerror(rc));
+    return {};
+  }
+
+  Error poll(Completion* out, unsigned max, unsigned& n, Clock::time_point deadline) override {
+    n = 0;
+    ibv_wc wc[16];
+    unsigned empty = 0;
+    for (;;) {
+      const int got = ibv_poll_cq(cq_, static_cast<int>(std::min(max, 16u)), wc);
+      if (got < 0) return verr("rank " + std::to_string(rank_) + ": ibv_poll_cq failed");
+      for (int i = 0; i < got; ++i) {
+        Completion& c = out[n++];
+        c = {};
+        c.ok = wc[i].status == IBV_WC_SUCCESS;
+        c.vendor_status = wc[i].status;
+        c.what = ibv_wc_status_str(wc[i].status);
+        c.wr_id = wc[i].wr_id;
+        if (qp_p_ && wc[i].qp_num == qp_p_->qp_num) {
+          c.kind = Completion::Kind::recv_imm;
+          c.imm = ntohl(wc[i].imm_data);
+          c.byte_len = wc[i].byte_len;
+          if (c.ok) {
+            if (Error e = post_recvs(1)) return e;
+          }
+        } else {
+          c.kind = Completion::Kind::write_done;
+        }
+      }
+      if (n > 0) return {};
+      if (Clock::now() >= deadline) return {};
+      if (++empty < 1000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    }
+  }
+
+  Error post_recvs(int count) {
+    for (int i = 0; i < count; ++i) {
+      ibv_recv_wr wr{};
+      ibv_recv_wr* bad = nullptr;
+      if (const int rc = ibv_post_recv(qp_p_, &wr, &bad))
+        return verr("rank " + std::to_string(rank_) +
+                    ": ibv_post_recv failed: " + std::strerror(rc));
+    }
+    return {};
+  }
+
+  // Opens the device and creates everything local. gid_index < 0: the first
+  // RoCEv2 IPv4-mapped GID.
+  Error open(unsigned rank, unsigned world, const std::string& device, int gid_index, uint8_t port,
+             size_t recv_bytes) {
+    rank_ = rank;
+    world_ = world;
+    port_ = port;
+    int num = 0;
+    ibv_device** list = ibv_get_device_list(&num);
+    if (!list || num == 0) {
+      if (list) ibv_free_device_list(list);
+      return Error::make(ErrorCode::no_device,
+                         "no RDMA device: ibv_get_device_list found none (for Soft-RoCE: "
+                         "modprobe rdma_rxe; rdma link add rxe0 type rxe netdev eth0)");
+    }
+    ibv_device* dev = nullptr;
+    std::string names;
+    for (int i = 0; i < num; ++i) {
+      const std::string name = ibv_get_device_name(list[i]);
+      names += (names.empty() ? "" : ", ") + name;
+      if (device.empty() ? i == 0 : name == device) dev = list[i];
+    }
+    if (!dev) {
+      ibv_free_device_list(list);
+      return Error::make(ErrorCode::no_device,
+                         "no RDMA device named '" + device + "' (present: " + names + ")");
+    }
+    ctx_ = ibv_open_device(dev);
+    const std::string devname = ibv_get_device_name(dev);
+    ibv_free_device_list(list);
+    if (!ctx_)
+      return Error::make(ErrorCode::no_device,
+                         "cannot open RDMA device " + devname + ": " + std::strerror(errno));
+    ibv_port_attr pa{};
+    if (ibv_query_port(ctx_, port_, &pa) != 0)
+      return Error::make(ErrorCode::no_device, devname + ": no port " + std::to_string(port_));
+    if (pa.state != IBV_PORT_ACTIVE)
+      return verr(devname + " port " + std::to_string(port_) + " is not active");
+    active_mtu_ = pa.active_mtu;
+    if (gid_index < 0) {
+      for (int i = 0; i < pa.gid_tbl_len; ++i) {
+        ibv_gid_entry e{};
+        if (ibv_query_gid_ex(ctx_, port_, static_cast<uint32_t>(i), &e, 0) != 0) continue;
+        const uint8_t* g = e.gid.raw;
+        const bool v4 = std::all_of(g, g + 10, [](uint8_t b) { return b == 0; }) && g[10] == 0xFF &&
+                        g[11] == 0xFF;
+        if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && v4) {
+          gid_index = i;
+          break;
+        }
+      }
+      if (gid_index < 0)
+        return verr(devname + " port " + std::to_string(port_) +
+                    ": no RoCEv2 GID with an IPv4 address (give --gid-index)");
+    }
+    gid_index_ = gid_index;
+    if (ibv_query_gid(ctx_, port_, gid_index_, &gid_) != 0)
+      return verr(devname + ": no GID at index " + std::to_string(gid_index_));
+    pd_ = ibv_alloc_pd(ctx_);
+    cq_ = pd_ ? ibv_create_cq(ctx_, 4 * kQueueDepth, nullptr, nullptr, 0) : nullptr;
+    if (!pd_ || !cq_) return verr(devname + ": cannot create PD/CQ: " + std::strerror(errno));
+    recv_buf_ = static_cast<uint8_t*>(std::aligned_alloc(4096, (recv_bytes + 4095) / 4096 * 4096));
+    if (!recv_buf_) return Error::make(ErrorCode::internal, "out of memory for the receive region");
+    std::memset(recv_buf_, 0, recv_bytes);
+    recv_mr_ =
+        ibv_reg_mr(pd_, recv_buf_, recv_bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (!recv_mr_)
+      return verr(devname + ": cannot register the receive region: " + std::strerror(errno));
+    recv_ = {recv_buf_, recv_bytes, recv_mr_->lkey, recv_mr_->rkey};
+    if (world_ > 1) {
+      ibv_device_attr da{};
+      ibv_query_device(ctx_, &da);
+      const int depth = std::min(kQueueDepth, da.max_qp_wr > 0 ? da.max_qp_wr : kQueueDepth);
+      for (ibv_qp** q : {&qp_s_, &qp_p_}) {
+        ibv_qp_init_attr ia{};
+        ia.send_cq = cq_;
+        ia.recv_cq = cq_;
+        ia.qp_type = IBV_QPT_RC;
+        ia.cap.max_send_wr = static_cast<uint32_t>(depth);
+        ia.cap.max_recv_wr = static_cast<uint32_t>(depth);
+        ia.cap.max_send_sge = 1;
+        ia.cap.max_recv_sge = 1;
+        *q = ibv_create_qp(pd_, &ia);
+        if (!*q) return verr(devname + ": cannot create an RC QP: " + std::strerror(errno));
+        ibv_qp_attr a{};
+        a.qp_state = IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = port_;
+        a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
+        if (ibv_modify_qp(*q, &a,
+                          IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+          return verr(devname + ": QP to INIT failed: " + std::strerror(errno));
+      }
+      if (Error e = post_recvs(depth)) return e;
+      std::random_device rd;
+      psn_s_ = rd() & 0xFFFFFF;
+      psn_p_ = rd() & 0xFFFFFF;
+    }
+    return {};
+  }
+
+  PeerInfo local_info() const {
+    PeerInfo i;
+    i.world = world_;
+    if (qp_s_) i.qpn_s = qp_s_->qp_num, i.qpn_p = qp_p_->qp_num;
+    i.psn_s = psn_s_;
+    i.psn_p = psn_p_;
+    std::memcpy(i.gid, gid_.raw, 16);
+    i.recv_addr = reinterpret_cast<uintptr_t>(recv_buf_);
+    i.recv_len = recv_.len;
+    i.recv_rkey = recv_.rkey;
+    const uint8_t* g = gid_.raw;
+    if (std::all_of(g, g + 10, [](uint8_t b) { return b == 0; }) && g[10] == 0xFF && g[11] == 0xFF)
+      i.ipv4 = uint32_t{g[12]} << 24 | uint32_t{g[13]} << 16 | uint32_t{g[14]} << 8 | g[15];
+    i.active_mtu = static_cast<uint32_t>(active_mtu_);
+    return i;
+  }
+
+  // Brings a QP to RTS against the remote QP (number, its send PSN) at gid.
+  Error connect_qp(ibv_qp* qp, uint32_t my_psn, uint32_t remote_qpn, uint32_t remote_psn,
+                   const uint8_t* remote_gid, uint16_t pmtu, unsigned peer) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = mtu_enum(pmtu);
+    a.dest_qp_num = remote_qpn;
+    a.rq_psn = remote_psn;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr.is_global = 1;
+    std::memcpy(a.ah_attr.grh.dgid.raw, remote_gid, 16);
+    a.ah_attr.grh.sgid_index = static_cast<uint8_t>(gid_index_);
+    a.ah_attr.grh.hop_limit = 64;
+    a.ah_attr.port_num = port_;
+    if (ibv_modify_qp(qp, &a,
+                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+      return verr("rank " + std::to_string(rank_) + ": QP to RTR with rank " +
+                  std::to_string(peer) + " failed: " + std::strerror(errno));
+    ibv_qp_attr b{};
+    b.qp_state = IBV_QPS_RTS;
+    b.timeout = 14;
+    b.retry_cnt = 7;
+    b.rnr_retry = 7;
+    b.sq_psn = my_psn;
+    b.max_rd_atomic = 1;
+    if (ibv_modify_qp(qp, &b,
+                      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                          IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+      return verr("rank " + std::to_string(rank_) + ": QP to RTS with rank " +
+                  std::to_string(peer) + " failed: " + std::strerror(errno));
+    return {};
+  }
+
+  Error connect(const std::vector<PeerInfo>& all, uint16_t pmtu) {
+    if (pmtu > mtu_bytes(active_mtu_))
+      return Error::make(ErrorCode::invalid_argument, "payload_bytes: " + std::to_string(pmtu) +
+                                                          " exceeds the port's active MTU " +
+                                                          std::to_string(mtu_bytes(active_mtu_)));
+    succ_ = all[successor()];
+    if (world_ == 1) return {};
+    const PeerInfo& pred = all[predecessor()];
+    if (Error e = connect_qp(qp_s_, psn_s_, succ_.qpn_p, succ_.psn_p, succ_.gid, pmtu, successor()))
+      return e;
+    return connect_qp(qp_p_, psn_p_, pred.qpn_s, pred.psn_s, pred.gid, pmtu, predecessor());
+  }
+
+ private:
+  struct Mr {
+    size_t len;
+    ibv_mr* mr;
+  };
+  unsigned rank_ = 0, world_ = 1;
+  uint8_t port_ = 1;
+  int gid_index_ = 0;
+  ibv_gid gid_{};
+  ibv_mtu active_mtu_ = IBV_MTU_1024;
+  ibv_context* ctx_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  ibv_qp* qp_s_ = nullptr;
+  ibv_qp* qp_p_ = nullptr;
+  uint32_t psn_s_ = 0, psn_p_ = 0;
+  uint8_t* recv_buf_ = nullptr;
+  ibv_mr* recv_mr_ = nullptr;
+  Region recv_{};
+  PeerInfo succ_{};
+  std::map<uintptr_t, Mr> mrs_;
+};
+
+uint32_t derive_ring_id(const std::string& bootstrap, const std::vector<uint32_t>& members) {
+  uint32_t h = 2166136261u;  // FNV-1a
+  auto mix = [&h](uint8_t b) { h = (h ^ b) * 16777619u; };
+  for (char c : bootstrap) mix(static_cast<uint8_t>(c));
+  for (uint32_t m : members)
+    for (int s = 0; s < 32; s += 8) mix(static_cast<uint8_t>(m >> s));
+  h &= 0x7FFFFFFF;
+  return h == 0 ? 1 : h;
+}
+
+}  // namespace
+}  // namespace host
+
+Error Communicator::create(int rank, int world, const std::string& device, int gid_index,
+                           const std::string& bootstrap, const Options& options,
+                           std::unique_ptr<Communicator>& out) {
+  using namespace host;
+  out.reset();
+  if (world < 1 || world > 64)
+    return Error::make(ErrorCode::invalid_argument,
+                       "world: " + std::to_string(world) + " is outside 1..64");
+  if (rank < 0 || rank >= world)
+    return Error::make(
+        ErrorCode::invalid_argument,
+        "rank: " + std::to_string(rank) + " is outside 0.." + std::to_string(world - 1));
+  {
+    std::string h, err;
+    uint16_t p = 0;
+    if (!parse_host_port(bootstrap, h, p, err))
+      return Error::make(ErrorCode::invalid_argument, err);
+  }
+  if (options.connect_timeout_ms <= 0 || options.op_timeout_ms <= 0 ||
+      options.daemon_timeout_ms <= 0)
+    return Error::make(ErrorCode::invalid_argument, "timeouts must be positive");
+  const auto deadline = Clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
+
+  CollectiveConfig cc;
+  cc.msg_len = options.msg_len;
+  cc.pmtu = options.payload_bytes;
+  cc.window = options.window ? options.window
+                             : window_from_bdp(options.link_gbps, options.rtt_us,
+                                               size_t{options.msg_len} * options.payload_bytes);
+  MessagePlan probe;
+  if (Error e = make_plan(0, DataType::fp32, cc.msg_len, cc.pmtu, probe)) return e;
+
+  auto t = std::make_unique<VerbsTransport>();
+  const size_t recv_bytes =
+      recv_region_bytes(cc, static_cast<unsigned>(world), options.ring_buffer_bytes);
+  if (Error e = t->open(static_cast<unsigned>(rank), static_cast<unsigned>(world), device,
+                        gid_index, options.port, recv_bytes))
+    return e;
+  PeerInfo mine = t->local_info();
+  if (!options.ipv4.empty() && !ipv4_from_string(options.ipv4, mine.ipv4))
+    return Error::make(ErrorCode::invalid_argument,
+                       "ipv4: '" + options.ipv4 + "' is not an IPv4 address");
+  mine.msg_len = cc.msg_len;
+  mine.payload_bytes = cc.pmtu;
+  mine.window = cc.window;
+  mine.force_ring = options.force_ring ? 1 : 0;
+
+  std::unique_ptr<Bootstrap> boot;
+  if (Error e = Bootstrap::create(static_cast<unsigned>(rank), static_cast<unsigned>(world),
+                                  bootstrap, deadline, boot))
+    return e;
+  std::vector<std::string> blobs;
+  if (Error e = boot->allgather(std::string(reinterpret_cast<const char*>(&mine), sizeof mine),
+                                blobs, deadline))
+    return e;
+  std::vector<PeerInfo> all(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    if (blobs[r].size() != sizeof(PeerInfo))
+      return Error::make(ErrorCode::bootstrap, "bootstrap: rank " + std::to_string(r) +
+                                                   " sent malformed connection information");
+    std::memcpy(&all[r], blobs[r].data(), sizeof(PeerInfo));
+    const PeerInfo& p = all[r];
+    if (p.magic != mine.magic || p.world != mine.world || p.msg_len != mine.msg_len ||
+        p.payload_bytes != mine.payload_bytes || p.window != mine.window ||
+        p.recv_len != mine.recv_len || p.force_ring != mine.force_ring)
+      return Error::make(ErrorCode::invalid_argument,
+                         "rank " + std::to_string(r) +
+                             " uses different options (world, msg_len, payload_bytes, window, "
+                             "ring_buffer_bytes or force_ring) than rank " +
+                             std::to_string(rank));
+  }
+  if (Error e = t->connect(all, cc.pmtu)) return e;
+  // Everyone's QPs are ready before anyone sends.
+  if (Error e = boot->allgather("ready", blobs, deadline)) return e;
+
+  // Rank 0 decides the path and tells everyone.
+  std::string decision;
+  if (rank == 0) {
+    engine::RingSpec spec;
+    bool ips = true;
+    for (const PeerInfo& p : all) {
+      spec.members.push_back(p.ipv4);
+      ips = ips && p.ipv4 != 0;
+    }
+    spec.ring_id = options.ring_id ? options.ring_id : derive_ring_id(bootstrap, spec.members);
+    spec.msg_len = cc.msg_len;
+    spec.window = cc.window;
+    spec.payload_bytes = cc.pmtu;
+    Registration reg;
+    if (options.force_ring)
+      reg.reason = "ring forced by options";
+    else if (world < 2)
+      reg.reason = "a single rank needs no box";
+    else if (!ips)
+      reg.reason = "a rank's GID has no IPv4 address (give --ipv4)";
+    else
+      reg = register_ring(daemon_target(options), spec, options.daemon_timeout_ms);
+    decision =
+        std::string(reg.installed ? "I" : "R") + std::to_string(spec.ring_id) + ":" + reg.reason;
+  }
+  if (Error e = boot->broadcast(decision, deadline)) return e;
+  const size_t colon = decision.find(':');
+  if (decision.size() < 3 || colon == std::string::npos)
+    return Error::make(ErrorCode::bootstrap, "bootstrap: malformed path decision from rank 0");
+  cc.path = decision[0] == 'I' ? Path::ina : Path::ring;
+  cc.ring_id = static_cast<uint32_t>(std::strtoul(decision.c_str() + 1, nullptr, 10));
+  cc.reason = decision.substr(colon + 1);
+  if (cc.path == Path::ring) cc.ring_id = 0;
+
+  std::unique_ptr<Collective> coll;
+  if (Error e = Collective::create(*t, cc, coll)) return e;
+  if (cc.path == Path::ina) {
+    // Trust the box only once a probe all-reduce through it is right on
+    // every rank; otherwise every rank falls back to the ring together.
+    bool confirmed = false;
+    std::string why;
+    const auto probe_deadline =
+        std::max(deadline, Clock::now() + std::chrono::milliseconds(options.daemon_timeout_ms));
+    if (Error e = probe_box(*coll, static_cast<unsigned>(rank), static_cast<unsigned>(world),
+                            probe_deadline, confirmed, why))
+      return Error::make(e.code,
+                         "the daemon installed ring " + std::to_string(cc.ring_id) +
+                             " but the probe all-reduce through the box failed: " + e.message);
+    if (Error e = boot->allgather(confirmed ? "1" : "0" + why, blobs, deadline)) return e;
+    for (int r = 0; r < world; ++r) {
+      if (blobs[r] == "1") continue;
+      cc.path = Path::ring;
+      cc.reason = "rank " + std::to_string(r) + ": " + blobs[r].substr(1);
+      cc.ring_id = 0;
+      coll.reset();
+      if (Error e = Collective::create(*t, cc, coll)) return e;
+      break;
+    }
+  }
+  out = std::make_unique<Communicator>(
+      std::make_unique<Communicator::Impl>(std::move(t), std::move(coll), options));
+  return {};
+}
+
+}  // namespace netreduce

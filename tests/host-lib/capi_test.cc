@@ -1,0 +1,57 @@
+// The C API: bad arguments and the missing device come back as status codes
+// with a message, never as a crash or an exception.
+#include <infiniband/verbs.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "netreduce/netreduce.h"
+
+namespace {
+bool have_rdma_device() {
+  int n = 0;
+  ibv_device** l = ibv_get_device_list(&n);
+  if (l) ibv_free_device_list(l);
+  return n > 0;
+}
+}  // namespace
+
+TEST_CASE("C API: bad arguments are status codes with messages", "[hostlib][capi]") {
+  nr_comm* c = reinterpret_cast<nr_comm*>(0x1);
+  CHECK(nr_comm_create(0, 2, nullptr, 0, nullptr, nullptr, &c) == NR_ERR_INVALID_ARGUMENT);
+  CHECK(c == nullptr);
+  CHECK(std::string(nr_last_error()).find("bootstrap") != std::string::npos);
+  CHECK(nr_comm_create(0, 2, nullptr, 0, "127.0.0.1:1", nullptr, nullptr) ==
+        NR_ERR_INVALID_ARGUMENT);
+  float x = 1;
+  CHECK(nr_allreduce(nullptr, &x, &x, 1, NR_FP32, NR_SUM, 10) == NR_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(nr_last_error()).find("comm") != std::string::npos);
+  nr_request* r = nullptr;
+  CHECK(nr_allreduce_async(nullptr, &x, &x, 1, NR_FP32, NR_SUM, 10, &r) == NR_ERR_INVALID_ARGUMENT);
+  CHECK(r == nullptr);
+  CHECK(nr_wait(nullptr, 0) == NR_ERR_INVALID_ARGUMENT);
+  CHECK(nr_test(nullptr) == NR_ERR_INVALID_ARGUMENT);
+  nr_request_free(nullptr);
+  nr_comm_destroy(nullptr);
+  CHECK(nr_comm_rank(nullptr) == -1);
+  CHECK(std::string(nr_status_string(NR_ERR_TIMEOUT)) == "timeout");
+  CHECK(std::string(nr_status_string(static_cast<nr_status>(99))) == "unknown");
+  nr_options o;
+  nr_options_init(&o);
+  CHECK(o.msg_len == 4);
+  CHECK(o.payload_bytes == 1024);
+}
+
+TEST_CASE("C API: no RDMA device", "[hostlib][capi]") {
+  if (have_rdma_device()) {
+    WARN("this machine has an RDMA device: the no-device path is not exercised");
+    return;
+  }
+  nr_comm* c = nullptr;
+  nr_options o;
+  nr_options_init(&o);
+  o.connect_timeout_ms = 500;
+  CHECK(nr_comm_create(0, 2, "", 0, "127.0.0.1:29999", &o, &c) == NR_ERR_NO_DEVICE);
+  CHECK(c == nullptr);
+  CHECK(std::string(nr_last_error()).find("no RDMA device") != std::string::npos);
+}

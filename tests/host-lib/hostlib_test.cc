@@ -1,0 +1,675 @@
+// libnetreduce unit tests. The all-reduce results are checked against
+// tests/engine/reference.h, written independently of src/reduce:
+//   - INA path (through a real engine::Engine in the loopback box, which
+//     reduces in rank order): every rank's result equals the rank-order
+//     reduction of all inputs, bit for bit;
+//   - ring path: every rank's result equals the reduction in the ring's
+//     order (chunk c: x[c], x[c+1], ..., x[c-1], rounded after each hop),
+//     bit for bit; for integers and min/max this is the same as rank order,
+//     which is checked too, and so are float sums of exactly representable
+//     values.
+#include <infiniband/verbs.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "engine/reference.h"
+#include "host-lib/collective.h"
+#include "host-lib/loopback.h"
+#include "host-lib/plan.h"
+#include "wire/headers.h"
+#include "wire/ina.h"
+#include "wire/message.h"
+
+using namespace netreduce;
+using namespace netreduce::host;
+
+namespace {
+
+constexpr DataType kTypes[] = {DataType::fp32,  DataType::fp16,  DataType::bf16,
+                               DataType::int32, DataType::int64, DataType::fp64};
+constexpr Op kOps[] = {Op::sum, Op::min, Op::max};
+
+wire::Dtype wd(DataType t) { return static_cast<wire::Dtype>(t); }
+wire::ReduceOp wo(Op o) { return static_cast<wire::ReduceOp>(o); }
+
+// Random elements; `exact` keeps values small integers (order-free float sums).
+std::vector<uint8_t> make_input(std::mt19937_64& rng, DataType t, size_t count, bool exact) {
+  const size_t es = element_size(t);
+  std::vector<uint8_t> d(count * es);
+  std::uniform_real_distribution<double> u(-1000.0, 1000.0);
+  for (size_t i = 0; i < count; ++i) {
+    double v = exact ? static_cast<double>(static_cast<int>(rng() % 64) - 32) : u(rng);
+    if (!exact) {
+      const unsigned pick = rng() % 200;
+      if (pick == 0) v = std::numeric_limits<double>::quiet_NaN();
+      if (pick == 1) v = std::numeric_limits<double>::infinity();
+      if (pick == 2) v = -0.0;
+      if (pick == 3) v = 0.0;
+    }
+    uint8_t* p = d.data() + i * es;
+    switch (t) {
+      case DataType::fp32: {
+        const float f = static_cast<float>(v);
+        std::memcpy(p, &f, 4);
+        break;
+      }
+      case DataType::fp64:
+        std::memcpy(p, &v, 8);
+        break;
+      case DataType::fp16: {
+        const uint16_t h = ref::fp16_narrow(static_cast<float>(exact ? v : v / 16));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::bf16: {
+        const uint16_t h = ref::bf16_narrow(static_cast<float>(v));
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case DataType::int32: {
+        const int32_t x = exact ? static_cast<int32_t>(v) : static_cast<int32_t>(rng());
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DataType::int64: {
+        const int64_t x = exact ? static_cast<int64_t>(v) : static_cast<int64_t>(rng());
+        std::memcpy(p, &x, 8);
+        break;
+      }
+    }
+  }
+  return d;
+}
+
+std::vector<uint8_t> rank_order_reference(const std::vector<std::vector<uint8_t>>& in, DataType t,
+                                          Op op) {
+  std::vector<const uint8_t*> ptrs;
+  for (const auto& v : in) ptrs.push_back(v.data());
+  std::vector<uint8_t> out(in[0].size());
+  if (!out.empty()) ref::reduce(wd(t), wo(op), ptrs, out.size(), out.data());
+  return out;
+}
+
+// The ring's order, written out independently of plan.cc: segments of
+// seg_max elements, chunk c of a segment of n elements is
+// [c * (n / P) + min(c, n % P), + n / P + (c < n % P)), folded from rank c.
+std::vector<uint8_t> ring_order_reference(const std::vector<std::vector<uint8_t>>& in, DataType t,
+                                          Op op, size_t seg_max) {
+  const size_t P = in.size(), es = element_size(t), count = in[0].size() / es;
+  std::vector<uint8_t> out(in[0].size());
+  for (size_t seg = 0; seg < count; seg += seg_max) {
+    const size_t n = std::min(seg_max, count - seg);
+    for (size_t c = 0; c < P; ++c) {
+      const size_t first = seg + c * (n / P) + std::min(c, n % P);
+      const size_t len = (n / P + (c < n % P ? 1 : 0)) * es;
+      if (len == 0) continue;
+      std::vector<uint8_t> acc(in[c].begin() + first * es, in[c].begin() + first * es + len);
+      for (size_t k = 1; k < P; ++k) {
+        std::vector<uint8_t> next(len);
+        ref::reduce(wd(t), wo(op), {acc.data(), in[(c + k) % P].data() + first * es}, len,
+                    next.data());
+        acc = next;
+      }
+      std::memcpy(out.data() + first * es, acc.data(), len);
+    }
+  }
+  return out;
+}
+
+struct Job {
+  LoopbackFabric fabric;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  Job(const LoopbackConfig& cfg, const Options& o) : fabric(cfg), comms(cfg.world) {
+    for (unsigned r = 0; r < cfg.world; ++r) {
+      const Error e = make_loopback_communicator(fabric, r, o, comms[r]);
+      INFO(e.message);
+      REQUIRE(e.ok());
+    }
+  }
+  // All ranks (or those in `ranks`) at once, through the async API.
+  std::vector<Error> run(const std::vector<std::vector<uint8_t>>& in,
+                         std::vector<std::vector<uint8_t>>& out, size_t count, DataType t, Op op,
+                         int timeout_ms = 20000, std::vector<unsigned> ranks = {}) {
+    if (ranks.empty())
+      for (unsigned r = 0; r < comms.size(); ++r) ranks.push_back(r);
+    out.assign(comms.size(), {});
+    std::vector<AllreduceHandle> h(comms.size());
+    std::vector<Error> errs(comms.size());
+    for (unsigned r : ranks) {
+      out[r].assign(in[r].size(), 0xEE);
+      errs[r] =
+          comms[r]->allreduce_async(in[r].data(), out[r].data(), count, t, op, h[r], timeout_ms);
+    }
+    for (unsigned r : ranks)
+      if (errs[r].ok()) errs[r] = h[r].wait();
+    return errs;
+  }
+};
+
+LoopbackConfig ring_fabric(unsigned P, size_t recv_bytes) {
+  LoopbackConfig c;
+  c.world = P;
+  c.recv_bytes = recv_bytes;
+  return c;
+}
+
+LoopbackConfig box_fabric(unsigned P, uint16_t msg_len, uint16_t window, uint16_t pmtu) {
+  LoopbackConfig c;
+  c.world = P;
+  c.box = true;
+  c.ring.ring_id = 7;
+  c.ring.msg_len = msg_len;
+  c.ring.window = window;
+  c.ring.payload_bytes = pmtu;
+  c.recv_bytes = std::max<size_t>(size_t{window} * msg_len * pmtu, 4096);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("chunking: messages of msg_len packets, header in packet 0", "[hostlib][plan]") {
+  MessagePlan p;
+  REQUIRE(make_plan(1000, DataType::fp32, 4, 256, p).ok());
+  // 4 * 256 - 24 = 1000 bytes = 250 floats per message.
+  CHECK(p.elems_per_msg == 250);
+  CHECK(p.messages == 4);
+  CHECK(p.slot_bytes() == 1024);
+  REQUIRE(make_plan(1001, DataType::fp32, 4, 256, p).ok());
+  CHECK(p.messages == 5);
+  CHECK(p.elems(4) == 1);
+  CHECK(p.packets(4) == 1);  // 24 + 4 bytes
+  CHECK(p.packets(0) == 4);
+  REQUIRE(make_plan(0, DataType::fp64, 1, 4096, p).ok());
+  CHECK(p.messages == 0);
+  CHECK(p.elems(0) == 0);
+
+  std::mt19937_64 rng(3);
+  for (int iter = 0; iter < 2000; ++iter) {
+    const DataType t = kTypes[rng() % 6];
+    const uint16_t pmtu = static_cast<uint16_t>(256u << (rng() % 5));
+    const uint16_t len = static_cast<uint16_t>(1 + rng() % 16);
+    const size_t count = rng() % 50000;
+    REQUIRE(make_plan(count, t, len, pmtu, p).ok());
+    size_t total = 0;
+    for (size_t i = 0; i < p.messages; ++i) {
+      REQUIRE(p.first_elem(i) == total);
+      REQUIRE(p.elems(i) > 0);
+      total += p.elems(i);
+      // Every message fits its slot and the ring's msg_len, and agrees with
+      // the wire layer's packetizer about its packet count.
+      REQUIRE(kInaHeaderBytes + p.data_bytes(i) <= p.slot_bytes());
+      REQUIRE(p.packets(i) <= len);
+      REQUIRE(p.packets(i) == wire::message_packets(p.data_bytes(i), pmtu));
+      if (i + 1 < p.messages) REQUIRE(p.elems(i) == p.elems_per_msg);
+    }
+    REQUIRE(total == count);
+    // A full message leaves less than one element of its slot unused.
+    REQUIRE(p.slot_bytes() - kInaHeaderBytes - p.elems_per_msg * p.esize < p.esize);
+  }
+}
+
+TEST_CASE("chunking: bad arguments are named", "[hostlib][plan]") {
+  MessagePlan p;
+  Error e = make_plan(10, static_cast<DataType>(9), 4, 1024, p);
+  CHECK(e.code == ErrorCode::invalid_argument);
+  CHECK(e.message.find("dtype") != std::string::npos);
+  e = make_plan(10, DataType::fp32, 4, 1000, p);
+  CHECK(e.message.find("payload_bytes") != std::string::npos);
+  e = make_plan(10, DataType::fp32, 0, 1024, p);
+  CHECK(e.message.find("msg_len") != std::string::npos);
+  e = make_plan(10, DataType::fp32, 1025, 1024, p);
+  CHECK(e.message.find("msg_len") != std::string::npos);
+}
+
+TEST_CASE("INA header: the bytes the host writes, by hand", "[hostlib][header]") {
+  // DESIGN.md section 2 + reserved word, big-endian.
+  wire::InaInfo info;
+  info.dtype = static_cast<uint8_t>(DataType::bf16);
+  info.op = static_cast<uint8_t>(Op::max);
+  info.ring_id = 0x01020304;
+  info.rank = 0x0506;
+  info.msg_len = 0x0708;
+  info.msg_id = 0xA0B0C0D0;
+  uint8_t b[24];
+  std::memset(b, 0xCC, sizeof b);
+  wire::ina_encode(info, b);
+  const uint8_t expect[24] = {'I', 'N', 'E', 'T', 1,    3,    3,    0,    1, 2, 3, 4,
+                              5,   6,   7,   8,   0xA0, 0xB0, 0xC0, 0xD0, 0, 0, 0, 0};
+  CHECK(std::memcmp(b, expect, 24) == 0);
+  const auto d = wire::ina_decode(b, sizeof b);
+  REQUIRE(d);
+  CHECK(d->msg_id == 0xA0B0C0D0);
+  CHECK(d->rank == 0x0506);
+  b[0] = 'X';
+  CHECK(!wire::ina_decode(b, sizeof b));
+  CHECK(!wire::ina_decode(expect, 23));
+}
+
+TEST_CASE("window: rule W, message i only once i - N is done", "[hostlib][window]") {
+  Window w(2);
+  w.reset(5);
+  CHECK(w.can_send(0));
+  CHECK(w.can_send(1));
+  CHECK(!w.can_send(2));
+  REQUIRE(w.sent(0));
+  REQUIRE(!w.sent(2));  // out of order
+  REQUIRE(w.sent(1));
+  CHECK(!w.can_send(2));
+  // The result alone is not enough: the own write must be acknowledged too.
+  REQUIRE(w.result_received(0));
+  CHECK(!w.can_send(2));
+  REQUIRE(!w.write_completed(1));  // completions come in order
+  REQUIRE(w.write_completed(0));
+  CHECK(w.done() == 1);
+  CHECK(w.can_send(2));
+  CHECK(!w.can_send(3));
+  // And the write alone is not enough either.
+  REQUIRE(w.write_completed(1));
+  CHECK(!w.can_send(3));
+  REQUIRE(!w.result_received(2));  // not sent: an error
+  REQUIRE(w.result_received(1));
+  CHECK(w.can_send(3));
+  for (size_t i = 2; i < 5; ++i) {
+    REQUIRE(w.sent(i));
+    REQUIRE(w.write_completed(i));
+    REQUIRE(w.result_received(i));
+  }
+  CHECK(w.finished());
+  CHECK(!w.can_send(5));
+}
+
+TEST_CASE("window: bandwidth-delay estimate", "[hostlib][window]") {
+  // 25 Gb/s * 10 us = 31250 bytes; 4 KiB messages -> 8.
+  CHECK(window_from_bdp(25, 10, 4096) == 8);
+  CHECK(window_from_bdp(100, 10, 4096) == 31);
+  CHECK(window_from_bdp(1, 1, 4096) == 2);       // at least 2
+  CHECK(window_from_bdp(400, 100, 1024) == 64);  // at most 64
+  CHECK(window_from_bdp(0, 10, 4096) == 2);
+}
+
+TEST_CASE("ring schedule: every rank receives what its predecessor sends", "[hostlib][ring]") {
+  for (unsigned P = 2; P <= 9; ++P) {
+    // Track which ranks' contributions each rank's copy of each chunk holds.
+    std::vector<std::vector<uint64_t>> has(P, std::vector<uint64_t>(P));
+    for (unsigned r = 0; r < P; ++r)
+      for (unsigned c = 0; c < P; ++c) has[r][c] = uint64_t{1} << r;
+    for (unsigned s = 0; s < ring_steps(P); ++s) {
+      auto next = has;
+      for (unsigned r = 0; r < P; ++r) {
+        const RingStep me = ring_step(r, P, s);
+        const RingStep pred = ring_step((r + P - 1) % P, P, s);
+        REQUIRE(me.recv_chunk == pred.send_chunk);
+        const uint64_t got = has[(r + P - 1) % P][pred.send_chunk];
+        if (me.reduce) {
+          REQUIRE((has[r][me.recv_chunk] & got) == 0);  // never counted twice
+          next[r][me.recv_chunk] |= got;
+        } else {
+          next[r][me.recv_chunk] = got;
+        }
+      }
+      has = next;
+    }
+    for (unsigned r = 0; r < P; ++r)
+      for (unsigned c = 0; c < P; ++c) REQUIRE(has[r][c] == (uint64_t{1} << P) - 1);
+    // Chunks tile the segment for any n.
+    for (size_t n : {size_t{0}, size_t{1}, size_t{P - 1}, size_t{P}, size_t{7 * P + 3}}) {
+      size_t next = 0;
+      for (unsigned c = 0; c < P; ++c) {
+        const ChunkRange cr = ring_chunk(n, P, c);
+        REQUIRE(cr.first == next);
+        next += cr.count;
+      }
+      REQUIRE(next == n);
+    }
+  }
+}
+
+TEST_CASE("ring fallback: every dtype x op against the ring-order reference", "[hostlib][ring]") {
+  std::mt19937_64 rng(20261122);
+  for (unsigned P : {2u, 3u, 5u}) {
+    // A small receive region forces several segments per call.
+    const size_t recv_bytes = 8192;
+    Options o;
+    Job job(ring_fabric(P, recv_bytes), o);
+    REQUIRE(job.comms[0]->path() == Path::ring);
+    const size_t stride = recv_bytes / (4 * (P - 1)) / 64 * 64;
+    for (DataType t : kTypes) {
+      const size_t seg_max = P * (stride / element_size(t));
+      for (Op op : kOps) {
+        for (size_t count : {size_t{1}, size_t{P - 1}, size_t{P}, size_t{13}, seg_max - 1,
+                             seg_max + 1, 3 * seg_max + 7, size_t{4099}}) {
+          INFO("P=" << P << " " << to_string(t) << " " << to_string(op) << " count=" << count);
+          std::vector<std::vector<uint8_t>> in, out;
+          for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, t, count, false));
+          const auto errs = job.run(in, out, count, t, op);
+          for (unsigned r = 0; r < P; ++r) {
+            INFO("rank " << r << ": " << errs[r].message);
+            REQUIRE(errs[r].ok());
+          }
+          const auto want = ring_order_reference(in, t, op, seg_max);
+          for (unsigned r = 0; r < P; ++r) REQUIRE(out[r] == want);
+          // Integers and min/max do not depend on the order at all.
+          const bool order_free = op != Op::sum || t == DataType::int32 || t == DataType::int64;
+          if (order_free) REQUIRE(want == rank_order_reference(in, t, op));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ring fallback: exactly representable sums equal the rank order", "[hostlib][ring]") {
+  std::mt19937_64 rng(5);
+  const unsigned P = 4;
+  Job job(ring_fabric(P, 1 << 16), Options{});
+  for (DataType t : kTypes) {
+    const size_t count = 5003;
+    std::vector<std::vector<uint8_t>> in, out;
+    for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, t, count, true));
+    const auto errs = job.run(in, out, count, t, Op::sum);
+    for (unsigned r = 0; r < P; ++r) {
+      REQUIRE(errs[r].ok());
+      REQUIRE(out[r] == rank_order_reference(in, t, Op::sum));
+    }
+  }
+}
+
+TEST_CASE("ring fallback: in place, P = 1, empty tensors", "[hostlib][ring]") {
+  std::mt19937_64 rng(9);
+  {
+    const unsigned P = 3;
+    Job job(ring_fabric(P, 1 << 15), Options{});
+    std::vector<std::vector<uint8_t>> in;
+    for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::int32, 1000, false));
+    const auto want = rank_order_reference(in, DataType::int32, Op::sum);
+    std::vector<AllreduceHandle> h(P);
+    for (unsigned r = 0; r < P; ++r)
+      REQUIRE(
+          job.comms[r]
+              ->allreduce_async(in[r].data(), in[r].data(), 1000, DataType::int32, Op::sum, h[r])
+              .ok());
+    for (unsigned r = 0; r < P; ++r) REQUIRE(h[r].wait().ok());
+    for (unsigned r = 0; r < P; ++r) REQUIRE(in[r] == want);
+    std::vector<std::vector<uint8_t>> out;
+    for (auto& e : job.run(in, out, 0, DataType::fp32, Op::sum)) REQUIRE(e.ok());
+  }
+  {
+    Job solo(ring_fabric(1, 1 << 12), Options{});
+    std::vector<std::vector<uint8_t>> in{make_input(rng, DataType::fp64, 77, false)}, out;
+    REQUIRE(solo.run(in, out, 77, DataType::fp64, Op::max)[0].ok());
+    REQUIRE(out[0] == in[0]);
+  }
+}
+
+TEST_CASE("INA path through the loopback box (real engine): rank order, every dtype x op",
+          "[hostlib][ina]") {
+  std::mt19937_64 rng(77);
+  for (unsigned P : {2u, 3u, 4u}) {
+    LoopbackConfig cfg = box_fabric(P, 4, 3, 256);
+    Options o;
+    o.window = 3;
+    Job job(cfg, o);
+    REQUIRE(job.comms[0]->path() == Path::ina);
+    REQUIRE(job.comms[1]->ring_id() == 7);
+    size_t messages = 0;
+    for (DataType t : kTypes) {
+      for (Op op : kOps) {
+        MessagePlan plan;
+        REQUIRE(make_plan(1, t, 4, 256, plan).ok());
+        const size_t epm = plan.elems_per_msg;
+        for (size_t count : {size_t{1}, epm - 1, epm, epm + 1, 7 * epm + 5}) {
+          INFO("P=" << P << " " << to_string(t) << " " << to_string(op) << " count=" << count);
+          std::vector<std::vector<uint8_t>> in, out;
+          for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, t, count, false));
+          const auto errs = job.run(in, out, count, t, op);
+          for (unsigned r = 0; r < P; ++r) {
+            INFO("rank " << r << ": " << errs[r].message);
+            REQUIRE(errs[r].ok());
+          }
+          const auto want = rank_order_reference(in, t, op);
+          for (unsigned r = 0; r < P; ++r) REQUIRE(out[r] == want);
+          messages += (count + epm - 1) / epm;
+        }
+      }
+    }
+    // Everything went through the box as INA messages: P copies of each
+    // message completed there, none dropped.
+    const auto info = job.fabric.box_ring();
+    REQUIRE(info);
+    CHECK(info->counters.messages_completed == messages);
+    CHECK(job.fabric.packets_dropped_by_box() == 0);
+    CHECK(info->counters.packets_aggregated == job.fabric.packets_into_box());
+  }
+}
+
+TEST_CASE("INA path: message ids continue across calls and wrap the window", "[hostlib][ina]") {
+  std::mt19937_64 rng(78);
+  const unsigned P = 3;
+  LoopbackConfig cfg = box_fabric(P, 2, 2, 512);
+  Options o;
+  o.window = 2;
+  Job job(cfg, o);
+  for (int call = 0; call < 20; ++call) {
+    const size_t count = 1 + rng() % 3000;
+    std::vector<std::vector<uint8_t>> in, out;
+    for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::bf16, count, false));
+    for (auto& e : job.run(in, out, count, DataType::bf16, Op::sum)) REQUIRE(e.ok());
+    const auto want = rank_order_reference(in, DataType::bf16, Op::sum);
+    for (unsigned r = 0; r < P; ++r) REQUIRE(out[r] == want);
+  }
+  CHECK(job.fabric.packets_dropped_by_box() == 0);
+}
+
+TEST_CASE("INA path: a window the box has no room for is caught by the box, not mixed in",
+          "[hostlib][ina]") {
+  // Hosts that use a window of 4 against a ring installed with window 1 (two
+  // slots) break rule W: the engine must drop, never mix, and the hosts time
+  // out naming the message (no silent wrong result).
+  std::mt19937_64 rng(79);
+  const unsigned P = 2;
+  LoopbackConfig cfg = box_fabric(P, 1, 1, 256);
+  cfg.recv_bytes = 4 * 256;
+  Options o;
+  o.window = 4;
+  Job job(cfg, o);
+  const size_t count = 200 * 58;  // 200 one-packet messages of 58 floats
+  std::vector<std::vector<uint8_t>> in, out;
+  for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::fp32, count, false));
+  // Rank 1 starts late, so rank 0 runs 4 messages ahead into reused slots.
+  std::vector<AllreduceHandle> h(P);
+  out.assign(P, std::vector<uint8_t>(in[0].size()));
+  REQUIRE(
+      job.comms[0]
+          ->allreduce_async(in[0].data(), out[0].data(), count, DataType::fp32, Op::sum, h[0], 1500)
+          .ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(
+      job.comms[1]
+          ->allreduce_async(in[1].data(), out[1].data(), count, DataType::fp32, Op::sum, h[1], 1500)
+          .ok());
+  const Error e0 = h[0].wait(), e1 = h[1].wait();
+  const auto info = job.fabric.box_ring();
+  REQUIRE(info);
+  if (e0.ok() && e1.ok()) {
+    // Only possible if the box never had to refuse anything.
+    REQUIRE(out[0] == rank_order_reference(in, DataType::fp32, Op::sum));
+  } else {
+    CHECK(job.fabric.packets_dropped_by_box() > 0);
+    const Error& e = e0.ok() ? e1 : e0;
+    INFO(e.message);
+    CHECK(e.code == ErrorCode::timeout);
+    CHECK(e.message.find("message id") != std::string::npos);
+  }
+}
+
+TEST_CASE("deadline: a rank that never sends is named, with the message id",
+          "[hostlib][deadline]") {
+  std::mt19937_64 rng(11);
+  const unsigned P = 3;
+  for (bool box : {false, true}) {
+    INFO((box ? "ina" : "ring") << " path");
+    LoopbackConfig cfg = box ? box_fabric(P, 4, 2, 256) : ring_fabric(P, 1 << 14);
+    Options o;
+    o.window = 2;
+    Job job(cfg, o);
+    const size_t count = 3000;
+    std::vector<std::vector<uint8_t>> in, out;
+    for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::fp32, count, false));
+    const auto t0 = Clock::now();
+    // Rank 2 never calls.
+    const auto errs = job.run(in, out, count, DataType::fp32, Op::sum, 300, {0, 1});
+    const auto elapsed = Clock::now() - t0;
+    CHECK(elapsed < std::chrono::seconds(30));  // returned, no hang
+    for (unsigned r : {0u, 1u}) {
+      INFO(errs[r].message);
+      REQUIRE(errs[r].code == ErrorCode::timeout);
+      CHECK(errs[r].message.find("rank " + std::to_string(r) + ":") == 0);
+      CHECK(errs[r].message.find("message id") != std::string::npos);
+      CHECK(errs[r].message.find("timed out after") != std::string::npos);
+    }
+    // Rank 0's predecessor is the silent rank 2: it is named.
+    CHECK(errs[0].message.find("not received from predecessor rank 2") != std::string::npos);
+    if (box) {
+      // Nothing can complete at the box: message id 0 is the one missing.
+      CHECK(errs[0].message.find("result of message id 0 ") != std::string::npos);
+    } else {
+      CHECK(errs[0].message.find("message id 0x0 (segment 0, step 0") != std::string::npos);
+    }
+    // The communicator refuses further calls with the first error.
+    std::vector<uint8_t> buf(16);
+    const Error again =
+        job.comms[0]->allreduce(buf.data(), buf.data(), 4, DataType::fp32, Op::sum, 100);
+    CHECK(again.code == ErrorCode::timeout);
+    CHECK(again.message.find("unusable") != std::string::npos);
+  }
+}
+
+TEST_CASE("bad arguments: error values, and the communicator stays usable", "[hostlib][args]") {
+  const unsigned P = 2;
+  Job job(ring_fabric(P, 1 << 14), Options{});
+  std::vector<uint8_t> a(64), b(64);
+  struct Case {
+    const void* send;
+    void* recv;
+    size_t count;
+    DataType t;
+    Op op;
+    const char* field;
+  };
+  const Case cases[] = {
+      {nullptr, b.data(), 4, DataType::fp32, Op::sum, "send"},
+      {a.data(), nullptr, 4, DataType::fp32, Op::sum, "recv"},
+      {a.data(), b.data(), 4, static_cast<DataType>(0), Op::sum, "dtype"},
+      {a.data(), b.data(), 4, static_cast<DataType>(200), Op::sum, "dtype"},
+      {a.data(), b.data(), 4, DataType::fp32, static_cast<Op>(9), "op"},
+      {a.data(), a.data() + 4, 4, DataType::fp32, Op::sum, "overlaps"},
+      {a.data(), b.data(), size_t{1} << 62, DataType::fp32, Op::sum, "count"},
+  };
+  for (const Case& c : cases) {
+    for (unsigned r = 0; r < P; ++r) {
+      const Error e = job.comms[r]->allreduce(c.send, c.recv, c.count, c.t, c.op);
+      INFO(e.message);
+      CHECK(e.code == ErrorCode::invalid_argument);
+      CHECK(e.message.find(c.field) != std::string::npos);
+    }
+  }
+  std::vector<std::vector<uint8_t>> in(P, std::vector<uint8_t>(64, 1)), out;
+  for (auto& e : job.run(in, out, 16, DataType::int32, Op::sum)) REQUIRE(e.ok());
+  CHECK(out[0] == rank_order_reference(in, DataType::int32, Op::sum));
+
+  AllreduceHandle none;
+  CHECK(none.wait().code == ErrorCode::invalid_argument);
+  Error r;
+  CHECK(none.test(&r));
+  CHECK(r.code == ErrorCode::invalid_argument);
+}
+
+TEST_CASE("async: test() and wait(timeout) report progress", "[hostlib][async]") {
+  const unsigned P = 2;
+  Job job(ring_fabric(P, 1 << 14), Options{});
+  std::vector<int64_t> x(1000, 3), y(1000, 4), rx(1000), ry(1000);
+  AllreduceHandle h0, h1;
+  REQUIRE(
+      job.comms[0]->allreduce_async(x.data(), rx.data(), 1000, DataType::int64, Op::sum, h0).ok());
+  // Rank 1 has not started: rank 0 cannot finish.
+  CHECK(!h0.test());
+  CHECK(h0.wait(20).code == ErrorCode::timeout);
+  REQUIRE(
+      job.comms[1]->allreduce_async(y.data(), ry.data(), 1000, DataType::int64, Op::sum, h1).ok());
+  REQUIRE(h0.wait().ok());
+  REQUIRE(h1.wait().ok());
+  Error e;
+  CHECK(h0.test(&e));
+  CHECK(e.ok());
+  CHECK(h0.path() == Path::ring);
+  CHECK(rx == std::vector<int64_t>(1000, 7));
+  CHECK(ry == rx);
+}
+
+TEST_CASE("collective set-up refuses inconsistent options", "[hostlib][args]") {
+  LoopbackConfig cfg = ring_fabric(4, 512);  // too small for 4 ranks' ring slots
+  LoopbackFabric f(cfg);
+  std::unique_ptr<Communicator> c;
+  const Error e = make_loopback_communicator(f, 0, Options{}, c);
+  CHECK(e.code == ErrorCode::invalid_argument);
+  CHECK(e.message.find("ring_buffer_bytes") != std::string::npos);
+  std::unique_ptr<Communicator> c2;
+  CHECK(make_loopback_communicator(f, 9, Options{}, c2).code == ErrorCode::invalid_argument);
+}
+
+TEST_CASE("verbs: no RDMA device is a clear error, not a crash", "[hostlib][verbs]") {
+  int ndev = 0;
+  if (ibv_device** l = ibv_get_device_list(&ndev)) ibv_free_device_list(l);
+  if (ndev > 0) {
+    WARN("this machine has an RDMA device: the no-device path is not exercised");
+    return;
+  }
+  std::unique_ptr<Communicator> c;
+  const Error e = Communicator::create(0, 2, "", 0, "127.0.0.1:1", Options{}, c);
+  INFO(e.message);
+  CHECK(e.code == ErrorCode::no_device);
+  CHECK(e.message.find("no RDMA device") != std::string::npos);
+  CHECK(c == nullptr);
+}
+
+TEST_CASE("probe: the INA path is trusted only when the box is on the path", "[hostlib][probe]") {
+  for (bool box : {true, false}) {
+    INFO((box ? "with" : "without") << " a box");
+    const unsigned P = 3;
+    LoopbackConfig cfg = box ? box_fabric(P, 4, 2, 256) : ring_fabric(P, 1 << 14);
+    LoopbackFabric fabric(cfg);
+    std::vector<std::unique_ptr<Transport>> ts(P);
+    std::vector<std::unique_ptr<Collective>> cs(P);
+    CollectiveConfig cc;
+    cc.path = Path::ina;  // what a daemon that accepted the ring would make us use
+    cc.ring_id = 7;
+    cc.msg_len = 4;
+    cc.pmtu = 256;
+    cc.window = 2;
+    for (unsigned r = 0; r < P; ++r) {
+      REQUIRE(fabric.transport(r, ts[r]).ok());
+      REQUIRE(Collective::create(*ts[r], cc, cs[r]).ok());
+    }
+    std::vector<Error> errs(P);
+    std::vector<bool> ok(P);
+    std::vector<std::string> why(P);
+    std::vector<std::thread> th;
+    for (unsigned r = 0; r < P; ++r)
+      th.emplace_back([&, r] {
+        bool confirmed = false;
+        errs[r] =
+            probe_box(*cs[r], r, P, Clock::now() + std::chrono::seconds(20), confirmed, why[r]);
+        ok[r] = confirmed;
+      });
+    for (auto& t : th) t.join();
+    for (unsigned r = 0; r < P; ++r) {
+      INFO(errs[r].message << why[r]);
+      REQUIRE(errs[r].ok());
+      CHECK(ok[r] == box);
+      if (!box) CHECK(why[r].find("not on the path") != std::string::npos);
+    }
+  }
+}

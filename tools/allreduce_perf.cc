@@ -1,0 +1,292 @@
+// netreduce-allreduce-perf: all-reduce bandwidth over libnetreduce, in the
+// spirit of nccl-tests' all_reduce_perf. One process per rank:
+//
+//   netreduce-allreduce-perf --rank R --world P --bootstrap HOST:PORT
+//       [--device rxe0] [--gid-index -1] [-b 8] [-e 32M] [-f 2] [-d fp32]
+//       [-o sum] [-n 20] [-w 5] [-c 1] [--msg-len 4] [--payload 1024]
+//       [--window 0] [--timeout-ms 30000] [--force-ring]
+//   netreduce-allreduce-perf --loopback [--loopback-box] --world P ...
+//       (self-test without RDMA: P ranks as threads of this process)
+//
+// For each size: warm-up calls, then n timed calls; time is the mean per call.
+// algbw = bytes / time; busbw = algbw * 2 (P - 1) / P (nccl-tests' convention
+// for all-reduce, so ring and INA compare on the same scale). With -c 1 every
+// size is also checked: rank r's element i is ((7 i + 13 r) mod 9) - 4, whose
+// sum, min and max over ranks are exact in every data type, and every element
+// of the result is compared. Exit status: 0 if every call succeeded and every
+// check passed; 2 if there is no RDMA device; 1 otherwise.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "host-lib/loopback.h"
+#include "host-lib/plan.h"
+#include "netreduce/netreduce.hpp"
+#include "reduce/reduce.h"
+#include "wire/ina.h"
+
+using namespace netreduce;
+
+namespace {
+
+bool parse_size(const std::string& s, size_t& out) {
+  if (s.empty()) return false;
+  size_t pos = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(s, &pos);
+  } catch (...) {
+    return false;
+  }
+  std::string suf = s.substr(pos);
+  unsigned long long mul = 1;
+  if (suf == "K" || suf == "k")
+    mul = 1ull << 10;
+  else if (suf == "M" || suf == "m")
+    mul = 1ull << 20;
+  else if (suf == "G" || suf == "g")
+    mul = 1ull << 30;
+  else if (!suf.empty())
+    return false;
+  out = static_cast<size_t>(v * mul);
+  return true;
+}
+
+int pattern(size_t i, int rank) {
+  return static_cast<int>((7 * i + 13 * static_cast<size_t>(rank)) % 9) - 4;
+}
+
+void store(DataType t, uint8_t* p, double v) {
+  switch (t) {
+    case DataType::fp32: {
+      const float f = static_cast<float>(v);
+      std::memcpy(p, &f, 4);
+      break;
+    }
+    case DataType::fp64:
+      std::memcpy(p, &v, 8);
+      break;
+    case DataType::fp16: {
+      const uint16_t h = reduce::float_to_fp16(static_cast<float>(v));
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DataType::bf16: {
+      const uint16_t h = reduce::float_to_bf16(static_cast<float>(v));
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DataType::int32: {
+      const int32_t x = static_cast<int32_t>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    case DataType::int64: {
+      const int64_t x = static_cast<int64_t>(v);
+      std::memcpy(p, &x, 8);
+      break;
+    }
+  }
+}
+
+void fill(DataType t, std::vector<uint8_t>& buf, size_t count, int rank) {
+  const size_t es = element_size(t);
+  for (size_t i = 0; i < count; ++i) store(t, buf.data() + i * es, pattern(i, rank));
+}
+
+size_t check(DataType t, Op op, const std::vector<uint8_t>& got, size_t count, int world) {
+  const size_t es = element_size(t);
+  std::vector<uint8_t> want(es);
+  size_t errors = 0;
+  for (size_t i = 0; i < count; ++i) {
+    int acc = pattern(i, 0);
+    for (int r = 1; r < world; ++r) {
+      const int v = pattern(i, r);
+      acc = op == Op::sum ? acc + v : op == Op::min ? std::min(acc, v) : std::max(acc, v);
+    }
+    store(t, want.data(), acc);
+    if (std::memcmp(want.data(), got.data() + i * es, es) != 0) ++errors;
+  }
+  return errors;
+}
+
+struct SweepParams {
+  DataType t;
+  Op o;
+  size_t min_bytes, max_bytes;
+  double factor;
+  int iters, warmup;
+  bool check;
+};
+
+// The size sweep of one rank; rank 0 prints. Returns the exit status.
+int sweep(Communicator& comm, const SweepParams& p) {
+  const int rank = comm.rank(), world = comm.world();
+  const DataType t = p.t;
+  const Op o = p.o;
+  const size_t es = element_size(t), min_bytes = p.min_bytes, max_bytes = p.max_bytes;
+  const double factor = p.factor;
+  const int iters = p.iters, warmup = p.warmup, check_on = p.check ? 1 : 0;
+  if (rank == 0) {
+    std::printf("# netreduce-allreduce-perf: world %d, path %s (%s), ring %u, window %u\n", world,
+                to_string(comm.path()), comm.path_reason().c_str(), comm.ring_id(), comm.window());
+    std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s\n", "size(B)", "count", "type", "op",
+                "path", "time(us)", "algbw", "busbw", "errors");
+    std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s\n", "", "(elements)", "", "", "", "",
+                "(GB/s)", "(GB/s)", "");
+  }
+  std::vector<uint8_t> in(std::max<size_t>(max_bytes, es)), out(in.size());
+  size_t total_errors = 0;
+  int status = 0;
+  for (size_t bytes = std::max(min_bytes, es); bytes <= max_bytes;) {
+    const size_t count = bytes / es;
+    fill(t, in, count, rank);
+    Error err;
+    for (int i = 0; i < warmup && err.ok(); ++i)
+      err = comm.allreduce(in.data(), out.data(), count, p.t, p.o);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters && err.ok(); ++i)
+      err = comm.allreduce(in.data(), out.data(), count, p.t, p.o);
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+        iters;
+    size_t errors = 0;
+    if (err.ok() && check_on) {
+      std::memset(out.data(), 0xA5, count * es);
+      err = comm.allreduce(in.data(), out.data(), count, p.t, p.o);
+      if (err.ok()) errors = check(t, o, out, count, world);
+    }
+    if (!err.ok()) {
+      std::fprintf(stderr, "netreduce-allreduce-perf: rank %d: size %zu: %s\n", rank, count * es,
+                   err.message.c_str());
+      status = 1;
+      break;
+    }
+    total_errors += errors;
+    if (rank == 0 || errors > 0) {
+      const double algbw = static_cast<double>(count * es) / us / 1e3;
+      const double busbw = algbw * 2.0 * (world - 1) / world;
+      std::printf("  %12zu %12zu %6s %5s %5s %10.1f %9.3f %9.3f %7s\n", count * es, count,
+                  to_string(t), to_string(o), to_string(comm.path()), us, algbw, busbw,
+                  check_on ? std::to_string(errors).c_str() : "N/A");
+      std::fflush(stdout);
+    }
+    const size_t next = static_cast<size_t>(std::ceil(static_cast<double>(bytes) * factor));
+    bytes = next > bytes ? next : bytes + 1;
+  }
+  if (rank == 0)
+    std::printf("# errors: %zu, status: %s\n", total_errors,
+                status == 0 && total_errors == 0 ? "ok" : "FAILED");
+  return status != 0 || total_errors != 0 ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"netreduce all-reduce benchmark (one process per rank)"};
+  int rank = -1, world = 0, gid_index = -1, iters = 20, warmup = 5, check_on = 1;
+  std::string bootstrap, device, dtype_s = "fp32", op_s = "sum", min_s = "8", max_s = "32M";
+  double factor = 2;
+  Options opt;
+  app.add_option("--rank", rank, "this process's rank (required unless --loopback)");
+  app.add_option("--world", world, "number of ranks")->required();
+  app.add_option("--bootstrap", bootstrap,
+                 "rank 0's rendezvous address host:port (required unless --loopback)");
+  app.add_option("--device", device, "RDMA device (default: the first one)");
+  app.add_option("--gid-index", gid_index, "GID index (default -1: the first RoCEv2 IPv4 GID)");
+  app.add_option("-b,--minbytes", min_s, "smallest size (K, M, G suffixes)");
+  app.add_option("-e,--maxbytes", max_s, "largest size");
+  app.add_option("-f,--stepfactor", factor, "size multiplier between steps")
+      ->check(CLI::Range(1.01, 1e6));
+  app.add_option("-d,--datatype", dtype_s, "fp32 fp16 bf16 int32 int64 fp64");
+  app.add_option("-o,--op", op_s, "sum min max");
+  app.add_option("-n,--iters", iters, "timed calls per size")->check(CLI::Range(1, 1000000));
+  app.add_option("-w,--warmup_iters", warmup, "warm-up calls per size")
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("-c,--check", check_on, "check the result at every size (0/1)");
+  app.add_option("--msg-len", opt.msg_len, "packets per INA message");
+  app.add_option("--payload", opt.payload_bytes, "RoCE path MTU (payload bytes per packet)");
+  app.add_option("--window", opt.window, "window N (0: bandwidth-delay estimate)");
+  app.add_option("--timeout-ms", opt.op_timeout_ms, "deadline of one all-reduce");
+  app.add_option("--connect-timeout-ms", opt.connect_timeout_ms, "deadline of the set-up");
+  app.add_option("--ring-id", opt.ring_id, "ring id registered with the daemon (0: derived)");
+  app.add_option("--ipv4", opt.ipv4, "this rank's IPv4 in the ring (default: from the GID)");
+  app.add_flag("--force-ring", opt.force_ring, "never use the box");
+  bool loopback = false, loopback_box = false;
+  app.add_flag("--loopback", loopback,
+               "self-test without RDMA: all --world ranks as threads over the loopback transport");
+  app.add_flag("--loopback-box", loopback_box,
+               "with --loopback: through an in-process engine (the INA path)");
+  CLI11_PARSE(app, argc, argv);
+
+  const auto dt = wire::parse_dtype(dtype_s);
+  const auto op = wire::parse_op(op_s);
+  size_t min_bytes = 0, max_bytes = 0;
+  std::string bad;
+  if (!dt)
+    bad = "-d: unknown data type '" + dtype_s + "'";
+  else if (!op)
+    bad = "-o: unknown op '" + op_s + "'";
+  else if (!parse_size(min_s, min_bytes) || !parse_size(max_s, max_bytes))
+    bad = "-b/-e: bad size";
+  else if (min_bytes > max_bytes)
+    bad = "-b: larger than -e";
+  else if (loopback_box && !loopback)
+    bad = "--loopback-box: needs --loopback";
+  else if (world < 1 || world > 64)
+    bad = "--world: must be in 1..64";
+  else if (!loopback && (rank < 0 || rank >= world))
+    bad = "--rank: must be in 0..world-1";
+  else if (!loopback && bootstrap.empty())
+    bad = "--bootstrap: required (host:port of rank 0)";
+  if (!bad.empty()) {
+    std::fprintf(stderr, "netreduce-allreduce-perf: %s\n", bad.c_str());
+    return 1;
+  }
+  const DataType t = static_cast<DataType>(*dt);
+  const Op o = static_cast<Op>(*op);
+  const SweepParams sp{t, o, min_bytes, max_bytes, factor, iters, warmup, check_on != 0};
+  if (!loopback) {
+    std::unique_ptr<Communicator> comm;
+    if (Error e = Communicator::create(rank, world, device, gid_index, bootstrap, opt, comm)) {
+      std::fprintf(stderr, "netreduce-allreduce-perf: rank %d: %s\n", rank, e.message.c_str());
+      return e.code == ErrorCode::no_device ? 2 : 1;
+    }
+    return sweep(*comm, sp);
+  }
+  // Self-test without RDMA: every rank a thread of this process over the
+  // loopback transport, through an in-process engine (--loopback-box).
+  host::LoopbackConfig lc;
+  lc.world = static_cast<unsigned>(world);
+  lc.box = loopback_box;
+  lc.ring.ring_id = 1;
+  lc.ring.msg_len = opt.msg_len;
+  lc.ring.payload_bytes = opt.payload_bytes;
+  lc.ring.window = opt.window ? opt.window
+                              : host::window_from_bdp(opt.link_gbps, opt.rtt_us,
+                                                      size_t{opt.msg_len} * opt.payload_bytes);
+  opt.window = lc.ring.window;
+  lc.recv_bytes =
+      std::max(opt.ring_buffer_bytes, size_t{lc.ring.window} * opt.msg_len * opt.payload_bytes);
+  host::LoopbackFabric fabric(lc);
+  std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r)
+    if (Error e =
+            host::make_loopback_communicator(fabric, static_cast<unsigned>(r), opt, comms[r])) {
+      std::fprintf(stderr, "netreduce-allreduce-perf: loopback rank %d: %s\n", r,
+                   e.message.c_str());
+      return 1;
+    }
+  std::vector<int> rc(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { rc[r] = sweep(*comms[r], sp); });
+  for (auto& t : threads) t.join();
+  for (int r : rc)
+    if (r != 0) return r;
+  return 0;
+}
