@@ -462,8 +462,8 @@ class Box:
     """The real netreduce-dataplane on boxa (port A) and boxb (port B), inside
     the lab namespace, on net_af_packet."""
 
-    def __init__(self, lab, exe):
-        self.lab, self.exe = lab, exe
+    def __init__(self, lab, exe, nice=0):
+        self.lab, self.exe, self.nice = lab, exe, nice
         self.proc = None
         self.socket = os.path.join(lab.run_dir, "box.sock")
         self.final = None
@@ -500,7 +500,7 @@ class Box:
         cfg_path = os.path.join(self.lab.run_dir, tag + ".yaml")
         with open(cfg_path, "w") as f:
             json.dump(cfg, f, indent=1)  # JSON is YAML
-        cmd = ["ip", "netns", "exec", self.lab.ns, self.exe, "-c", cfg_path]
+        cmd = ["nice", "-n", str(self.nice), "ip", "netns", "exec", self.lab.ns, self.exe, "-c", cfg_path]
         if rings:
             rp = os.path.join(self.lab.run_dir, tag + "-rings.json")
             with open(rp, "w") as f:
@@ -639,6 +639,38 @@ class Capture:
         return out
 
 
+def inspect_capture(pcap, inspect_exe):
+    """netreduce-pcap-inspect's verdict on a capture (our parser and ICRC
+    code): {"ok": exit status 0 (no bad ICRC, nothing malformed), "frames",
+    "roce", "icrc_ok", "icrc_bad", "text"}."""
+    p = run([inspect_exe, "--summary", pcap], timeout=300, check=False)
+    m = re.search(r"(\d+) frames: (\d+) RoCEv2 \(ICRC ok (\d+), bad (\d+)\)", p.stdout)
+    if not m or p.returncode not in (0, 1):
+        raise LabError("netreduce-pcap-inspect %s: unexpected output (%d): %s %s" %
+                       (pcap, p.returncode, p.stdout, p.stderr))
+    return {"ok": p.returncode == 0, "frames": int(m.group(1)), "roce": int(m.group(2)),
+            "icrc_ok": int(m.group(3)), "icrc_bad": int(m.group(4)), "text": p.stdout.strip()}
+
+
+def pcap_frames(pcap):
+    """The frames of a capture, as bytes."""
+    from scapy.utils import RawPcapReader
+    return [bytes(d) for d, _ in RawPcapReader(pcap)]
+
+
+def scapy_icrc_check(frames, limit=1500):
+    """Checks the ICRC of up to `limit` RoCE frames (evenly spread) with scapy
+    (tests/tools/roce_golden.py), independently of netreduce's code:
+    (checked, bad)."""
+    import struct
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
+    from roce_golden import scapy_icrc
+    step = max(1, len(frames) // limit)
+    sample = frames[::step][:limit]
+    bad = sum(1 for f in sample if scapy_icrc(f) != struct.unpack("<I", f[-4:])[0])
+    return len(sample), bad
+
+
 # ----------------------------------------------------------------------------
 # The lab
 
@@ -648,7 +680,8 @@ class Lab:
     lab.box.stats(); ...  Everything is torn down on exit."""
 
     def __init__(self, guests=2, dataplane=None, workdir=None, mem_mb=512, mtu=1500, box_mode="aggregate",
-                 rings=None, boot_timeout=240, start_box=True):
+                 rings=None, boot_timeout=240, start_box=True,
+                 box_nice=int(os.environ.get("NRLAB_BOX_NICE", "0"))):
         if not 1 <= guests <= 4:
             raise LabError("the lab runs 1..4 guests, not %d" % guests)
         if os.geteuid() != 0:
@@ -657,6 +690,7 @@ class Lab:
         self.workdir = os.path.abspath(workdir or os.path.join(ROOT, "build", "tests", "system", "lab"))
         self.dataplane = dataplane or os.path.join(ROOT, "build", "src", "dataplane", "netreduce-dataplane")
         self.box_mode, self.rings, self.boot_timeout, self.start_box = box_mode, rings, boot_timeout, start_box
+        self.box_nice = box_nice
         self.ns = "nrlab-%d" % os.getpid()
         self.run_dir = os.path.join(self.workdir, "run-%d" % os.getpid())
         self.guests, self.box, self._old_handlers, self._ns_made = [], None, {}, False
@@ -692,9 +726,7 @@ class Lab:
         self.kernel = ver
         self._make_network()
         self.guests = [Guest(self, i) for i in range(self.n)]
-        self.box = Box(self, self.dataplane)
-        if self.start_box:
-            self.box.start(self.box_mode, self.rings)
+        self.box = Box(self, self.dataplane, self.box_nice)
         for g in self.guests:
             g.boot(vmlinux, initrd)
         log("booting %d guest(s) (kernel %s), namespace %s, files in %s" % (self.n, ver, self.ns, self.run_dir))
@@ -702,6 +734,9 @@ class Lab:
         for g in self.guests:
             g.wait_ready(deadline)
             log("%s ready in %.1fs: %s gid index %s" % (g.name, g.ready_seconds, g.ip, g.gid_index))
+        # After the boots: its polling worker would take a core from them.
+        if self.start_box:
+            self.box.start(self.box_mode, self.rings)
         self.setup_seconds = time.monotonic() - t0
 
     def _make_network(self):

@@ -27,13 +27,11 @@ import argparse
 import collections
 import os
 import re
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
 import nrlab  # noqa: E402
 
 WRITE_SIZE, WRITE_ITERS = 65536, 200
@@ -77,31 +75,6 @@ def result_row(out, columns):
                 if len(nums) >= columns and all(re.fullmatch(r"[0-9.]+", n) for n in nums[:columns]):
                     return [float(n) for n in nums[:columns]]
     raise Failed("no result line in perftest output:\n" + out[-2000:])
-
-
-def inspect(exe, pcap):
-    """netreduce-pcap-inspect's verdict on a capture: (exit status, RoCE frames, ICRC ok, bad, text)."""
-    p = subprocess.run([exe, "--summary", pcap], capture_output=True, text=True, timeout=300)
-    m = re.search(r"(\d+) frames: (\d+) RoCEv2 \(ICRC ok (\d+), bad (\d+)\)", p.stdout)
-    if not m:
-        raise Failed("netreduce-pcap-inspect %s: unexpected output (%d): %s %s" % (pcap, p.returncode, p.stdout,
-                                                                                 p.stderr))
-    return p.returncode, int(m.group(2)), int(m.group(3)), int(m.group(4)), p.stdout.strip()
-
-
-def frames_of(pcap):
-    from scapy.utils import RawPcapReader
-    return [bytes(d) for d, _ in RawPcapReader(pcap)]
-
-
-def scapy_check(frames, limit=1500):
-    """ICRC of up to `limit` frames (evenly spread) per scapy: (checked, bad)."""
-    import struct
-    from roce_golden import scapy_icrc
-    step = max(1, len(frames) // limit)
-    sample = frames[::step][:limit]
-    bad = sum(1 for f in sample if scapy_icrc(f) != struct.unpack("<I", f[-4:])[0])
-    return len(sample), bad
 
 
 def main():
@@ -182,13 +155,14 @@ def main():
             report.line("captures (scenario 5, independent ICRC check):")
             seen = {}
             for side, (path, kdrops) in caps.items():
-                rc, roce, good, bad, text = inspect(a.inspect, path)
+                v = nrlab.inspect_capture(path, a.inspect)
                 report.figure("  %s: RoCE frames / ICRC ok / bad / capture drops" % side,
-                              "%d / %d / %d / %d" % (roce, good, bad, kdrops))
-                expect(rc == 0 and bad == 0, "netreduce-pcap-inspect %s failed:\n%s" % (path, text))
-                expect(roce >= write_pkts // 2, "%s capture holds only %d RoCE frames" % (side, roce))
-                seen[side] = (frames_of(path), kdrops)
-            n, bad = scapy_check(seen["swb"][0])
+                              "%d / %d / %d / %d" % (v["roce"], v["icrc_ok"], v["icrc_bad"], kdrops))
+                expect(v["ok"] and v["icrc_bad"] == 0,
+                       "netreduce-pcap-inspect %s failed:\n%s" % (path, v["text"]))
+                expect(v["roce"] >= write_pkts // 2, "%s capture holds only %d RoCE frames" % (side, v["roce"]))
+                seen[side] = (nrlab.pcap_frames(path), kdrops)
+            n, bad = nrlab.scapy_icrc_check(seen["swb"][0])
             report.figure("  frames the box emitted checked by scapy / bad ICRC", "%d / %d" % (n, bad))
             expect(bad == 0, "scapy finds %d bad ICRCs among %d frames the box emitted" % (bad, n))
             if seen["swa"][1] == 0 and seen["swb"][1] == 0:
