@@ -95,7 +95,11 @@ while [ ! -e "$OUT/stop" ]; do
     mv "$f" "$OUT/run/$id.sh" || continue
     (
       cd /tmp
-      bash "$OUT/run/$id.sh" > "$OUT/res/$id.out" 2> "$OUT/res/$id.err" < /dev/null
+      # Its own session and process group (id in res/<id>.pid), so the host
+      # can signal the command and everything it started.
+      setsid bash "$OUT/run/$id.sh" > "$OUT/res/$id.out" 2> "$OUT/res/$id.err" < /dev/null &
+      echo $! > "$OUT/res/$id.pid"
+      wait $!
       echo $? > "$OUT/res/$id.rc.tmp"
       mv "$OUT/res/$id.rc.tmp" "$OUT/res/$id.rc"
     ) &

@@ -90,6 +90,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 ROCE_PORT = 4791
 SUBNET = "10.77.0"
+HOST_IP = SUBNET + ".254"  # br0's address in the namespace: host-side services (netreduced) listen here
 GUEST_MODULES = ["virtio_pci", "virtio_net", "9pnet_virtio", "9p", "overlay"]
 QEMU = "qemu-system-x86_64"
 VIRTIO_NET_OFFLOADS_OFF = ("csum=off,guest_csum=off,gso=off,host_tso4=off,host_tso6=off,host_ecn=off,"
@@ -293,6 +294,17 @@ class Job:
                 return ""
         return rd(self._res("out")), rd(self._res("err"))
 
+    def kill(self, sig="TERM"):
+        """Signals the command's whole process group in the guest (no effect
+        once it has ended)."""
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self._res("pid")):
+            if self.done() or time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
+        pid = open(self._res("pid")).read().strip()
+        self.guest.run("kill -%s -- -%s 2>/dev/null; true" % (sig, pid), timeout=60)
+
     def wait(self, timeout):
         """The Result; LabError (with the output so far) if it is not done
         within `timeout` seconds or the guest died."""
@@ -441,6 +453,13 @@ class Guest:
             self.run("tc qdisc del dev eth0 root 2>/dev/null; true", timeout=60, check=True)
         else:
             self.run("tc qdisc replace dev eth0 root netem %s" % spec, timeout=60, check=True)
+
+    def link_stats(self):
+        """eth0's kernel counters in the guest: {tx_bytes, rx_bytes,
+        tx_packets, rx_packets, ...} (everything the guest sent/received,
+        RoCE and TCP)."""
+        r = self.run("cd /sys/class/net/eth0/statistics && grep -H . *", timeout=60, check=True)
+        return {k: int(v) for k, _, v in (l.partition(":") for l in r.out.splitlines()) if v.strip().isdigit()}
 
     def rxe_counters(self):
         """rdma_rxe's hw_counters of rxe0 (sent_pkts, rcvd_pkts, rcvd_seq_err,
@@ -694,6 +713,7 @@ class Lab:
         self.ns = "nrlab-%d" % os.getpid()
         self.run_dir = os.path.join(self.workdir, "run-%d" % os.getpid())
         self.guests, self.box, self._old_handlers, self._ns_made = [], None, {}, False
+        self._spawned = []
 
     # -- setup
     def __enter__(self):
@@ -763,6 +783,20 @@ class Lab:
                  "action", "mirred", "egress", "redirect", "dev", "swa"])
         for dev in ["br0", "boxa", "swa", "boxb", "swb"] + ["tap%d" % i for i in range(self.n)]:
             ip("link", "set", dev, "up")
+        ip("addr", "add", HOST_IP + "/24", "dev", "br0")
+
+    def spawn(self, cmd, name):
+        """Starts a host-side program (e.g. netreduced) inside the lab
+        namespace, where it reaches the guests at HOST_IP over br0 and the
+        box's control socket at lab.box.socket. Output goes to
+        <run dir>/<name>.out/.err; it is killed at teardown if still running.
+        Returns the Popen."""
+        out = open(os.path.join(self.run_dir, name + ".out"), "w")
+        err = open(os.path.join(self.run_dir, name + ".err"), "w")
+        p = subprocess.Popen(["ip", "netns", "exec", self.ns] + list(cmd), stdout=out, stderr=err,
+                             stdin=subprocess.DEVNULL)
+        self._spawned.append((p, out, err))
+        return p
 
     def steering_hits(self):
         """Packets each tap's RoCE redirect rule has matched: {tap: n}."""
@@ -790,6 +824,17 @@ class Lab:
             except Exception as e:
                 print("nrlab: box: %s" % e, file=sys.stderr)
                 self.box.kill()
+        for p, out, err in self._spawned:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(timeout=10)
+            out.close()
+            err.close()
+        self._spawned = []
         if self._ns_made:
             delete_namespace(self.ns)
             self._ns_made = False
