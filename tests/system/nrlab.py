@@ -16,10 +16,10 @@ namespace left by a process that was SIGKILLed is removed by the next run).
            tap0                tap1        <- tc ingress (clsact) on every tap:
              |                   |            u32 "ip proto 17, udp dport 4791"
      +-------+-------------------+------+     -> mirred egress redirect dev swa
-     |   br0: the emulated switch      |
-     |   (everything else is switched   |
-     |    normally by MAC learning)     |
-     +--------------------------+-------+
+     |   br0: the emulated switch       |
+     |   (everything else is switched   |  br0 itself has HOST_IP 10.77.0.254:
+     |    normally by MAC learning)     |  host-side services (Lab.spawn) listen
+     +--------------------------+-------+  there
         (swa: NOT a bridge port)   | swb: bridge port, learning off,
              ^                     |      flood/mcast_flood/bcast_flood off
              | veth                | veth
