@@ -740,6 +740,7 @@ class Lab:
     def start(self):
         t0 = time.monotonic()
         cleanup_stale()
+        prune_runs(self.workdir)
         ver, vmlinux, initrd = prepare_boot(os.path.join(self.workdir, "cache"))
         shutil.rmtree(self.run_dir, ignore_errors=True)
         os.makedirs(self.run_dir)
@@ -864,6 +865,20 @@ def cleanup_stale():
         if m and not os.path.exists("/proc/" + m.group(1)):
             log("removing stale namespace %s" % m.group(0))
             delete_namespace(m.group(0))
+
+
+def prune_runs(workdir, keep=6):
+    """Keeps the newest `keep` finished run directories (captures are large)."""
+    if not os.path.isdir(workdir):
+        return
+    runs = []
+    for d in os.listdir(workdir):
+        m = re.fullmatch(r"run-(\d+)", d)
+        if m and not os.path.exists("/proc/" + m.group(1)):
+            runs.append(os.path.join(workdir, d))
+    runs.sort(key=os.path.getmtime)
+    for d in runs[:-keep] if len(runs) > keep else []:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------
