@@ -312,13 +312,6 @@ json figures_json(const Figures& f, const nb::Traffic& t) {
             {"missing", f.missing}}}};
 }
 
-std::optional<wire::Dtype> dtype_of(const std::string& s) {
-  for (uint8_t d = 1; d < 8; ++d)
-    if (wire::is_valid_dtype(d) && wire::to_string(static_cast<wire::Dtype>(d)) == s)
-      return static_cast<wire::Dtype>(d);
-  return std::nullopt;
-}
-
 // The whole sweep; returns the report.
 json sweep(const Options& o, const Ports& ports) {
   nb::BoxClient box(o.box_socket, std::chrono::seconds(10));
@@ -332,7 +325,7 @@ json sweep(const Options& o, const Ports& ports) {
         s.ranks = P;
         s.pmtu = static_cast<uint16_t>(payload);
         s.msg_len = static_cast<uint16_t>(o.msg_len);
-        s.dtype = *dtype_of(dt);
+        s.dtype = *wire::parse_dtype(dt);
         s.window = static_cast<uint16_t>(o.window);
         // Message ids and PSNs start afresh for every point: the ring is
         // installed anew for it (with --no-install there is one point).
@@ -507,7 +500,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   for (const auto& d : o.dtypes)
-    if (!dtype_of(d)) {
+    if (!wire::parse_dtype(d)) {
       std::fprintf(stderr, "netreduce-loopback: --dtypes: unknown dtype '%s'\n", d.c_str());
       return 2;
     }
