@@ -94,12 +94,18 @@ void run(engine::ReduceMode mode, uint64_t iterations, std::mt19937_64& rng) {
 
   // Corpus: 6 messages per rank of both rings, all dtypes/ops by turn, plus ACKs.
   // corpus[m] holds every packet of message m of every rank of both rings.
+  // Every rank's message m has the same length, as in a job (all ranks reduce
+  // the same tensor); length disagreements come from the mutations below. With
+  // a length drawn per rank, some seeds made every message unmatchable and the
+  // run degenerated into zero completions.
   std::vector<std::vector<std::vector<uint8_t>>> corpus(6);
-  for (const RingDef& d : kRings)
+  for (const RingDef& d : kRings) {
+    size_t bytes[6];
+    for (size_t& b : bytes) b = 8 * (1 + rng() % 80);
     for (unsigned r = 0; r < d.ranks; ++r) {
       uint32_t psn = 0xFFFFF0 + r;
       for (uint32_t m = 0; m < 6; ++m) {
-        std::vector<uint8_t> data(8 * (1 + rng() % 80));
+        std::vector<uint8_t> data(bytes[m]);
         for (auto& x : data) x = static_cast<uint8_t>(rng());
         wire::InaMessage msg;
         msg.base.src_ip = ip(d.ip0 + r);
@@ -123,6 +129,7 @@ void run(engine::ReduceMode mode, uint64_t iterations, std::mt19937_64& rng) {
         psn = wire::psn_add(psn, n);
       }
     }
+  }
 
   std::map<uint32_t, std::set<uint32_t>> members;
   for (const RingDef& d : kRings)
