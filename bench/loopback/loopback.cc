@@ -153,7 +153,8 @@ class Generator {
     const size_t total = count * L * P;
     out_.resize(total);
     in_.resize(total + kBurst);
-    if (rte_pktmbuf_alloc_bulk(p_.pool, out_.data(), static_cast<unsigned>(total)) != 0) return false;
+    if (rte_pktmbuf_alloc_bulk(p_.pool, out_.data(), static_cast<unsigned>(total)) != 0)
+      return false;
     size_t i = 0;
     for (uint64_t n = base; n < base + count; ++n)
       for (uint32_t k = 0; k < L; ++k)
@@ -183,7 +184,8 @@ class Generator {
       const uint64_t now = rte_rdtsc();
       if (n) {
         if (latencies)
-          for (uint16_t j = 0; j < n; ++j) latencies->push_back(double(now - t0) * 1e6 / double(g_hz));
+          for (uint16_t j = 0; j < n; ++j)
+            latencies->push_back(double(now - t0) * 1e6 / double(g_hz));
         got += n;
         last = t_last_rx = now;
         if (got + kBurst > in_.size()) in_.resize(in_.size() * 2);  // more than sent: keep counting
@@ -192,7 +194,8 @@ class Generator {
       }
     }
     if (timed) f_.cycles += t_last_rx - t0;
-    if (sent < total) rte_pktmbuf_free_bulk(out_.data() + sent, static_cast<unsigned>(total - sent));
+    if (sent < total)
+      rte_pktmbuf_free_bulk(out_.data() + sent, static_cast<unsigned>(total - sent));
     f_.packets_in += sent;
     f_.packets_out += got;
     // Check every frame the box released.
@@ -201,13 +204,16 @@ class Generator {
       rte_mbuf* m = in_[j];
       f_.bytes_out += m->pkt_len;
       nb::Traffic::Id id;
-      const auto v = m->nb_segs == 1 ? t_.check_frame(rte_pktmbuf_mtod(m, const uint8_t*),
-                                                      m->data_len, aggregated, base, count, id,
-                                                      scratch_.data())
-                                     : nb::Traffic::Verdict::unknown;
+      const auto v = m->nb_segs == 1
+                         ? t_.check_frame(rte_pktmbuf_mtod(m, const uint8_t*), m->data_len,
+                                          aggregated, base, count, id, scratch_.data())
+                         : nb::Traffic::Verdict::unknown;
       if (v == nb::Traffic::Verdict::good) {
         uint8_t& s = seen_[((id.n - base) * L + id.k) * P + id.rank];
-        if (s++) ++f_.duplicate; else ++f_.good;
+        if (s++)
+          ++f_.duplicate;
+        else
+          ++f_.good;
       } else if (v == nb::Traffic::Verdict::bad) {
         ++f_.bad;
       } else {
@@ -276,7 +282,8 @@ Figures measure(const Options& o, const Ports& ports, const nb::Traffic& t, nb::
   std::vector<double> lat;
   Figures lf;
   Generator gl(ports, t, lf, o.max_inflight);
-  for (unsigned i = 0; i < o.latency_rounds; ++i, ++next) gl.round(next, 1, aggregated, false, &lat);
+  for (unsigned i = 0; i < o.latency_rounds; ++i, ++next)
+    gl.round(next, 1, aggregated, false, &lat);
   f.good += lf.good;
   f.bad += lf.bad;
   f.unknown += lf.unknown;
@@ -345,7 +352,9 @@ json sweep(const Options& o, const Ports& ports) {
         } else {
           const json r = box.call({{"cmd", "get_ring"}, {"id", s.ring_id}}, false);
           netreduce::engine::RingSpec have;
-          if (!r.value("ok", false) || !netreduce::ring_from_json(r.at("ring"), have).ok() ||
+          // get_ring answers {"ring": {"spec": {...}, "counters": ...}}.
+          if (!r.value("ok", false) || !r.contains("ring") || !r["ring"].contains("spec") ||
+              !netreduce::ring_from_json(r["ring"]["spec"], have).ok() ||
               have.members != ring.members || have.msg_len != ring.msg_len ||
               have.payload_bytes != ring.payload_bytes)
             throw std::runtime_error(
@@ -371,12 +380,12 @@ json sweep(const Options& o, const Ports& ports) {
         if (o.install) box.call({{"cmd", "remove_ring"}, {"id", s.ring_id}});
         box.call({{"cmd", "set_mode"}, {"mode", "aggregate"}});
         if (!o.quiet)
-          std::fprintf(stderr, "  P=%u payload=%u %s: aggregate %.2f Mpps%s\n", P, payload,
-                       dt.c_str(), pt["aggregate"]["mpps_out"].get<double>(),
-                       fwd ? (", " + std::to_string(pt["ratio"]["pps"].get<double>()) +
-                              " of forwarding")
-                                 .c_str()
-                           : "");
+          std::fprintf(
+              stderr, "  P=%u payload=%u %s: aggregate %.2f Mpps%s\n", P, payload, dt.c_str(),
+              pt["aggregate"]["mpps_out"].get<double>(),
+              fwd ? (", " + std::to_string(pt["ratio"]["pps"].get<double>()) + " of forwarding")
+                        .c_str()
+                  : "");
         points.push_back(pt);
       }
   return points;
@@ -391,17 +400,16 @@ std::string cpu_model() {
 }
 
 void print_table(const json& report) {
-  std::printf(
-      "\n%-3s %-7s %-5s | %9s %9s %6s | %8s %8s %7s | %7s %7s %7s | %5s | %8s %8s | %s\n", "P",
-      "payload", "dtype", "fwd Mpps", "agg Mpps", "ratio", "Gb/s in", "Gb/s out", "goodput",
-      "box ns", "lc Mpps", "lc rat", "busy", "p50 us", "p99 us", "verified");
+  std::printf("\n%-3s %-7s %-5s | %9s %9s %6s | %8s %8s %7s | %7s %7s %7s | %5s | %8s %8s | %s\n",
+              "P", "payload", "dtype", "fwd Mpps", "agg Mpps", "ratio", "Gb/s in", "Gb/s out",
+              "goodput", "box ns", "lc Mpps", "lc rat", "busy", "p50 us", "p99 us", "verified");
   for (const auto& p : report["points"]) {
     const json& a = p["aggregate"];
     const bool f = p.contains("forward");
     const json& v = a["verified"];
-    const bool ok = v["bad"] == 0 && v["unknown"] == 0 && v["duplicate"] == 0 && v["missing"] == 0 &&
-                    (!f || (p["forward"]["verified"]["bad"] == 0 &&
-                            p["forward"]["verified"]["missing"] == 0));
+    const bool ok =
+        v["bad"] == 0 && v["unknown"] == 0 && v["duplicate"] == 0 && v["missing"] == 0 &&
+        (!f || (p["forward"]["verified"]["bad"] == 0 && p["forward"]["verified"]["missing"] == 0));
     const double busy = a["busy_per_lcore"].empty() ? 0.0 : a["busy_per_lcore"][0].get<double>();
     std::printf(
         "%-3u %-7u %-5s | %9.2f %9.2f %6.2f | %8.2f %8.2f %7.2f | %7.0f %7.2f %7.2f | %5.2f | "

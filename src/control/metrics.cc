@@ -95,6 +95,11 @@ std::string render_metrics(const MetricsInput& in) {
   auto& drops = b.counter("netreduce_port_dropped_packets_total",
                           "packets the port lost: rx_missed (no RX descriptor), rx_errors, "
                           "tx_errors (NIC), tx_full (TX queue full, dropped by the box)");
+  auto& box_rx = b.counter("netreduce_port_box_received_packets_total",
+                           "packets the box's workers took from the port (counted by the box, "
+                           "not the NIC; some virtual PMDs count nothing in the device counters)");
+  auto& box_tx = b.counter("netreduce_port_box_transmitted_packets_total",
+                           "packets the box's workers handed to the port for transmission");
   auto& link = b.gauge("netreduce_port_link_up", "1 if the port's link is up");
   const json ports = in.stats.value("ports", json::array());
   const json workers = in.stats.value("workers", json::array());
@@ -105,6 +110,8 @@ std::string render_metrics(const MetricsInput& in) {
     set(tx_p, l, num(p, "tx_packets"));
     set(rx_b, l, num(p, "rx_bytes"));
     set(tx_b, l, num(p, "tx_bytes"));
+    set(box_rx, l, num(p, "box_rx_packets"));
+    set(box_tx, l, num(p, "box_tx_packets"));
     double tx_full = 0;
     for (const json& w : workers)
       if (w.contains("tx_dropped") && w["tx_dropped"].is_array() && i < w["tx_dropped"].size())

@@ -349,8 +349,11 @@ int main(int argc, char** argv) {
     std::vector<std::vector<std::string>> rows;
     for (const json& p : r.value("ports", json::array()))
       rows.push_back({field(p, "name"), field(p, "rx_packets"), field(p, "tx_packets"),
-                      field(p, "rx_bytes"), field(p, "tx_bytes"), field(p, "rx_missed")});
-    table({"PORT", "RX_PACKETS", "TX_PACKETS", "RX_BYTES", "TX_BYTES", "RX_MISSED"}, rows);
+                      field(p, "rx_bytes"), field(p, "tx_bytes"), field(p, "rx_missed"),
+                      field(p, "box_rx_packets"), field(p, "box_tx_packets")});
+    table({"PORT", "RX_PACKETS", "TX_PACKETS", "RX_BYTES", "TX_BYTES", "RX_MISSED", "BOX_RX",
+           "BOX_TX"},
+          rows);
     rows.clear();
     for (const json& w : r.value("workers", json::array()))
       rows.push_back({field(w, "lcore"), field(w, "busy_ratio"), field(w, "rings"),

@@ -75,7 +75,8 @@ json error_json(const Status& s) { return {{"ok", false}, {"error", status_to_js
 struct Snapshot {
   WorkerStats stats;
   engine::ReasonCounters reasons{};
-  std::vector<engine::RingInfo> rings;
+  std::vector<engine::RingInfo> rings;  // filled only when asked for
+  size_t ring_count = 0;
   uint64_t memory = 0;
 };
 
@@ -84,6 +85,7 @@ Snapshot snapshot_of(Worker& w, bool rings, uint64_t stall_cycles) {
   s.stats = w.stats;
   s.reasons = w.engine->counters();
   s.memory = w.engine->memory_in_use();
+  s.ring_count = w.engine->ring_ids().size();
   if (rings)
     for (uint32_t id : w.engine->ring_ids())
       if (auto i = w.engine->ring_info(id, rte_get_tsc_cycles(), stall_cycles))
@@ -99,22 +101,39 @@ std::vector<Snapshot> snapshots(Dataplane& dp, bool rings) {
   return out;
 }
 
-json port_json(const Dataplane& dp, unsigned slot) {
+// The device's counters (rte_eth_stats: what the NIC or PMD counted; some
+// virtual PMDs, e.g. memif in the server role, count nothing) and the box's
+// own per-port counts summed over workers (box_*: what the workers received
+// from and handed to the port, whatever the PMD reports).
+json port_json(const Dataplane& dp, unsigned slot, const std::vector<Snapshot>* snaps = nullptr) {
+  uint64_t box_rx = 0, box_tx = 0, box_tx_dropped = 0;
+  if (snaps)
+    for (const Snapshot& s : *snaps) {
+      box_rx += s.stats.rx[slot];
+      box_tx += s.stats.tx[slot];
+      box_tx_dropped += s.stats.tx_dropped[slot];
+    }
   rte_eth_stats st{};
   rte_eth_stats_get(dp.port_id(slot), &st);
   rte_eth_link link{};
   rte_eth_link_get_nowait(dp.port_id(slot), &link);
-  return {{"name", dp.config().ports[slot].name},
-          {"port_id", dp.port_id(slot)},
-          {"link_up", link.link_status == RTE_ETH_LINK_UP},
-          {"speed_mbps", link.link_speed},
-          {"rx_packets", st.ipackets},
-          {"tx_packets", st.opackets},
-          {"rx_bytes", st.ibytes},
-          {"tx_bytes", st.obytes},
-          {"rx_missed", st.imissed},
-          {"rx_errors", st.ierrors},
-          {"tx_errors", st.oerrors}};
+  json j = {{"name", dp.config().ports[slot].name},
+            {"port_id", dp.port_id(slot)},
+            {"link_up", link.link_status == RTE_ETH_LINK_UP},
+            {"speed_mbps", link.link_speed},
+            {"rx_packets", st.ipackets},
+            {"tx_packets", st.opackets},
+            {"rx_bytes", st.ibytes},
+            {"tx_bytes", st.obytes},
+            {"rx_missed", st.imissed},
+            {"rx_errors", st.ierrors},
+            {"tx_errors", st.oerrors}};
+  if (snaps) {
+    j["box_rx_packets"] = box_rx;
+    j["box_tx_packets"] = box_tx;
+    j["box_tx_dropped"] = box_tx_dropped;
+  }
+  return j;
 }
 
 json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
@@ -138,14 +157,14 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
          {"busy_ratio", ws.total_cycles ? double(ws.busy_cycles) / double(ws.total_cycles) : 0.0},
          {"busy_cycles", ws.busy_cycles},
          {"total_cycles", ws.total_cycles},
-         {"rings", s.rings.size()},
+         {"rings", s.ring_count},
          {"memory_bytes", s.memory},
          {"reasons", reasons_to_json(s.reasons)}});
   }
   return {{"reasons", reasons_to_json(sum)},
           {"tsc_hz", rte_get_tsc_hz()},
           {"workers", workers},
-          {"ports", {port_json(dp, 0), port_json(dp, 1)}}};
+          {"ports", {port_json(dp, 0, &snaps), port_json(dp, 1, &snaps)}}};
 }
 
 int telemetry_stats(const char*, const char*, rte_tel_data* d) {
@@ -262,8 +281,7 @@ std::string Dataplane::handle_request(const std::string& line) {
       const auto it = req.find("mode");
       const std::string m = it != req.end() && it->is_string() ? it->get<std::string>() : "";
       if (m != "aggregate" && m != "forward")
-        return error_json(Status::invalid("mode", "must be \"aggregate\" or \"forward\""))
-            .dump();
+        return error_json(Status::invalid("mode", "must be \"aggregate\" or \"forward\"")).dump();
       const char* previous = mode() == Mode::aggregate ? "aggregate" : "forward";
       set_mode(m == "aggregate" ? Mode::aggregate : Mode::forward);
       spdlog::info("mode {} (was {})", m, previous);
