@@ -16,171 +16,18 @@
 #      checked byte for byte against the expected sum and ICRC; the same ports
 #      are measured in forward-only mode first, for the ratio;
 #   5. the figures, the counters through the API and /metrics.
-# Set NETREDUCE_DEMO_PORT to move the API off 7470, NETREDUCE_DEMO_SECONDS
-# to change the time per measurement (default 2).
+# The run itself is scripts/demo-run.sh (the test suite runs it too, as
+# 'demo'); this script installs and builds first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
-
-keep=false
 case "${1:-}" in
-  --keep) keep=true ;;
-  "") ;;
+  --keep | "") ;;
   *) echo "usage: $0 [--keep]" >&2; exit 2 ;;
 esac
 
 ./scripts/install-deps.sh
-if [ -f build/build.ninja ]; then meson setup --reconfigure build >/dev/null; else meson setup build --buildtype=release >/dev/null; fi
+# Same build type as scripts/test.sh, so the two commands share one build.
+if [ -f build/build.ninja ]; then meson setup --reconfigure build --buildtype=debugoptimized >/dev/null; else meson setup build --buildtype=debugoptimized >/dev/null; fi
 meson compile -C build >/dev/null
 
-port=${NETREDUCE_DEMO_PORT:-7470}
-seconds=${NETREDUCE_DEMO_SECONDS:-2}
-ring=7
-ranks=4
-payload=1024
-msg_len=4
-window=16
-api=http://127.0.0.1:$port
-dp=build/src/dataplane/netreduce-dataplane
-nrd=build/src/control/netreduced
-ctl=build/src/control/netreducectl
-gen=build/bench/netreduce-loopback
-
-work=$(mktemp -d /tmp/netreduce-demo.XXXXXX)
-pids=()
-cleanup() {
-  local rc=$?
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  if [ $rc -ne 0 ]; then
-    echo >&2
-    echo "demo failed (exit $rc); the last lines of each log:" >&2
-    for f in "$work"/*.log; do [ -f "$f" ] && { echo "== $f" >&2; tail -n 15 "$f" >&2; }; done
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-die() { echo "demo: $*" >&2; exit 1; }
-
-# Wait until COMMAND succeeds, up to SECONDS, while PID is alive.
-wait_for() {
-  local what=$1 secs=$2 pid=$3; shift 3
-  local end=$((SECONDS + secs))
-  until "$@" >/dev/null 2>&1; do
-    kill -0 "$pid" 2>/dev/null || die "$what exited during start-up"
-    [ $SECONDS -lt $end ] || die "$what not ready after ${secs}s"
-    sleep 0.2
-  done
-}
-
-if (exec 3<>/dev/tcp/127.0.0.1/"$port") 2>/dev/null; then
-  die "127.0.0.1:$port is in use (another netreduced?); set NETREDUCE_DEMO_PORT"
-fi
-
-head -c 24 /dev/urandom | base64 >"$work/token"
-chmod 600 "$work/token"
-
-cat >"$work/dataplane.yaml" <<EOF
-# The box: port A and port B are memif servers the generator connects to.
-eal: ["-l", "0-1", "--no-huge", "-m", "1024", "--no-pci", "--file-prefix", "nrdemo-box-$$",
-      "--log-level", "lib.eal:warning",
-      "--vdev", "net_memif0,role=server,id=0,socket=$work/a.sock",
-      "--vdev", "net_memif1,role=server,id=0,socket=$work/b.sock"]
-ports:
-  - name: net_memif0
-  - name: net_memif1
-mtu: 1500
-mode: aggregate
-workers: [1]
-memory:
-  mbufs: 16384
-  engine: 64MiB
-control:
-  socket: $work/box.sock
-EOF
-
-cat >"$work/netreduced.yaml" <<EOF
-listen: {address: 127.0.0.1, port: $port, threads: 2}
-auth: {token_file: $work/token}
-state: {file: $work/state.json}
-dataplane: {socket: $work/box.sock, reconcile_interval_ms: 500}
-EOF
-
-echo
-echo "netreduce demo: the box on DPDK virtual ports (memif), driven by its control daemon"
-echo "work directory: $work"
-echo
-echo "1. netreduce-dataplane: ports net_memif0 (A) and net_memif1 (B), worker lcore 1"
-"$dp" -c "$work/dataplane.yaml" >"$work/dataplane.log" 2>&1 &
-pids+=($!)
-wait_for netreduce-dataplane 30 "${pids[-1]}" test -S "$work/box.sock"
-
-echo "2. netreduced: API and /metrics on $api"
-"$nrd" -c "$work/netreduced.yaml" >"$work/netreduced.log" 2>&1 &
-pids+=($!)
-export NETREDUCE_DAEMON=$api NETREDUCE_TOKEN_FILE=$work/token
-wait_for netreduced 15 "${pids[-1]}" "$ctl" status
-wait_for "netreduced's link to the data plane" 15 "${pids[-1]}" \
-  sh -c "'$ctl' --json status | grep -q '\"connected\": *true'"
-
-members=$(for r in $(seq 1 $ranks); do printf '10.77.%d.%d,' $ring "$r"; done)
-members=${members%,}
-echo "3. netreducectl ring add: ring $ring, $ranks workers ($members), $msg_len packets per message,"
-echo "   window $window, $payload-byte payloads"
-"$ctl" ring add --id $ring --members "$members" --msg-len $msg_len --window $window \
-  --payload $payload | sed 's/^/   /'
-wait_for "ring $ring in the data plane" 15 "${pids[0]}" \
-  sh -c "'$ctl' --json ring show $ring | grep -q '\"installed\": *true'"
-echo
-
-echo "4. netreduce-loopback (a second DPDK process on memif clients): $ranks synthetic RoCEv2 workers,"
-echo "   fp32 sum, ${seconds}s forward-only then ${seconds}s aggregate, every released frame verified"
-"$gen" --mode ports --no-install --ring-id $ring --ranks $ranks --payloads $payload --dtypes fp32 \
-  --msg-len $msg_len --window $window --seconds "$seconds" --latency-rounds 200 --quiet \
-  --box-socket "$work/box.sock" --tx-port net_memif0 --rx-port net_memif1 \
-  --json "$work/report.json" -- \
-  -l 0 --no-huge -m 512 --no-pci --file-prefix "nrdemo-gen-$$" --log-level lib.eal:warning \
-  --vdev "net_memif0,role=client,id=0,socket=$work/a.sock" \
-  --vdev "net_memif1,role=client,id=0,socket=$work/b.sock" 2>"$work/generator.log" \
-  | sed 's/^/   /'
-
-/usr/bin/python3 - "$work/report.json" <<'EOF'
-import json, sys
-r = json.load(open(sys.argv[1]))
-p = r["points"][0]
-a, f = p["aggregate"], p["forward"]
-v = a["verified"]
-bad = v["bad"] + v["unknown"] + v["duplicate"] + v["missing"]
-print()
-print("   results verified: %d aggregated frames byte-exact (sum and ICRC), %d wrong, %d missing"
-      % (v["good"], v["bad"] + v["unknown"] + v["duplicate"], v["missing"]))
-print("   throughput:       %.2f Mpps out (%.2f Gb/s), goodput %.2f Gb/s of reduced tensors"
-      % (a["mpps_out"], a["gbps_out"], a["goodput_gbps"]))
-print("   forward-only:     %.2f Mpps on the same ports -> aggregate/forward = %.2f"
-      % (f["mpps_out"], p["ratio"]["pps"]))
-busy = a["busy_per_lcore"][0] if a["busy_per_lcore"] else 0
-print("   box worker:       %.0f ns per packet (%.2f Mpps per lcore), busy %.0f%%, latency p50 %.0f us"
-      % (a["box_ns_per_packet"], a["box_mpps_per_lcore"], 100 * busy, a["latency_p50_us"]))
-if busy < 0.9:
-    print("   (the box worker was idle %.0f%% of the time: over memif on a small machine the"
-          % (100 * (1 - busy)))
-    print("    generator, not the box, sets the rate; bench/README.md has the box's own limits)")
-sys.exit(1 if bad or v["good"] == 0 else 0)
-EOF
-echo
-
-echo "5. counters through the API (netreducectl stats) and Prometheus (/metrics):"
-"$ctl" stats | sed 's/^/   /' | head -n 30
-echo "   ..."
-curl -sf "$api/metrics" | grep -E "^netreduce_(ring_(aggregated_packets|messages_completed)_total|port_box_(received|transmitted)_packets_total|lcore_busy_ratio)" \
-  | sed 's/^/   /' || die "no /metrics from netreduced"
-echo
-echo "/metrics:  $api/metrics   (scrape config: deploy/prometheus.yml)"
-echo "API:       $api/v1/rings, $api/v1/status   (CLI: $ctl --help)"
-if $keep; then
-  echo
-  echo "--keep: netreduced and the data plane keep running; Ctrl-C stops them."
-  wait "${pids[0]}"
-fi
+exec ./scripts/demo-run.sh build "$@"

@@ -89,6 +89,28 @@ Status DataplaneClient::connect_locked(Clock::time_point deadline) {
 Status DataplaneClient::call(const json& request, json& reply) {
   std::lock_guard lock(mu_);
   const auto deadline = Clock::now() + timeout_;
+  const bool reused = fd_ >= 0;
+  bool delivered = false;
+  Status s = attempt_locked(request, reply, deadline, delivered);
+  // A kept-open connection can be dead without our knowing (the data plane
+  // restarted, or closed it). Try once more on a fresh connection when the
+  // request certainly did not reach the data plane, or when it changes
+  // nothing (reads), whatever happened to it.
+  if (!s && s.code() == StatusCode::unavailable && reused && fd_ < 0 &&
+      (!delivered || is_read_only(request)))
+    s = attempt_locked(request, reply, deadline, delivered);
+  return s;
+}
+
+bool DataplaneClient::is_read_only(const json& request) {
+  const std::string cmd = request.value("cmd", std::string());
+  return cmd == "ping" || cmd == "status" || cmd == "stats" || cmd == "list_rings" ||
+         cmd == "get_ring";
+}
+
+Status DataplaneClient::attempt_locked(const json& request, json& reply, Clock::time_point deadline,
+                                       bool& delivered) {
+  delivered = false;
   if (fd_ < 0)
     if (Status s = connect_locked(deadline); !s) return s;
   auto lost = [&](const std::string& why) {
@@ -107,6 +129,7 @@ Status DataplaneClient::call(const json& request, json& reply) {
       return lost(std::string("send: ") + std::strerror(errno));
     }
   }
+  delivered = true;  // as far as we can tell: it was written to the socket
   size_t nl;
   while ((nl = buf_.find('\n')) == std::string::npos) {
     if (buf_.size() > kMaxReply) return lost("reply longer than 16 MiB");

@@ -2,7 +2,9 @@
 // Unix stream connection, one JSON object per line each way. Every call has
 // a deadline (connect, write and read together); a call that fails or times
 // out closes the connection, and the next call connects again, so a
-// restarted data plane is picked up by the next request. Calls are
+// restarted data plane is picked up by the next request. A call on a
+// kept-open connection that turns out dead is retried once on a new one when
+// the request was not delivered or only reads. Calls are
 // serialized by a mutex (the socket carries one request at a time).
 #pragma once
 
@@ -37,6 +39,10 @@ class DataplaneClient {
 
  private:
   Status connect_locked(std::chrono::steady_clock::time_point deadline);
+  // One request/reply exchange; `delivered`: the request was written out.
+  Status attempt_locked(const nlohmann::json& request, nlohmann::json& reply,
+                        std::chrono::steady_clock::time_point deadline, bool& delivered);
+  static bool is_read_only(const nlohmann::json& request);
   void close_locked();
 
   const std::string path_;

@@ -350,6 +350,11 @@ void Dataplane::run() {
     }
     for (size_t i = 1; i < fds.size(); ++i) {
       Client& c = clients[i - 1];
+      if (fds[i].revents & POLLNVAL) {  // closed under us (not by this loop): forget it
+        spdlog::warn("control client fd {} was closed by someone else; dropping it", c.fd);
+        c.fd = -1;
+        continue;
+      }
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       char chunk[65536];
       const ssize_t n = ::read(c.fd, chunk, sizeof(chunk));

@@ -1,14 +1,22 @@
 // The daemon's pieces without HTTP: the configuration loader (the shipped
 // example and named errors), the state file (round trip, atomic replace,
-// refusals) and the metrics rendering (naming conventions).
+// refusals), the metrics rendering (naming conventions) and the data plane
+// client's reconnect rule against a scripted socket peer.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "common/ring_json.h"
 #include "control/config.h"
+#include "control/dataplane_client.h"
 #include "control/metrics.h"
 #include "control/state.h"
 
@@ -177,4 +185,96 @@ TEST_CASE("metrics follow the Prometheus naming conventions", "[control][metrics
   const std::string d = render_metrics(down);
   CHECK(d.find("netreduce_dataplane_up 0") != std::string::npos);
   CHECK(d.find("netreduce_ring_") == std::string::npos);
+}
+
+namespace {
+
+// A data plane stand-in on a Unix socket: for each accepted connection it
+// reads requests line by line and follows the script: "reply" answers
+// {"ok":true,"n":<count>}, "close" closes the connection without answering.
+class ScriptedPeer {
+ public:
+  ScriptedPeer(std::string path, std::vector<std::string> script)
+      : path_(std::move(path)), script_(std::move(script)) {
+    lfd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path_.c_str(), sizeof(a.sun_path) - 1);
+    REQUIRE(::bind(lfd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    REQUIRE(::listen(lfd_, 4) == 0);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~ScriptedPeer() {
+    ::shutdown(lfd_, SHUT_RDWR);
+    thread_.join();
+    ::close(lfd_);
+    ::unlink(path_.c_str());
+  }
+  int accepted() const { return accepted_; }
+  int requests() const { return requests_; }
+
+ private:
+  void serve() {
+    size_t step = 0;
+    while (step < script_.size()) {
+      const int c = ::accept(lfd_, nullptr, nullptr);
+      if (c < 0) return;
+      ++accepted_;
+      std::string buf;
+      char ch;
+      while (step < script_.size() && ::read(c, &ch, 1) == 1) {
+        if (ch != '\n') {
+          buf += ch;
+          continue;
+        }
+        ++requests_;
+        buf.clear();
+        if (script_[step++] == "close") break;
+        const std::string r = "{\"ok\":true,\"n\":" + std::to_string(requests_) + "}\n";
+        REQUIRE(::write(c, r.data(), r.size()) == static_cast<ssize_t>(r.size()));
+      }
+      ::close(c);
+    }
+  }
+  std::string path_;
+  std::vector<std::string> script_;
+  int lfd_ = -1;
+  std::thread thread_;
+  int accepted_ = 0, requests_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("data plane client: a dead kept-open connection is retried once for reads only",
+          "[control][client]") {
+  const auto dir = temp_dir();
+  const std::string sock = (dir / "dp.sock").string();
+  SECTION("a read after the peer dropped the connection succeeds on a new one") {
+    // reply to the first request, drop the connection on the second (a
+    // read: retried on a new connection, where it is answered).
+    ScriptedPeer peer(sock, {"reply", "close", "reply"});
+    DataplaneClient c(sock, std::chrono::milliseconds(2000));
+    json r;
+    REQUIRE(c.call({{"cmd", "status"}}, r).ok());
+    CHECK(r["n"] == 1);
+    const Status s = c.call({{"cmd", "stats"}}, r);
+    INFO(s.to_string());
+    REQUIRE(s.ok());
+    CHECK(r["n"] == 3);
+    CHECK(c.connects() == 2);
+  }
+  SECTION("a change that may have been applied is not sent twice") {
+    ScriptedPeer peer(sock, {"reply", "close", "reply"});
+    DataplaneClient c(sock, std::chrono::milliseconds(2000));
+    json r;
+    REQUIRE(c.call({{"cmd", "status"}}, r).ok());
+    const Status s = c.call({{"cmd", "remove_ring"}, {"id", 7}}, r);
+    CHECK(s.code() == StatusCode::unavailable);
+    CHECK(s.to_string().find("connection closed") != std::string::npos);
+    CHECK(c.connects() == 1);
+    // the next call connects again
+    REQUIRE(c.call({{"cmd", "status"}}, r).ok());
+    CHECK(r["n"] == 3);
+  }
+  std::filesystem::remove_all(dir);
 }
