@@ -300,6 +300,39 @@ def frames_by_key(frames):
     return out
 
 
+def write_payload_by_source(frames):
+    """{source IPv4 (dotted): RDMA WRITE payload bytes}, each (src, dst, QPN,
+    PSN) counted once: what each worker put on the wire, retransmissions
+    left out. Payload = after BTH, RETH and ImmDt, before the pad and ICRC."""
+    import socket as so
+    out = {}
+    for (src, _, _, _), fs in frames_by_key(frames).items():
+        f = fs[0]
+        bth = 14 + (f[14] & 0xF) * 4 + 8
+        op, pad = f[bth], (f[bth + 1] >> 4) & 3
+        ext = {0x06: 16, 0x07: 0, 0x08: 0, 0x09: 4, 0x0A: 16, 0x0B: 20}[op]
+        ip = so.inet_ntoa(src)
+        out[ip] = out.get(ip, 0) + len(f) - (bth + 12 + ext) - pad - 4
+    return out
+
+
+def ring_payload(nbytes, es, rank):
+    """Data bytes rank `rank` writes in one ring all-reduce of nbytes
+    (src/host-lib: segments of P x (ring stride / es) elements, chunk c of a
+    segment of n holds n/P elements plus one if c < n mod P; every rank sends
+    every chunk but one in the reduce-scatter and every chunk but one in the
+    all-gather)."""
+    stride = (4 << 20) // (4 * (P - 1)) // 64 * 64  # ring_buffer_bytes 4 MiB (> window x message)
+    seg_max, count, total = P * (stride // es), nbytes // es, 0
+    for first in range(0, count, seg_max):
+        n = min(count - first, seg_max)
+        chunk = [n // P + (1 if c < n % P else 0) for c in range(P)]
+        # reduce-scatter step s sends chunk (r - s) mod P; all-gather step s sends (r + 1 - s) mod P
+        total += sum(chunk[(rank - s) % P] for s in range(P - 1))
+        total += sum(chunk[(rank + 1 - s) % P] for s in range(P - 1))
+    return total * es
+
+
 def step2_5(lab, a, daemon, reports):
     rep = reports["allreduce-ina"]
     rep5 = reports["box-icrc"]
@@ -360,21 +393,39 @@ def step2_5(lab, a, daemon, reports):
                                                                            c["packets_aggregated"]))
     expect(n == len(rewritten) and bad == 0, "scapy finds %d bad ICRCs among %d aggregated frames" % (bad, n))
 
-    # fp32 4 MiB: INA, then the library's ring fallback, same tensor; tx bytes per worker.
-    figures = {}
-    for label, d, want in (("ina", daemon, "ina"), ("ring", None, "ring")):
+    # fp32 4 MiB: INA, then the library's ring fallback, same tensor. Per
+    # worker: eth0 tx bytes (everything sent, retransmissions and TCP
+    # included) and, from a capture of what enters the box, the RDMA WRITE
+    # payload bytes it sent, each packet once.
+    calls = expected_calls(BIG)
+    m = BIG_BYTES * len(calls)
+    want_wire = {"ina": [sum(b + INA_HEADER * messages(b, DTYPES[d]) for d, _, b in calls) + 4 + INA_HEADER] * P,
+                 "ring": [sum(ring_payload(b, DTYPES[d], r) for d, _, b in calls) for r in range(P)]}
+    tx, wire = {}, {}
+    rep.line("fp32 sum, 4 MiB x %d calls (M = %d bytes per worker), on the INA path and then on the library's "
+             "ring fallback (no NETREDUCE_DAEMON):" % (len(calls), m))
+    for label, d in (("ina", daemon), ("ring", None)):
+        cap = lab.capture(("swa",))
         rx0, tx0, t = rxe_all(lab), tx_bytes(lab), time.monotonic()
         job = Job(lab, a.perf, BIG, d, "fp32 4 MiB " + label)
-        head_b, rows_b = job.check_ok(job.wait(900), want)
+        head_b, rows_b = job.check_ok(job.wait(900), label)
         secs = time.monotonic() - t
-        tx = [b - a_ for a_, b in zip(tx0, tx_bytes(lab))]
-        figures[label] = tx
-        m = BIG_BYTES * len(expected_calls(BIG))
-        rep.figure("fp32 4 MiB x %d calls on %s path: wall time" % (len(expected_calls(BIG)), label), "%.1f" % secs,
-                   "s")
+        tx[label] = [b - a_ for a_, b in zip(tx0, tx_bytes(lab))]
+        time.sleep(1)
+        (path, kdrops), = cap.stop().values()
+        expect(kdrops == 0, "the capture of the %s run dropped %d frames: per-worker bytes unknown" %
+               (label, kdrops))
+        by_src = write_payload_by_source(nrlab.pcap_frames(path))
+        wire[label] = [by_src.get(g.ip, 0) for g in lab.guests]
+        rep.figure("%s path: wall time" % label, "%.1f" % secs, "s")
         rep.figure("  path reason", head_b["reason"])
-        rep.figure("  tx bytes per worker (g0, g1, g2)", ", ".join(str(x) for x in tx))
-        rep.figure("  tx bytes per worker / M (M = %d)" % m, ", ".join("%.3f" % (x / m) for x in tx))
+        rep.figure("  eth0 tx bytes per worker (g0, g1, g2)", ", ".join(str(x) for x in tx[label]))
+        rep.figure("  eth0 tx bytes per worker / M", ", ".join("%.3f" % (x / m) for x in tx[label]))
+        rep.figure("  RDMA WRITE payload bytes sent per worker (captured, once each)",
+                   ", ".join(str(x) for x in wire[label]))
+        rep.figure("  the same / M", ", ".join("%.4f" % (x / m) for x in wire[label]))
+        rep.figure("  expected (INA: M + 24-byte header per message; ring: the library's chunks)",
+                   ", ".join(str(x) for x in want_wire[label]))
         if label == "ina":
             ringc = daemon.ring(head_b["ring"])["counters"]
             wb, wm = expected_box_counts(BIG)
@@ -387,16 +438,16 @@ def step2_5(lab, a, daemon, reports):
             expect("NETREDUCE_DAEMON unset" in head_b["reason"], "fallback for another reason: %s" %
                    head_b["reason"])
         check_rxe_clean(rep, lab, rx0, rxe_all(lab), "fp32 4 MiB " + label)
-    m = BIG_BYTES * len(expected_calls(BIG))
-    ratio = [i / r for i, r in zip(figures["ina"], figures["ring"])]
-    rep.figure("tx bytes INA / ring per worker (ideal P/(2(P-1)) = %.3f)" % (P / (2 * (P - 1))),
-               ", ".join("%.3f" % x for x in ratio))
-    for g, i, r in zip(lab.guests, figures["ina"], figures["ring"]):
-        # Both include RoCE headers (~6%), ACKs and any retransmission.
-        expect(m <= i <= 1.25 * m, "%s sent %d bytes under INA for M = %d (expected about M)" % (g.name, i, m))
-        expect(2 * (P - 1) / P * m <= r <= 1.25 * 2 * (P - 1) / P * m,
-               "%s sent %d bytes under the ring for M = %d (expected about 2(P-1)/P M = %d)" %
-               (g.name, r, m, 2 * (P - 1) / P * m))
+        expect(wire[label] == want_wire[label], "%s path: workers sent %s RDMA WRITE payload bytes, expected %s" %
+               (label, wire[label], want_wire[label]))
+    rep.figure("eth0 tx bytes INA / ring per worker (ideal P/(2(P-1)) = %.3f)" % (P / (2 * (P - 1))),
+               ", ".join("%.3f" % (i / r) for i, r in zip(tx["ina"], tx["ring"])))
+    rep.figure("RDMA WRITE payload INA / ring per worker",
+               ", ".join("%.4f" % (i / r) for i, r in zip(wire["ina"], wire["ring"])))
+    for g, i, r in zip(lab.guests, tx["ina"], tx["ring"]):
+        # Link bytes add RoCE headers (~6%), ACKs, the bootstrap's TCP and any retransmission.
+        expect(i >= m and r >= 2 * (P - 1) / P * m, "%s: eth0 sent %d (INA) / %d (ring) bytes, less than the "
+               "data it must send" % (g.name, i, r))
         expect(i < 0.85 * r, "%s: INA %d bytes is not clearly below ring %d" % (g.name, i, r))
     return head["ring"]
 
