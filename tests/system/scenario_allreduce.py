@@ -39,13 +39,17 @@ Steps, each reported on its own and each able to fail:
      deadline plus a margin, with an error naming the peer rank and the
      message (a timeout at message N, or the write to the successor failing
      once rxe's finite retry count is exhausted); none reports success.
+     Again with a 60 s deadline: now the QPs' retry count (6, not rxe's
+     endless 7) must end every rank with "transport retry counter exceeded"
+     and rxe must count retry_exceeded_err.
+     Restarted, the box gets its ring back and the next job runs on the INA
+     path again, exact.
 A report per step (figures, counters) is printed and saved next to the run.
 """
 import argparse
 import json
 import os
 import re
-import shlex
 import sys
 import time
 
@@ -71,9 +75,13 @@ LOSS = "loss 2%"
 LOSS_RUN = ["-d", "fp32,int64,bf16", "-o", "sum", "-b", "8", "-e", "256K", "-f", "8", "-n", "1", "-w", "0",
             "-c", "1"]
 FAIL_DEADLINE_MS = 5000
-FAIL_MARGIN_S = 60  # TCG guests on a shared 2-core machine: process exit and 9p are slow
-FAIL_RUN = ["-d", "fp32", "-o", "sum", "-b", "1M", "-e", "1M", "-n", "1000", "-w", "0", "-c", "0",
-            "--timeout-ms", str(FAIL_DEADLINE_MS)]
+FAIL_MARGIN_S = 30  # TCG guests on a shared 2-core machine: process exit and 9p are slow
+FAIL_RUN = ["-d", "fp32", "-o", "sum", "-b", "1M", "-e", "1M", "-n", "1000", "-w", "0", "-c", "0"]
+QP_RETRY_ERROR = (r"rank %(r)d: write of message id \d+ to successor rank \d failed "
+                  r"\(transport retry counter exceeded, status 12\)")
+DEADLINE_OR_QP_ERROR = (r"rank %(r)d: all-reduce \(ina path, ring \d+\) timed out after \d+ ms at message \d+ "
+                        r"of \d+: .*(predecessor|successor) rank \d|" + QP_RETRY_ERROR)
+AFTER_RESTART = ["-d", "fp32", "-o", "sum", "-b", "8", "-e", "32K", "-f", "8", "-n", "1", "-w", "0", "-c", "1"]
 UNRECOVERED = ["retry_exceeded_err", "retry_rnr_exceeded_err"]  # rxe gave up: the QP went to error
 
 
@@ -497,9 +505,13 @@ def step3(lab, a, daemon, reports):
     check_rxe_clean(rep, lab, rx0, rx1, "INA with loss")
 
 
-def step4(lab, a, daemon, reports):
-    rep = reports["allreduce-box-failure"]
-    job = Job(lab, a.perf, FAIL_RUN, daemon, "INA, box killed")
+def kill_mid_job(lab, a, daemon, rep, deadline_ms, want, what):
+    """Starts a long INA job with a per-call deadline, kills the box once the
+    job is aggregating, and checks every rank's end: exit 1 within the
+    deadline + margin, an error matching `want` (names the rank's peer and
+    the message). Returns rxe's counters before and after."""
+    rx0 = rxe_all(lab)
+    job = Job(lab, a.perf, FAIL_RUN + ["--timeout-ms", str(deadline_ms)], daemon, "INA, box killed (%s)" % what)
     deadline = time.monotonic() + 300
     base = None
     while True:  # the job is running through the box: its ring aggregates
@@ -515,23 +527,57 @@ def step4(lab, a, daemon, reports):
         time.sleep(0.5)
     lab.box.kill()
     t_kill = time.monotonic()
-    rep.line("fp32 1 MiB x 1000 calls through the box, deadline %d ms per call; box SIGKILLed after %d data "
-             "bytes aggregated" % (FAIL_DEADLINE_MS, agg))
-    limit = FAIL_DEADLINE_MS / 1000 + FAIL_MARGIN_S
-    ends = []
+    rep.line("%s: fp32 1 MiB x 1000 calls through the box, deadline %d ms per call; box SIGKILLed after %d data "
+             "bytes aggregated" % (what, deadline_ms, agg))
+    limit = deadline_ms / 1000 + FAIL_MARGIN_S
     for r, j in enumerate(job.jobs):
         res = j.wait(max(1, limit - (time.monotonic() - t_kill)) + 5)
-        ends.append(time.monotonic() - t_kill)
+        end = time.monotonic() - t_kill
         err = res.err.strip()
-        rep.figure("rank %d: exit status / seconds after the kill" % r, "%d / %.1f" % (res.rc, ends[-1]))
-        rep.line("    %s" % err.splitlines()[-1] if err else "    (no error text)")
+        rep.figure("  rank %d: exit status / seconds after the kill" % r, "%d / %.1f" % (res.rc, end))
+        rep.line("      %s" % (err.splitlines()[-1] if err else "(no error text)"))
         expect(res.rc == 1, "rank %d exited %d after the box died (expected 1)\n%s" % (r, res.rc, err[-2000:]))
-        expect(ends[-1] <= limit, "rank %d ended %.1f s after the kill, past the %d ms deadline + %d s margin" %
-               (r, ends[-1], FAIL_DEADLINE_MS, FAIL_MARGIN_S))
-        pat = (r"rank %d: .*(timed out after \d+ ms at message \d+ of \d+: .*(predecessor|successor) rank \d"
-               r"|write of message id \d+ to successor rank \d failed \(.*\))" % r)
-        expect(re.search(pat, err), "rank %d's error does not name the peer and message:\n%s" % (r, err[-2000:]))
+        expect(end <= limit, "rank %d ended %.1f s after the kill, past the %d ms deadline + %d s margin" %
+               (r, end, deadline_ms, FAIL_MARGIN_S))
+        expect(re.search(want % {"r": r}, err), "rank %d's error is not the expected one (%s):\n%s" %
+               (r, want % {"r": r}, err[-2000:]))
         expect("status: ok" not in res.out, "rank %d reported success" % r)
+    return rx0, rxe_all(lab)
+
+
+def restart_box(lab, daemon):
+    lab.box.start()
+    deadline = time.monotonic() + 60
+    while not (daemon.get("/v1/health", check=False) or {}).get("dataplane_connected"):
+        expect(time.monotonic() < deadline, "netreduced did not reconnect to the restarted box")
+        time.sleep(0.3)
+
+
+def step4(lab, a, daemon, reports):
+    rep = reports["allreduce-box-failure"]
+    # The library's own deadline (5 s) or rxe's finite retry count, whichever
+    # ends the call first: both errors name the peer and the message.
+    kill_mid_job(lab, a, daemon, rep, FAIL_DEADLINE_MS, DEADLINE_OR_QP_ERROR, "short deadline")
+    # With a long deadline (60 s) the QP's retry count must end it: 7
+    # retransmission timeouts of 0.54 s without an ACK, then the write fails
+    # with IBV_WC_RETRY_EXC_ERR. (retry_cnt 7 would retry forever on rxe.)
+    restart_box(lab, daemon)
+    rx0, rx1 = kill_mid_job(lab, a, daemon, rep, 60000, QP_RETRY_ERROR, "long deadline")
+    exceeded = [delta(b, e).get("retry_exceeded_err", 0) for b, e in zip(rx0, rx1)]
+    rep.figure("  rxe retry_exceeded_err per guest", exceeded)
+    expect(all(x > 0 for x in exceeded), "rxe did not give up retrying on every guest: %s" % exceeded)
+
+    # Restarted, the box gets the ring back from netreduced (reconciler) and
+    # the next job runs on the INA path again, exact.
+    restart_box(lab, daemon)
+    job = Job(lab, a.perf, AFTER_RESTART, daemon, "INA after the box restarted")
+    head, rows = job.check_ok(job.wait(600), "ina")
+    c = daemon.ring(head["ring"])["counters"]
+    wb, _ = expected_box_counts(AFTER_RESTART)
+    expect(c["bytes_aggregated"] == wb, "after the restart the box aggregated %d data bytes, expected %d" %
+           (c["bytes_aggregated"], wb))
+    rep.figure("box restarted: next job (fp32 sum 8 B..32 KiB) path / rows / data bytes aggregated",
+               "%s / %d / %d" % (head["path"], len(rows), c["bytes_aggregated"]))
 
 
 def main():
