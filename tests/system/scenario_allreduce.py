@@ -371,6 +371,10 @@ def step2_5(lab, a, daemon, reports):
     expect(c["messages_completed"] == want_msgs, "box completed %d messages, expected %d" %
            (c["messages_completed"], want_msgs))
     expect(ring["held_packets"] == 0 and ring["open_cells"] == 0, "cells still open after the job: %s" % ring)
+    prom = daemon.metric("netreduce_ring_aggregated_bytes_total", '{ring="%d"}' % head["ring"])
+    rep.figure("netreduced /metrics: netreduce_ring_aggregated_bytes_total", prom)
+    expect(prom == c["bytes_aggregated"], "/metrics says %s aggregated bytes, the ring %d" %
+           (prom, c["bytes_aggregated"]))
     check_rxe_clean(rep, lab, rx0, rxe_all(lab), "INA small")
 
     # Scenario 5: what the box emitted, checked by scapy and by our inspector.
