@@ -4,10 +4,12 @@
 //   netreduce-allreduce-perf --rank R --world P --bootstrap HOST:PORT
 //       [--device rxe0] [--gid-index -1] [-b 8] [-e 32M] [-f 2] [-d fp32]
 //       [-o sum] [-n 20] [-w 5] [-c 1] [--msg-len 4] [--payload 1024]
-//       [--window 0] [--timeout-ms 30000] [--force-ring]
+//       [--window 0] [--timeout-ms 30000] [--qp-timeout 14] [--force-ring]
 //   netreduce-allreduce-perf --loopback [--loopback-box] --world P ...
 //       (self-test without RDMA: P ranks as threads of this process)
 //
+// -d and -o take one name, a comma-separated list or "all": the sweep runs
+// for every data type x op in turn, on one communicator.
 // For each size: warm-up calls, then n timed calls; time is the mean per call.
 // algbw = bytes / time; busbw = algbw * 2 (P - 1) / P (nccl-tests' convention
 // for all-reduce, so ring and INA compare on the same scale). With -c 1 every
@@ -55,6 +57,20 @@ bool parse_size(const std::string& s, size_t& out) {
     return false;
   out = static_cast<size_t>(v * mul);
   return true;
+}
+
+// "a,b,c" -> {a, b, c}; "all" -> the list `all`; an empty item stays (and
+// is then refused by the parser).
+std::vector<std::string> split_list(const std::string& s, const std::string& all) {
+  const std::string& list = s == "all" ? all : s;
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = list.find(',', start);
+    out.push_back(list.substr(start, comma - start));
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
 }
 
 int pattern(size_t i, int rank) {
@@ -116,8 +132,8 @@ size_t check(DataType t, Op op, const std::vector<uint8_t>& got, size_t count, i
 }
 
 struct SweepParams {
-  DataType t;
-  Op o;
+  std::vector<DataType> types;
+  std::vector<Op> ops;
   size_t min_bytes, max_bytes;
   double factor;
   int iters, warmup;
@@ -127,9 +143,7 @@ struct SweepParams {
 // The size sweep of one rank; rank 0 prints. Returns the exit status.
 int sweep(Communicator& comm, const SweepParams& p) {
   const int rank = comm.rank(), world = comm.world();
-  const DataType t = p.t;
-  const Op o = p.o;
-  const size_t es = element_size(t), min_bytes = p.min_bytes, max_bytes = p.max_bytes;
+  const size_t min_bytes = p.min_bytes, max_bytes = p.max_bytes;
   const double factor = p.factor;
   const int iters = p.iters, warmup = p.warmup, check_on = p.check ? 1 : 0;
   if (rank == 0) {
@@ -140,44 +154,49 @@ int sweep(Communicator& comm, const SweepParams& p) {
     std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s\n", "", "(elements)", "", "", "", "",
                 "(GB/s)", "(GB/s)", "");
   }
-  std::vector<uint8_t> in(std::max<size_t>(max_bytes, es)), out(in.size());
+  std::vector<uint8_t> in(std::max<size_t>(max_bytes, 8)), out(in.size());
   size_t total_errors = 0;
   int status = 0;
-  for (size_t bytes = std::max(min_bytes, es); bytes <= max_bytes;) {
-    const size_t count = bytes / es;
-    fill(t, in, count, rank);
-    Error err;
-    for (int i = 0; i < warmup && err.ok(); ++i)
-      err = comm.allreduce(in.data(), out.data(), count, p.t, p.o);
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters && err.ok(); ++i)
-      err = comm.allreduce(in.data(), out.data(), count, p.t, p.o);
-    const double us =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
-        iters;
-    size_t errors = 0;
-    if (err.ok() && check_on) {
-      std::memset(out.data(), 0xA5, count * es);
-      err = comm.allreduce(in.data(), out.data(), count, p.t, p.o);
-      if (err.ok()) errors = check(t, o, out, count, world);
+  for (size_t sweep_i = 0; status == 0 && sweep_i < p.types.size() * p.ops.size(); ++sweep_i) {
+    const DataType t = p.types[sweep_i / p.ops.size()];
+    const Op o = p.ops[sweep_i % p.ops.size()];
+    const size_t es = element_size(t);
+    for (size_t bytes = std::max(min_bytes, es); bytes <= max_bytes;) {
+      const size_t count = bytes / es;
+      fill(t, in, count, rank);
+      Error err;
+      for (int i = 0; i < warmup && err.ok(); ++i)
+        err = comm.allreduce(in.data(), out.data(), count, t, o);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters && err.ok(); ++i)
+        err = comm.allreduce(in.data(), out.data(), count, t, o);
+      const double us =
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+          iters;
+      size_t errors = 0;
+      if (err.ok() && check_on) {
+        std::memset(out.data(), 0xA5, count * es);
+        err = comm.allreduce(in.data(), out.data(), count, t, o);
+        if (err.ok()) errors = check(t, o, out, count, world);
+      }
+      if (!err.ok()) {
+        std::fprintf(stderr, "netreduce-allreduce-perf: rank %d: size %zu: %s\n", rank, count * es,
+                     err.message.c_str());
+        status = 1;
+        break;
+      }
+      total_errors += errors;
+      if (rank == 0 || errors > 0) {
+        const double algbw = static_cast<double>(count * es) / us / 1e3;
+        const double busbw = algbw * 2.0 * (world - 1) / world;
+        std::printf("  %12zu %12zu %6s %5s %5s %10.1f %9.3f %9.3f %7s\n", count * es, count,
+                    to_string(t), to_string(o), to_string(comm.path()), us, algbw, busbw,
+                    check_on ? std::to_string(errors).c_str() : "N/A");
+        std::fflush(stdout);
+      }
+      const size_t next = static_cast<size_t>(std::ceil(static_cast<double>(bytes) * factor));
+      bytes = next > bytes ? next : bytes + 1;
     }
-    if (!err.ok()) {
-      std::fprintf(stderr, "netreduce-allreduce-perf: rank %d: size %zu: %s\n", rank, count * es,
-                   err.message.c_str());
-      status = 1;
-      break;
-    }
-    total_errors += errors;
-    if (rank == 0 || errors > 0) {
-      const double algbw = static_cast<double>(count * es) / us / 1e3;
-      const double busbw = algbw * 2.0 * (world - 1) / world;
-      std::printf("  %12zu %12zu %6s %5s %5s %10.1f %9.3f %9.3f %7s\n", count * es, count,
-                  to_string(t), to_string(o), to_string(comm.path()), us, algbw, busbw,
-                  check_on ? std::to_string(errors).c_str() : "N/A");
-      std::fflush(stdout);
-    }
-    const size_t next = static_cast<size_t>(std::ceil(static_cast<double>(bytes) * factor));
-    bytes = next > bytes ? next : bytes + 1;
   }
   if (rank == 0)
     std::printf("# errors: %zu, status: %s\n", total_errors,
@@ -203,8 +222,9 @@ int main(int argc, char** argv) {
   app.add_option("-e,--maxbytes", max_s, "largest size");
   app.add_option("-f,--stepfactor", factor, "size multiplier between steps")
       ->check(CLI::Range(1.01, 1e6));
-  app.add_option("-d,--datatype", dtype_s, "fp32 fp16 bf16 int32 int64 fp64");
-  app.add_option("-o,--op", op_s, "sum min max");
+  app.add_option("-d,--datatype", dtype_s,
+                 "fp32 fp16 bf16 int32 int64 fp64, a comma-separated list, or all");
+  app.add_option("-o,--op", op_s, "sum min max, a comma-separated list, or all");
   app.add_option("-n,--iters", iters, "timed calls per size")->check(CLI::Range(1, 1000000));
   app.add_option("-w,--warmup_iters", warmup, "warm-up calls per size")
       ->check(CLI::Range(0, 1000000));
@@ -216,6 +236,9 @@ int main(int argc, char** argv) {
   app.add_option("--connect-timeout-ms", opt.connect_timeout_ms, "deadline of the set-up");
   app.add_option("--ring-id", opt.ring_id, "ring id registered with the daemon (0: derived)");
   app.add_option("--ipv4", opt.ipv4, "this rank's IPv4 in the ring (default: from the GID)");
+  app.add_option("--qp-timeout", opt.qp_timeout,
+                 "RC retransmission timeout exponent: 4.096 us x 2^N (default 14)")
+      ->check(CLI::Range(1, 31));
   app.add_flag("--force-ring", opt.force_ring, "never use the box");
   bool loopback = false, loopback_box = false;
   app.add_flag("--loopback", loopback,
@@ -224,33 +247,40 @@ int main(int argc, char** argv) {
                "with --loopback: through an in-process engine (the INA path)");
   CLI11_PARSE(app, argc, argv);
 
-  const auto dt = wire::parse_dtype(dtype_s);
-  const auto op = wire::parse_op(op_s);
+  std::vector<DataType> types;
+  std::vector<Op> ops;
   size_t min_bytes = 0, max_bytes = 0;
   std::string bad;
-  if (!dt)
-    bad = "-d: unknown data type '" + dtype_s + "'";
-  else if (!op)
-    bad = "-o: unknown op '" + op_s + "'";
-  else if (!parse_size(min_s, min_bytes) || !parse_size(max_s, max_bytes))
+  for (const std::string& name : split_list(dtype_s, "fp32,fp16,bf16,int32,int64,fp64")) {
+    const auto dt = wire::parse_dtype(name);
+    if (!dt && bad.empty()) bad = "-d: unknown data type '" + name + "'";
+    types.push_back(static_cast<DataType>(dt.value_or(wire::Dtype::fp32)));
+  }
+  for (const std::string& name : split_list(op_s, "sum,min,max")) {
+    const auto op = wire::parse_op(name);
+    if (!op && bad.empty()) bad = "-o: unknown op '" + name + "'";
+    ops.push_back(static_cast<Op>(op.value_or(wire::ReduceOp::sum)));
+  }
+  if (!bad.empty()) {
+    // the first unknown name is reported
+  } else if (!parse_size(min_s, min_bytes) || !parse_size(max_s, max_bytes)) {
     bad = "-b/-e: bad size";
-  else if (min_bytes > max_bytes)
+  } else if (min_bytes > max_bytes) {
     bad = "-b: larger than -e";
-  else if (loopback_box && !loopback)
+  } else if (loopback_box && !loopback) {
     bad = "--loopback-box: needs --loopback";
-  else if (world < 1 || world > 64)
+  } else if (world < 1 || world > 64) {
     bad = "--world: must be in 1..64";
-  else if (!loopback && (rank < 0 || rank >= world))
+  } else if (!loopback && (rank < 0 || rank >= world)) {
     bad = "--rank: must be in 0..world-1";
-  else if (!loopback && bootstrap.empty())
+  } else if (!loopback && bootstrap.empty()) {
     bad = "--bootstrap: required (host:port of rank 0)";
+  }
   if (!bad.empty()) {
     std::fprintf(stderr, "netreduce-allreduce-perf: %s\n", bad.c_str());
     return 1;
   }
-  const DataType t = static_cast<DataType>(*dt);
-  const Op o = static_cast<Op>(*op);
-  const SweepParams sp{t, o, min_bytes, max_bytes, factor, iters, warmup, check_on != 0};
+  const SweepParams sp{types, ops, min_bytes, max_bytes, factor, iters, warmup, check_on != 0};
   if (!loopback) {
     std::unique_ptr<Communicator> comm;
     if (Error e = Communicator::create(rank, world, device, gid_index, bootstrap, opt, comm)) {

@@ -86,6 +86,15 @@ Registration register_ring(const DaemonTarget& target, const engine::RingSpec& s
     cli.set_read_timeout(to);
     cli.set_write_timeout(to);
     if (!target.token.empty()) cli.set_bearer_token_auth(target.token);
+    const std::string path = "/v1/rings/" + std::to_string(spec.ring_id);
+    // A ring with this id can be left over from an earlier run of the same
+    // job (same bootstrap address and members, so the same derived id). Its
+    // cells still hold that run's message ids, newer than this run's, and
+    // the box would drop this run's messages as stale. Removing it first
+    // gives this run fresh cells; the answer (204, 404, an error the POST
+    // will also get) changes nothing else.
+    auto del = cli.Delete(path);
+    const bool replaced = del && del->status == 204;
     const std::string body = ring_to_json(spec).dump();
     auto res = cli.Post("/v1/rings", body, "application/json");
     if (!res || (res->status != 200 && res->status != 201)) {
@@ -93,7 +102,6 @@ Registration register_ring(const DaemonTarget& target, const engine::RingSpec& s
                    ": " + describe_error(res);
       return reg;
     }
-    const std::string path = "/v1/rings/" + std::to_string(spec.ring_id);
     for (;;) {
       auto g = cli.Get(path);
       if (g && g->status == 200) {
@@ -102,7 +110,8 @@ Registration register_ring(const DaemonTarget& target, const engine::RingSpec& s
           if (j.value("installed", false)) {
             reg.installed = true;
             reg.reason = "ring " + std::to_string(spec.ring_id) + " installed by the daemon at " +
-                         target.url;
+                         target.url +
+                         (replaced ? " (replacing the ring an earlier run left there)" : "");
             return reg;
           }
         } catch (const std::exception&) {

@@ -184,7 +184,11 @@ class VerbsTransport final : public Transport {
   // Opens the device and creates everything local. gid_index < 0: the first
   // RoCEv2 IPv4-mapped GID.
   Error open(unsigned rank, unsigned world, const std::string& device, int gid_index, uint8_t port,
-             size_t recv_bytes) {
+             size_t recv_bytes, uint8_t qp_timeout) {
+    if (qp_timeout < 1 || qp_timeout > 31)
+      return Error::make(ErrorCode::invalid_argument,
+                         "qp_timeout: " + std::to_string(qp_timeout) + " is outside 1..31");
+    qp_timeout_ = qp_timeout;
     rank_ = rank;
     world_ = world;
     port_ = port;
@@ -321,9 +325,12 @@ class VerbsTransport final : public Transport {
                   std::to_string(peer) + " failed: " + std::strerror(errno));
     ibv_qp_attr b{};
     b.qp_state = IBV_QPS_RTS;
-    b.timeout = 14;
-    b.retry_cnt = 7;
-    b.rnr_retry = 7;
+    b.timeout = qp_timeout_;  // 4.096 us x 2^qp_timeout per retransmission timeout
+    // 6, not 7: rdma_rxe (and some NICs) treat 7 as "retry forever", so a
+    // QP whose peer or box vanished would never error out. The collectives'
+    // own deadlines bound every wait in any case.
+    b.retry_cnt = 6;
+    b.rnr_retry = 7;  // receive queues are kept full: RNR cannot last
     b.sq_psn = my_psn;
     b.max_rd_atomic = 1;
     if (ibv_modify_qp(qp, &b,
@@ -353,7 +360,7 @@ class VerbsTransport final : public Transport {
     ibv_mr* mr;
   };
   unsigned rank_ = 0, world_ = 1;
-  uint8_t port_ = 1;
+  uint8_t port_ = 1, qp_timeout_ = 14;
   int gid_index_ = 0;
   ibv_gid gid_{};
   ibv_mtu active_mtu_ = IBV_MTU_1024;
@@ -419,7 +426,7 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   const size_t recv_bytes =
       recv_region_bytes(cc, static_cast<unsigned>(world), options.ring_buffer_bytes);
   if (Error e = t->open(static_cast<unsigned>(rank), static_cast<unsigned>(world), device,
-                        gid_index, options.port, recv_bytes))
+                        gid_index, options.port, recv_bytes, options.qp_timeout))
     return e;
   PeerInfo mine = t->local_info();
   if (!options.ipv4.empty() && !ipv4_from_string(options.ipv4, mine.ipv4))

@@ -9,7 +9,9 @@
 
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "common/ring_json.h"
 #include "host-lib/bootstrap.h"
@@ -128,10 +130,19 @@ struct StubDaemon {
   int post_status = 201;
   bool installed = true;
   std::string seen_auth, seen_body;
+  std::vector<std::string> calls;  // "DELETE", "POST" in order
+  bool stale = false;              // a ring 42 from an earlier run is there
   std::mutex mu;
   explicit StubDaemon(int status, bool inst) : post_status(status), installed(inst) {
+    srv.Delete("/v1/rings/42", [this](const httplib::Request&, httplib::Response& res) {
+      std::lock_guard lk(mu);
+      calls.push_back("DELETE");
+      res.status = stale ? 204 : 404;
+      stale = false;
+    });
     srv.Post("/v1/rings", [this](const httplib::Request& req, httplib::Response& res) {
       std::lock_guard lk(mu);
+      calls.push_back("POST");
       seen_auth = req.get_header_value("Authorization");
       seen_body = req.body;
       res.status = post_status;
@@ -177,6 +188,18 @@ TEST_CASE("daemon: registration decides the path and says why", "[hostlib][daemo
     CHECK(back.payload_bytes == 1024);
     CHECK(back.allows_dtype(static_cast<uint8_t>(DataType::bf16)));
     CHECK(back.allows_op(static_cast<uint8_t>(Op::max)));
+  }
+  SECTION("a ring left by an earlier run of the job is removed before the POST") {
+    // Its cells would hold that run's (newer) message ids: the box would
+    // drop this run's messages as stale.
+    StubDaemon d(200, true);
+    d.stale = true;
+    const Registration r = register_ring({d.url(), "s3cret", ""}, spec3(), 2000);
+    INFO(r.reason);
+    CHECK(r.installed);
+    CHECK(r.reason.find("replacing the ring an earlier run left there") != std::string::npos);
+    std::lock_guard lk(d.mu);
+    CHECK(d.calls == std::vector<std::string>{"DELETE", "POST"});
   }
   SECTION("refused: ring path with the daemon's error") {
     StubDaemon d(409, true);

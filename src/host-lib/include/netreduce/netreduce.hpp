@@ -84,6 +84,11 @@ struct Options {
   // Verbs: port number, and the local IPv4 to put in the ring when the GID
   // is not IPv4-mapped (empty = from the GID).
   uint8_t port = 1;
+  // RC retransmission timeout exponent: 4.096 us x 2^qp_timeout (14 = 67 ms,
+  // as NCCL_IB_TIMEOUT). Raise it where ACKs are slow (emulated endpoints)
+  // to avoid spurious go-back-N retransmissions. The retry count is 6: a QP
+  // whose peer vanished errors out after 7 timeouts without progress.
+  uint8_t qp_timeout = 14;
   std::string ipv4;
 };
 
