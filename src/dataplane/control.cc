@@ -157,6 +157,7 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
          {"busy_ratio", ws.total_cycles ? double(ws.busy_cycles) / double(ws.total_cycles) : 0.0},
          {"busy_cycles", ws.busy_cycles},
          {"total_cycles", ws.total_cycles},
+         {"busy_polls", ws.busy_polls},
          {"rings", s.ring_count},
          {"memory_bytes", s.memory},
          {"reasons", reasons_to_json(s.reasons)}});

@@ -232,9 +232,11 @@ void Dataplane::worker_loop(Worker& w) {
   rte_rcu_qsbr_thread_online(qsbr_, w.index);
   rte_mbuf* pkts[kMaxBurst];
   rte_mbuf* mine[kMaxBurst];
+  w.flush_cycles = rte_get_tsc_hz() / 10000;
+  // One TSC read per iteration: its end is the next one's start and `now`.
+  uint64_t t0 = rte_rdtsc();
   while (!quitting()) {
     const bool agg = mode() == Mode::aggregate;
-    const uint64_t t0 = rte_rdtsc();
     unsigned moved = 0;
     for (const auto& [slot, q] : w.rxq) {
       const uint16_t n = rte_eth_rx_burst(port_ids_[slot], q, pkts, cfg_.burst);
@@ -254,15 +256,15 @@ void Dataplane::worker_loop(Worker& w) {
         continue;
       }
       const unsigned k = dispatch(*this, w, pkts, n, mine);
-      aggregate(*this, w, mine, k);
+      aggregate(*this, w, mine, k, t0);
     }
     const unsigned n =
         rte_ring_dequeue_burst(w.inbox, reinterpret_cast<void**>(pkts), cfg_.burst, nullptr);
     if (n) {
       moved += n;
-      aggregate(*this, w, pkts, n);
+      aggregate(*this, w, pkts, n, t0);
     }
-    flush(*this, w, false);
+    flush(*this, w, false, t0);
     void* c;
     if (rte_ring_dequeue(w.commands, &c) == 0) {
       auto* cmd = static_cast<Command*>(c);
@@ -270,12 +272,16 @@ void Dataplane::worker_loop(Worker& w) {
       cmd->done.store(true, std::memory_order_release);
     }
     rte_rcu_qsbr_quiescent(qsbr_, w.index);
-    const uint64_t dt = rte_rdtsc() - t0;
-    w.stats.total_cycles += dt;
-    if (moved) w.stats.busy_cycles += dt;
+    const uint64_t t1 = rte_rdtsc();
+    w.stats.total_cycles += t1 - t0;
+    if (moved) {
+      w.stats.busy_cycles += t1 - t0;
+      ++w.stats.busy_polls;
+    }
+    t0 = t1;
   }
   // Stopping: flush what is queued, release everything the engine holds.
-  flush(*this, w, true);
+  flush(*this, w, true, rte_rdtsc());
   for (uint32_t id : w.engine->ring_ids()) {
     std::vector<engine::Pkt> rel;
     (void)w.engine->remove_ring(id, rel);

@@ -1,7 +1,7 @@
 // Stage: transmit. Packets leave on the port opposite to the one they came
 // in on, through this worker's TX buffer for that port (sent as soon as a
-// burst's worth is buffered, otherwise within 100 us by the flush timer) or, when the device has fewer TX queues than
-// workers, through the handoff ring of the worker that owns the queue.
+// burst's worth is buffered, otherwise within 100 us by the flush timer) or, when the device has
+// fewer TX queues than workers, through the handoff ring of the worker that owns the queue.
 #include <rte_cycles.h>
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>
@@ -25,8 +25,7 @@ void transmit(Dataplane& dp, Worker& w, rte_mbuf* m, unsigned in_slot) {
   }
 }
 
-void flush(Dataplane& dp, Worker& w, bool force) {
-  const uint64_t now = rte_get_tsc_cycles();
+void flush(Dataplane& dp, Worker& w, bool force, uint64_t now) {
   // Packets other workers handed to our TX queues.
   for (unsigned s = 0; s < 2; ++s) {
     if (!w.tx_handoff_in[s] || w.txq[s] < 0) continue;
@@ -39,7 +38,7 @@ void flush(Dataplane& dp, Worker& w, bool force) {
           rte_eth_tx_buffer(dp.port_id(s), static_cast<uint16_t>(w.txq[s]), w.txbuf[s], pk[i]);
     }
   }
-  if (!force && now - w.last_flush < rte_get_tsc_hz() / 10000) return;
+  if (!force && now - w.last_flush < w.flush_cycles) return;
   w.last_flush = now;
   for (unsigned s = 0; s < 2; ++s)
     if (w.txq[s] >= 0)
