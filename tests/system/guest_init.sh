@@ -2,7 +2,7 @@
 # PID 1 of a Soft-RoCE lab guest (started by initramfs_init.sh after
 # switch_root onto the host's / read-only over 9p with a tmpfs overlay).
 #
-# 1. Mounts proc/sys/tmp/run, links /dev/fd (no udev here), configures eth0
+# 1. Mounts proc/sys/run, links /dev/fd (no udev here), configures eth0
 #    from the kernel command line (nrlab.name=, nrlab.ip=, nrlab.mtu=).
 # 2. Loads rdma_rxe (from the host's /lib/modules/<guest kernel>), creates
 #    rxe0 on eth0 and waits for its RoCEv2 IPv4 GID.
@@ -30,7 +30,9 @@ die() {
 
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
-mount -t tmpfs tmpfs /tmp
+# No tmpfs over /tmp: the host's /tmp must stay visible (through the overlay,
+# writes stay in the guest), or a checkout under /tmp would have its build/
+# binaries hidden from the guests ("No such file or directory").
 mount -t tmpfs tmpfs /run
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
