@@ -85,7 +85,7 @@ Snapshot snapshot_of(Worker& w, bool rings, uint64_t stall_cycles) {
   s.stats = w.stats;
   s.reasons = w.engine->counters();
   s.memory = w.engine->memory_in_use();
-  s.ring_count = w.engine->ring_ids().size();
+  s.ring_count = w.engine->ring_count();
   if (rings)
     for (uint32_t id : w.engine->ring_ids())
       if (auto i = w.engine->ring_info(id, rte_get_tsc_cycles(), stall_cycles))

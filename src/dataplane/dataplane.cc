@@ -232,7 +232,6 @@ void Dataplane::worker_loop(Worker& w) {
   rte_rcu_qsbr_thread_online(qsbr_, w.index);
   rte_mbuf* pkts[kMaxBurst];
   rte_mbuf* mine[kMaxBurst];
-  w.flush_cycles = rte_get_tsc_hz() / 10000;
   // One TSC read per iteration: its end is the next one's start and `now`.
   uint64_t t0 = rte_rdtsc();
   while (!quitting()) {

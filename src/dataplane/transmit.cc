@@ -38,7 +38,7 @@ void flush(Dataplane& dp, Worker& w, bool force, uint64_t now) {
           rte_eth_tx_buffer(dp.port_id(s), static_cast<uint16_t>(w.txq[s]), w.txbuf[s], pk[i]);
     }
   }
-  if (!force && now - w.last_flush < w.flush_cycles) return;
+  if (!force && now - w.last_flush < rte_get_tsc_hz() / 10000) return;
   w.last_flush = now;
   for (unsigned s = 0; s < 2; ++s)
     if (w.txq[s] >= 0)

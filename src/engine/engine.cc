@@ -688,6 +688,8 @@ std::vector<uint32_t> Engine::ring_ids() const {
   return ids;
 }
 
+size_t Engine::ring_count() const noexcept { return impl_->by_id.size(); }
+
 std::optional<RingInfo> Engine::ring_info(uint32_t ring_id, uint64_t now_ns,
                                           uint64_t stall_ns) const {
   auto it = impl_->by_id.find(ring_id);

@@ -149,6 +149,7 @@ class Engine {
   Outcome process(Pkt pkt, uint64_t now_ns, Sink& out) noexcept;
 
   std::vector<uint32_t> ring_ids() const;
+  size_t ring_count() const noexcept;
   std::optional<RingInfo> ring_info(uint32_t ring_id, uint64_t now_ns = 0, uint64_t stall_ns = 0) const;
   const ReasonCounters& counters() const noexcept;
   uint64_t memory_in_use() const noexcept;
