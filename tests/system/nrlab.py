@@ -100,6 +100,16 @@ VIRTIO_NET_OFFLOADS_OFF = ("csum=off,guest_csum=off,gso=off,host_tso4=off,host_t
                            "host_ufo=off,guest_tso4=off,guest_tso6=off,guest_ecn=off,guest_ufo=off")
 
 
+class Failed(Exception):
+    """A scenario's check did not hold (the scenario fails; the lab is fine)."""
+
+
+def expect(cond, what):
+    """Raise Failed(what) unless cond: the scenarios' one assertion."""
+    if not cond:
+        raise Failed(what)
+
+
 class LabError(RuntimeError):
     """The lab could not do what was asked; the message says why."""
 

@@ -85,13 +85,7 @@ AFTER_RESTART = ["-d", "fp32", "-o", "sum", "-b", "8", "-e", "32K", "-f", "8", "
 UNRECOVERED = ["retry_exceeded_err", "retry_rnr_exceeded_err"]  # rxe gave up: the QP went to error
 
 
-class Failed(Exception):
-    pass
-
-
-def expect(cond, what):
-    if not cond:
-        raise Failed(what)
+Failed, expect = nrlab.Failed, nrlab.expect
 
 
 # ----------------------------------------------------------------------------

@@ -41,13 +41,7 @@ DROP_REASONS = ["bad_icrc", "first_packet_lost", "duplicate", "stale_message", "
                 "evicted_incomplete", "ring_removed", "clt_full", "alloc_failed"]
 
 
-class Failed(Exception):
-    pass
-
-
-def expect(cond, what):
-    if not cond:
-        raise Failed(what)
+Failed, expect = nrlab.Failed, nrlab.expect
 
 
 def perftest_pair(server, client, tool, args, port, timeout=300):

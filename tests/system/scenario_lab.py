@@ -27,13 +27,7 @@ sys.path.insert(0, HERE)
 import nrlab  # noqa: E402
 
 
-class Failed(Exception):
-    pass
-
-
-def expect(cond, what):
-    if not cond:
-        raise Failed(what)
+Failed, expect = nrlab.Failed, nrlab.expect
 
 
 def perftest(server, client, tool, args, port, timeout=300):
