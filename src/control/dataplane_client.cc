@@ -68,7 +68,7 @@ Status DataplaneClient::connect_locked(Clock::time_point deadline) {
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
     bool ok = false;
-    if (err == EINPROGRESS || err == EAGAIN) {
+    if (err == EINPROGRESS) {  // AF_UNIX EAGAIN: backlog full, not connecting
       int so = 0;
       socklen_t len = sizeof(so);
       ok = wait_for(fd, POLLOUT, deadline) &&
