@@ -612,7 +612,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "netreduce-loopback: cannot start the generator on lcore 2\n");
       return 1;
     }
-    dp.run();  // returns when the generator stops it
+    // Returns when the generator stops it (or at once, if the box cannot
+    // start: the generator then fails to connect and says so).
+    if (netreduce::Status s = dp.run(); !s) {
+      std::fprintf(stderr, "netreduce-loopback: box: %s\n", s.to_string().c_str());
+      dp.stop();
+    }
     rte_eal_wait_lcore(2);
     report["points"] = args.points;
     error = args.error;

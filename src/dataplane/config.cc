@@ -8,8 +8,8 @@
 // tree cyclic (`a: &x [*x]`) cannot make it loop.
 //
 // The strict field readers live in common/yaml_fields.h. Errors inside the
-// walk are thrown as ConfigError and turned into a Status at the top; nothing (yaml-cpp's exceptions, bad_alloc, ...) escapes
-// parse_config or load_config.
+// walk are thrown as ConfigError and turned into a Status at the top; nothing (yaml-cpp's
+// exceptions, bad_alloc, ...) escapes parse_config or load_config.
 #include "dataplane/config.h"
 
 #include <yaml-cpp/yaml.h>
@@ -138,9 +138,20 @@ void parse_engine(const YAML::Node& n, const std::string& path, DataplaneConfig&
 }
 
 void parse_control(const YAML::Node& n, const std::string& path, DataplaneConfig& cfg) {
-  for_each_key(n, path, {"socket"},
-               [&](std::string_view, const YAML::Node& v, const std::string& f) {
-                 cfg.control_socket = socket_path(v, f);
+  for_each_key(n, path, {"socket", "max_clients", "group"},
+               [&](std::string_view key, const YAML::Node& v, const std::string& f) {
+                 if (key == "socket") {
+                   cfg.control_socket = socket_path(v, f);
+                 } else if (key == "max_clients") {
+                   cfg.control_max_clients = static_cast<unsigned>(integer(v, f, 1, 4096));
+                 } else {
+                   std::string g = non_empty(v, f, "a group name or a numeric gid");
+                   if (g.size() > 64 || g.find_first_of(" \t\n\r:/") != std::string::npos)
+                     fail(f, "must be a group name or a numeric gid, got " + show(g));
+                   if (g.find_first_not_of("0123456789") == std::string::npos && g.size() > 9)
+                     fail(f, "numeric gid out of range, got " + show(g));
+                   cfg.control_group = std::move(g);
+                 }
                });
 }
 
@@ -197,7 +208,6 @@ Status parse_config(const std::string& yaml_text, const std::string& origin, Dat
       },
       "it needs at least 'ports' (see config/dataplane.yaml)");
 }
-
 
 Status load_config(const std::string& path, DataplaneConfig& out) {
   std::string text;

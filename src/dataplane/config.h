@@ -20,7 +20,8 @@ enum class Mode : uint8_t {
 };
 
 struct PortConfig {
-  std::string name;  // DPDK device name: a PCI address ("0000:3b:00.0") or a vdev name ("net_ring0")
+  // DPDK device name: a PCI address ("0000:3b:00.0") or a vdev name ("net_ring0").
+  std::string name;
 };
 
 struct DataplaneConfig {
@@ -30,10 +31,10 @@ struct DataplaneConfig {
 
   // Exactly two ports: bump in the wire, A -> B and B -> A.
   std::vector<PortConfig> ports;
-  uint16_t mtu = 4200;        // L3 MTU set on the ports: RoCE MTU 4096 + headers
-  uint16_t rx_desc = 1024;    // descriptors per RX queue
-  uint16_t tx_desc = 1024;    // descriptors per TX queue
-  uint16_t burst = 32;        // packets per rx burst (1..256)
+  uint16_t mtu = 4200;      // L3 MTU set on the ports: RoCE MTU 4096 + headers
+  uint16_t rx_desc = 1024;  // descriptors per RX queue
+  uint16_t tx_desc = 1024;  // descriptors per TX queue
+  uint16_t burst = 32;      // packets per rx burst (1..256)
 
   Mode mode = Mode::aggregate;
 
@@ -42,20 +43,24 @@ struct DataplaneConfig {
   std::vector<unsigned> workers;
 
   // Memory.
-  uint32_t mbufs = 32768;              // mbufs in the packet pool (held packets come from it)
-  uint32_t mbuf_cache = 256;           // per-lcore mempool cache
+  uint32_t mbufs = 32768;                 // mbufs in the packet pool (held packets come from it)
+  uint32_t mbuf_cache = 256;              // per-lcore mempool cache
   uint64_t engine_memory = 256ull << 20;  // bytes all rings may reserve, over all workers
 
   // Aggregation engine.
   engine::ReduceMode reduce_mode = engine::ReduceMode::deterministic;
   engine::IcrcFixup icrc_fixup = engine::IcrcFixup::linear;
   bool verify_icrc = true;
-  unsigned max_rings = 64;             // per worker
-  unsigned clt_capacity = 4096;        // connections per worker
-  uint32_t stall_timeout_ms = 1000;    // cells collecting longer are reported stalled
+  unsigned max_rings = 64;           // per worker
+  unsigned clt_capacity = 4096;      // connections per worker
+  uint32_t stall_timeout_ms = 1000;  // cells collecting longer are reported stalled
 
-  // Control.
+  // Control socket (control_socket.h). Created with mode 0660; root, the
+  // box's own uid and members of `control_group` (a group name or a numeric
+  // gid; empty: none) may connect; at most `control_max_clients` at once.
   std::string control_socket = "/run/netreduce/dataplane.sock";
+  unsigned control_max_clients = 64;
+  std::string control_group;
 };
 
 // Parses and validates YAML text. `origin` names the source in messages (a

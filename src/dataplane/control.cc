@@ -17,7 +17,6 @@
 //   {"cmd": "shutdown"}
 // Errors: {"ok": false, "error": {"code": "...", "field": "...", "message": "..."}}.
 // Also registered with DPDK telemetry: /netreduce/stats, /netreduce/rings.
-#include <poll.h>
 #include <rte_cycles.h>
 #include <rte_ethdev.h>
 #include <rte_launch.h>
@@ -25,20 +24,15 @@
 #include <rte_mempool.h>
 #include <rte_telemetry.h>
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "common/ring_json.h"
+#include "dataplane/control_socket.h"
 #include "dataplane/dataplane.h"
 
 namespace netreduce::dataplane {
@@ -47,7 +41,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr size_t kMaxLine = 1 << 20;
 // The telemetry thread outlives the Dataplane: callbacks announce themselves
 // in `g_telemetry_inflight` before reading the pointer, and shutdown clears
 // the pointer and then waits for the count to drain (both seq_cst).
@@ -71,6 +64,12 @@ const std::string& instance_id() {
 }
 
 json error_json(const Status& s) { return {{"ok", false}, {"error", status_to_json(s)}}; }
+
+// One reply line. Strings that came from outside (a parse error quoting the
+// bytes it choked on) may hold invalid UTF-8: replaced (U+FFFD), never thrown.
+std::string to_line(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 struct Snapshot {
   WorkerStats stats;
@@ -199,16 +198,15 @@ int telemetry_rings(const char*, const char*, rte_tel_data* d) {
 
 }  // namespace
 
-std::string Dataplane::handle_request(const std::string& line) {
+json Dataplane::answer(const std::string& line) {
   json req;
   try {
     req = json::parse(line);
   } catch (const std::exception& e) {
-    return error_json(Status::invalid("", std::string("not JSON: ") + e.what())).dump();
+    return error_json(Status::invalid("", std::string("not JSON: ") + e.what()));
   }
   if (!req.is_object() || !req.contains("cmd") || !req["cmd"].is_string())
-    return error_json(Status::invalid("cmd", "a request is an object with a string \"cmd\""))
-        .dump();
+    return error_json(Status::invalid("cmd", "a request is an object with a string \"cmd\""));
   const std::string cmd = req["cmd"];
   auto ring_id = [&](uint32_t& id) -> Status {
     if (!req.contains("id") || !req["id"].is_number_unsigned() ||
@@ -218,28 +216,28 @@ std::string Dataplane::handle_request(const std::string& line) {
     return {};
   };
   try {
-    if (cmd == "ping") return json{{"ok", true}}.dump();
+    if (cmd == "ping") return json{{"ok", true}};
     if (cmd == "shutdown") {
       stop();
-      return json{{"ok", true}}.dump();
+      return json{{"ok", true}};
     }
     if (cmd == "install_ring") {
-      if (!req.contains("ring")) return error_json(Status::invalid("ring", "is required")).dump();
+      if (!req.contains("ring")) return error_json(Status::invalid("ring", "is required"));
       engine::RingSpec spec;
-      if (Status s = ring_from_json(req["ring"], spec); !s) return error_json(s).dump();
-      if (Status s = install_ring(spec); !s) return error_json(s).dump();
-      return json{{"ok", true}}.dump();
+      if (Status s = ring_from_json(req["ring"], spec); !s) return error_json(s);
+      if (Status s = install_ring(spec); !s) return error_json(s);
+      return json{{"ok", true}};
     }
     if (cmd == "remove_ring") {
       uint32_t id;
-      if (Status s = ring_id(id); !s) return error_json(s).dump();
-      if (Status s = remove_ring(id); !s) return error_json(s).dump();
-      return json{{"ok", true}}.dump();
+      if (Status s = ring_id(id); !s) return error_json(s);
+      if (Status s = remove_ring(id); !s) return error_json(s);
+      return json{{"ok", true}};
     }
     if (cmd == "list_rings" || cmd == "get_ring") {
       uint32_t want = 0;
       if (cmd == "get_ring")
-        if (Status s = ring_id(want); !s) return error_json(s).dump();
+        if (Status s = ring_id(want); !s) return error_json(s);
       json arr = json::array();
       const auto snaps = snapshots(*this, true);
       for (size_t w = 0; w < snaps.size(); ++w)
@@ -251,16 +249,15 @@ std::string Dataplane::handle_request(const std::string& line) {
         }
       if (cmd == "get_ring") {
         if (arr.empty())
-          return error_json({StatusCode::not_found, "id", "no ring " + std::to_string(want)})
-              .dump();
-        return json{{"ok", true}, {"ring", arr[0]}}.dump();
+          return error_json({StatusCode::not_found, "id", "no ring " + std::to_string(want)});
+        return json{{"ok", true}, {"ring", arr[0]}};
       }
-      return json{{"ok", true}, {"rings", arr}}.dump();
+      return json{{"ok", true}, {"rings", arr}};
     }
     if (cmd == "stats") {
       json j = stats_json(*this, snapshots(*this, false));
       j["ok"] = true;
-      return j.dump();
+      return j;
     }
     if (cmd == "status") {
       json ws = json::array();
@@ -275,35 +272,72 @@ std::string Dataplane::handle_request(const std::string& line) {
                   {"memory",
                    {{"engine_reserved_bytes", memory_reserved_},
                     {"engine_budget_bytes", cfg_.engine_memory}}},
-                  {"mbufs", {{"total", cfg_.mbufs}, {"in_use", rte_mempool_in_use_count(pool_)}}}}
-          .dump();
+                  {"mbufs", {{"total", cfg_.mbufs}, {"in_use", rte_mempool_in_use_count(pool_)}}},
+                  {"control", control_json()}};
     }
     if (cmd == "set_mode") {
       const auto it = req.find("mode");
       const std::string m = it != req.end() && it->is_string() ? it->get<std::string>() : "";
       if (m != "aggregate" && m != "forward")
-        return error_json(Status::invalid("mode", "must be \"aggregate\" or \"forward\"")).dump();
+        return error_json(Status::invalid("mode", "must be \"aggregate\" or \"forward\""));
       const char* previous = mode() == Mode::aggregate ? "aggregate" : "forward";
       set_mode(m == "aggregate" ? Mode::aggregate : Mode::forward);
       spdlog::info("mode {} (was {})", m, previous);
-      return json{{"ok", true}, {"mode", m}, {"previous", previous}}.dump();
+      return json{{"ok", true}, {"mode", m}, {"previous", previous}};
     }
     if (cmd == "install_ctt" || cmd == "remove_ctt" || cmd == "list_ctt")
       return error_json({StatusCode::unimplemented, "cmd",
-                         "connection translation (multi-rack hierarchies) is not built yet"})
-          .dump();
-    return error_json(Status::invalid("cmd", "unknown command '" + cmd + "'")).dump();
+                         "connection translation (multi-rack hierarchies) is not built yet"});
+    return error_json(Status::invalid("cmd", "unknown command '" + cmd + "'"));
   } catch (const std::exception& e) {  // a malformed field the checks above missed
-    return error_json({StatusCode::invalid_argument, "", e.what()}).dump();
+    return error_json({StatusCode::invalid_argument, "", e.what()});
   }
 }
 
-void Dataplane::run() {
-  for (unsigned s = 0; s < 2; ++s) {
-    if (int rc = rte_eth_dev_start(port_ids_[s]); rc != 0) {
-      spdlog::critical("cannot start port {}: {}", cfg_.ports[s].name, rte_strerror(-rc));
-      return;
+// Never throws: every reply is serialized with invalid UTF-8 replaced (a
+// parse error's message quotes the bytes it choked on, e.g. "\xff"), and
+// anything thrown while answering becomes an error reply.
+std::string Dataplane::handle_request(const std::string& line) noexcept {
+  try {
+    return to_line(answer(line));
+  } catch (const std::exception& e) {
+    try {
+      return to_line(error_json({StatusCode::internal, "", e.what()}));
+    } catch (...) {
     }
+  } catch (...) {
+  }
+  return R"({"ok":false,"error":{"code":"internal","field":"","message":"the request could not be answered"}})";
+}
+
+json Dataplane::control_json() const {
+  if (!control_) return json::object();
+  const ControlSocketCounters& c = control_->counters();
+  return {{"socket", control_->path()},
+          {"clients", control_->clients()},
+          {"max_clients", cfg_.control_max_clients},
+          {"accepted", c.accepted},
+          {"requests", c.requests},
+          {"refused_credentials", c.refused_credentials},
+          {"refused_full", c.refused_full},
+          {"dropped_slow", c.dropped_slow},
+          {"dropped_long_line", c.dropped_long_line}};
+}
+
+void Dataplane::housekeeping() {}
+
+Status Dataplane::run() {
+  // The control socket first: a box that cannot be controlled (a second
+  // instance on the same path, a bad directory) does not start its ports.
+  ControlSocket sock;
+  if (Status s = sock.open({cfg_.control_socket, cfg_.control_max_clients, control_gid_}); !s)
+    return s;
+  spdlog::info("control socket {} (mode 0660{})", cfg_.control_socket,
+               control_gid_ >= 0 ? ", group " + cfg_.control_group : "");
+  for (unsigned s = 0; s < 2; ++s) {
+    if (int rc = rte_eth_dev_start(port_ids_[s]); rc != 0)
+      return {StatusCode::unavailable, "ports[" + std::to_string(s) + "]",
+              "cannot start port " + cfg_.ports[s].name + ": " + rte_strerror(-rc)};
     rte_eth_promiscuous_enable(port_ids_[s]);  // a bump in the wire passes every MAC
   }
   std::vector<std::pair<Dataplane*, Worker*>> args;
@@ -318,75 +352,17 @@ void Dataplane::run() {
                              "netreduce: packet fates summed over workers");
   rte_telemetry_register_cmd("/netreduce/rings", telemetry_rings, "netreduce: installed ring ids");
 
-  // Control socket.
-  const std::string& path = cfg_.control_socket;
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  ::unlink(path.c_str());
-  int lfd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  if (lfd < 0 || path.size() >= sizeof(addr.sun_path) ||
-      ::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(lfd, 8) != 0) {
-    spdlog::critical("control socket {}: {}; stopping", path, std::strerror(errno));
-    stop();
-  } else {
-    ::chmod(path.c_str(), 0660);
-    spdlog::info("control socket {}", path);
-  }
-
-  struct Client {
-    int fd;
-    std::string buf;
-  };
-  std::vector<Client> clients;
+  // Nothing a client does blocks this loop (control_socket.h); each round
+  // waits at most 100 ms, so a stop request (SIGTERM, "shutdown") ends it
+  // within that.
+  control_ = &sock;
+  const ControlSocket::Handler handler = [this](const std::string& l) { return handle_request(l); };
   while (!quitting()) {
-    std::vector<pollfd> fds{{lfd, POLLIN, 0}};
-    for (auto& c : clients) fds.push_back({c.fd, POLLIN, 0});
-    if (::poll(fds.data(), fds.size(), 100) <= 0) continue;
-    if (fds[0].revents & POLLIN) {
-      int c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c >= 0) clients.push_back({c, {}});
-    }
-    for (size_t i = 1; i < fds.size(); ++i) {
-      Client& c = clients[i - 1];
-      if (fds[i].revents & POLLNVAL) {  // closed under us (not by this loop): forget it
-        spdlog::warn("control client fd {} was closed by someone else; dropping it", c.fd);
-        c.fd = -1;
-        continue;
-      }
-      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      char chunk[65536];
-      const ssize_t n = ::read(c.fd, chunk, sizeof(chunk));
-      if (n <= 0) {
-        ::close(c.fd);
-        c.fd = -1;
-        continue;
-      }
-      c.buf.append(chunk, static_cast<size_t>(n));
-      size_t nl;
-      while (c.fd >= 0 && (nl = c.buf.find('\n')) != std::string::npos) {
-        std::string reply = handle_request(c.buf.substr(0, nl)) + "\n";
-        c.buf.erase(0, nl + 1);
-        if (::send(c.fd, reply.data(), reply.size(), MSG_NOSIGNAL) < 0) {
-          ::close(c.fd);
-          c.fd = -1;
-        }
-      }
-      if (c.fd >= 0 && c.buf.size() > kMaxLine) {
-        const std::string reply =
-            error_json(Status::invalid("", "request line longer than 1 MiB")).dump() + "\n";
-        (void)::send(c.fd, reply.data(), reply.size(), MSG_NOSIGNAL);
-        ::close(c.fd);
-        c.fd = -1;
-      }
-    }
-    std::erase_if(clients, [](const Client& c) { return c.fd < 0; });
+    sock.poll_once(std::chrono::milliseconds(100), handler);
+    housekeeping();
   }
-  for (auto& c : clients) ::close(c.fd);
-  if (lfd >= 0) ::close(lfd);
-  ::unlink(path.c_str());
+  sock.close();
+  control_ = nullptr;
 
   rte_eal_mp_wait_lcore();
   g_telemetry_dp.store(nullptr);
@@ -398,6 +374,7 @@ void Dataplane::run() {
     rte_eth_dev_stop(port_ids_[s]);
     rte_eth_dev_close(port_ids_[s]);
   }
+  return {};
 }
 
 void Dataplane::final_report() {

@@ -1,5 +1,6 @@
 #include "dataplane/dataplane.h"
 
+#include <grp.h>
 #include <rte_cycles.h>
 #include <rte_eal.h>
 #include <rte_ethdev.h>
@@ -38,6 +39,20 @@ Dataplane::~Dataplane() {
 }
 
 Status Dataplane::setup() {
+  // The control socket's group, before anything is allocated.
+  if (!cfg_.control_group.empty()) {
+    const std::string& g = cfg_.control_group;
+    if (g.find_first_not_of("0123456789") == std::string::npos && g.size() <= 9) {
+      control_gid_ = std::stol(g);
+    } else {
+      group gr{}, *found = nullptr;
+      std::vector<char> buf(16384);
+      if (::getgrnam_r(g.c_str(), &gr, buf.data(), buf.size(), &found) != 0 || !found)
+        return {StatusCode::not_found, "control.group",
+                "no group named '" + g + "' on this system (give a group name or a numeric gid)"};
+      control_gid_ = static_cast<long>(found->gr_gid);
+    }
+  }
   // Ports.
   if (rte_eth_dev_count_avail() == 0)
     return {StatusCode::unavailable, "ports",

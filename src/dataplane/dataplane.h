@@ -47,6 +47,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -122,9 +123,11 @@ class Dataplane {
   Status setup();
   // Installs rings from a JSON file (an array of ring specs) before traffic.
   Status preload_rings(const std::string& path);
-  // Starts the ports and workers; runs the control loop on the main lcore
-  // until stop() or a signal. Returns when all workers have stopped.
-  void run();
+  // Opens the control socket, starts the ports and workers, and runs the
+  // control loop on the main lcore until stop() or a signal. Returns when all
+  // workers have stopped; an error (nothing started) if the control socket or
+  // a port could not be opened.
+  Status run();
   void stop() { quit_.store(true, std::memory_order_relaxed); }
   // The packet path's mode. Starts as config().mode; `set_mode` on the
   // control channel switches it at run time (benchmarks measure the forward-
@@ -139,7 +142,8 @@ class Dataplane {
   // Control operations (control thread only). JSON in/out, see control.cc.
   Status install_ring(const engine::RingSpec& spec);
   Status remove_ring(uint32_t ring_id);
-  std::string handle_request(const std::string& line);  // one JSON request -> one JSON response
+  // One JSON request line -> one JSON reply line. Never throws.
+  std::string handle_request(const std::string& line) noexcept;
 
   // Runs fn on worker w between bursts; false if it did not answer in time.
   bool on_worker(unsigned w, std::function<void(Worker&)> fn);
@@ -156,6 +160,10 @@ class Dataplane {
   rte_mempool* pool() const { return pool_; }
 
  private:
+  nlohmann::json answer(const std::string& line);  // handle_request's body; may throw
+  nlohmann::json control_json() const;             // the control socket's counters
+  // Control-loop work between socket rounds (control thread).
+  void housekeeping();
   void publish_links(std::unique_ptr<LinkTable> t);
   void final_report();
 
@@ -170,6 +178,8 @@ class Dataplane {
   std::atomic<Mode> mode_{Mode::aggregate};
   bool started_ = false;
   std::mutex on_worker_mu_;  // one control caller at a time (control thread, telemetry)
+  long control_gid_ = -1;    // control.group resolved by setup(); -1: none
+  class ControlSocket* control_ = nullptr;  // while run() serves it (control thread)
 
   struct RingEntry {
     engine::RingSpec spec;

@@ -86,9 +86,13 @@ int main(int argc, char** argv) {
       g_dp = &dp;
       std::signal(SIGINT, on_signal);
       std::signal(SIGTERM, on_signal);
-      dp.run();
+      if (netreduce::Status s3 = dp.run(); !s3) {
+        std::fprintf(stderr, "netreduce-dataplane: %s\n", s3.to_string().c_str());
+        rc = 1;
+      } else {
+        spdlog::info("stopped");
+      }
       g_dp = nullptr;
-      spdlog::info("stopped");
     }
   }
   rte_eal_cleanup();

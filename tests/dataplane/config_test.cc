@@ -85,7 +85,10 @@ TEST_CASE("the example configuration loads", "[dataplane][config]") {
   CHECK(cfg.max_rings == 64);
   CHECK(cfg.clt_capacity == 4096);
   CHECK(cfg.stall_timeout_ms == 1000);
-  CHECK(cfg.control_socket == "/tmp/netreduce-dataplane.sock");
+  CHECK(cfg.control_socket == "/run/netreduce/dataplane.sock");
+  CHECK(cfg.control_socket == DataplaneConfig{}.control_socket);  // the example shows the default
+  CHECK(cfg.control_max_clients == 64);
+  CHECK(cfg.control_group.empty());
 
   // parse_config on the same text gives the same result.
   DataplaneConfig again;
@@ -124,6 +127,8 @@ TEST_CASE("omitted keys keep the defaults of config.h", "[dataplane][config]") {
     CHECK(c.clt_capacity == def.clt_capacity);
     CHECK(c.stall_timeout_ms == def.stall_timeout_ms);
     CHECK(c.control_socket == def.control_socket);
+    CHECK(c.control_max_clients == def.control_max_clients);
+    CHECK(c.control_group == def.control_group);
   }
 }
 
@@ -152,6 +157,8 @@ engine:
   stall_timeout_ms: 3600000
 control:
   socket: /var/run/nr.sock
+  max_clients: 4096
+  group: netreduce
 )");
   INFO(p.status.to_string());
   REQUIRE(p.status.ok());
@@ -176,6 +183,8 @@ control:
   CHECK(c.clt_capacity == 16);
   CHECK(c.stall_timeout_ms == 3600000);
   CHECK(c.control_socket == "/var/run/nr.sock");
+  CHECK(c.control_max_clients == 4096);
+  CHECK(c.control_group == "netreduce");
 
   // The other enumerators, and the range ends.
   const Parsed q = parse_with(
@@ -239,7 +248,7 @@ TEST_CASE("every rule names the dotted key and the problem", "[dataplane][config
       {"engine:\n  reduse_mode: deterministic\n", "engine.reduse_mode",
        "did you mean 'reduce_mode'"},
       {"memory:\n  pool: 5\n", "memory.pool", "unknown key (known: mbufs, mbuf_cache, engine)"},
-      {"control:\n  path: /x\n", "control.path", "unknown key (known: socket)"},
+      {"control:\n  path: /x\n", "control.path", "unknown key (known: socket, max_clients, group)"},
       {"mtu: 4200\nmtu: 9000\n", "mtu", "given twice"},
       {"engine:\n  max_rings: 4\n  max_rings: 5\n", "engine.max_rings", "given twice"},
       {"[a]: 1\n", "", "keys must be plain names"},
@@ -324,6 +333,12 @@ TEST_CASE("every rule names the dotted key and the problem", "[dataplane][config
        "/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
        "aaaaaaaaaaaaaaaaa\n",
        "control.socket", "at most 107 bytes"},
+      {"control:\n  max_clients: 0\n", "control.max_clients", "must be in 1..4096, got 0"},
+      {"control:\n  max_clients: 4097\n", "control.max_clients", "must be in 1..4096"},
+      {"control:\n  group: \"\"\n", "control.group", "empty"},
+      {"control:\n  group: [a]\n", "control.group", "got a list"},
+      {"control:\n  group: \"a b\"\n", "control.group", "a group name or a numeric gid"},
+      {"control:\n  group: 99999999999\n", "control.group", "numeric gid out of range"},
   };
   for (const auto& c : cases) {
     INFO("extra: " << c.extra);
@@ -501,6 +516,7 @@ bool valid(const DataplaneConfig& c) {
   if (c.clt_capacity < 16 || c.clt_capacity > 1048576) return false;
   if (c.stall_timeout_ms < 1 || c.stall_timeout_ms > 3600000) return false;
   if (c.control_socket.empty() || c.control_socket[0] != '/') return false;
+  if (c.control_max_clients < 1 || c.control_max_clients > 4096) return false;
   return true;
 }
 

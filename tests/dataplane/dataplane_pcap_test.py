@@ -15,15 +15,23 @@ the input capture, and what leaves port 1 is captured and checked byte by byte:
 Scenarios (argv[2]): one_ring | af_packet (the same over veth pairs in a netns) |
 two_rings (two rings on two worker lcores,
 one RX queue, so the second worker is fed through the dispatch stage) |
-remove_while_flowing (the input loops; the ring is removed mid-traffic).
+remove_while_flowing (the input loops; the ring is removed mid-traffic) |
+bad_bytes (invalid UTF-8 and other bytes on the control socket: answered, the
+box keeps forwarding) | slow_client (clients that flood requests and never
+read: others are answered within 1 s, SIGTERM still stops the box) |
+control_access (socket mode 0660 whatever the umask, peers of other uids refused
+unless in control.group, control.max_clients, a second box refused).
 """
 import json
 import os
+import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -89,7 +97,7 @@ def ring_spec(ring_id, ranks, base, pkts_per_msg, pmtu):
 
 
 class Control:
-    def __init__(self, path, timeout=20):
+    def __init__(self, path, timeout=20, reply_timeout=60):
         deadline = time.time() + timeout
         while True:
             try:
@@ -97,15 +105,26 @@ class Control:
                 self.s.connect(path)
                 break
             except OSError:
+                self.s.close()
                 if time.time() > deadline:
                     raise RuntimeError("control socket %s never came up" % path)
                 time.sleep(0.1)
+        self.s.settimeout(reply_timeout)  # a wedged box fails the test instead of hanging it
         self.f = self.s.makefile("rw")
 
     def __call__(self, **req):
         self.f.write(json.dumps(req) + "\n")
         self.f.flush()
         return json.loads(self.f.readline())
+
+    def raw(self, data):
+        """Sends bytes as they are (not necessarily UTF-8); returns the parsed reply."""
+        self.s.sendall(data)
+        return json.loads(self.f.readline())
+
+    def close(self):
+        self.f.close()
+        self.s.close()
 
 
 def sh(*cmd):
@@ -187,7 +206,9 @@ def query_telemetry(prefix, cmd):
     return json.loads(s.recv(1 << 16))[cmd]
 
 
-def run_dataplane(tmp, in_pcap, rings, workers, loop=False, during=None):
+def start_dataplane(tmp, in_pcap, rings, workers, loop=False, extra=None, umask=None):
+    """Starts the binary on two net_pcap ports; returns (proc, control socket path).
+    `extra` is merged into the configuration (top-level keys, one level deep)."""
     out0, out1 = os.path.join(tmp, "out0.pcap"), os.path.join(tmp, "out1.pcap")
     if loop:  # a looping input floods the output: nothing to read back, do not store it
         out0 = out1 = "/dev/null"
@@ -204,14 +225,28 @@ def run_dataplane(tmp, in_pcap, rings, workers, loop=False, during=None):
         "memory": {"mbufs": 8192},
         "control": {"socket": sock},
     }
+    for k, v in (extra or {}).items():
+        if isinstance(v, dict) and isinstance(cfg.get(k), dict):
+            cfg[k].update(v)
+        else:
+            cfg[k] = v
     cfg_path = os.path.join(tmp, "dp.yaml")
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)  # JSON is YAML
     rings_path = os.path.join(tmp, "rings.json")
     with open(rings_path, "w") as f:
         json.dump(rings, f)
+
+    def pre():
+        if umask is not None:
+            os.umask(umask)
     proc = subprocess.Popen([sys.argv[1], "-c", cfg_path, "--rings", rings_path],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=pre)
+    return proc, sock, out1
+
+
+def run_dataplane(tmp, in_pcap, rings, workers, loop=False, during=None, extra=None):
+    proc, sock, out1 = start_dataplane(tmp, in_pcap, rings, workers, loop, extra)
     try:
         ctl = Control(sock)
         # Wait until the counters stop moving (the capture has been replayed).
@@ -290,6 +325,223 @@ def check_released(out_frames, in_frames, data, ranks, pmtu, cap):
             "message %d packet %d from rank %d: data is not the rank-order sum" % (m, k, rank)
         checked += 1
     return checked
+
+def port1_tx(ctl):
+    return sum(w["tx_packets"][1] for w in ctl(cmd="stats")["workers"])
+
+
+def stop_by(proc, ctl=None, sig=None, timeout=30):
+    """Stops the box by "shutdown" (or a signal); returns (stdout, stderr); fails on a bad exit."""
+    try:
+        if sig is None:
+            assert ctl(cmd="shutdown")["ok"]
+        else:
+            proc.send_signal(sig)
+        out, err = proc.communicate(timeout=timeout)
+    except Exception:
+        proc.kill()
+        out, err = proc.communicate()
+        print(err[-3000:], file=sys.stderr)
+        raise
+    if proc.returncode != 0:
+        print(err[-3000:], file=sys.stderr)
+        raise SystemExit("dataplane exited with %d" % proc.returncode)
+    return out, err
+
+
+def bad_bytes_scenario(tmp, in_pcap):
+    """Lines that are not UTF-8 (the first one used to abort the box): each is
+    answered with an error, and the box keeps forwarding and answering."""
+    wrpcap(in_pcap, other_traffic(1))
+    proc, sock, _ = start_dataplane(tmp, in_pcap, [], 1, loop=True)
+    try:
+        ctl = Control(sock)
+        before = port1_tx(ctl)
+        messages = []
+        for line in [b"\xff\n", b'{"cmd": "ping\xff"}\n', b'{"cmd": "\xc3"}\n', b"\xfe\xff\x00\x01\n",
+                     b'"\xed\xa0\x80"\n', b'{"cmd": "install_ring", "ring": {"id": 1, "members": ["\xff"]}}\n',
+                     b"\x00\n", b"\n"]:
+            r = ctl.raw(line)
+            assert r["ok"] is False and r["error"]["code"] == "invalid_argument", (line, r)
+            messages.append(r["error"]["message"])
+        assert ctl(cmd="ping")["ok"]
+        assert Control(sock)(cmd="ping")["ok"]
+        time.sleep(0.5)
+        after = port1_tx(ctl)
+        assert after > before, "the box stopped forwarding (%d then %d frames out)" % (before, after)
+    except Exception:
+        if proc.poll() is None:
+            proc.kill()
+        print(proc.communicate()[1][-3000:], file=sys.stderr)
+        raise
+    stop_by(proc, ctl)
+    print("bad_bytes: %d lines of invalid bytes answered with errors (e.g. %r); the box kept forwarding "
+          "(%d -> %d frames out)" % (len(messages), messages[0][:80], before, after))
+
+
+def slow_client_scenario(tmp, in_pcap):
+    """Clients that send requests as fast as they can and never read a reply.
+    Meanwhile another client is answered within 1 s every time, rings are
+    installed and removed, and at the end SIGTERM stops the box within 10 s
+    while the flooders are still connected."""
+    wrpcap(in_pcap, other_traffic(1))
+    proc, sock, _ = start_dataplane(tmp, in_pcap, [], 1, loop=True)
+    stop = threading.Event()
+    sent = [0, 0]
+    held = []  # flooders' sockets stay open (never read) until the end
+
+    def flood(i, req):
+        line = (json.dumps(req) + "\n").encode() * 64
+        while not stop.is_set():
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(sock)
+            except OSError:
+                s.close()
+                time.sleep(0.05)
+                continue
+            s.settimeout(0.2)
+            held.append(s)
+            while not stop.is_set():
+                try:
+                    s.sendall(line)
+                    sent[i] += 64
+                except socket.timeout:
+                    continue  # the box is not reading us now: keep the pressure on
+                except OSError:
+                    break  # the box dropped us: come back
+    threads = [threading.Thread(target=flood, args=(0, {"cmd": "stats"}), daemon=True),
+               threading.Thread(target=flood, args=(1, {"cmd": "ping"}), daemon=True)]
+    try:
+        ctl = Control(sock, reply_timeout=5)
+        for t in threads:
+            t.start()
+        worst, pings, rings_done = 0.0, 0, 0
+        t_end = time.time() + 8
+        while time.time() < t_end:
+            t0 = time.time()
+            assert ctl(cmd="ping")["ok"]
+            worst = max(worst, time.time() - t0)
+            pings += 1
+            if pings % 10 == 0:
+                rid = 100 + rings_done
+                spec = dict(ring_spec(rid, 2, 0, 4, 1024), members=["10.%d.0.1" % (100 + rings_done % 50),
+                                                                    "10.%d.0.2" % (100 + rings_done % 50)])
+                t0 = time.time()
+                r = ctl(cmd="install_ring", ring=spec)
+                assert r["ok"], r
+                r = ctl(cmd="remove_ring", id=rid)
+                assert r["ok"], r
+                worst = max(worst, (time.time() - t0) / 2)
+                rings_done += 1
+            time.sleep(0.05)
+        assert worst < 1.0, "a request waited %.2f s behind clients that do not read" % worst
+        status = ctl(cmd="status")
+        assert status["control"]["dropped_slow"] >= 1, status["control"]
+        t0 = time.time()
+        out, err = stop_by(proc, sig=signal.SIGTERM, timeout=10)
+        took = time.time() - t0
+    except Exception:
+        if proc.poll() is None:
+            proc.kill()
+            print(proc.communicate()[1][-3000:], file=sys.stderr)
+        raise
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+        for s in held:
+            s.close()
+    print("slow_client: %d stats + %d ping requests flooded unread; %d pings and %d ring install/remove "
+          "pairs answered, slowest %.0f ms; %d flooding clients dropped; SIGTERM exit in %.1f s" %
+          (sent[0], sent[1], pings, rings_done, worst * 1000, status["control"]["dropped_slow"], took))
+
+
+def as_user(sock, uid, groups):
+    """Connects to the control socket as another user and sends a ping:
+    returns the reply, or the connect error's name."""
+    code = ("import socket, sys\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.settimeout(10)\n"
+            "try:\n"
+            "    s.connect(sys.argv[1])\n"
+            "except OSError as e:\n"
+            "    print('connect: ' + type(e).__name__); sys.exit(0)\n"
+            "try:\n"
+            "    s.sendall(b'{\"cmd\": \"ping\"}\\n')\n"
+            "except OSError:\n"
+            "    pass\n"
+            "print(s.makefile().readline().strip() or 'closed')\n")
+    p = subprocess.run([sys.executable, "-c", code, sock], user=uid, group=uid, extra_groups=groups,
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+def control_access_scenario(tmp, in_pcap):
+    wrpcap(in_pcap, [])
+    nobody = 65534
+    os.chmod(tmp, 0o755)  # other users must reach the socket's directory
+    # 1. Started under umask 000, no control.group, at most 3 clients.
+    proc, sock, _ = start_dataplane(tmp, in_pcap, [], 1, extra={"control": {"max_clients": 3}}, umask=0)
+    try:
+        ctl = Control(sock)
+        st = os.stat(sock)
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660, oct(st.st_mode)
+        # Another uid in the socket file's group (root) passes the file mode: the box refuses it.
+        r = as_user(sock, nobody, [0])
+        assert r != "closed" and not r.startswith("connect"), r
+        r = json.loads(r)
+        assert r["ok"] is False and r["error"]["field"] == "control.group", r
+        refused_msg = r["error"]["message"]
+        # Another uid outside the group does not get past the file mode.
+        assert as_user(sock, nobody, []) == "connect: PermissionError"
+        # Three clients at most: the fourth gets one error line and is closed.
+        c2, c3 = Control(sock), Control(sock)
+        assert c2(cmd="ping")["ok"] and c3(cmd="ping")["ok"]
+        c4 = Control(sock)
+        r = json.loads(c4.f.readline())
+        assert r["ok"] is False and r["error"]["field"] == "control.max_clients", r
+        assert c4.f.readline() == "", "an over-limit client should be closed"
+        c3.close()
+        time.sleep(0.3)
+        c5 = Control(sock)
+        assert c5(cmd="ping")["ok"], "a slot freed by a closed client is usable again"
+        control = ctl(cmd="status")["control"]
+        assert control["refused_credentials"] == 1 and control["refused_full"] == 1, control
+        # A second box on the same socket path refuses to start and names it.
+        second = {"eal": ["-l", "0-1", "--no-huge", "-m", "256", "--no-pci", "--log-level", "lib.eal:warning",
+                          "--file-prefix", "nr%db" % os.getpid(), "--vdev", "net_null0", "--vdev", "net_null1"],
+                  "ports": [{"name": "net_null0"}, {"name": "net_null1"}], "control": {"socket": sock}}
+        with open(os.path.join(tmp, "second.yaml"), "w") as f:
+            json.dump(second, f)
+        p = subprocess.run([sys.argv[1], "-c", os.path.join(tmp, "second.yaml")], capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode != 0 and "another process answers on" in p.stderr, (p.returncode, p.stderr[-2000:])
+        assert ctl(cmd="ping")["ok"], "the first box lost its socket to the second"
+    except Exception:
+        if proc.poll() is None:
+            proc.kill()
+        print(proc.communicate()[1][-3000:], file=sys.stderr)
+        raise
+    stop_by(proc, ctl)
+    assert not os.path.exists(sock), "the socket file should be removed at exit"
+    # 2. control.group 4242: the socket file belongs to it; its members may connect.
+    proc, sock, _ = start_dataplane(tmp, in_pcap, [], 1, extra={"control": {"group": "4242"}})
+    try:
+        ctl = Control(sock)
+        st = os.stat(sock)
+        assert st.st_gid == 4242 and stat.S_IMODE(st.st_mode) == 0o660, (st.st_gid, oct(st.st_mode))
+        r = json.loads(as_user(sock, nobody, [4242]))
+        assert r == {"ok": True}, r
+        assert as_user(sock, nobody, []) == "connect: PermissionError"
+    except Exception:
+        if proc.poll() is None:
+            proc.kill()
+        print(proc.communicate()[1][-3000:], file=sys.stderr)
+        raise
+    stop_by(proc, ctl)
+    print("control_access: socket 0660 under umask 000; uid %d refused (%r), allowed in control.group; "
+          "max_clients enforced; a second box refused" % (nobody, refused_msg[:60]))
 
 
 def main():
@@ -433,6 +685,12 @@ def main():
                   len(results))
             for m in results[:6]:
                 print("  e.g. " + m)
+        elif scenario == "bad_bytes":
+            bad_bytes_scenario(tmp, in_pcap)
+        elif scenario == "slow_client":
+            slow_client_scenario(tmp, in_pcap)
+        elif scenario == "control_access":
+            control_access_scenario(tmp, in_pcap)
         elif scenario == "af_packet":
             af_packet_scenario(tmp, rng)
         elif scenario == "bad_setup":
