@@ -10,7 +10,10 @@
 // ring's cells and CLT entries, and no other thread touches them. A ring is
 // placed on the worker with the fewest rings, unless it shares a link (an
 // adjacent-member address pair) with an installed ring, in which case it
-// joins that ring's worker, since a link's packets must all meet in one engine.
+// joins that ring's worker, since a link's packets must all meet in one
+// engine. A ring sharing links with rings on two different workers is
+// refused; a link's owner never changes while a ring uses it (reference
+// counts, rings.cc).
 //
 // Dispatch. NIC RSS spreads packets by 5-tuple, not by ring, so a packet may
 // arrive on any worker's queue. The first stage (dispatch.cc) looks up the
@@ -164,7 +167,11 @@ class Dataplane {
   nlohmann::json control_json() const;             // the control socket's counters
   // Control-loop work between socket rounds (control thread).
   void housekeeping();
+  // rings.cc: placement and lifecycle.
   void publish_links(std::unique_ptr<LinkTable> t);
+  void publish_link_use();  // LinkTable from link_use_
+  Status place(const engine::RingSpec& spec, unsigned& owner) const;
+  void release_links(const engine::RingSpec& spec);  // one ring fewer on each of its links
   void final_report();
 
   DataplaneConfig cfg_;
@@ -188,6 +195,11 @@ class Dataplane {
     uint64_t mbufs;  // most mbufs its cells can hold at once
   };
   std::unordered_map<uint32_t, RingEntry> rings_;
+  struct LinkUse {
+    uint16_t owner;  // never changes while rings > 0
+    uint32_t rings;  // rings (installed or retiring) using the link
+  };
+  std::unordered_map<uint64_t, LinkUse> link_use_;
   uint64_t memory_reserved_ = 0;
   uint64_t mbufs_reserved_ = 0;
 };

@@ -544,6 +544,112 @@ def control_access_scenario(tmp, in_pcap):
           "max_clients enforced; a second box refused" % (nobody, refused_msg[:60]))
 
 
+class VethBox:
+    """The box on net_af_packet over two veth pairs whose far ends sit in a
+    network namespace this test creates and always deletes. Traffic is sent in
+    phases: each send() injects frames on port A's pair and returns what the
+    box released on port B's pair, so control requests can go in between."""
+
+    def __init__(self, tmp, rings, workers=1, extra=None):
+        self.tmp, self.rings, self.workers, self.extra = tmp, rings, workers, extra or {}
+        self.ns = "nrtest%d" % os.getpid()
+        tag = os.getpid() % 10000
+        self.a0, self.b0 = "nrA0%d" % tag, "nrB0%d" % tag
+        self.proc, self.phase = None, 0
+
+    def __enter__(self):
+        sh("ip", "netns", "add", self.ns)
+        for side, near in (("A", self.a0), ("B", self.b0)):
+            sh("ip", "link", "add", near, "type", "veth", "peer", "name", "nr%s1" % side, "netns", self.ns)
+            sh("ip", "link", "set", near, "up")
+            sh("ip", "-n", self.ns, "link", "set", "nr%s1" % side, "up")
+        self.sock = os.path.join(self.tmp, "dp.sock")
+        lcores = "0@0,1@1" if self.workers == 1 else "0@0,1@1,2@1"
+        cfg = {"eal": ["--lcores", lcores, "--no-huge", "-m", "512", "--no-pci", "--log-level", "lib.eal:warning",
+                       "--file-prefix", "nr%d" % os.getpid(),
+                       "--vdev", "net_af_packet0,iface=%s" % self.a0, "--vdev", "net_af_packet1,iface=%s" % self.b0],
+               "ports": [{"name": "net_af_packet0"}, {"name": "net_af_packet1"}],
+               "mtu": 1500, "memory": {"mbufs": 8192}, "control": {"socket": self.sock}}
+        for k, v in self.extra.items():
+            if isinstance(v, dict) and isinstance(cfg.get(k), dict):
+                cfg[k].update(v)
+            else:
+                cfg[k] = v
+        with open(os.path.join(self.tmp, "dp.yaml"), "w") as f:
+            json.dump(cfg, f)
+        with open(os.path.join(self.tmp, "rings.json"), "w") as f:
+            json.dump(self.rings, f)
+        self.proc = subprocess.Popen([sys.argv[1], "-c", os.path.join(self.tmp, "dp.yaml"), "--rings",
+                                      os.path.join(self.tmp, "rings.json")], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.ctl = Control(self.sock)
+        return self
+
+    def send(self, frames, settle=2.0):
+        """Injects `frames` into port A; returns the IP/ARP frames port B released meanwhile."""
+        self.phase += 1
+        in_pcap = os.path.join(self.tmp, "in%d.pcap" % self.phase)
+        got_pcap = os.path.join(self.tmp, "got%d.pcap" % self.phase)
+        wrpcap(in_pcap, frames)
+        code = ("from scapy.all import *\n"
+                "s = AsyncSniffer(iface='nrB1', store=True); s.start(); time.sleep(1)\n"
+                "sendp(rdpcap(%r), iface='nrA1', verbose=False, inter=0.001); time.sleep(%r); s.stop()\n"
+                "wrpcap(%r, s.results)\n") % (in_pcap, settle, got_pcap)
+        subprocess.run(["ip", "netns", "exec", self.ns, "/usr/bin/python3", "-c", code], check=True, timeout=120)
+        return [f for f in rdpcap(got_pcap) if IP in f or ARP in f]
+
+    def stop(self):
+        """Shuts the box down; returns its final counters."""
+        out, _ = stop_by(self.proc, self.ctl)
+        return json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
+
+    def __exit__(self, *exc):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            print(self.proc.communicate()[1][-3000:], file=sys.stderr)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)  # takes the veth pairs with it
+        for near in (self.a0, self.b0):
+            subprocess.run(["ip", "link", "del", near], capture_output=True)
+        return False
+
+
+def placement_scenario(tmp, rng):
+    """Two workers: ring 1 on one, ring 2 on the other. A ring sharing a link
+    with each is refused (it would re-point one of them); a ring sharing a link
+    with ring 1 only joins ring 1's worker, and its removal leaves ring 1's
+    link where it was. Then both rings aggregate byte-exact."""
+    pmtu, ppm = 256, 4
+    fa, da, cap = ina_packets(1, 3, 1, 2, ppm, pmtu, rng)
+    fb, db, _ = ina_packets(2, 2, 2, 2, ppm, pmtu, rng)
+    with VethBox(tmp, [ring_spec(1, 3, 1, ppm, pmtu), ring_spec(2, 2, 2, ppm, pmtu)], workers=2) as box:
+        ctl = box.ctl
+        owners = {r["spec"]["id"]: r["worker"] for r in ctl(cmd="list_rings")["rings"]}
+        assert owners[1] != owners[2], owners
+        both = dict(ring_spec(3, 4, 3, ppm, pmtu), members=[ip(0, 1), ip(1, 1), ip(0, 2), ip(1, 2)])
+        r = ctl(cmd="install_ring", ring=both)
+        assert r["ok"] is False and r["error"]["code"] == "conflict" and r["error"]["field"] == "members", r
+        msg = r["error"]["message"]
+        assert "ring 1 on worker %d" % owners[1] in msg and "ring 2 on worker %d" % owners[2] in msg, msg
+        one = dict(ring_spec(4, 3, 4, ppm, pmtu), members=[ip(0, 1), ip(1, 1), "10.4.0.9"])
+        assert ctl(cmd="install_ring", ring=one)["ok"]
+        placed = {r["spec"]["id"]: r["worker"] for r in ctl(cmd="list_rings")["rings"]}
+        assert placed == {1: owners[1], 2: owners[2], 4: owners[1]}, placed
+        assert ctl(cmd="remove_ring", id=4)["ok"]
+        mixed = [x for pair in zip(fa, fb) for x in pair] + fa[len(fb):] + fb[len(fa):]
+        got = box.send(mixed)
+        oa = [f for f in got if IP in f and f[IP].src.startswith("10.1.")]
+        ob = [f for f in got if IP in f and f[IP].src.startswith("10.2.")]
+        na = check_released(oa, fa, da, 3, pmtu, cap)
+        nb = check_released(ob, fb, db, 2, pmtu, cap)
+        assert (na, nb) == (len(fa), len(fb)), "released %d of %d (ring 1) and %d of %d (ring 2)" % (
+            na, len(fa), nb, len(fb))
+        final = box.stop()
+        assert final["reasons"]["unknown_ring"] == 0, final["reasons"]
+    print("placement: rings 1 and 2 on workers %d and %d; a ring sharing links with both refused (%r); "
+          "a ring sharing ring 1's link joined worker %d and left; %d + %d frames aggregated byte-exact" %
+          (owners[1], owners[2], msg[:90], owners[1], na, nb))
+
+
 def main():
     scenario = sys.argv[2]
     rng = np.random.default_rng(7)
@@ -685,6 +791,8 @@ def main():
                   len(results))
             for m in results[:6]:
                 print("  e.g. " + m)
+        elif scenario == "placement":
+            placement_scenario(tmp, rng)
         elif scenario == "bad_bytes":
             bad_bytes_scenario(tmp, in_pcap)
         elif scenario == "slow_client":

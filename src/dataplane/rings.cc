@@ -1,0 +1,171 @@
+// Ring placement and lifecycle (control thread only).
+//
+// Placement. A link is an ordered pair of adjacent ring members (src, dst);
+// all packets of a link must meet in one engine, because they carry one
+// connection's PSN sequence. `link_use_` counts, per link, the rings using it
+// (installed and retiring alike) and the worker that owns it. A new ring
+// goes to the worker that owns any of its links, or to the least loaded
+// worker when none is owned. A ring whose links are owned by two different
+// workers is refused (conflict, naming the rings and workers): placing it
+// would re-point one worker's links to the other and strand that ring's
+// packets on a worker without it. A link's owner never changes while any ring
+// uses it; it is dropped when its last ring is gone.
+//
+// Published state. Workers see only the LinkTable (link -> owner), rebuilt
+// from `link_use_` and published RCU-style (dataplane.h). `rings_` and
+// `link_use_` are control-thread state; workers never read them.
+#include <rte_mbuf.h>
+#include <rte_rcu_qsbr.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "dataplane/dataplane.h"
+
+namespace netreduce::dataplane {
+
+namespace {
+
+std::vector<uint64_t> links_of(const engine::RingSpec& spec) {
+  std::vector<uint64_t> out;
+  const unsigned p = spec.ranks();
+  out.reserve(p);
+  for (unsigned r = 0; r < p; ++r)
+    out.push_back(LinkTable::key(spec.members[r], spec.members[(r + 1) % p]));
+  return out;
+}
+
+std::string join_ids(const std::set<uint32_t>& ids) {
+  std::string s;
+  for (uint32_t id : ids) s += (s.empty() ? "" : ", ") + std::to_string(id);
+  return s;
+}
+
+}  // namespace
+
+void Dataplane::publish_links(std::unique_ptr<LinkTable> t) {
+  links_.store(t.get(), std::memory_order_release);
+  if (started_) rte_rcu_qsbr_synchronize(qsbr_, RTE_QSBR_THRID_INVALID);
+  links_owned_ = std::move(t);  // the old table is unreachable now: freed here
+}
+
+void Dataplane::publish_link_use() {
+  auto next = std::make_unique<LinkTable>();
+  next->owner.reserve(link_use_.size());
+  for (const auto& [key, use] : link_use_) next->owner.emplace(key, use.owner);
+  publish_links(std::move(next));
+}
+
+Status Dataplane::place(const engine::RingSpec& spec, unsigned& owner) const {
+  // Which workers own this ring's links, and through which rings.
+  std::map<unsigned, std::set<uint32_t>> owners;
+  const std::vector<uint64_t> mine = links_of(spec);
+  for (uint64_t key : mine)
+    if (auto it = link_use_.find(key); it != link_use_.end()) owners[it->second.owner];
+  if (owners.size() > 1) {
+    for (const auto& [id, e] : rings_)
+      for (uint64_t key : links_of(e.spec))
+        if (std::find(mine.begin(), mine.end(), key) != mine.end()) owners[e.owner].insert(id);
+    std::string who;
+    for (const auto& [w, ids] : owners)
+      who += (who.empty() ? "" : "; ") + std::string(ids.size() > 1 ? "rings " : "ring ") +
+             join_ids(ids) + " on worker " + std::to_string(w);
+    return {StatusCode::conflict, "members",
+            "ring " + std::to_string(spec.ring_id) +
+                " shares links (adjacent member pairs) with rings on different workers (" + who +
+                "); a link's packets must all meet in one worker: remove one of those rings "
+                "first, or change the member order"};
+  }
+  if (owners.size() == 1) {
+    owner = owners.begin()->first;
+    return {};
+  }
+  std::vector<unsigned> load(workers_.size(), 0);
+  for (const auto& [id, e] : rings_) ++load[e.owner];
+  owner = static_cast<unsigned>(std::min_element(load.begin(), load.end()) - load.begin());
+  return {};
+}
+
+Status Dataplane::install_ring(const engine::RingSpec& spec) {
+  if (Status s = engine::validate(spec); !s) return s;
+  if (auto it = rings_.find(spec.ring_id); it != rings_.end()) {
+    if (it->second.spec == spec) return {};
+    return {StatusCode::conflict, "id",
+            "ring " + std::to_string(spec.ring_id) + " is installed with a different spec"};
+  }
+  const uint64_t need = engine::ring_memory_bytes(spec, cfg_.reduce_mode);
+  if (memory_reserved_ + need > cfg_.engine_memory)
+    return {StatusCode::resource_exhausted, "memory",
+            "ring needs " + std::to_string(need) + " bytes; " +
+                std::to_string(cfg_.engine_memory - memory_reserved_) +
+                " of memory.engine=" + std::to_string(cfg_.engine_memory) + " are free"};
+  // Held packets keep their mbufs: all rings together may hold at most half
+  // the pool, or RX could starve and stall every job.
+  const uint64_t held_max =
+      cfg_.reduce_mode == engine::ReduceMode::deterministic
+          ? uint64_t{engine::slots_for_window(spec.window)} * spec.msg_len * (spec.ranks() - 1)
+          : 0;
+  if (mbufs_reserved_ + held_max > cfg_.mbufs / 2)
+    return {
+        StatusCode::resource_exhausted, "memory.mbufs",
+        "ring may hold " + std::to_string(held_max) + " packets; " +
+            std::to_string(cfg_.mbufs / 2 - std::min<uint64_t>(mbufs_reserved_, cfg_.mbufs / 2)) +
+            " of the pool's " + std::to_string(cfg_.mbufs) +
+            " mbufs are left for holding (half stay for RX): raise memory.mbufs, or lower "
+            "window/msg_len"};
+  unsigned owner = 0;
+  if (Status s = place(spec, owner); !s) return s;
+  Status result;
+  if (!on_worker(owner, [&](Worker& w) { result = w.engine->install_ring(spec); }))
+    return {StatusCode::unavailable, "",
+            "worker " + std::to_string(owner) + " did not take the command"};
+  if (!result) return result;
+  // The engine has the ring: now point its links at the owner.
+  for (uint64_t key : links_of(spec)) {
+    LinkUse& use =
+        link_use_.try_emplace(key, LinkUse{static_cast<uint16_t>(owner), 0}).first->second;
+    ++use.rings;
+  }
+  publish_link_use();
+  rings_[spec.ring_id] = {spec, owner, need, held_max};
+  memory_reserved_ += need;
+  mbufs_reserved_ += held_max;
+  spdlog::info("ring {} installed on worker {} ({} ranks, {} bytes reserved)", spec.ring_id, owner,
+               spec.ranks(), need);
+  return {};
+}
+
+void Dataplane::release_links(const engine::RingSpec& spec) {
+  for (uint64_t key : links_of(spec)) {
+    auto it = link_use_.find(key);
+    if (it != link_use_.end() && --it->second.rings == 0) link_use_.erase(it);
+  }
+  publish_link_use();
+}
+
+Status Dataplane::remove_ring(uint32_t ring_id) {
+  auto it = rings_.find(ring_id);
+  if (it == rings_.end())
+    return {StatusCode::not_found, "id", "no ring " + std::to_string(ring_id)};
+  const RingEntry e = it->second;
+  rings_.erase(it);
+  // Links no other ring uses leave the table first, then the engine forgets
+  // the ring. A link shared with another ring keeps its owner.
+  release_links(e.spec);
+  size_t released = 0;
+  on_worker(e.owner, [&](Worker& w) {
+    std::vector<engine::Pkt> rel;
+    (void)w.engine->remove_ring(ring_id, rel);
+    released = rel.size();
+    for (const auto& p : rel) rte_pktmbuf_free(static_cast<rte_mbuf*>(p.handle));
+  });
+  memory_reserved_ -= e.memory;
+  mbufs_reserved_ -= e.mbufs;
+  spdlog::info("ring {} removed from worker {}; {} held packets released", ring_id, e.owner,
+               released);
+  return {};
+}
+
+}  // namespace netreduce::dataplane
