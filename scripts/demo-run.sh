@@ -111,9 +111,22 @@ wait_for netreduced 15 "${pids[-1]}" "$ctl" status
 wait_for "netreduced's link to the data plane" 15 "${pids[-1]}" \
   sh -c "'$ctl' --json status | grep -q '\"connected\": *true'"
 
+gen_args=(--mode ports --ring-id $ring --ranks $ranks --payloads $payload --dtypes fp32
+  --msg-len $msg_len --window $window --seconds "$seconds" --latency-rounds 200 --quiet
+  --box-socket "$work/box.sock" --tx-port net_memif0 --rx-port net_memif1)
+gen_eal=(-l 0 --no-huge -m 512 --no-pci --log-level lib.eal:warning
+  --vdev "net_memif0,role=client,id=0,socket=$work/a.sock"
+  --vdev "net_memif1,role=client,id=0,socket=$work/b.sock")
+
+echo "3. netreduce-loopback (a second DPDK process on memif clients): $ranks synthetic RoCEv2 workers,"
+echo "   fp32 sum; first ${seconds}s with the box in forward-only mode, the baseline, before any ring"
+echo "   is installed (the box refuses forward mode while a ring is installed or retiring)"
+"$gen" "${gen_args[@]}" --forward-only --json "$work/forward.json" -- \
+  "${gen_eal[@]}" --file-prefix "nrdemo-fwd-$$" 2>"$work/generator-forward.log" >/dev/null
+
 members=$(for r in $(seq 1 $ranks); do printf '10.77.%d.%d,' $ring "$r"; done)
 members=${members%,}
-echo "3. netreducectl ring add: ring $ring, $ranks workers ($members), $msg_len packets per message,"
+echo "4. netreducectl ring add: ring $ring, $ranks workers ($members), $msg_len packets per message,"
 echo "   window $window, $payload-byte payloads"
 "$ctl" ring add --id $ring --members "$members" --msg-len $msg_len --window $window \
   --payload $payload | sed 's/^/   /'
@@ -121,31 +134,27 @@ wait_for "ring $ring in the data plane" 15 "${pids[0]}" \
   sh -c "'$ctl' --json ring show $ring | grep -q '\"installed\": *true'"
 echo
 
-echo "4. netreduce-loopback (a second DPDK process on memif clients): $ranks synthetic RoCEv2 workers,"
-echo "   fp32 sum, ${seconds}s forward-only then ${seconds}s aggregate, every released frame verified"
-"$gen" --mode ports --no-install --ring-id $ring --ranks $ranks --payloads $payload --dtypes fp32 \
-  --msg-len $msg_len --window $window --seconds "$seconds" --latency-rounds 200 --quiet \
-  --box-socket "$work/box.sock" --tx-port net_memif0 --rx-port net_memif1 \
-  --json "$work/report.json" -- \
-  -l 0 --no-huge -m 512 --no-pci --file-prefix "nrdemo-gen-$$" --log-level lib.eal:warning \
-  --vdev "net_memif0,role=client,id=0,socket=$work/a.sock" \
-  --vdev "net_memif1,role=client,id=0,socket=$work/b.sock" 2>"$work/generator.log" \
+echo "5. netreduce-loopback again: ${seconds}s in aggregate mode through ring $ring, every released"
+echo "   frame verified"
+"$gen" "${gen_args[@]}" --no-install --no-forward --json "$work/report.json" -- \
+  "${gen_eal[@]}" --file-prefix "nrdemo-gen-$$" 2>"$work/generator.log" \
   | sed 's/^/   /'
 
-/usr/bin/python3 - "$work/report.json" <<'EOF'
+/usr/bin/python3 - "$work/report.json" "$work/forward.json" <<'EOF'
 import json, sys
-r = json.load(open(sys.argv[1]))
-p = r["points"][0]
-a, f = p["aggregate"], p["forward"]
-v = a["verified"]
+p = json.load(open(sys.argv[1]))["points"][0]
+a = p["aggregate"]
+f = json.load(open(sys.argv[2]))["points"][0]["forward"]
+v, fv = a["verified"], f["verified"]
 bad = v["bad"] + v["unknown"] + v["duplicate"] + v["missing"]
+fbad = fv["bad"] + fv["unknown"] + fv["duplicate"] + fv["missing"]
 print()
 print("   results verified: %d aggregated frames byte-exact (sum and ICRC), %d wrong, %d missing"
       % (v["good"], v["bad"] + v["unknown"] + v["duplicate"], v["missing"]))
 print("   throughput:       %.2f Mpps out (%.2f Gb/s), goodput %.2f Gb/s of reduced tensors"
       % (a["mpps_out"], a["gbps_out"], a["goodput_gbps"]))
-print("   forward-only:     %.2f Mpps on the same ports -> aggregate/forward = %.2f"
-      % (f["mpps_out"], p["ratio"]["pps"]))
+print("   forward-only:     %.2f Mpps on the same ports (%d frames verified untouched) ->"
+      " aggregate/forward = %.2f" % (f["mpps_out"], fv["good"], a["mpps_out"] / max(1e-9, f["mpps_out"])))
 busy = a["busy_per_lcore"][0] if a["busy_per_lcore"] else 0
 print("   box worker:       %.0f ns per packet (%.2f Mpps per lcore), busy %.0f%%, latency p50 %.0f us"
       % (a["box_ns_per_packet"], a["box_mpps_per_lcore"], 100 * busy, a["latency_p50_us"]))
@@ -153,11 +162,11 @@ if busy < 0.9:
     print("   (the box worker was idle %.0f%% of the time: over memif on a small machine the"
           % (100 * (1 - busy)))
     print("    generator, not the box, sets the rate; bench/README.md has the box's own limits)")
-sys.exit(1 if bad or v["good"] == 0 else 0)
+sys.exit(1 if bad or fbad or v["good"] == 0 or fv["good"] == 0 else 0)
 EOF
 echo
 
-echo "5. counters through the API (netreducectl stats) and Prometheus (/metrics):"
+echo "6. counters through the API (netreducectl stats) and Prometheus (/metrics):"
 "$ctl" stats | sed 's/^/   /' | head -n 30
 echo "   ..."
 curl -sf "$api/metrics" | grep -E "^netreduce_(ring_(aggregated_packets|messages_completed)_total|port_box_(received|transmitted)_packets_total|lcore_busy_ratio)" \

@@ -75,7 +75,9 @@ struct Options {
   double seconds = 0.5;
   unsigned latency_rounds = 300;
   bool forward = true;
+  bool forward_only = false;
   bool install = true;
+  bool remove_mid_run = false;
   uint32_t ring_id = 0xB0;
   std::string box_socket;
   std::string tx_port, rx_port;
@@ -88,6 +90,7 @@ struct Figures {
   uint64_t packets_in = 0, packets_out = 0, bytes_in = 0, bytes_out = 0;
   uint64_t cycles = 0;  // timed
   uint64_t good = 0, bad = 0, unknown = 0, duplicate = 0, missing = 0;
+  uint64_t ring_retired = 0;  // --remove-mid-run: the box's count after the removal
   uint64_t messages = 0;
   uint64_t box_busy = 0, box_packets = 0, box_busy_polls = 0;
   std::vector<double> busy_per_lcore;
@@ -145,6 +148,10 @@ class Generator {
   Generator(const Ports& ports, const nb::Traffic& t, Figures& f, size_t max_inflight)
       : p_(ports), t_(t), f_(f), scratch_(t.max_frame()), max_inflight_(max_inflight) {}
 
+  // Called once, in the next round, when half of its frames have been sent
+  // (--remove-mid-run removes the ring there).
+  void at_half(std::function<void()> fn) { at_half_ = std::move(fn); }
+
   // Sends messages [base, base + count) of every worker; collects and checks
   // what comes back. Returns false if the pool ran dry.
   bool round(uint64_t base, uint64_t count, bool aggregated, bool timed,
@@ -175,6 +182,11 @@ class Generator {
       if (sent < total && sent - got < max_inflight_)
         sent += rte_eth_tx_burst(p_.tx, 0, out_.data() + sent,
                                  static_cast<uint16_t>(std::min<size_t>(kBurst, total - sent)));
+      if (at_half_ && 2 * sent >= total) {
+        at_half_();
+        at_half_ = nullptr;
+        last = rte_rdtsc();
+      }
       if (p_.tx != p_.rx) {  // nothing should come back the way it went: count and free it
         rte_mbuf* back[kBurst];
         const uint16_t b = rte_eth_rx_burst(p_.tx, 0, back, kBurst);
@@ -240,6 +252,7 @@ class Generator {
   std::vector<rte_mbuf*> out_, in_;
   std::vector<uint8_t> seen_;
   size_t max_inflight_;  // frames sent and not yet back: bounds what queues in the ports
+  std::function<void()> at_half_;
 };
 
 double percentile(std::vector<double>& v, double q) {
@@ -249,10 +262,13 @@ double percentile(std::vector<double>& v, double q) {
   return v[i];
 }
 
-// One measurement of one mode. `next` is the first message index to use.
+// One measurement of one mode (the box is in that mode already). `next` is
+// the first message index to use. With --remove-mid-run (aggregate only) the
+// ring is removed halfway through the first timed round, and the measurement
+// ends with that round: every frame released until then must be right, and
+// none may come out after.
 Figures measure(const Options& o, const Ports& ports, const nb::Traffic& t, nb::BoxClient& box,
                 bool aggregated, uint64_t& next) {
-  box.call({{"cmd", "set_mode"}, {"mode", aggregated ? "aggregate" : "forward"}});
   Figures f;
   Generator g(ports, t, f, o.max_inflight);
   const uint64_t per_round =
@@ -271,6 +287,15 @@ Figures measure(const Options& o, const Ports& ports, const nb::Traffic& t, nb::
     f.missing += w.missing;
   }
   const BoxSample b0 = sample(box);
+  if (aggregated && o.remove_mid_run) {
+    g.at_half([&] { box.call({{"cmd", "remove_ring"}, {"id", t.spec().ring_id}}); });
+    if (!g.round(next, per_round, aggregated, true, nullptr))
+      throw std::runtime_error("generator mbuf pool exhausted");
+    next += per_round;
+    const json st = box.call({{"cmd", "stats"}});
+    f.ring_retired = st.at("reasons").value("ring_retired", uint64_t{0});
+    return f;
+  }
   unsigned rounds = 0;
   while ((rounds < 2 || f.seconds(g_hz) < o.seconds) && f.bad + f.unknown + f.missing == 0) {
     if (!g.round(next, per_round, aggregated, true, nullptr))
@@ -333,7 +358,30 @@ json figures_json(const Figures& f, const nb::Traffic& t) {
         {"bad", f.bad},
         {"unknown", f.unknown},
         {"duplicate", f.duplicate},
-        {"missing", f.missing}}}};
+        {"missing", f.missing}}},
+      {"ring_retired", f.ring_retired}};
+}
+
+// A removed ring stays retiring for the box's rings.retire_grace_ms; its id
+// cannot be installed again, and forward mode is refused, until it is over.
+void wait_retired(nb::BoxClient& box, uint32_t id) {
+  const json st = box.call({{"cmd", "status"}});
+  const uint64_t grace_ms = st.value("retire_grace_ms", uint64_t{0});
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms) +
+                     std::chrono::seconds(10);
+  if (grace_ms > 2000)
+    std::fprintf(stderr, "  waiting up to %.0f s for ring %u to retire (rings.retire_grace_ms)\n",
+                 double(grace_ms) / 1000, id);
+  for (;;) {
+    bool retiring = false;
+    for (const auto& r : box.call({{"cmd", "status"}}).value("retiring", json::array()))
+      retiring = retiring || r.value("id", uint64_t{0}) == id;
+    if (!retiring) return;
+    if (std::chrono::steady_clock::now() > until)
+      throw std::runtime_error("ring " + std::to_string(id) + " is still retiring after " +
+                               std::to_string(grace_ms / 1000 + 10) + " s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 // The whole sweep; returns the report.
@@ -363,8 +411,22 @@ json sweep(const Options& o, const Ports& ports) {
         ring.msg_len = s.msg_len;
         ring.window = s.window;
         ring.payload_bytes = s.pmtu;
+        json pt = {{"ranks", P}, {"payload", payload}, {"dtype", dt}, {"msg_len", o.msg_len}};
+        // The forward-only baseline first, on a box without the ring: forward
+        // mode is refused while any ring is installed or retiring (it would
+        // send their packets out unreduced).
+        std::optional<Figures> fwd;
+        if (o.forward) {
+          box.call({{"cmd", "set_mode"}, {"mode", "forward"}});
+          fwd = measure(o, ports, t, box, false, next);
+          box.call({{"cmd", "set_mode"}, {"mode", "aggregate"}});
+          pt["forward"] = figures_json(*fwd, t);
+        }
+        if (o.forward_only) {
+          points.push_back(pt);
+          continue;
+        }
         if (o.install) {
-          box.call({{"cmd", "remove_ring"}, {"id", s.ring_id}}, false);
           box.call({{"cmd", "install_ring"}, {"ring", netreduce::ring_to_json(ring)}});
         } else {
           const json r = box.call({{"cmd", "get_ring"}, {"id", s.ring_id}}, false);
@@ -378,12 +440,6 @@ json sweep(const Options& o, const Ports& ports) {
                 "--no-install: the box has no ring " + std::to_string(s.ring_id) +
                 " matching the generator (install " + netreduce::ring_to_json(ring).dump() + ")");
         }
-        json pt = {{"ranks", P}, {"payload", payload}, {"dtype", dt}, {"msg_len", o.msg_len}};
-        std::optional<Figures> fwd;
-        if (o.forward) {
-          fwd = measure(o, ports, t, box, false, next);
-          pt["forward"] = figures_json(*fwd, t);
-        }
         const Figures agg = measure(o, ports, t, box, true, next);
         pt["aggregate"] = figures_json(agg, t);
         if (fwd) {
@@ -394,8 +450,10 @@ json sweep(const Options& o, const Ports& ports) {
               {"box_mpps_per_lcore", a["box_mpps_per_lcore"].get<double>() /
                                          std::max(1e-9, b["box_mpps_per_lcore"].get<double>())}};
         }
-        if (o.install) box.call({{"cmd", "remove_ring"}, {"id", s.ring_id}});
-        box.call({{"cmd", "set_mode"}, {"mode", "aggregate"}});
+        if (o.install) {
+          if (!o.remove_mid_run) box.call({{"cmd", "remove_ring"}, {"id", s.ring_id}});
+          wait_retired(box, s.ring_id);  // the next point installs the same id and links
+        }
         if (!o.quiet)
           std::fprintf(
               stderr, "  P=%u payload=%u %s: aggregate %.2f Mpps%s\n", P, payload, dt.c_str(),
@@ -416,11 +474,30 @@ std::string cpu_model() {
   return "unknown";
 }
 
+// A figure of the forward baseline, or "-" when it was not measured (--no-forward).
+std::string fmt(bool have, const json& p, const char* pointer) {
+  if (!have) return "-";
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.2f", p.at(json::json_pointer(pointer)).get<double>());
+  return b;
+}
+
 void print_table(const json& report) {
   std::printf("\n%-3s %-7s %-5s | %9s %9s %6s | %8s %8s %7s | %7s %7s %7s | %5s | %8s %8s | %s\n",
               "P", "payload", "dtype", "fwd Mpps", "agg Mpps", "ratio", "Gb/s in", "Gb/s out",
               "goodput", "box ns", "lc Mpps", "lc rat", "busy", "p50 us", "p99 us", "verified");
   for (const auto& p : report["points"]) {
+    if (!p.contains("aggregate")) {  // --forward-only
+      const json& b = p["forward"];
+      const json& v = b["verified"];
+      const bool ok = v["bad"] == 0 && v["unknown"] == 0 && v["duplicate"] == 0 &&
+                      v["missing"] == 0 && v["good"] != 0;
+      std::printf("%-3u %-7u %-5s | %9.2f %9s %6s | forward-only baseline, %s\n",
+                  p["ranks"].get<unsigned>(), p["payload"].get<unsigned>(),
+                  p["dtype"].get<std::string>().c_str(), b["mpps_out"].get<double>(), "-", "-",
+                  ok ? (std::to_string(v["good"].get<uint64_t>()) + " good").c_str() : "ERRORS");
+      continue;
+    }
     const json& a = p["aggregate"];
     const bool f = p.contains("forward");
     const json& v = a["verified"];
@@ -429,27 +506,32 @@ void print_table(const json& report) {
         (!f || (p["forward"]["verified"]["bad"] == 0 && p["forward"]["verified"]["missing"] == 0));
     const double busy = a["busy_per_lcore"].empty() ? 0.0 : a["busy_per_lcore"][0].get<double>();
     std::printf(
-        "%-3u %-7u %-5s | %9.2f %9.2f %6.2f | %8.2f %8.2f %7.2f | %7.0f %7.2f %7.2f | %5.2f | "
+        "%-3u %-7u %-5s | %9s %9.2f %6s | %8.2f %8.2f %7.2f | %7.0f %7.2f %7s | %5.2f | "
         "%8.1f %8.1f | %s\n",
         p["ranks"].get<unsigned>(), p["payload"].get<unsigned>(),
-        p["dtype"].get<std::string>().c_str(), f ? p["forward"]["mpps_out"].get<double>() : 0.0,
-        a["mpps_out"].get<double>(), f ? p["ratio"]["pps"].get<double>() : 0.0,
-        a["gbps_in"].get<double>(), a["gbps_out"].get<double>(), a["goodput_gbps"].get<double>(),
+        p["dtype"].get<std::string>().c_str(), fmt(f, p, "/forward/mpps_out").c_str(),
+        a["mpps_out"].get<double>(), fmt(f, p, "/ratio/pps").c_str(), a["gbps_in"].get<double>(),
+        a["gbps_out"].get<double>(), a["goodput_gbps"].get<double>(),
         a["box_ns_per_packet"].get<double>(), a["box_mpps_per_lcore"].get<double>(),
-        f ? p["ratio"]["box_mpps_per_lcore"].get<double>() : 0.0, busy,
-        a["latency_p50_us"].get<double>(), a["latency_p99_us"].get<double>(),
+        fmt(f, p, "/ratio/box_mpps_per_lcore").c_str(), busy, a["latency_p50_us"].get<double>(),
+        a["latency_p99_us"].get<double>(),
         ok ? (std::to_string(v["good"].get<uint64_t>()) + " good").c_str() : "ERRORS");
   }
 }
 
-bool report_ok(const json& report) {
+// Every frame out right, none missing. With --remove-mid-run: every frame
+// out right, some withheld (the ring was removed mid-message) and the box
+// dropped packets of the retired ring instead of forwarding them.
+bool report_ok(const json& report, bool removed_mid_run) {
   for (const auto& p : report["points"])
     for (const char* m : {"forward", "aggregate"})
       if (p.contains(m)) {
         const json& v = p[m]["verified"];
-        if (v["bad"] != 0 || v["unknown"] != 0 || v["duplicate"] != 0 || v["missing"] != 0 ||
-            v["good"] == 0)
+        if (v["bad"] != 0 || v["unknown"] != 0 || v["duplicate"] != 0 || v["good"] == 0)
           return false;
+        const bool cut = removed_mid_run && std::string(m) == "aggregate";
+        if (!cut && v["missing"] != 0) return false;
+        if (cut && (v["missing"] == 0 || p[m]["ring_retired"] == 0)) return false;
       }
   return true;
 }
@@ -508,6 +590,12 @@ int main(int argc, char** argv) {
   app.add_option("--seconds", o.seconds, "timed seconds per measurement");
   app.add_option("--latency-rounds", o.latency_rounds, "light-load messages for latency");
   app.add_flag("!--no-forward", o.forward, "skip the forward-only baseline");
+  app.add_flag("--forward-only", o.forward_only,
+               "measure only the forward-only baseline (no ring: e.g. before the ring is "
+               "installed through netreduced)");
+  app.add_flag("--remove-mid-run", o.remove_mid_run,
+               "functional test: remove the ring halfway through the first aggregate round; "
+               "fails if any frame released is wrong, or nothing was withheld");
   app.add_flag("!--no-install", o.install,
                "ports mode: the ring is installed already (e.g. through netreduced)");
   app.add_option("--ring-id", o.ring_id, "ring id the generator uses");
@@ -540,6 +628,22 @@ int main(int argc, char** argv) {
                    P * o.msg_len);
       return 2;
     }
+  if (o.forward_only && (!o.forward || o.remove_mid_run)) {
+    std::fprintf(stderr,
+                 "netreduce-loopback: --forward-only excludes --no-forward and --remove-mid-run\n");
+    return 2;
+  }
+  if (!o.install && o.forward && !o.forward_only) {
+    std::fprintf(stderr,
+                 "netreduce-loopback: --no-install measures aggregate mode only (the box refuses "
+                 "forward mode while a ring is installed): add --no-forward, and measure the "
+                 "baseline with --forward-only before installing the ring\n");
+    return 2;
+  }
+  if (!o.install && o.remove_mid_run) {
+    std::fprintf(stderr, "netreduce-loopback: --remove-mid-run removes the ring it installs\n");
+    return 2;
+  }
   if (!o.install && (inproc || o.ranks.size() * o.payloads.size() * o.dtypes.size() != 1)) {
     std::fprintf(stderr,
                  "netreduce-loopback: --no-install is for ports mode with one ring (one value "
@@ -602,6 +706,7 @@ int main(int argc, char** argv) {
     cfg.mbufs = 8192;
     cfg.engine_memory = 512ull << 20;
     cfg.control_socket = o.box_socket;
+    cfg.retire_grace_ms = 100;  // a removed ring is gone before the next point
     netreduce::dataplane::Dataplane dp(cfg);
     if (netreduce::Status s = dp.setup(); !s) {
       std::fprintf(stderr, "netreduce-loopback: box: %s\n", s.to_string().c_str());
@@ -648,7 +753,19 @@ int main(int argc, char** argv) {
     rc = 1;
   } else {
     print_table(report);
-    if (!report_ok(report)) {
+    if (o.remove_mid_run)
+      for (const auto& p : report["points"]) {
+        const json& v = p["aggregate"]["verified"];
+        std::printf(
+            "remove mid-run: P=%u: %llu frames released before the removal, all right; %llu "
+            "wrong, %llu withheld; the box dropped %llu packets of the retired ring\n",
+            p["ranks"].get<unsigned>(), (unsigned long long)v["good"].get<uint64_t>(),
+            (unsigned long long)(v["bad"].get<uint64_t>() + v["unknown"].get<uint64_t>() +
+                                 v["duplicate"].get<uint64_t>()),
+            (unsigned long long)v["missing"].get<uint64_t>(),
+            (unsigned long long)p["aggregate"]["ring_retired"].get<uint64_t>());
+      }
+    if (!report_ok(report, o.remove_mid_run)) {
       std::fprintf(stderr, "netreduce-loopback: some released frames were wrong or missing\n");
       rc = 1;
     }

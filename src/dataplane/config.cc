@@ -155,11 +155,18 @@ void parse_control(const YAML::Node& n, const std::string& path, DataplaneConfig
                });
 }
 
+void parse_rings(const YAML::Node& n, const std::string& path, DataplaneConfig& cfg) {
+  for_each_key(n, path, {"retire_grace_ms"},
+               [&](std::string_view, const YAML::Node& v, const std::string& f) {
+                 cfg.retire_grace_ms = static_cast<uint32_t>(integer(v, f, 0, 86400000));
+               });
+}
+
 void parse_top(const YAML::Node& root, DataplaneConfig& cfg) {
   bool has_ports = false;
   for_each_key(root, "",
                {"eal", "ports", "mtu", "rx_desc", "tx_desc", "burst", "mode", "workers", "memory",
-                "engine", "control"},
+                "engine", "rings", "control"},
                [&](std::string_view key, const YAML::Node& v, const std::string& f) {
                  if (key == "eal") {
                    parse_eal(v, f, cfg);
@@ -189,6 +196,8 @@ void parse_top(const YAML::Node& root, DataplaneConfig& cfg) {
                    parse_memory(v, f, cfg);
                  } else if (key == "engine") {
                    parse_engine(v, f, cfg);
+                 } else if (key == "rings") {
+                   parse_rings(v, f, cfg);
                  } else {
                    parse_control(v, f, cfg);
                  }

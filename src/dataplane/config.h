@@ -55,6 +55,13 @@ struct DataplaneConfig {
   unsigned clt_capacity = 4096;      // connections per worker
   uint32_t stall_timeout_ms = 1000;  // cells collecting longer are reported stalled
 
+  // Rings. A removed ring is retired, not forgotten: for this long its
+  // connections and links stay known and their packets are dropped
+  // (ring_retired), so a job still sending fails loudly instead of receiving
+  // unreduced data. Must exceed the hosts' RC retransmission budget (QP
+  // retry_cnt x the local ACK timeout, e.g. 7 x 4.3 s at timeout 20, rounded up).
+  uint32_t retire_grace_ms = 60000;
+
   // Control socket (control_socket.h). Created with mode 0660; root, the
   // box's own uid and members of `control_group` (a group name or a numeric
   // gid; empty: none) may connect; at most `control_max_clients` at once.

@@ -13,7 +13,9 @@
 //   {"cmd": "install_ctt", ...} / "remove_ctt" / "list_ctt"   reserved for multi-rack
 //                                                     connection translation: "unimplemented"
 //   {"cmd": "set_mode", "mode": "forward"}           -> {"ok": true, "mode": ..., "previous": ...}
-//                                                     aggregate | forward (the benchmark baseline)
+//                                                     aggregate | forward (the benchmark baseline;
+//                                                     refused while rings are installed or
+//                                                     retiring)
 //   {"cmd": "shutdown"}
 // Errors: {"ok": false, "error": {"code": "...", "field": "...", "message": "..."}}.
 // Also registered with DPDK telemetry: /netreduce/stats, /netreduce/rings.
@@ -281,7 +283,8 @@ json Dataplane::answer(const std::string& line) {
       if (m != "aggregate" && m != "forward")
         return error_json(Status::invalid("mode", "must be \"aggregate\" or \"forward\""));
       const char* previous = mode() == Mode::aggregate ? "aggregate" : "forward";
-      set_mode(m == "aggregate" ? Mode::aggregate : Mode::forward);
+      if (Status s = set_mode(m == "aggregate" ? Mode::aggregate : Mode::forward); !s)
+        return error_json(s);
       spdlog::info("mode {} (was {})", m, previous);
       return json{{"ok", true}, {"mode", m}, {"previous", previous}};
     }

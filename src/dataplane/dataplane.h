@@ -46,6 +46,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -134,12 +135,15 @@ class Dataplane {
   void stop() { quit_.store(true, std::memory_order_relaxed); }
   // The packet path's mode. Starts as config().mode; `set_mode` on the
   // control channel switches it at run time (benchmarks measure the forward-
-  // only baseline on the same ports in the same run). Workers read it once
-  // per burst (relaxed: a burst or two in the old mode is harmless). Rings
-  // stay installed in forward mode; their held packets wait for aggregate
-  // mode or for the ring's removal.
-  Mode mode() const { return mode_.load(std::memory_order_relaxed); }
-  void set_mode(Mode m) { mode_.store(m, std::memory_order_relaxed); }
+  // only baseline on the same ports in the same run). Forward mode sends
+  // every packet out untouched, so it is refused while any ring is installed
+  // or retiring (a running job would receive unreduced data), and rings are
+  // refused in forward mode. Workers load the mode once per burst (acquire);
+  // set_mode stores it (release) and waits for every worker to finish its
+  // current burst (RCU synchronize), so when it returns no worker still
+  // processes in the old mode.
+  Mode mode() const { return mode_.load(std::memory_order_acquire); }
+  Status set_mode(Mode m);
   bool quitting() const { return quit_.load(std::memory_order_relaxed); }
 
   // Control operations (control thread only). JSON in/out, see control.cc.
@@ -172,6 +176,7 @@ class Dataplane {
   void publish_link_use();  // LinkTable from link_use_
   Status place(const engine::RingSpec& spec, unsigned& owner) const;
   void release_links(const engine::RingSpec& spec);  // one ring fewer on each of its links
+  std::string rings_in_use() const;                  // "installed: 1, 2; retiring: 3"
   void final_report();
 
   DataplaneConfig cfg_;
@@ -192,7 +197,9 @@ class Dataplane {
     engine::RingSpec spec;
     unsigned owner;
     uint64_t memory;
-    uint64_t mbufs;  // most mbufs its cells can hold at once
+    uint64_t mbufs;         // most mbufs its cells can hold at once
+    bool retiring = false;  // removed; links kept until retire_until
+    std::chrono::steady_clock::time_point retire_until{};
   };
   std::unordered_map<uint32_t, RingEntry> rings_;
   struct LinkUse {

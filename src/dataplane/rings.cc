@@ -88,8 +88,36 @@ Status Dataplane::place(const engine::RingSpec& spec, unsigned& owner) const {
   return {};
 }
 
+std::string Dataplane::rings_in_use() const {
+  std::set<uint32_t> installed, retiring;
+  for (const auto& [id, e] : rings_) (e.retiring ? retiring : installed).insert(id);
+  std::string s;
+  if (!installed.empty()) s = "installed: " + join_ids(installed);
+  if (!retiring.empty())
+    s += (s.empty() ? "" : "; ") + std::string("retiring: ") + join_ids(retiring);
+  return s;
+}
+
+Status Dataplane::set_mode(Mode m) {
+  if (m == Mode::forward && !rings_.empty())
+    return {StatusCode::conflict, "mode",
+            "forward mode would send every ring's packets out unreduced, and their jobs would "
+            "accept them as results; rings in use (" +
+                rings_in_use() +
+                "): remove them and wait out their retirement (rings.retire_grace_ms) first"};
+  mode_.store(m, std::memory_order_release);
+  // Every worker finishes the burst it is in: none processes in the old mode
+  // once this returns.
+  if (started_) rte_rcu_qsbr_synchronize(qsbr_, RTE_QSBR_THRID_INVALID);
+  return {};
+}
+
 Status Dataplane::install_ring(const engine::RingSpec& spec) {
   if (Status s = engine::validate(spec); !s) return s;
+  if (mode() != Mode::aggregate)
+    return {StatusCode::conflict, "mode",
+            "the box is in forward mode, which would send the ring's packets out unreduced: "
+            "set_mode aggregate first"};
   if (auto it = rings_.find(spec.ring_id); it != rings_.end()) {
     if (it->second.spec == spec) return {};
     return {StatusCode::conflict, "id",

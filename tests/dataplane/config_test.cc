@@ -87,6 +87,7 @@ TEST_CASE("the example configuration loads", "[dataplane][config]") {
   CHECK(cfg.stall_timeout_ms == 1000);
   CHECK(cfg.control_socket == "/run/netreduce/dataplane.sock");
   CHECK(cfg.control_socket == DataplaneConfig{}.control_socket);  // the example shows the default
+  CHECK(cfg.retire_grace_ms == 60000);
   CHECK(cfg.control_max_clients == 64);
   CHECK(cfg.control_group.empty());
 
@@ -127,6 +128,7 @@ TEST_CASE("omitted keys keep the defaults of config.h", "[dataplane][config]") {
     CHECK(c.clt_capacity == def.clt_capacity);
     CHECK(c.stall_timeout_ms == def.stall_timeout_ms);
     CHECK(c.control_socket == def.control_socket);
+    CHECK(c.retire_grace_ms == def.retire_grace_ms);
     CHECK(c.control_max_clients == def.control_max_clients);
     CHECK(c.control_group == def.control_group);
   }
@@ -155,6 +157,8 @@ engine:
   max_rings: 1024
   clt_capacity: 16
   stall_timeout_ms: 3600000
+rings:
+  retire_grace_ms: 86400000
 control:
   socket: /var/run/nr.sock
   max_clients: 4096
@@ -183,6 +187,7 @@ control:
   CHECK(c.clt_capacity == 16);
   CHECK(c.stall_timeout_ms == 3600000);
   CHECK(c.control_socket == "/var/run/nr.sock");
+  CHECK(c.retire_grace_ms == 86400000);
   CHECK(c.control_max_clients == 4096);
   CHECK(c.control_group == "netreduce");
 
@@ -190,6 +195,7 @@ control:
   const Parsed q = parse_with(
       "mode: aggregate\nmtu: 1500\nburst: 1\nworkers: [0, 1023]\n"
       "memory: {mbufs: 1024, mbuf_cache: 0, engine: 1}\n"
+      "rings: {retire_grace_ms: 0}\n"
       "engine: {reduce_mode: deterministic, icrc_fixup: linear, verify_icrc: true, max_rings: 1,"
       " clt_capacity: 1048576, stall_timeout_ms: 1}\n");
   INFO(q.status.to_string());
@@ -207,6 +213,7 @@ control:
   CHECK(q.cfg.max_rings == 1);
   CHECK(q.cfg.clt_capacity == 1048576);
   CHECK(q.cfg.stall_timeout_ms == 1);
+  CHECK(q.cfg.retire_grace_ms == 0);
 }
 
 TEST_CASE("memory.engine sizes", "[dataplane][config]") {
@@ -333,6 +340,9 @@ TEST_CASE("every rule names the dotted key and the problem", "[dataplane][config
        "/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
        "aaaaaaaaaaaaaaaaa\n",
        "control.socket", "at most 107 bytes"},
+      {"rings:\n  grace: 5\n", "rings.grace", "unknown key (known: retire_grace_ms)"},
+      {"rings:\n  retire_grace_ms: -1\n", "rings.retire_grace_ms", "must be in 0..86400000"},
+      {"rings:\n  retire_grace_ms: 86400001\n", "rings.retire_grace_ms", "must be in 0..86400000"},
       {"control:\n  max_clients: 0\n", "control.max_clients", "must be in 1..4096, got 0"},
       {"control:\n  max_clients: 4097\n", "control.max_clients", "must be in 1..4096"},
       {"control:\n  group: \"\"\n", "control.group", "empty"},
@@ -515,6 +525,7 @@ bool valid(const DataplaneConfig& c) {
   if (c.max_rings < 1 || c.max_rings > 1024) return false;
   if (c.clt_capacity < 16 || c.clt_capacity > 1048576) return false;
   if (c.stall_timeout_ms < 1 || c.stall_timeout_ms > 3600000) return false;
+  if (c.retire_grace_ms > 86400000) return false;
   if (c.control_socket.empty() || c.control_socket[0] != '/') return false;
   if (c.control_max_clients < 1 || c.control_max_clients > 4096) return false;
   return true;
