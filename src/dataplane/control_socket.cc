@@ -217,35 +217,38 @@ bool ControlSocket::read_from(Client& c) noexcept {
 }
 
 bool ControlSocket::answer(Client& c, const Handler& handler) noexcept {
-  size_t at = 0;
-  for (unsigned k = 0; k < kRequestsPerRound; ++k) {
-    const size_t nl = c.in.find('\n', at);
-    if (nl == std::string::npos) break;
-    ++counters_.requests;
-    try {
-      c.out += handler(c.in.substr(at, nl - at));
-      c.out += '\n';
-    } catch (...) {
+  if (has_line(c)) {
+    size_t at = 0;
+    for (unsigned k = 0; k < kRequestsPerRound; ++k) {
+      const size_t nl = c.in.find('\n', at);
+      if (nl == std::string::npos) break;
+      ++counters_.requests;
       try {
-        c.out += error_line({StatusCode::internal, "", "the request could not be answered"});
+        c.out += handler(c.in.substr(at, nl - at));
+        c.out += '\n';
       } catch (...) {
+        try {
+          c.out += error_line({StatusCode::internal, "", "the request could not be answered"});
+        } catch (...) {
+          return false;
+        }
+      }
+      at = nl + 1;
+      if (c.out.size() - c.out_at > kMaxOutput) {
+        ++counters_.dropped_slow;
+        try {
+          spdlog::warn(
+              "control socket: dropping a client (uid {}) that does not read its replies ({} "
+              "bytes queued, at most {})",
+              c.uid, c.out.size() - c.out_at, kMaxOutput);
+        } catch (...) {
+        }
         return false;
       }
     }
-    at = nl + 1;
-    if (c.out.size() - c.out_at > kMaxOutput) {
-      ++counters_.dropped_slow;
-      try {
-        spdlog::warn(
-            "control socket: dropping a client (uid {}) that does not read its replies ({} bytes "
-            "queued, at most {})",
-            c.uid, c.out.size() - c.out_at, kMaxOutput);
-      } catch (...) {
-      }
-      return false;
-    }
+    c.in.erase(0, at);
+    c.scanned = 0;
   }
-  c.in.erase(0, at);
   if (!has_line(c) && c.in.size() > kMaxLine) {
     ++counters_.dropped_long_line;
     try {
@@ -289,7 +292,7 @@ void ControlSocket::poll_once(std::chrono::milliseconds timeout, const Handler& 
     const bool accepting = std::chrono::steady_clock::now() >= accept_paused_until_;
     fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});
     bool pending = false;  // complete requests left from the last round: do not wait
-    for (const Client& c : clients_) {
+    for (Client& c : clients_) {
       const bool queued = has_line(c);
       pending = pending || queued || (c.eof && c.out_at == c.out.size());
       short ev = 0;

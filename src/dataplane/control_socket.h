@@ -93,8 +93,9 @@ class ControlSocket {
   struct Client {
     int fd = -1;
     uid_t uid = 0;
-    std::string in;   // bytes read, not yet answered
-    std::string out;  // replies not yet written, from out_at
+    std::string in;      // bytes read, not yet answered
+    size_t scanned = 0;  // in[0, scanned) holds no newline
+    std::string out;     // replies not yet written, from out_at
     size_t out_at = 0;
     bool eof = false;  // the peer shut down its sending side
   };
@@ -108,7 +109,12 @@ class ControlSocket {
   bool answer(Client& c, const Handler& handler) noexcept;
   // Writes what the socket takes; false if the client is to be closed.
   bool write_to(Client& c) noexcept;
-  bool has_line(const Client& c) const { return c.in.find('\n') != std::string::npos; }
+  // Whether a complete request waits; remembers how far it looked.
+  static bool has_line(Client& c) {
+    if (c.in.find('\n', c.scanned) != std::string::npos) return true;
+    c.scanned = c.in.size();
+    return false;
+  }
   void close_client(Client& c) noexcept;
   // Log lines about refusals: at most one a second per kind, with a count.
   void note(const char* what, uint64_t& since_last, std::chrono::steady_clock::time_point& last,
