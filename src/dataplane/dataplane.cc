@@ -283,7 +283,7 @@ void Dataplane::worker_loop(Worker& w) {
   flush(*this, w, true, rte_rdtsc());
   for (uint32_t id : w.engine->ring_ids()) {
     std::vector<engine::Pkt> rel;
-    (void)w.engine->remove_ring(id, rel);
+    (void)w.engine->remove_ring(id, rte_rdtsc(), rel);
     for (const auto& p : rel) rte_pktmbuf_free(static_cast<rte_mbuf*>(p.handle));
   }
   unsigned n;
@@ -423,7 +423,7 @@ Status Dataplane::remove_ring(uint32_t ring_id) {
   size_t released = 0;
   on_worker(e.owner, [&](Worker& w) {
     std::vector<engine::Pkt> rel;
-    (void)w.engine->remove_ring(ring_id, rel);
+    (void)w.engine->remove_ring(ring_id, rte_rdtsc(), rel);
     released = rel.size();
     for (const auto& p : rel) rte_pktmbuf_free(static_cast<rte_mbuf*>(p.handle));
   });

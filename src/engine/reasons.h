@@ -35,6 +35,8 @@ enum class Fate : uint8_t { forward, aggregate, drop };
   X(evicted_incomplete, drop, "held packet dropped: a worker broke the window rule and reused "  \
                               "its cell")                                                        \
   X(ring_removed, drop, "held packet released because its ring was removed")                     \
+  X(ring_retired, drop, "WRITE on a removed ring's connection or link during its grace period "  \
+                        "(its job fails; it never receives unreduced data)")                     \
   X(clt_full, drop, "connection table full: a new INA connection cannot be tracked")            \
   X(alloc_failed, drop, "no buffer to build a released packet (accumulate mode)")
 
