@@ -277,11 +277,6 @@ struct Engine::Impl {
     return it == links.end() ? nullptr : &it->second;
   }
   bool is_link(const ConnKey& k) const noexcept { return find_link(k) != nullptr; }
-  // A link only removed rings use: nothing on it may be aggregated or forwarded as INA.
-  bool retired_only(const ConnKey& k) const noexcept {
-    const LinkUse* l = find_link(k);
-    return l && l->live == 0;
-  }
 
   Outcome count(Reason r, Ring* ring = nullptr) noexcept {
     ++counters[static_cast<size_t>(r)];
@@ -352,6 +347,11 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
     }
     return count(Reason::fwd_no_ina);
   }
+  // The box only claims traffic on ring links: elsewhere a payload that
+  // happens to begin with the magic is somebody's data, passed untouched
+  // before anything else looks at it.
+  const LinkUse* link = find_link(key);
+  if (!link) return count(Reason::fwd_not_ring_link);
   if (cfg.verify_icrc && !wire::icrc_verify(f, p)) return count(Reason::bad_icrc);
 
   Clt::Slot* slot = clt.find(key);
@@ -359,7 +359,7 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
   if (it == by_id.end()) {
     // Nothing may bind on a removed ring's connection or on a link that only
     // removed rings use: its job is failing on purpose.
-    if ((slot && slot->retired()) || retired_only(key)) return count(Reason::ring_retired);
+    if ((slot && slot->retired()) || link->live == 0) return count(Reason::ring_retired);
     return count(Reason::unknown_ring);
   }
   Ring& ring = rings[it->second];

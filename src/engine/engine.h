@@ -5,9 +5,12 @@
 //
 // Classification. process() parses the frame. Non-RoCE traffic, RoCE it does
 // not aggregate (ACK/NAK/CNP/SEND/READ, UC/UD, malformed) and RDMA WRITEs
-// that are not INA messages are returned as `forward`: untouched. Corrupted
-// INA packets (ICRC, when verification is on) are dropped before they reach
-// a sum.
+// that are not INA messages are returned as `forward`: untouched. The box
+// only claims traffic on ring links (rank r -> r+1 of an installed or
+// retired ring): a WRITE FIRST/ONLY elsewhere is forwarded as
+// fwd_not_ring_link even if its data begins with the INA magic, before ICRC
+// verification or ring lookup. Corrupted INA packets on ring links (ICRC,
+// when verification is on) are dropped before they reach a sum.
 //
 // CLT. The first packet of a message (WRITE FIRST/ONLY with the INA magic)
 // names ring, rank and message id. The source address must be the rank's

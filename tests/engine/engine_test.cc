@@ -342,10 +342,11 @@ TEST_CASE("classification: what is forwarded untouched and what is dropped", "[e
     RingTraffic other = x.t;
     other.ring_id = 99;
     CHECK(x.h.feed(other.packet(0, 0, x.msgs[0][0], 1000, 0)).reason == Reason::unknown_ring);
-    auto spoof = x.pkt(0, 0, 0);  // rank 0's header from rank 1's address
+    auto spoof = x.pkt(0, 0, 0);  // rank 0's header on rank 1's link (1 -> 2)
     wire::ParsedFrame p;
     REQUIRE(wire::parse_frame(spoof.data(), spoof.size(), p) == wire::ParseStatus::ok);
     reinterpret_cast<wire::Ipv4Hdr*>(spoof.data() + p.l3)->src.set(rank_ip(1));
+    reinterpret_cast<wire::Ipv4Hdr*>(spoof.data() + p.l3)->dst.set(rank_ip(2));
     wire::icrc_update(spoof.data(), p);
     CHECK(x.h.feed(spoof).reason == Reason::rank_address_mismatch);
     auto corrupt = x.pkt(0, 0, 0);
@@ -643,4 +644,54 @@ TEST_CASE("a tombstone never points into a re-used ring slot", "[engine][lifecyc
     for (uint32_t k = 2; k < 4; ++k) CHECK(x.h.feed(x.pkt(r, 0, k)).reason == Reason::ring_retired);
   CHECK(x.h.sent.empty());
   CHECK(x.h.e->ring_info(2)->counters.packets_aggregated == 2);
+}
+
+TEST_CASE("an RDMA WRITE off ring links whose data begins with INET is forwarded byte-identical",
+          "[engine][classification]") {
+  Fixture x;  // ring 1: 10.0.0.1 -> .2 -> .3 -> .1
+  x.add_message();
+  // A text file carried over RoCE: its first bytes are the INA magic.
+  std::string text = "INET6 fe80::1/64 scope link\n";
+  while (text.size() < 256) text += "inetnum: 10.0.0.0 - 10.255.255.255\n";
+  text.resize(256);
+  auto write = [&](uint8_t opcode, uint32_t src, uint32_t dst) {
+    wire::RoceFrameSpec s;
+    s.src_ip = src;
+    s.dst_ip = dst;
+    s.opcode = opcode;
+    s.dest_qp = 0x4242;
+    s.psn = 77;
+    s.va = 0x2000;
+    s.rkey = 9;
+    s.dma_length = opcode == 0x06 ? 3 * 256 : 256;
+    s.payload = reinterpret_cast<const uint8_t*>(text.data());
+    s.payload_len = text.size();
+    std::vector<uint8_t> f(wire::frame_size(s));
+    REQUIRE(wire::build_frame(s, f.data(), f.size()) == f.size());
+    return f;
+  };
+  // Hosts in no ring; a member to a member that is not its successor (0 -> 2).
+  for (auto [src, dst] : {std::pair{rank_ip(7), rank_ip(8)}, std::pair{rank_ip(0), rank_ip(2)}}) {
+    for (uint8_t op : {uint8_t{0x06}, uint8_t{0x0A}}) {  // WRITE FIRST, WRITE ONLY
+      const auto f = write(op, src, dst);
+      REQUIRE(wire::ina_decode(f.data() + 70, 24));  // (it does look like an INA header)
+      CHECK(x.h.feed(f).reason == Reason::fwd_not_ring_link);
+      // Even with a broken ICRC: not the box's business, the receiver decides.
+      auto bad = f;
+      bad[bad.size() - 1] ^= 1;
+      CHECK(x.h.feed(bad).reason == Reason::fwd_not_ring_link);
+      const auto out = x.h.take_sent();
+      REQUIRE(out.size() == 2);
+      CHECK(out[0] == f);
+      CHECK(out[1] == bad);
+    }
+  }
+  CHECK(reason(x.h, Reason::fwd_not_ring_link) == 8);
+  // On a ring link the same bytes are strict: no such ring.
+  CHECK(x.h.feed(write(0x06, rank_ip(0), rank_ip(1))).reason == Reason::unknown_ring);
+  // A removed ring's links stay strict too.
+  std::vector<engine::Pkt> released;
+  REQUIRE(x.h.e->remove_ring(1, x.h.now, released).ok());
+  CHECK(x.h.feed(write(0x0A, rank_ip(1), rank_ip(2))).reason == Reason::ring_retired);
+  CHECK(x.h.sent.empty());
 }
