@@ -100,7 +100,7 @@ void BM_Aggregate(benchmark::State& state) {
   for (auto _ : state) {
     // Untimed: a fresh ring (its message ids start over) and fresh frames.
     state.PauseTiming();
-    (void)e.remove_ring(1, leftover);
+    (void)e.remove_ring(1, 0, leftover);
     if (!e.install_ring(spec(ranks, pmtu)).ok()) state.SkipWithError("install");
     for (size_t i = 0; i < fr.live.size(); ++i)
       std::memcpy(fr.live[i].data(), fr.pristine[i].data(), fr.live[i].size());

@@ -298,7 +298,7 @@ void Dataplane::worker_loop(Worker& w) {
   flush(*this, w, true, rte_rdtsc());
   for (uint32_t id : w.engine->ring_ids()) {
     std::vector<engine::Pkt> rel;
-    (void)w.engine->remove_ring(id, rel);
+    (void)w.engine->remove_ring(id, rte_rdtsc(), rel);
     for (const auto& p : rel) rte_pktmbuf_free(static_cast<rte_mbuf*>(p.handle));
   }
   unsigned n;

@@ -39,16 +39,23 @@ struct PassRange {
 };
 constexpr unsigned kPassRanges = 4;
 
+// What a CLT entry is: a tracked ordinary connection, a connection bound to
+// (ring, rank) of an installed ring, or the connection of a removed ring
+// during its grace period (every WRITE on it is dropped as ring_retired).
+enum class ConnState : uint8_t { pass, ina, retired };
+
 // Open addressing with linear probing and backward-shift deletion: fixed
 // capacity, no allocation after construction.
 class Clt {
  public:
   struct Slot {
     ConnKey key;
-    uint16_t ring = 0;
+    uint32_t owner = 0;  // ina: ring slot index; retired: tombstone index
     uint8_t rank = 0;
     bool used = false;
-    bool ina = false;  // bound to (ring, rank); else a pass-through connection
+    ConnState state = ConnState::pass;
+    bool ina() const noexcept { return state == ConnState::ina; }
+    bool retired() const noexcept { return state == ConnState::retired; }
     uint8_t pass_next = 0;
     PassRange pass[kPassRanges];
 
@@ -72,6 +79,7 @@ class Clt {
       if (s.key == k) return &s;
     }
   }
+  const Slot* find(const ConnKey& k) const noexcept { return const_cast<Clt*>(this)->find(k); }
   // nullptr when full (load factor capped at 1/2).
   Slot* insert(const ConnKey& k) noexcept {
     if (Slot* s = find(k)) return s;
@@ -224,6 +232,25 @@ struct Ring {
   uint8_t* acc_of(size_t ci) noexcept { return acc.data() + ci * 2 * spec.payload_bytes; }
 };
 
+// A removed ring during its grace period: the connections that were bound
+// to it (their CLT entries are `retired`, owner = this tombstone's index
+// unless a live ring has re-bound them since) and its links. Written by
+// remove_ring and expire_retired only (control work on the engine's thread);
+// the packet path reads only the CLT state and the link counts.
+struct Tombstone {
+  uint32_t ring_id = 0;
+  uint64_t expires = kRetireNever;
+  std::vector<ConnKey> conns;
+  std::vector<uint64_t> links;
+  bool used = false;
+};
+
+// How many installed rings and tombstones use a link (rank r -> rank r+1).
+struct LinkUse {
+  uint32_t live = 0;
+  uint32_t retired = 0;
+};
+
 }  // namespace
 
 struct Engine::Impl {
@@ -231,9 +258,12 @@ struct Engine::Impl {
   Clt clt;
   std::vector<Ring> rings;  // fixed array of max_rings slots
   std::unordered_map<uint32_t, uint16_t> by_id;
-  // Ring links (rank r -> rank r+1 addresses) of all installed rings, with
-  // the number of rings that use each: a WRITE on such a link may be INA.
-  std::unordered_map<uint64_t, uint32_t> links;
+  // Ring links of all installed rings and tombstones: a WRITE on such a link
+  // may be INA. Changed by install_ring / remove_ring / expire_retired only.
+  std::unordered_map<uint64_t, LinkUse> links;
+  std::vector<Tombstone> tombs;         // grows in remove_ring; entries reused after expiry
+  size_t retired = 0;                   // tombstones in use
+  uint64_t next_expiry = kRetireNever;  // earliest expiry over tombstones
   ReasonCounters counters{};
   uint64_t memory = 0;
 
@@ -242,7 +272,11 @@ struct Engine::Impl {
   static uint64_t link_key(uint32_t src, uint32_t dst) noexcept {
     return uint64_t{src} << 32 | dst;
   }
-  bool is_link(const ConnKey& k) const noexcept { return links.count(link_key(k.src, k.dst)) != 0; }
+  const LinkUse* find_link(const ConnKey& k) const noexcept {
+    const auto it = links.find(link_key(k.src, k.dst));
+    return it == links.end() ? nullptr : &it->second;
+  }
+  bool is_link(const ConnKey& k) const noexcept { return find_link(k) != nullptr; }
 
   Outcome count(Reason r, Ring* ring = nullptr) noexcept {
     ++counters[static_cast<size_t>(r)];
@@ -276,6 +310,7 @@ struct Engine::Impl {
   void reset_cell(Ring& ring, size_t ci, Cell& cell, uint32_t tag, Sink& out) noexcept;
   void unbind(Ring& ring, unsigned rank) noexcept;
   void release_all(Ring& ring, std::vector<Pkt>& released) noexcept;
+  void purge(uint32_t tomb) noexcept;
 };
 
 // ---------------------------------------------------------------------------
@@ -305,16 +340,28 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
     if (is_link(key)) {
       Clt::Slot* s = clt.insert(key);
       if (!s) return count(Reason::clt_full);
+      if (s->retired()) return count(Reason::ring_retired);
       const uint32_t dma = reinterpret_cast<const wire::Reth*>(f + p.reth)->dma_length.host();
       const uint32_t per = std::max<uint32_t>(p.payload_len, 1);
       s->add_pass(psn, p.opcode == kWriteFirst ? std::max<uint32_t>(1, (dma + per - 1) / per) : 1);
     }
     return count(Reason::fwd_no_ina);
   }
+  // The box only claims traffic on ring links: elsewhere a payload that
+  // happens to begin with the magic is somebody's data, passed untouched
+  // before anything else looks at it.
+  const LinkUse* link = find_link(key);
+  if (!link) return count(Reason::fwd_not_ring_link);
   if (cfg.verify_icrc && !wire::icrc_verify(f, p)) return count(Reason::bad_icrc);
 
+  Clt::Slot* slot = clt.find(key);
   const auto it = by_id.find(ina->ring_id);
-  if (it == by_id.end()) return count(Reason::unknown_ring);
+  if (it == by_id.end()) {
+    // Nothing may bind on a removed ring's connection or on a link that only
+    // removed rings use: its job is failing on purpose.
+    if ((slot && slot->retired()) || link->live == 0) return count(Reason::ring_retired);
+    return count(Reason::unknown_ring);
+  }
   Ring& ring = rings[it->second];
   if (ina->version != wire::kInaVersion || ina->rank >= ring.p || ina->msg_len == 0 ||
       ina->msg_len > ring.msg_len || (p.opcode != kWriteFirst && ina->msg_len != 1) ||
@@ -328,21 +375,31 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
     return count(Reason::dtype_mismatch, &ring);
 
   // Bind the connection to (ring, rank); a rank whose QP changed is rebound.
-  Clt::Slot* slot = clt.find(key);
-  if (slot && slot->ina && (slot->ring != it->second || slot->rank != ina->rank)) {
-    unbind(rings[slot->ring], slot->rank);  // the key now belongs to another ring/rank
+  RankConn& rc = ring.conns[ina->rank];
+  if (slot && slot->retired()) {
+    // A removed ring's connection names an installed ring (the same id
+    // re-installed, or another ring on these links): it may bind a rank that
+    // has no live connection, which takes the key from its tombstone. It
+    // never steals a rank from a live connection: that would let a late
+    // packet of the old run into the new run's cells.
+    if (rc.bound) return count(Reason::ring_retired, &ring);
+    slot->state = ConnState::pass;
+    slot->pass_next = 0;
+    std::fill(std::begin(slot->pass), std::end(slot->pass), PassRange{});
+  }
+  if (slot && slot->ina() && (slot->owner != it->second || slot->rank != ina->rank)) {
+    unbind(rings[slot->owner], slot->rank);  // the key now belongs to another ring/rank
     slot = nullptr;
   }
-  RankConn& rc = ring.conns[ina->rank];
-  if (!slot || !slot->ina) {
+  if (!slot || !slot->ina()) {
     if (rc.bound) {
       unbind(ring, ina->rank);
       ++ring.counters.connections_rebound;
     }
     slot = clt.insert(key);  // a pass-through entry of the same key is promoted
     if (!slot) return count(Reason::clt_full, &ring);
-    slot->ina = true;
-    slot->ring = it->second;
+    slot->state = ConnState::ina;
+    slot->owner = it->second;
     slot->rank = static_cast<uint8_t>(ina->rank);
     rc.key = key;
     rc.bound = true;
@@ -369,15 +426,17 @@ Outcome Engine::Impl::later_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
                                    Sink& out) noexcept {
   Clt::Slot* s = clt.find(key);
   const uint32_t psn = reinterpret_cast<const wire::Bth*>(pkt.data + p.bth)->psn.host();
-  if (!s || !s->ina) {
+  if (!s || !s->ina()) {
     // Not an INA connection (yet). On a ring link the packet may belong to
     // an INA message whose first packet has not passed: forwarding it would
     // let the receiver take unreduced data. Only known non-INA messages and
-    // links no ring uses are forwarded.
-    if ((s && s->in_pass(psn)) || !is_link(key)) return count(Reason::fwd_no_ina);
-    return count(Reason::first_packet_lost);
+    // links no ring (installed or retired) uses are forwarded.
+    if (s && s->retired()) return count(Reason::ring_retired);
+    const LinkUse* link = find_link(key);
+    if (!link || (s && s->in_pass(psn))) return count(Reason::fwd_no_ina);
+    return count(link->live ? Reason::first_packet_lost : Reason::ring_retired);
   }
-  Ring& ring = rings[s->ring];
+  Ring& ring = rings[s->owner];
   const unsigned rank = s->rank;
   const RankConn& rc = ring.conns[rank];
 
@@ -652,29 +711,126 @@ Status Engine::install_ring(const RingSpec& spec) {
   }
   r.active = true;
   for (unsigned k = 0; k < r.p; ++k)
-    ++e.links[Impl::link_key(spec.members[k], spec.members[(k + 1) % r.p])];
+    ++e.links[Impl::link_key(spec.members[k], spec.members[(k + 1) % r.p])].live;
   e.by_id[spec.ring_id] = static_cast<uint16_t>(free_slot - e.rings.begin());
   e.memory += need;
   return {};
 }
 
-Status Engine::remove_ring(uint32_t ring_id, std::vector<Pkt>& released) {
+Status Engine::remove_ring(uint32_t ring_id, uint64_t now, std::vector<Pkt>& released) {
   Impl& e = *impl_;
   auto it = e.by_id.find(ring_id);
   if (it == e.by_id.end())
     return {StatusCode::not_found, "ring_id", "no ring " + std::to_string(ring_id)};
   Ring& r = e.rings[it->second];
-  for (unsigned rank = 0; rank < r.p; ++rank) e.unbind(r, rank);
-  for (unsigned k = 0; k < r.p; ++k) {
-    auto l = e.links.find(Impl::link_key(r.spec.members[k], r.spec.members[(k + 1) % r.p]));
-    if (l != e.links.end() && --l->second == 0) e.links.erase(l);
+  // The tombstone first (the only allocation): a removal never half happens.
+  auto tomb_it =
+      std::find_if(e.tombs.begin(), e.tombs.end(), [](const Tombstone& t) { return !t.used; });
+  if (tomb_it == e.tombs.end()) tomb_it = e.tombs.emplace(e.tombs.end());
+  const auto tomb = static_cast<uint32_t>(tomb_it - e.tombs.begin());
+  Tombstone& t = *tomb_it;
+  t.used = true;
+  t.ring_id = ring_id;
+  t.conns.clear();
+  t.links.clear();
+  t.conns.reserve(r.p);
+  t.links.reserve(r.p);
+  const uint64_t grace = e.cfg.retire_grace;
+  t.expires = grace == kRetireNever || now >= kRetireNever - grace ? kRetireNever : now + grace;
+  ++e.retired;
+  e.next_expiry = std::min(e.next_expiry, t.expires);
+
+  // Bound connections become the tombstone's: their CLT entries stay, so no
+  // later packet or go-back-N resend of the running message is forwarded raw.
+  for (unsigned rank = 0; rank < r.p; ++rank) {
+    RankConn& rc = r.conns[rank];
+    if (!rc.bound) continue;
+    if (Clt::Slot* slot = e.clt.find(rc.key); slot && slot->ina()) {
+      slot->state = ConnState::retired;
+      slot->owner = tomb;
+      slot->pass_next = 0;
+      std::fill(std::begin(slot->pass), std::end(slot->pass), PassRange{});
+      t.conns.push_back(rc.key);
+    }
+    rc = RankConn{};
   }
-  e.clt.erase_if([&](const Clt::Slot& s) { return !s.ina && !e.is_link(s.key); });
+  for (unsigned k = 0; k < r.p; ++k) {
+    const uint64_t key = Impl::link_key(r.spec.members[k], r.spec.members[(k + 1) % r.p]);
+    LinkUse& l = e.links[key];
+    --l.live;
+    ++l.retired;
+    t.links.push_back(key);
+  }
   e.release_all(r, released);
   e.memory -= r.memory;
-  r = Ring{};
+  r = Ring{};  // the ring slot is free now: no CLT entry points into it
   e.by_id.erase(it);
   return {};
+}
+
+unsigned Engine::expire_retired(uint64_t now) noexcept {
+  Impl& e = *impl_;
+  if (now < e.next_expiry) return 0;  // the common case: one compare
+  unsigned purged = 0;
+  e.next_expiry = kRetireNever;
+  for (uint32_t i = 0; i < e.tombs.size(); ++i) {
+    Tombstone& t = e.tombs[i];
+    if (!t.used) continue;
+    if (t.expires == kRetireNever || t.expires > now) {
+      e.next_expiry = std::min(e.next_expiry, t.expires);
+      continue;
+    }
+    e.purge(i);
+    ++purged;
+  }
+  return purged;
+}
+
+void Engine::Impl::purge(uint32_t tomb) noexcept {
+  Tombstone& t = tombs[tomb];
+  for (const ConnKey& k : t.conns) {
+    const Clt::Slot* s = clt.find(k);
+    // Only if still this tombstone's: a live ring may have re-bound the key,
+    // or a later tombstone may own it now.
+    if (s && s->retired() && s->owner == tomb) clt.erase(k);
+  }
+  bool link_gone = false;
+  for (const uint64_t key : t.links) {
+    auto l = links.find(key);
+    if (l == links.end()) continue;
+    if (l->second.retired) --l->second.retired;
+    if (l->second.live == 0 && l->second.retired == 0) {
+      links.erase(l);
+      link_gone = true;
+    }
+  }
+  // Pass-through entries of links no ring uses any more are not needed.
+  if (link_gone)
+    clt.erase_if([&](const Clt::Slot& s) { return s.state == ConnState::pass && !is_link(s.key); });
+  t.conns.clear();
+  t.links.clear();
+  t.used = false;
+  t.expires = kRetireNever;
+  --retired;
+}
+
+size_t Engine::retired_count() const noexcept { return impl_->retired; }
+
+std::vector<RetiredRing> Engine::retired_rings() const {
+  std::vector<RetiredRing> out;
+  for (uint32_t i = 0; i < impl_->tombs.size(); ++i) {
+    const Tombstone& t = impl_->tombs[i];
+    if (!t.used) continue;
+    RetiredRing rr{t.ring_id, t.expires, 0};
+    for (const ConnKey& k : t.conns) {
+      const Clt::Slot* s = impl_->clt.find(k);
+      if (s && s->retired() && s->owner == i) ++rr.connections;
+    }
+    out.push_back(rr);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const RetiredRing& a, const RetiredRing& b) { return a.expires < b.expires; });
+  return out;
 }
 
 Outcome Engine::process(Pkt pkt, uint64_t now_ns, Sink& out) noexcept {

@@ -5,9 +5,12 @@
 //
 // Classification. process() parses the frame. Non-RoCE traffic, RoCE it does
 // not aggregate (ACK/NAK/CNP/SEND/READ, UC/UD, malformed) and RDMA WRITEs
-// that are not INA messages are returned as `forward`: untouched. Corrupted
-// INA packets (ICRC, when verification is on) are dropped before they reach
-// a sum.
+// that are not INA messages are returned as `forward`: untouched. The box
+// only claims traffic on ring links (rank r -> r+1 of an installed or
+// retired ring): a WRITE FIRST/ONLY elsewhere is forwarded as
+// fwd_not_ring_link even if its data begins with the INA magic, before ICRC
+// verification or ring lookup. Corrupted INA packets on ring links (ICRC,
+// when verification is on) are dropped before they reach a sum.
 //
 // CLT. The first packet of a message (WRITE FIRST/ONLY with the INA magic)
 // names ring, rank and message id. The source address must be the rank's
@@ -40,9 +43,32 @@
 // the CRC of its headers, combined through CRC linearity (wire/icrc.h):
 // O(header) per packet instead of O(payload).
 //
+// Ring lifecycle. Removing a ring makes its running job fail loudly, never
+// return wrong data. remove_ring frees the ring's cells, memory and slot at
+// once and hands back its held packets (ring_removed). Its bound connections
+// and its links stay known as a tombstone until `now + retire_grace`:
+// - every WRITE on a retired connection is dropped (ring_retired), so the
+//   in-flight message's later packets and the go-back-N resends of packets
+//   the ring held never reach a receiver raw; receivers time out and the host
+//   library reports the error;
+// - on a link only removed rings use, INA first packets and later packets
+//   that match no tracked non-INA message are dropped (ring_retired);
+// - a first packet naming an installed ring (the same id re-installed, or
+//   another ring on those links) on a retired connection re-binds it when the
+//   rank has no live connection: the key leaves the tombstone. It never takes
+//   a rank from a live connection (ring_retired), so late packets of an old
+//   run cannot enter a new run's cells. Tombstones live outside the ring
+//   slots: a re-used ring slot is never pointed at by a retired entry.
+// expire_retired(now) forgets due tombstones (their CLT entries still
+// retired, their links no installed ring uses). After that the old
+// connections are unknown: on links no ring uses their WRITEs are forwarded
+// again, which is safe only once nothing of the old job is in flight; hence
+// the grace must outlast the job's retransmissions (kRetireNever, the
+// default, keeps tombstones for the engine's life).
+//
 // Threading: an Engine is owned by exactly one thread. process() is the hot
 // path: no allocation, no locks, no logging, no exceptions. install_ring /
-// remove_ring run on that same thread (the data plane applies control
+// remove_ring / expire_retired run on that same thread (the data plane applies control
 // commands between bursts).
 #pragma once
 
@@ -70,7 +96,7 @@ struct Pkt {
 // input packet itself.
 struct Sink {
   static constexpr unsigned kCapacity = kMaxRanks;
-  Pkt tx[kCapacity];    // transmit: released (rewritten) packets
+  Pkt tx[kCapacity];  // transmit: released (rewritten) packets
   uint16_t ntx = 0;
   Pkt drop[kCapacity];  // free: previously held packets dropped now (reason counted)
   uint16_t ndrop = 0;
@@ -84,15 +110,26 @@ struct Allocator {
   void* ctx = nullptr;
 };
 
+// retire_grace value (and RetiredRing::expires) meaning "until the ring's
+// links and connections are used again by an installed ring, or forever".
+inline constexpr uint64_t kRetireNever = UINT64_MAX;
+
 struct EngineConfig {
   ReduceMode mode = ReduceMode::deterministic;
   IcrcFixup icrc_fixup = IcrcFixup::linear;
   bool verify_icrc = true;
   unsigned max_rings = 64;
-  unsigned clt_capacity = 4096;       // connections; rounded up to a power of two
+  unsigned clt_capacity = 4096;         // connections; rounded up to a power of two
   uint64_t memory_budget = 1ull << 30;  // bytes over all rings
   reduce::Isa isa = reduce::best_isa();
   Allocator allocator{};  // required in accumulate mode
+  // How long a removed ring's connections and links stay retired, in the
+  // units of the `now` the caller passes to process() / remove_ring() /
+  // expire_retired() (the data plane: TSC cycles). kRetireNever (default):
+  // retired until the engine is destroyed; the caller that wants tombstones
+  // to go sets a grace longer than any message of the job can stay in
+  // flight (e.g. the host's retransmission timeout times its retry count).
+  uint64_t retire_grace = kRetireNever;
 };
 
 // What the caller does with the input packet.
@@ -130,6 +167,13 @@ struct RingInfo {
   uint32_t stalled_cells = 0;  // of those, collecting for longer than the asked timeout
 };
 
+// A removed ring in its grace period (Engine::retired_rings()).
+struct RetiredRing {
+  uint32_t ring_id = 0;
+  uint64_t expires = kRetireNever;  // the `now` from which expire_retired() forgets it
+  uint32_t connections = 0;         // its connections still retired (not re-bound since)
+};
+
 class Engine {
  public:
   explicit Engine(const EngineConfig& config);
@@ -141,16 +185,28 @@ class Engine {
   // under an installed id is a conflict. Refused, with the field named, when
   // invalid, over its quota, or over the engine's memory budget.
   Status install_ring(const RingSpec& spec);
-  // Removes a ring and returns its held packets for the caller to free
-  // (counted as ring_removed). not_found if no such ring.
-  Status remove_ring(uint32_t ring_id, std::vector<Pkt>& released);
+  // Removes a ring: its cells, memory and slot are freed at once and its
+  // held packets handed back for the caller to free (counted ring_removed).
+  // Its bound connections and its links stay known as a tombstone until
+  // `now + retire_grace`: see "Ring lifecycle" above. not_found if no such
+  // ring. Control path (allocates).
+  Status remove_ring(uint32_t ring_id, uint64_t now, std::vector<Pkt>& released);
+  // Forgets the tombstones whose expiry is at or before `now`: erases their
+  // CLT entries still retired and their links no installed ring uses.
+  // Returns how many. One compare when none is due, so the data plane may
+  // call it every loop iteration; no allocation.
+  unsigned expire_retired(uint64_t now) noexcept;
+  size_t retired_count() const noexcept;
+  // Tombstones by expiry, earliest first (control path: allocates).
+  std::vector<RetiredRing> retired_rings() const;
 
   // The hot path. `now_ns` is any monotonic clock (stall accounting).
   Outcome process(Pkt pkt, uint64_t now_ns, Sink& out) noexcept;
 
   std::vector<uint32_t> ring_ids() const;
   size_t ring_count() const noexcept;
-  std::optional<RingInfo> ring_info(uint32_t ring_id, uint64_t now_ns = 0, uint64_t stall_ns = 0) const;
+  std::optional<RingInfo> ring_info(uint32_t ring_id, uint64_t now_ns = 0,
+                                    uint64_t stall_ns = 0) const;
   const ReasonCounters& counters() const noexcept;
   uint64_t memory_in_use() const noexcept;
   const EngineConfig& config() const noexcept;

@@ -19,6 +19,8 @@ enum class Fate : uint8_t { forward, aggregate, drop };
                            "malformed headers): forwarded untouched")                           \
   X(fwd_not_write, forward, "RoCE opcode other than RDMA WRITE (ACK, NAK, SEND, READ, CNP)")     \
   X(fwd_no_ina, forward, "RDMA WRITE that is not part of an INA message")                        \
+  X(fwd_not_ring_link, forward, "RDMA WRITE FIRST/ONLY with the INA magic between hosts that "  \
+                               "are not adjacent members of any installed or retired ring")     \
   X(held, aggregate, "packet held in an aggregator cell")                                        \
   X(served_from_cell, aggregate, "retransmission after completion answered with the stored "    \
                                  "result")                                                       \
@@ -35,6 +37,8 @@ enum class Fate : uint8_t { forward, aggregate, drop };
   X(evicted_incomplete, drop, "held packet dropped: a worker broke the window rule and reused "  \
                               "its cell")                                                        \
   X(ring_removed, drop, "held packet released because its ring was removed")                     \
+  X(ring_retired, drop, "WRITE on a removed ring's connection or link during its grace period "  \
+                        "(its job fails; it never receives unreduced data)")                     \
   X(clt_full, drop, "connection table full: a new INA connection cannot be tracked")            \
   X(alloc_failed, drop, "no buffer to build a released packet (accumulate mode)")
 

@@ -258,7 +258,7 @@ LoopbackFabric::LoopbackFabric(const LoopbackConfig& cfg) : cfg_(cfg), impl_(new
 LoopbackFabric::~LoopbackFabric() {
   if (impl_->box) {
     std::vector<engine::Pkt> held;
-    (void)impl_->box->remove_ring(cfg_.ring.ring_id, held);  // its packets are in impl_->frames
+    (void)impl_->box->remove_ring(cfg_.ring.ring_id, 0, held);  // its packets are in impl_->frames
   }
 }
 

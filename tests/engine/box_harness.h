@@ -72,6 +72,7 @@ struct RingTraffic {
   wire::ReduceOp op = wire::ReduceOp::sum;
   uint32_t psn_base = 1000;
   unsigned ip_offset = 0;                  // rank r uses rank_ip(ip_offset + r)
+  uint32_t qpn_offset = 0;                 // a new run of the job: new QPs
   std::vector<std::vector<uint8_t>> data;  // per rank, per message data (same size for all ranks)
 
   wire::InaMessage message(unsigned rank, uint32_t msg_id, const std::vector<uint8_t>& d,
@@ -79,7 +80,7 @@ struct RingTraffic {
     wire::InaMessage m;
     m.base.src_ip = rank_ip(ip_offset + rank);
     m.base.dst_ip = rank_ip(ip_offset + (rank + 1) % ranks);
-    m.base.dest_qp = 0x100 + ip_offset + (rank + 1) % ranks;
+    m.base.dest_qp = 0x100 + ip_offset + (rank + 1) % ranks + qpn_offset;
     m.base.udp_src_port = static_cast<uint16_t>(0xC000 + rank);
     m.ina.dtype = static_cast<uint8_t>(dtype);
     m.ina.op = static_cast<uint8_t>(op);

@@ -1,7 +1,7 @@
 // Randomized robustness test of the engine: arbitrary sequences of valid,
 // mutated, re-sealed (ICRC fixed after mutation, so the damage reaches the
 // CLT and cell logic) and truncated packets for two rings, with rings
-// removed and reinstalled midway. After every call:
+// removed (retired for a grace period) and reinstalled midway. After every call:
 //   - a completion releases exactly one packet per rank of its ring (no cell
 //     completes with a missing rank), each parsing cleanly with a valid ICRC;
 //   - every buffer the engine holds is handed back exactly once;
@@ -88,6 +88,9 @@ void run(engine::ReduceMode mode, uint64_t iterations, std::mt19937_64& rng) {
   cfg.mode = mode;
   cfg.icrc_fixup = rng() & 1 ? engine::IcrcFixup::linear : engine::IcrcFixup::full;
   cfg.allocator = {&State::alloc, &st};
+  // Removed rings stay retired for a while, so removal, re-install over a
+  // tombstone and expiry all happen under the random traffic.
+  cfg.retire_grace = 500;
   engine::Engine e(cfg);
   for (const RingDef& d : kRings)
     if (!e.install_ring(spec_of(d)).ok()) fail("install");
@@ -145,7 +148,7 @@ void run(engine::ReduceMode mode, uint64_t iterations, std::mt19937_64& rng) {
       for (const RingDef& d : kRings) {
         if (!new_job && rng() % 2) continue;
         std::vector<engine::Pkt> rel;
-        if (e.remove_ring(d.id, rel).ok()) {
+        if (e.remove_ring(d.id, g_iter, rel).ok()) {
           for (const auto& pk : rel) {
             auto* b = static_cast<Buf*>(pk.handle);
             ENSURE(st.held.erase(b) == 1);
@@ -155,6 +158,7 @@ void run(engine::ReduceMode mode, uint64_t iterations, std::mt19937_64& rng) {
         if (!e.install_ring(spec_of(d)).ok()) fail("reinstall");
       }
     }
+    e.expire_retired(g_iter);
     // Traffic moves through the messages like a job does (a window around a
     // cursor), with stragglers from anywhere.
     const uint64_t cur = (g_iter / 300) % 6;
@@ -246,7 +250,7 @@ void run(engine::ReduceMode mode, uint64_t iterations, std::mt19937_64& rng) {
   }
   for (const RingDef& d : kRings) {
     std::vector<engine::Pkt> rel;
-    if (!e.remove_ring(d.id, rel).ok()) fail("remove");
+    if (!e.remove_ring(d.id, g_iter, rel).ok()) fail("remove");
     for (const auto& p : rel) {
       auto* b = static_cast<Buf*>(p.handle);
       ENSURE(st.held.erase(b) == 1);

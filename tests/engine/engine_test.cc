@@ -342,10 +342,11 @@ TEST_CASE("classification: what is forwarded untouched and what is dropped", "[e
     RingTraffic other = x.t;
     other.ring_id = 99;
     CHECK(x.h.feed(other.packet(0, 0, x.msgs[0][0], 1000, 0)).reason == Reason::unknown_ring);
-    auto spoof = x.pkt(0, 0, 0);  // rank 0's header from rank 1's address
+    auto spoof = x.pkt(0, 0, 0);  // rank 0's header on rank 1's link (1 -> 2)
     wire::ParsedFrame p;
     REQUIRE(wire::parse_frame(spoof.data(), spoof.size(), p) == wire::ParseStatus::ok);
     reinterpret_cast<wire::Ipv4Hdr*>(spoof.data() + p.l3)->src.set(rank_ip(1));
+    reinterpret_cast<wire::Ipv4Hdr*>(spoof.data() + p.l3)->dst.set(rank_ip(2));
     wire::icrc_update(spoof.data(), p);
     CHECK(x.h.feed(spoof).reason == Reason::rank_address_mismatch);
     auto corrupt = x.pkt(0, 0, 0);
@@ -422,13 +423,16 @@ TEST_CASE("ring installation: validation, quotas, idempotency, removal", "[engin
   CHECK(info->stalled_cells == 1);
   CHECK(info->held_packets == 2);
   std::vector<engine::Pkt> released;
-  CHECK(h.e->remove_ring(1, released).ok());
+  CHECK(h.e->remove_ring(1, h.now, released).ok());
   CHECK(released.size() == 2);
-  CHECK(h.e->remove_ring(1, released).code() == StatusCode::not_found);
+  CHECK(h.e->remove_ring(1, h.now, released).code() == StatusCode::not_found);
   CHECK(h.e->memory_in_use() == 0);
-  // After removal its packets are unknown-ring drops; the links are no longer tracked.
-  CHECK(h.feed(t.packet(2, 0, d, 30, 0)).reason == Reason::unknown_ring);
-  CHECK(h.feed(t.packet(2, 0, d, 30, 1)).reason == Reason::fwd_no_ina);
+  CHECK(h.e->ring_count() == 0);
+  CHECK(h.e->retired_count() == 1);
+  // After removal its links stay retired: nothing on them is aggregated or forwarded raw.
+  CHECK(h.feed(t.packet(2, 0, d, 30, 0)).reason == Reason::ring_retired);
+  CHECK(h.feed(t.packet(2, 0, d, 30, 1)).reason == Reason::ring_retired);
+  CHECK(h.sent.empty());
 }
 
 TEST_CASE("linear ICRC fix-up releases the same bytes as a full recompute", "[engine][icrc]") {
@@ -491,4 +495,203 @@ TEST_CASE("accumulate mode releases what deterministic mode releases (order-free
     // Same packets, same bytes (release order within a cell is rank order in both).
     CHECK(outs[0] == outs[1]);
   }
+}
+
+// ---- ring lifecycle: a removed ring's job fails, it never gets unreduced data ----
+
+namespace {
+
+constexpr size_t kFourPackets = 4 * 256 - 24;  // data bytes of a 4-packet message at PMTU 256
+
+// 3 ranks, 4-packet messages, positions 0 and 1 of message 0 complete.
+struct Removal : Fixture {
+  explicit Removal(engine::EngineConfig cfg = {}) : Fixture(3, 2, cfg) {
+    add_message(kFourPackets);
+    add_message(kFourPackets);
+    for (uint32_t k = 0; k < 2; ++k) {
+      for (unsigned r = 0; r < 3; ++r) REQUIRE(h.feed(pkt(r, 0, k)).verdict == Verdict::held);
+      expect_released(h.take_sent(), 0, k);
+    }
+  }
+  void remove() {
+    std::vector<engine::Pkt> released;
+    REQUIRE(h.e->remove_ring(t.ring_id, h.now, released).ok());
+    for (const auto& p : released) REQUIRE(h.live.erase(p.handle) == 1);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a ring removed mid-message: no later packet of the message leaves the box",
+          "[engine][lifecycle]") {
+  Removal x;
+  x.remove();
+  CHECK(x.h.e->retired_count() == 1);
+  for (uint32_t k = 2; k < 4; ++k)
+    for (unsigned r = 0; r < 3; ++r) CHECK(x.h.feed(x.pkt(r, 0, k)).reason == Reason::ring_retired);
+  // The next message's first packets (and their successors) neither bind nor pass.
+  for (unsigned r = 0; r < 3; ++r) {
+    CHECK(x.h.feed(x.pkt(r, 1, 0)).reason == Reason::ring_retired);
+    CHECK(x.h.feed(x.pkt(r, 1, 1)).reason == Reason::ring_retired);
+  }
+  CHECK(x.h.sent.empty());
+  CHECK(reason(x.h, Reason::ring_retired) == 12);
+  CHECK(x.h.live.empty());
+}
+
+TEST_CASE("a ring removed mid-retransmission: go-back-N resends of held packets are dropped",
+          "[engine][lifecycle]") {
+  Removal x;
+  // Position 2: ranks 0 and 1 are held, rank 2's packet is lost on the way.
+  for (unsigned r = 0; r < 2; ++r) CHECK(x.h.feed(x.pkt(r, 0, 2)).verdict == Verdict::held);
+  x.remove();
+  CHECK(x.h.live.empty());  // the held packets came back (ring_removed)
+  CHECK(reason(x.h, Reason::ring_removed) == 2);
+  // Every rank times out and goes back N from position 2; rank 1 even from position 0.
+  for (unsigned r = 0; r < 3; ++r)
+    for (uint32_t k = 2; k < 4; ++k) CHECK(x.h.feed(x.pkt(r, 0, k)).reason == Reason::ring_retired);
+  for (uint32_t k = 0; k < 4; ++k) CHECK(x.h.feed(x.pkt(1, 0, k)).reason == Reason::ring_retired);
+  CHECK(x.h.sent.empty());
+}
+
+TEST_CASE("re-installing a removed ring id: the new run aggregates, the old run's packets drop",
+          "[engine][lifecycle]") {
+  Removal x;
+  for (unsigned r = 0; r < 2; ++r) x.h.feed(x.pkt(r, 0, 2));
+  x.remove();
+  REQUIRE(x.h.e->install_ring(ring_spec(x.t.ring_id, 3, 4, 2)).ok());
+  // The new run of the job: new QPs, message ids from 0 again, different data.
+  RingTraffic fresh = x.t;
+  fresh.qpn_offset = 0x1000;
+  std::vector<std::vector<uint8_t>> d;
+  for (unsigned r = 0; r < 3; ++r) d.push_back(fp_data(x.rng, kFourPackets));
+  const auto want = reference(d);
+  for (uint32_t k = 0; k < 4; ++k) {
+    for (unsigned r = 0; r < 3; ++r) {
+      CHECK(x.h.feed(fresh.packet(r, 0, d[r], 5000 + r * 1000, k)).verdict == Verdict::held);
+      // Interleaved: the old run's late packets and go-back-N resends, first packets included.
+      CHECK(x.h.feed(x.pkt(r, 0, k)).reason == Reason::ring_retired);
+      CHECK(x.h.feed(x.pkt(r, 1, k)).reason == Reason::ring_retired);
+    }
+    const auto out = x.h.take_sent();
+    REQUIRE(out.size() == 3);
+    for (const auto& f : out) {
+      CHECK(data_of(f) == slice(want, k, 256));
+      CHECK(icrc_ok(f));
+    }
+  }
+  CHECK(x.h.e->ring_info(x.t.ring_id)->counters.messages_completed == 1);
+  CHECK(x.h.e->ring_info(x.t.ring_id)->counters.connections_rebound == 0);
+}
+
+TEST_CASE("a retired connection re-bound by the re-installed ring survives the tombstone's expiry",
+          "[engine][lifecycle]") {
+  engine::EngineConfig cfg;
+  cfg.retire_grace = 1000;
+  Removal x(cfg);
+  x.remove();
+  const uint64_t removed_at = x.h.now;
+  REQUIRE(x.h.e->install_ring(ring_spec(x.t.ring_id, 3, 4, 2)).ok());
+  // The same job on the same QPs goes back to its message 1: its connections re-bind.
+  for (unsigned r = 0; r < 3; ++r) CHECK(x.h.feed(x.pkt(r, 1, 0)).verdict == Verdict::held);
+  x.expect_released(x.h.take_sent(), 1, 0);
+  REQUIRE(x.h.e->retired_rings().size() == 1);
+  CHECK(x.h.e->retired_rings()[0].connections == 0);  // all three keys left the tombstone
+  CHECK(x.h.e->retired_rings()[0].expires == removed_at + 1000);
+  CHECK(x.h.e->expire_retired(removed_at + 1000) == 1);
+  CHECK(x.h.e->retired_count() == 0);
+  // Purging did not erase the new bindings: the message carries on.
+  for (uint32_t k = 1; k < 4; ++k) {
+    for (unsigned r = 0; r < 3; ++r) CHECK(x.h.feed(x.pkt(r, 1, k)).verdict == Verdict::held);
+    x.expect_released(x.h.take_sent(), 1, k);
+  }
+}
+
+TEST_CASE("a removed ring's tombstone expires after the grace, not before", "[engine][lifecycle]") {
+  engine::EngineConfig cfg;
+  cfg.retire_grace = 1000;
+  Removal x(cfg);
+  x.remove();
+  const uint64_t removed_at = x.h.now;
+  CHECK(x.h.e->expire_retired(removed_at + 999) == 0);
+  CHECK(x.h.e->retired_count() == 1);
+  CHECK(x.h.feed(x.pkt(0, 0, 2)).reason == Reason::ring_retired);
+  CHECK(x.h.e->expire_retired(removed_at + 1000) == 1);
+  CHECK(x.h.e->retired_count() == 0);
+  CHECK(x.h.e->retired_rings().empty());
+  // After the grace the hosts are ordinary hosts again: their WRITEs pass untouched.
+  const auto late = x.pkt(0, 0, 3);
+  CHECK(x.h.feed(late).reason == Reason::fwd_no_ina);
+  CHECK(x.h.take_sent().at(0) == late);
+}
+
+TEST_CASE("a tombstone never points into a re-used ring slot", "[engine][lifecycle]") {
+  engine::EngineConfig cfg;
+  cfg.max_rings = 1;  // the next ring must take the removed ring's slot
+  Removal x(cfg);
+  x.remove();
+  RingTraffic other;
+  other.ring_id = 2;
+  other.ranks = 2;
+  other.ip_offset = 10;
+  REQUIRE(x.h.e->install_ring(ring_spec(2, 2, 4, 2, 256, 10)).ok());
+  std::vector<std::vector<uint8_t>> d;
+  for (unsigned r = 0; r < 2; ++r) d.push_back(fp_data(x.rng, kFourPackets));
+  for (unsigned r = 0; r < 2; ++r) x.h.feed(other.packet(r, 0, d[r], 100 + r, 0));
+  CHECK(x.h.take_sent().size() == 2);
+  // The old ring's connections stay retired: nothing of theirs reaches ring 2's cells.
+  for (unsigned r = 0; r < 3; ++r)
+    for (uint32_t k = 2; k < 4; ++k) CHECK(x.h.feed(x.pkt(r, 0, k)).reason == Reason::ring_retired);
+  CHECK(x.h.sent.empty());
+  CHECK(x.h.e->ring_info(2)->counters.packets_aggregated == 2);
+}
+
+TEST_CASE("an RDMA WRITE off ring links whose data begins with INET is forwarded byte-identical",
+          "[engine][classification]") {
+  Fixture x;  // ring 1: 10.0.0.1 -> .2 -> .3 -> .1
+  x.add_message();
+  // A text file carried over RoCE: its first bytes are the INA magic.
+  std::string text = "INET6 fe80::1/64 scope link\n";
+  while (text.size() < 256) text += "inetnum: 10.0.0.0 - 10.255.255.255\n";
+  text.resize(256);
+  auto write = [&](uint8_t opcode, uint32_t src, uint32_t dst) {
+    wire::RoceFrameSpec s;
+    s.src_ip = src;
+    s.dst_ip = dst;
+    s.opcode = opcode;
+    s.dest_qp = 0x4242;
+    s.psn = 77;
+    s.va = 0x2000;
+    s.rkey = 9;
+    s.dma_length = opcode == 0x06 ? 3 * 256 : 256;
+    s.payload = reinterpret_cast<const uint8_t*>(text.data());
+    s.payload_len = text.size();
+    std::vector<uint8_t> f(wire::frame_size(s));
+    REQUIRE(wire::build_frame(s, f.data(), f.size()) == f.size());
+    return f;
+  };
+  // Hosts in no ring; a member to a member that is not its successor (0 -> 2).
+  for (auto [src, dst] : {std::pair{rank_ip(7), rank_ip(8)}, std::pair{rank_ip(0), rank_ip(2)}}) {
+    for (uint8_t op : {uint8_t{0x06}, uint8_t{0x0A}}) {  // WRITE FIRST, WRITE ONLY
+      const auto f = write(op, src, dst);
+      REQUIRE(wire::ina_decode(f.data() + 70, 24));  // (it does look like an INA header)
+      CHECK(x.h.feed(f).reason == Reason::fwd_not_ring_link);
+      // Even with a broken ICRC: not the box's business, the receiver decides.
+      auto bad = f;
+      bad[bad.size() - 1] ^= 1;
+      CHECK(x.h.feed(bad).reason == Reason::fwd_not_ring_link);
+      const auto out = x.h.take_sent();
+      REQUIRE(out.size() == 2);
+      CHECK(out[0] == f);
+      CHECK(out[1] == bad);
+    }
+  }
+  CHECK(reason(x.h, Reason::fwd_not_ring_link) == 8);
+  // On a ring link the same bytes are strict: no such ring.
+  CHECK(x.h.feed(write(0x06, rank_ip(0), rank_ip(1))).reason == Reason::unknown_ring);
+  // A removed ring's links stay strict too.
+  std::vector<engine::Pkt> released;
+  REQUIRE(x.h.e->remove_ring(1, x.h.now, released).ok());
+  CHECK(x.h.feed(write(0x0A, rank_ip(1), rank_ip(2))).reason == Reason::ring_retired);
+  CHECK(x.h.sent.empty());
 }

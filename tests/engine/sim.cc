@@ -26,6 +26,11 @@ using wire::ReduceOp;
 namespace {
 
 constexpr uint32_t kRingId = 77;
+// After a removal: no worker accepted a packet or got an ACK forward for this
+// long (50 retransmission timeouts at the default RTO): the job is stuck.
+constexpr uint64_t kStuckTicks = 2000;
+// Removed rings stay retired longer than any stuck run lasts.
+constexpr uint64_t kRetireGrace = 100000;
 constexpr uint8_t kSyndromeAck = 0x00;
 constexpr uint8_t kSyndromeNakSeq = 0x60;
 
@@ -164,6 +169,8 @@ class Sim {
   void send_ack(const Worker& from, uint8_t syndrome, uint32_t psn);
   void box(Frame* f);
   bool done() const;
+  void lifecycle();
+  engine::RingSpec spec() const;
   bool msg_done(const Worker& w, uint32_t m) const {
     return w.results > m && w.snd_una >= w.msg_first[m + 1];
   }
@@ -178,9 +185,41 @@ class Sim {
   Layout lay_;
   uint64_t now_ = 0;
   uint64_t frames_ = 0;
+  uint64_t progress_ = 0;  // last tick a worker accepted data or an ACK moved snd_una
+  bool removed_ = false;
   engine::Sink sink_;
   const bool trace_ = std::getenv("NETREDUCE_SIM_TRACE") != nullptr;
 };
+
+engine::RingSpec Sim::spec() const {
+  engine::RingSpec spec;
+  spec.ring_id = kRingId;
+  for (unsigned r = 0; r < p_.ranks; ++r) spec.members.push_back(ip_of(r));
+  spec.msg_len = p_.msg_len;
+  spec.window = p_.window;
+  spec.payload_bytes = p_.pmtu;
+  return spec;
+}
+
+// The operator removes the ring (and maybe installs it again) mid-run.
+void Sim::lifecycle() {
+  if (now_ == p_.remove_at) {
+    std::vector<Pkt> released;
+    if (Status s = engine_->remove_ring(kRingId, now_, released); !s)
+      throw std::runtime_error("remove_ring: " + s.to_string());
+    for (const Pkt& pk : released) pool_.free(of(pk));
+    removed_ = true;
+    if (trace_)
+      std::fprintf(stderr, "t=%llu ring removed\n", static_cast<unsigned long long>(now_));
+  }
+  if (removed_ && now_ == p_.reinstall_at) {
+    if (Status s = engine_->install_ring(spec()); !s)
+      throw std::runtime_error("install_ring again: " + s.to_string());
+    if (trace_)
+      std::fprintf(stderr, "t=%llu ring installed again\n", static_cast<unsigned long long>(now_));
+  }
+  engine_->expire_retired(now_);
+}
 
 void Sim::fill_tensor(std::vector<uint8_t>& t) {
   const size_t n = lay_.elems;
@@ -231,15 +270,9 @@ void Sim::setup() {
   cfg.icrc_fixup = p_.fixup;
   cfg.isa = p_.isa;
   cfg.allocator = {&Sim::alloc_cb, this};
+  cfg.retire_grace = kRetireGrace;
   engine_ = std::make_unique<engine::Engine>(cfg);
-
-  engine::RingSpec spec;
-  spec.ring_id = kRingId;
-  for (unsigned r = 0; r < p_.ranks; ++r) spec.members.push_back(ip_of(r));
-  spec.msg_len = p_.msg_len;
-  spec.window = p_.window;
-  spec.payload_bytes = p_.pmtu;
-  if (Status s = engine_->install_ring(spec); !s)
+  if (Status s = engine_->install_ring(spec()); !s)
     throw std::runtime_error("install_ring: " + s.to_string());
 
   lay_.es = wire::dtype_size(p_.dtype);
@@ -343,6 +376,7 @@ void Sim::on_data(Worker& w, Frame* f, const wire::ParsedFrame& pf) {
                    static_cast<unsigned long long>(now_), w.rank, idx, m, k, pf.payload_len);
     ++w.rcv_next;
     w.nak_sent = false;
+    progress_ = now_;
     if (w.rcv_next == pred.msg_first[m + 1]) w.results = m + 1;  // WRITE WITH IMM completion
     send_ack(w, kSyndromeAck, psn);
   } else if (idx < w.rcv_next) {  // duplicate: re-ACK what we have
@@ -362,6 +396,7 @@ void Sim::on_ack(Worker& w, const uint8_t* d, const wire::ParsedFrame& pf) {
     if (idx + 1 > w.snd_una && idx < w.snd_nxt) {
       w.snd_una = idx + 1;
       w.last_progress = now_;
+      progress_ = now_;
     }
   } else if (syndrome == kSyndromeNakSeq) {
     if (idx >= w.snd_una && idx <= w.snd_nxt) {
@@ -432,6 +467,7 @@ std::string Sim::check_results() {
     // Received data of message m: the message's bytes after the INA header.
     std::vector<uint8_t> first_got;
     for (const Worker& w : w_) {
+      if (w.results <= m) continue;  // not completed (its ring was removed): nothing accepted
       std::vector<uint8_t> got(bytes);
       const uint8_t* base =
           w.rbuf.data() + size_t{m} * p_.msg_len * p_.pmtu + engine::kInaHeaderBytes;
@@ -440,7 +476,8 @@ std::string Sim::check_results() {
       if (first_got.empty()) first_got = got;
       if (got != first_got) {
         std::ostringstream e;
-        e << "worker " << w.rank << " message " << m << ": result differs from worker 0's";
+        e << "worker " << w.rank << " message " << m
+          << ": result differs from the first worker's that completed it";
         return e.str();
       }
       if (exact && got != want) {
@@ -524,6 +561,8 @@ SimResult Sim::run() {
   SimResult res;
   setup();
   for (now_ = 1; now_ <= p_.max_ticks && !done(); ++now_) {
+    if (removed_ && now_ - progress_ > kStuckTicks) break;
+    lifecycle();
     while (Frame* f = in_.next(now_)) box(f);
     while (Frame* f = out_.next(now_)) deliver(f);
     for (Worker& w : w_) sender_tick(w);
@@ -532,7 +571,11 @@ SimResult Sim::run() {
   res.frames = frames_;
   res.counters = engine_->counters();
   if (auto info = engine_->ring_info(kRingId)) res.ring = info->counters;
-  if (!done()) {
+  res.removed = removed_;
+  if (!done() && removed_) {
+    res.stuck_after_removal = true;
+    res.error = check_results();  // what the workers did complete must be right
+  } else if (!done()) {
     std::ostringstream e;
     e << "no progress after " << p_.max_ticks << " ticks:";
     for (const Worker& w : w_)
@@ -545,7 +588,7 @@ SimResult Sim::run() {
   }
   // Tear down: the ring's held packets come back, nothing may leak.
   std::vector<Pkt> released;
-  (void)engine_->remove_ring(kRingId, released);
+  (void)engine_->remove_ring(kRingId, now_, released);  // not_found if removed for good
   for (const Pkt& pk : released) pool_.free(of(pk));
   while (Frame* f = in_.next(~0ull)) pool_.free(f);
   while (Frame* f = out_.next(~0ull)) pool_.free(f);
@@ -590,6 +633,10 @@ SimParams random_params(uint64_t seed, bool allow_accumulate) {
   p.corrupt_out = rate(0.01);
   p.psn_base = u(0, 3) == 0 ? static_cast<uint32_t>(wire::kPsnMask - u(0, 64))
                             : static_cast<uint32_t>(u(0, wire::kPsnMask));
+  if (u(0, 7) == 0) {  // drawn last: the other parameters of a seed stay as they were
+    p.remove_at = u(1, 250);
+    if (u(0, 1)) p.reinstall_at = p.remove_at + u(0, 150);
+  }
   return p;
 }
 
@@ -604,6 +651,8 @@ std::string describe(const SimParams& p) {
     << " loss/dup/reorder/corrupt in=" << p.drop_in << "/" << p.dup_in << "/" << p.reorder_in << "/"
     << p.corrupt_in << " out=" << p.drop_out << "/" << p.dup_out << "/" << p.reorder_out << "/"
     << p.corrupt_out;
+  if (p.remove_at) o << " remove_at=" << p.remove_at;
+  if (p.reinstall_at) o << " reinstall_at=" << p.reinstall_at;
   return o.str();
 }
 

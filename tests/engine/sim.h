@@ -16,6 +16,10 @@
 // computed independently (tests/engine/reference.h) in rank order:
 // bit-identical in deterministic mode; in accumulate mode identical across
 // workers and exact for integers and min/max, within rounding for float sums.
+// When the ring is removed mid-run (SimParams::remove_at), workers may never
+// finish: the run ends once nothing progressed for kStuckTicks and counts as
+// the expected outcome, but every message a worker did complete must still
+// hold the reference result: a removal may fail a job, never corrupt it.
 #pragma once
 
 #include <cstdint>
@@ -45,15 +49,26 @@ struct SimParams {
   unsigned rto = 40;      // ticks without ACK progress before going back N
   uint64_t max_ticks = 400000;
   bool violate_window = false;  // rank 0 ignores rule W (for the regression test)
+  // Ring lifecycle: the ring is removed at this tick (0: never) and, if
+  // reinstall_at is not 0, installed again with the same spec at that tick.
+  // The workers keep their QPs: the job carries on or gets stuck.
+  uint64_t remove_at = 0;
+  uint64_t reinstall_at = 0;
 };
 
 // Random parameters for a seed: P 2..16, every dtype x op by turn, loss,
-// duplication and reordering up to 5% each, corruption up to 1%.
+// duplication and reordering up to 5% each, corruption up to 1%. One seed in
+// eight removes the ring at a random tick, half of those re-install it.
 SimParams random_params(uint64_t seed, bool allow_accumulate = true);
 
 struct SimResult {
   bool ok = false;
-  std::string error;  // first problem found (names seed, worker, message)
+  // The ring was removed and the workers could not finish (no progress for
+  // a long while): the expected outcome of a removal, not a failure, as long
+  // as every message a worker did complete holds the reference result.
+  bool stuck_after_removal = false;
+  bool removed = false;  // the removal happened before the run ended
+  std::string error;     // first problem found (names seed, worker, message)
   uint64_t ticks = 0;
   uint64_t frames = 0;  // frames handed to the engine
   engine::ReasonCounters counters{};

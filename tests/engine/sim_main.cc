@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   engine::ReasonCounters total{};
   uint64_t frames = 0, served = 0, completed = 0, failures = 0;
+  uint64_t removed = 0, stuck = 0, reinstalled_done = 0;
   std::array<uint64_t, 18> combos{};
   for (uint64_t s = first; s < first + seeds; ++s) {
     const sim::SimParams p = sim::random_params(s);
@@ -38,6 +39,13 @@ int main(int argc, char** argv) {
       continue;
     }
     ++combos[s % 18];
+    if (r.removed) {
+      ++removed;
+      if (r.stuck_after_removal)
+        ++stuck;
+      else if (p.reinstall_at)
+        ++reinstalled_done;
+    }
     frames += r.frames;
     served += r.ring.retransmissions_served;
     completed += r.ring.messages_completed;
@@ -48,6 +56,10 @@ int main(int argc, char** argv) {
               " failed; %" PRIu64 " frames through the engine, %" PRIu64
               " messages completed, %" PRIu64 " retransmissions served from cells\n",
               seeds, first, secs, failures, frames, completed, served);
+  std::printf("  ring removed mid-run in %" PRIu64 " seeds: %" PRIu64
+              " ended stuck (expected), %" PRIu64
+              " completed after re-installation; every completed message checked\n",
+              removed, stuck, reinstalled_done);
   std::printf("  dtype x op combinations run:");
   for (uint64_t c : combos) std::printf(" %" PRIu64, c);
   std::printf("\n  engine reasons:");
