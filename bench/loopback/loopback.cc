@@ -90,7 +90,8 @@ struct Figures {
   uint64_t packets_in = 0, packets_out = 0, bytes_in = 0, bytes_out = 0;
   uint64_t cycles = 0;  // timed
   uint64_t good = 0, bad = 0, unknown = 0, duplicate = 0, missing = 0;
-  uint64_t ring_retired = 0;  // --remove-mid-run: the box's count after the removal
+  uint64_t ring_retired = 0;  // --remove-mid-run: the box's counts after the removal
+  uint64_t ring_removed = 0;
   uint64_t messages = 0;
   uint64_t box_busy = 0, box_packets = 0, box_busy_polls = 0;
   std::vector<double> busy_per_lcore;
@@ -148,8 +149,10 @@ class Generator {
   Generator(const Ports& ports, const nb::Traffic& t, Figures& f, size_t max_inflight)
       : p_(ports), t_(t), f_(f), scratch_(t.max_frame()), max_inflight_(max_inflight) {}
 
-  // Called once, in the next round, when half of its frames have been sent
-  // (--remove-mid-run removes the ring there).
+  // Called once, in the next round, about halfway and mid-message: when the
+  // frames of its first half plus one packet position have been sent and
+  // released, and P-1 workers' packets of the next position have been sent
+  // (so the box holds them). --remove-mid-run removes the ring there.
   void at_half(std::function<void()> fn) { at_half_ = std::move(fn); }
 
   // Sends messages [base, base + count) of every worker; collects and checks
@@ -159,6 +162,10 @@ class Generator {
     const unsigned P = t_.spec().ranks;
     const uint32_t L = t_.packets_per_message();
     const size_t total = count * L * P;
+    // --remove-mid-run: frames before `complete` are released before the
+    // callback; the P-1 after it are held.
+    const size_t complete = std::min(total, (total / (2 * P) + 1) * P);
+    const size_t cut = at_half_ ? std::min(total, complete + P - 1) : total;
     out_.resize(total);
     in_.resize(total + kBurst);
     if (rte_pktmbuf_alloc_bulk(p_.pool, out_.data(), static_cast<unsigned>(total)) != 0)
@@ -180,9 +187,10 @@ class Generator {
     uint64_t last = t0, t_last_rx = t0;
     while (got < total) {
       if (sent < total && sent - got < max_inflight_)
-        sent += rte_eth_tx_burst(p_.tx, 0, out_.data() + sent,
-                                 static_cast<uint16_t>(std::min<size_t>(kBurst, total - sent)));
-      if (at_half_ && 2 * sent >= total) {
+        sent += rte_eth_tx_burst(
+            p_.tx, 0, out_.data() + sent,
+            static_cast<uint16_t>(std::min<size_t>(kBurst, (at_half_ ? cut : total) - sent)));
+      if (at_half_ && sent == cut && got >= complete) {
         at_half_();
         at_half_ = nullptr;
         last = rte_rdtsc();
@@ -294,6 +302,7 @@ Figures measure(const Options& o, const Ports& ports, const nb::Traffic& t, nb::
     next += per_round;
     const json st = box.call({{"cmd", "stats"}});
     f.ring_retired = st.at("reasons").value("ring_retired", uint64_t{0});
+    f.ring_removed = st.at("reasons").value("ring_removed", uint64_t{0});
     return f;
   }
   unsigned rounds = 0;
@@ -359,7 +368,8 @@ json figures_json(const Figures& f, const nb::Traffic& t) {
         {"unknown", f.unknown},
         {"duplicate", f.duplicate},
         {"missing", f.missing}}},
-      {"ring_retired", f.ring_retired}};
+      {"ring_retired", f.ring_retired},
+      {"ring_removed", f.ring_removed}};
 }
 
 // A removed ring stays retiring for the box's rings.retire_grace_ms; its id
@@ -758,11 +768,13 @@ int main(int argc, char** argv) {
         const json& v = p["aggregate"]["verified"];
         std::printf(
             "remove mid-run: P=%u: %llu frames released before the removal, all right; %llu "
-            "wrong, %llu withheld; the box dropped %llu packets of the retired ring\n",
+            "wrong, %llu withheld; the box freed %llu held packets and dropped %llu later "
+            "packets of the retired ring\n",
             p["ranks"].get<unsigned>(), (unsigned long long)v["good"].get<uint64_t>(),
             (unsigned long long)(v["bad"].get<uint64_t>() + v["unknown"].get<uint64_t>() +
                                  v["duplicate"].get<uint64_t>()),
             (unsigned long long)v["missing"].get<uint64_t>(),
+            (unsigned long long)p["aggregate"]["ring_removed"].get<uint64_t>(),
             (unsigned long long)p["aggregate"]["ring_retired"].get<uint64_t>());
       }
     if (!report_ok(report, o.remove_mid_run)) {

@@ -8,7 +8,10 @@
 //                                                     the daemon's restart detector)
 //   {"cmd": "stats"}                                  -> reasons (summed), per worker, per port
 //   {"cmd": "install_ring", "ring": {...}}            -> {"ok": true} (see common/ring_json.h)
-//   {"cmd": "remove_ring", "id": 7}
+//   {"cmd": "remove_ring", "id": 7}                  -> the ring retires: its packets are dropped
+//                                                     for rings.retire_grace_ms, then it is gone
+//                                                     (listed under "retiring" in status, stats
+//                                                     and list_rings meanwhile)
 //   {"cmd": "list_rings"} / {"cmd": "get_ring", "id": 7}
 //   {"cmd": "install_ctt", ...} / "remove_ctt" / "list_ctt"   reserved for multi-rack
 //                                                     connection translation: "unimplemented"
@@ -78,6 +81,7 @@ struct Snapshot {
   engine::ReasonCounters reasons{};
   std::vector<engine::RingInfo> rings;  // filled only when asked for
   size_t ring_count = 0;
+  size_t retired_count = 0;  // tombstones of removed rings in their grace
   uint64_t memory = 0;
 };
 
@@ -87,6 +91,7 @@ Snapshot snapshot_of(Worker& w, bool rings, uint64_t stall_cycles) {
   s.reasons = w.engine->counters();
   s.memory = w.engine->memory_in_use();
   s.ring_count = w.engine->ring_count();
+  s.retired_count = w.engine->retired_count();
   if (rings)
     for (uint32_t id : w.engine->ring_ids())
       if (auto i = w.engine->ring_info(id, rte_get_tsc_cycles(), stall_cycles))
@@ -160,6 +165,7 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
          {"total_cycles", ws.total_cycles},
          {"busy_polls", ws.busy_polls},
          {"rings", s.ring_count},
+         {"retired_rings", s.retired_count},
          {"memory_bytes", s.memory},
          {"reasons", reasons_to_json(s.reasons)}});
   }
@@ -250,14 +256,20 @@ json Dataplane::answer(const std::string& line) {
           arr.push_back(j);
         }
       if (cmd == "get_ring") {
-        if (arr.empty())
-          return error_json({StatusCode::not_found, "id", "no ring " + std::to_string(want)});
+        if (arr.empty()) {
+          std::string why;
+          for (const Retiring& r : retiring_)
+            if (r.spec.ring_id == want)
+              why = " (removed; retiring, " + seconds_left(r) + " s left)";
+          return error_json({StatusCode::not_found, "id", "no ring " + std::to_string(want) + why});
+        }
         return json{{"ok", true}, {"ring", arr[0]}};
       }
-      return json{{"ok", true}, {"rings", arr}};
+      return json{{"ok", true}, {"rings", arr}, {"retiring", retiring_json()}};
     }
     if (cmd == "stats") {
       json j = stats_json(*this, snapshots(*this, false));
+      j["retiring"] = retiring_json();
       j["ok"] = true;
       return j;
     }
@@ -271,6 +283,8 @@ json Dataplane::answer(const std::string& line) {
                   {"workers", ws},
                   {"main_lcore", rte_get_main_lcore()},
                   {"rings", rings_.size()},
+                  {"retiring", retiring_json()},
+                  {"retire_grace_ms", cfg_.retire_grace_ms},
                   {"memory",
                    {{"engine_reserved_bytes", memory_reserved_},
                     {"engine_budget_bytes", cfg_.engine_memory}}},
@@ -326,8 +340,6 @@ json Dataplane::control_json() const {
           {"dropped_slow", c.dropped_slow},
           {"dropped_long_line", c.dropped_long_line}};
 }
-
-void Dataplane::housekeeping() {}
 
 Status Dataplane::run() {
   // The control socket first: a box that cannot be controlled (a second

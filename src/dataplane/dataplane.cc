@@ -164,6 +164,8 @@ Status Dataplane::setup() {
     ec.max_rings = cfg_.max_rings;
     ec.clt_capacity = cfg_.clt_capacity;
     ec.memory_budget = cfg_.engine_memory;
+    // The engine's clock is the worker's TSC (`now` in worker_loop).
+    ec.retire_grace = rte_get_tsc_hz() / 1000 * uint64_t{cfg_.retire_grace_ms};
     ec.allocator = {[](void* ctx, uint16_t len) -> engine::Pkt {
                       rte_mbuf* m = rte_pktmbuf_alloc(static_cast<rte_mempool*>(ctx));
                       if (!m || rte_pktmbuf_tailroom(m) < len) {
@@ -285,6 +287,8 @@ void Dataplane::worker_loop(Worker& w) {
       cmd->fn(w);
       cmd->done.store(true, std::memory_order_release);
     }
+    // Retired rings whose grace has passed are forgotten (cheap when none is due).
+    w.engine->expire_retired(t0);
     rte_rcu_qsbr_quiescent(qsbr_, w.index);
     const uint64_t t1 = rte_rdtsc();
     w.stats.total_cycles += t1 - t0;

@@ -37,9 +37,11 @@
 // it once per burst (acquire) and report an RCU quiescent state after every
 // burst; the control thread frees a replaced table only after
 // rte_rcu_qsbr_synchronize. Installing: the owner's engine gets the ring
-// first, then the link table points at the owner. Removing: the link table
-// drops the ring's links first (synchronize), then the owner removes the
-// ring and frees its held mbufs.
+// first, then the link table points at the owner. Removing: the owner's
+// engine retires the ring (frees its held mbufs, keeps its connections as a
+// tombstone whose packets are dropped) while the link table keeps pointing
+// the ring's links at the owner; after rings.retire_grace_ms the engine
+// forgets the tombstone and the control thread drops the links (rings.cc).
 //
 // Counters are per worker, cache-aligned, written only by their worker and
 // read through commands, so they are never torn or shared.
@@ -169,14 +171,14 @@ class Dataplane {
  private:
   nlohmann::json answer(const std::string& line);  // handle_request's body; may throw
   nlohmann::json control_json() const;             // the control socket's counters
-  // Control-loop work between socket rounds (control thread).
+  // Control-loop work between socket rounds (control thread): drops retired
+  // rings whose grace (plus a margin) has passed, and their links.
   void housekeeping();
   // rings.cc: placement and lifecycle.
   void publish_links(std::unique_ptr<LinkTable> t);
   void publish_link_use();  // LinkTable from link_use_
   Status place(const engine::RingSpec& spec, unsigned& owner) const;
-  void release_links(const engine::RingSpec& spec);  // one ring fewer on each of its links
-  std::string rings_in_use() const;                  // "installed: 1, 2; retiring: 3"
+  std::string rings_in_use() const;  // "installed: 1, 2; retiring: 3"
   void final_report();
 
   DataplaneConfig cfg_;
@@ -197,11 +199,19 @@ class Dataplane {
     engine::RingSpec spec;
     unsigned owner;
     uint64_t memory;
-    uint64_t mbufs;         // most mbufs its cells can hold at once
-    bool retiring = false;  // removed; links kept until retire_until
-    std::chrono::steady_clock::time_point retire_until{};
+    uint64_t mbufs;  // most mbufs its cells can hold at once
   };
-  std::unordered_map<uint32_t, RingEntry> rings_;
+  std::unordered_map<uint32_t, RingEntry> rings_;  // installed
+  // Removed rings in their grace: their links stay counted until `until`.
+  // The same id may appear twice (removed, installed again, removed again).
+  struct Retiring {
+    engine::RingSpec spec;
+    unsigned owner;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::vector<Retiring> retiring_;
+  std::string seconds_left(const Retiring& r) const;  // "12.3"
+  nlohmann::json retiring_json() const;               // [{"id", "worker", "seconds_left"}]
   struct LinkUse {
     uint16_t owner;  // never changes while rings > 0
     uint32_t rings;  // rings (installed or retiring) using the link

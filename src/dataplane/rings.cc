@@ -11,6 +11,21 @@
 // packets on a worker without it. A link's owner never changes while any ring
 // uses it; it is dropped when its last ring is gone.
 //
+// Retirement. Removing a ring must make its running job fail, never hand
+// it unreduced data: packets of the ring still in flight (later positions of
+// a message, go-back-N resends of held ones) must not leave the box. So the
+// owner's engine retires the ring (held packets freed, reason ring_removed;
+// its connections kept as a tombstone whose packets are dropped as
+// ring_retired) and the ring's links keep pointing at the owner, so dispatch
+// still brings those packets to the engine holding the tombstone. After
+// rings.retire_grace_ms the worker's engine forgets the tombstone
+// (expire_retired, every loop iteration), and housekeeping() on the control
+// thread drops the ring's entry and its link references kRetireMargin later.
+// Meanwhile forward mode is refused. The same id may be installed again: the
+// new ring shares the old one's links, so it joins the worker holding the
+// tombstone, whose engine re-binds a retired connection only to a first
+// packet naming an installed ring, never over a live one (engine.h).
+//
 // Published state. Workers see only the LinkTable (link -> owner), rebuilt
 // from `link_use_` and published RCU-style (dataplane.h). `rings_` and
 // `link_use_` are control-thread state; workers never read them.
@@ -19,7 +34,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "dataplane/dataplane.h"
@@ -27,6 +44,10 @@
 namespace netreduce::dataplane {
 
 namespace {
+
+// After the engine's grace: the worker expires its tombstone first, then the
+// control thread drops the links (different clocks: TSC and steady_clock).
+constexpr auto kRetireMargin = std::chrono::milliseconds(100);
 
 std::vector<uint64_t> links_of(const engine::RingSpec& spec) {
   std::vector<uint64_t> out;
@@ -65,9 +86,12 @@ Status Dataplane::place(const engine::RingSpec& spec, unsigned& owner) const {
   for (uint64_t key : mine)
     if (auto it = link_use_.find(key); it != link_use_.end()) owners[it->second.owner];
   if (owners.size() > 1) {
-    for (const auto& [id, e] : rings_)
-      for (uint64_t key : links_of(e.spec))
-        if (std::find(mine.begin(), mine.end(), key) != mine.end()) owners[e.owner].insert(id);
+    const auto name = [&](const engine::RingSpec& other, unsigned w) {
+      for (uint64_t key : links_of(other))
+        if (std::find(mine.begin(), mine.end(), key) != mine.end()) owners[w].insert(other.ring_id);
+    };
+    for (const auto& [id, e] : rings_) name(e.spec, e.owner);
+    for (const Retiring& r : retiring_) name(r.spec, r.owner);
     std::string who;
     for (const auto& [w, ids] : owners)
       who += (who.empty() ? "" : "; ") + std::string(ids.size() > 1 ? "rings " : "ring ") +
@@ -84,13 +108,15 @@ Status Dataplane::place(const engine::RingSpec& spec, unsigned& owner) const {
   }
   std::vector<unsigned> load(workers_.size(), 0);
   for (const auto& [id, e] : rings_) ++load[e.owner];
+  for (const Retiring& r : retiring_) ++load[r.owner];
   owner = static_cast<unsigned>(std::min_element(load.begin(), load.end()) - load.begin());
   return {};
 }
 
 std::string Dataplane::rings_in_use() const {
   std::set<uint32_t> installed, retiring;
-  for (const auto& [id, e] : rings_) (e.retiring ? retiring : installed).insert(id);
+  for (const auto& [id, e] : rings_) installed.insert(id);
+  for (const Retiring& r : retiring_) retiring.insert(r.spec.ring_id);
   std::string s;
   if (!installed.empty()) s = "installed: " + join_ids(installed);
   if (!retiring.empty())
@@ -99,7 +125,7 @@ std::string Dataplane::rings_in_use() const {
 }
 
 Status Dataplane::set_mode(Mode m) {
-  if (m == Mode::forward && !rings_.empty())
+  if (m == Mode::forward && !(rings_.empty() && retiring_.empty()))
     return {StatusCode::conflict, "mode",
             "forward mode would send every ring's packets out unreduced, and their jobs would "
             "accept them as results; rings in use (" +
@@ -165,35 +191,73 @@ Status Dataplane::install_ring(const engine::RingSpec& spec) {
   return {};
 }
 
-void Dataplane::release_links(const engine::RingSpec& spec) {
-  for (uint64_t key : links_of(spec)) {
-    auto it = link_use_.find(key);
-    if (it != link_use_.end() && --it->second.rings == 0) link_use_.erase(it);
+Status Dataplane::remove_ring(uint32_t ring_id) {
+  auto it = rings_.find(ring_id);
+  if (it == rings_.end()) {
+    for (const Retiring& r : retiring_)
+      if (r.spec.ring_id == ring_id)
+        return {StatusCode::not_found, "id",
+                "no ring " + std::to_string(ring_id) + " (removed already; retiring, " +
+                    seconds_left(r) + " s left)"};
+    return {StatusCode::not_found, "id", "no ring " + std::to_string(ring_id)};
   }
+  const RingEntry e = it->second;
+  // The owner's engine retires the ring; its links stay (see the top).
+  Status result;
+  size_t released = 0;
+  if (!on_worker(e.owner, [&](Worker& w) {
+        std::vector<engine::Pkt> rel;
+        result = w.engine->remove_ring(ring_id, rte_rdtsc(), rel);
+        released = rel.size();
+        for (const auto& p : rel) rte_pktmbuf_free(static_cast<rte_mbuf*>(p.handle));
+      }))
+    return {StatusCode::unavailable, "",
+            "worker " + std::to_string(e.owner) + " did not take the command"};
+  if (!result) return result;
+  rings_.erase(it);
+  retiring_.push_back({e.spec, e.owner,
+                       std::chrono::steady_clock::now() +
+                           std::chrono::milliseconds(cfg_.retire_grace_ms) + kRetireMargin});
+  // The engine freed the ring's cells and its held packets at once.
+  memory_reserved_ -= e.memory;
+  mbufs_reserved_ -= e.mbufs;
+  spdlog::info(
+      "ring {} removed from worker {}; {} held packets released; retiring for {} ms (its packets "
+      "are dropped meanwhile)",
+      ring_id, e.owner, released, cfg_.retire_grace_ms);
+  return {};
+}
+
+std::string Dataplane::seconds_left(const Retiring& r) const {
+  const auto left = std::chrono::duration<double>(r.until - std::chrono::steady_clock::now());
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.1f", std::max(0.0, left.count()));
+  return b;
+}
+
+void Dataplane::housekeeping() {
+  const auto now = std::chrono::steady_clock::now();
+  const auto due = [&](const Retiring& r) { return r.until <= now; };
+  if (std::none_of(retiring_.begin(), retiring_.end(), due)) return;
+  for (const Retiring& r : retiring_) {
+    if (!due(r)) continue;
+    for (uint64_t key : links_of(r.spec)) {
+      auto it = link_use_.find(key);
+      if (it != link_use_.end() && --it->second.rings == 0) link_use_.erase(it);
+    }
+    spdlog::info("ring {} retired: its links are released", r.spec.ring_id);
+  }
+  std::erase_if(retiring_, due);
   publish_link_use();
 }
 
-Status Dataplane::remove_ring(uint32_t ring_id) {
-  auto it = rings_.find(ring_id);
-  if (it == rings_.end())
-    return {StatusCode::not_found, "id", "no ring " + std::to_string(ring_id)};
-  const RingEntry e = it->second;
-  rings_.erase(it);
-  // Links no other ring uses leave the table first, then the engine forgets
-  // the ring. A link shared with another ring keeps its owner.
-  release_links(e.spec);
-  size_t released = 0;
-  on_worker(e.owner, [&](Worker& w) {
-    std::vector<engine::Pkt> rel;
-    (void)w.engine->remove_ring(ring_id, rel);
-    released = rel.size();
-    for (const auto& p : rel) rte_pktmbuf_free(static_cast<rte_mbuf*>(p.handle));
-  });
-  memory_reserved_ -= e.memory;
-  mbufs_reserved_ -= e.mbufs;
-  spdlog::info("ring {} removed from worker {}; {} held packets released", ring_id, e.owner,
-               released);
-  return {};
+nlohmann::json Dataplane::retiring_json() const {
+  auto arr = nlohmann::json::array();
+  for (const Retiring& r : retiring_)
+    arr.push_back({{"id", r.spec.ring_id},
+                   {"worker", r.owner},
+                   {"seconds_left", std::stod(seconds_left(r))}});
+  return arr;
 }
 
 }  // namespace netreduce::dataplane
