@@ -3,9 +3,10 @@
 // its client; `socat - UNIX-CONNECT:/run/netreduce/dataplane.sock` works too.
 //
 //   {"cmd": "ping"}                                   -> {"ok": true}
-//   {"cmd": "status"}                                 -> instance, ports, workers, memory, mbufs
-//                                                     ("instance" differs in every process:
-//                                                     the daemon's restart detector)
+//   {"cmd": "status"}                                 -> instance, ports, workers, memory, mbufs,
+//                                                     rings, retiring, control (the socket's
+//                                                     counters) ("instance" differs in every
+//                                                     process: the daemon's restart detector)
 //   {"cmd": "stats"}                                  -> reasons (summed), per worker, per port
 //   {"cmd": "install_ring", "ring": {...}}            -> {"ok": true} (see common/ring_json.h)
 //   {"cmd": "remove_ring", "id": 7}                  -> the ring retires: its packets are dropped
@@ -21,6 +22,9 @@
 //                                                     retiring)
 //   {"cmd": "shutdown"}
 // Errors: {"ok": false, "error": {"code": "...", "field": "...", "message": "..."}}.
+// Every line gets one reply, also a line that is not JSON or not UTF-8
+// (replies replace invalid UTF-8; handle_request never throws). The transport
+// (who may connect, how many, buffering) is in control_socket.h.
 // Also registered with DPDK telemetry: /netreduce/stats, /netreduce/rings.
 #include <rte_cycles.h>
 #include <rte_ethdev.h>
