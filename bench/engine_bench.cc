@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "wire/icrc.h"
 #include "wire/message.h"
+#include "wire/parse.h"
 #include "wire/psn.h"
 
 using namespace netreduce;
@@ -141,6 +142,73 @@ void BM_ForwardBaseline(benchmark::State& state) {
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
+// A flood of later packets whose PSN no recorded message contains, on a
+// bound connection whose history is full (S messages): the cost the box pays
+// per bogus packet before dropping it as first_packet_lost. Bounded by the
+// lookup budget, not by S (it used to scan all S slots).
+void BM_BogusPsn(benchmark::State& state) {
+  const auto window = static_cast<uint16_t>(state.range(0));
+  const uint32_t slots = engine::slots_for_window(window);
+  engine::Engine e({});
+  engine::RingSpec s = spec(2, 256);
+  s.msg_len = 2;
+  s.window = window;
+  if (!e.install_ring(s).ok()) state.SkipWithError("install");
+  std::vector<uint8_t> data(2 * 256 - 24, 0);
+  auto build = [&](unsigned r, uint32_t m, uint32_t k) {
+    wire::InaMessage msg;
+    msg.base.src_ip = 0x0A000001u + r;
+    msg.base.dst_ip = 0x0A000001u + (r + 1) % 2;
+    msg.base.dest_qp = 0x100 + r;
+    msg.ina.dtype = static_cast<uint8_t>(wire::Dtype::fp32);
+    msg.ina.op = static_cast<uint8_t>(wire::ReduceOp::sum);
+    msg.ina.ring_id = 1;
+    msg.ina.rank = static_cast<uint16_t>(r);
+    msg.ina.msg_id = m;
+    msg.psn0 = wire::psn_add(0x400000, m * 2);
+    msg.data = data.data();
+    msg.data_bytes = data.size();
+    msg.pmtu = 256;
+    std::vector<uint8_t> f(256 + 128);
+    f.resize(wire::build_message_packet(msg, k, f.data(), f.size()));
+    return f;
+  };
+  engine::Sink sink;
+  for (uint32_t m = 0; m < slots; ++m)  // S complete messages recorded for both ranks
+    for (uint32_t k = 0; k < 2; ++k)
+      for (unsigned r = 0; r < 2; ++r) {
+        auto f = build(r, m, k);
+        sink.clear();
+        e.process({f.data(), static_cast<uint16_t>(f.size()), nullptr}, 0, sink);
+      }
+  // Bogus PSNs before every recorded message (the old scan's worst case).
+  std::mt19937 rng(5);
+  std::vector<std::vector<uint8_t>> bogus;
+  for (int i = 0; i < 1024; ++i) {
+    auto f = build(0, slots - 1, 1);
+    wire::ParsedFrame p;
+    wire::parse_frame(f.data(), f.size(), p);
+    reinterpret_cast<wire::Bth*>(f.data() + p.bth)->psn.set(0x400000 - 1 - rng() % 0x100000);
+    bogus.push_back(std::move(f));
+  }
+  const auto lost = static_cast<size_t>(engine::Reason::first_packet_lost);
+  const uint64_t lost0 = e.counters()[lost];
+  size_t i = 0;
+  for (auto _ : state) {
+    auto& f = bogus[i++ & 1023];
+    sink.clear();
+    benchmark::DoNotOptimize(
+        e.process({f.data(), static_cast<uint16_t>(f.size()), nullptr}, 0, sink));
+  }
+  if (e.counters()[lost] - lost0 != static_cast<uint64_t>(state.iterations()))
+    state.SkipWithError("a bogus packet was not dropped as first_packet_lost");
+  state.SetItemsProcessed(state.iterations());
+  state.counters["ns/pkt"] =
+      benchmark::Counter(static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.SetLabel("S=" + std::to_string(slots));
+}
+
 // Reference point: one CRC-32 over a hot buffer of the payload size (the cost
 // of one ICRC verification or full recompute).
 void BM_Crc32(benchmark::State& state) {
@@ -154,6 +222,7 @@ void BM_Crc32(benchmark::State& state) {
 
 BENCHMARK(BM_Crc32)->Arg(1024)->Arg(4096);
 BENCHMARK(BM_ForwardBaseline);
+BENCHMARK(BM_BogusPsn)->ArgName("window")->Arg(8)->Arg(1024);  // S = 16 and S = 2048
 BENCHMARK(BM_Aggregate)
     ->ArgNames({"P", "payload", "bf16", "linear"})
     ->ArgsProduct({{2, 4, 8, 16}, {1024, 4096}, {0, 1}, {0, 1}})

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "engine/tables.h"
 #include "wire/icrc.h"
 #include "wire/opcode.h"
 #include "wire/parse.h"
@@ -17,119 +18,10 @@ namespace {
 using wire::ParsedFrame;
 constexpr uint8_t kWriteFirst = static_cast<uint8_t>(wire::Opcode::kWriteFirst);
 
-// ---- CLT: (src IP, dst IP, dst QPN) -> (ring slot, rank) -----------------
-struct ConnKey {
-  uint32_t src = 0;
-  uint32_t dst = 0;
-  uint32_t qpn = 0;
-  bool operator==(const ConnKey&) const = default;
-};
-
-inline uint32_t hash_key(const ConnKey& k) noexcept {
-  uint64_t h = (uint64_t{k.src} << 32 | k.dst) * 0x9E3779B97F4A7C15ull;
-  h ^= uint64_t{k.qpn} * 0xC2B2AE3D27D4EB4Full;
-  return static_cast<uint32_t>(h ^ (h >> 29));
-}
-
-// Non-INA WRITE messages on a connection the box tracks: their later packets
-// must be forwarded, not taken for INA packets whose first packet was lost.
-struct PassRange {
-  uint32_t psn0 = 0;
-  uint32_t len = 0;
-};
-constexpr unsigned kPassRanges = 4;
-
-// What a CLT entry is: a tracked ordinary connection, a connection bound to
-// (ring, rank) of an installed ring, or the connection of a removed ring
-// during its grace period (every WRITE on it is dropped as ring_retired).
-enum class ConnState : uint8_t { pass, ina, retired };
-
-// Open addressing with linear probing and backward-shift deletion: fixed
-// capacity, no allocation after construction.
-class Clt {
- public:
-  struct Slot {
-    ConnKey key;
-    uint32_t owner = 0;  // ina: ring slot index; retired: tombstone index
-    uint8_t rank = 0;
-    bool used = false;
-    ConnState state = ConnState::pass;
-    bool ina() const noexcept { return state == ConnState::ina; }
-    bool retired() const noexcept { return state == ConnState::retired; }
-    uint8_t pass_next = 0;
-    PassRange pass[kPassRanges];
-
-    void add_pass(uint32_t psn0, uint32_t len) noexcept {
-      pass[pass_next++ % kPassRanges] = {psn0, len};
-    }
-    bool in_pass(uint32_t psn) const noexcept {
-      for (const PassRange& r : pass)
-        if (r.len && wire::psn_in_range(psn, r.psn0, r.len)) return true;
-      return false;
-    }
-  };
-
-  explicit Clt(unsigned capacity) : slots_(std::bit_ceil(std::max(capacity, 16u)) * 2) {}
-
-  Slot* find(const ConnKey& k) noexcept {
-    const size_t mask = slots_.size() - 1;
-    for (size_t i = hash_key(k) & mask;; i = (i + 1) & mask) {
-      Slot& s = slots_[i];
-      if (!s.used) return nullptr;
-      if (s.key == k) return &s;
-    }
-  }
-  const Slot* find(const ConnKey& k) const noexcept { return const_cast<Clt*>(this)->find(k); }
-  // nullptr when full (load factor capped at 1/2).
-  Slot* insert(const ConnKey& k) noexcept {
-    if (Slot* s = find(k)) return s;
-    if ((size_ + 1) * 2 > slots_.size()) return nullptr;
-    const size_t mask = slots_.size() - 1;
-    for (size_t i = hash_key(k) & mask;; i = (i + 1) & mask) {
-      if (!slots_[i].used) {
-        slots_[i] = Slot{};
-        slots_[i].key = k;
-        slots_[i].used = true;
-        ++size_;
-        return &slots_[i];
-      }
-    }
-  }
-  template <typename Pred>
-  void erase_if(Pred pred) noexcept {
-    for (size_t i = 0; i < slots_.size();) {
-      if (slots_[i].used && pred(slots_[i])) {
-        erase(slots_[i].key);  // may shift a later entry into i: look at i again
-        continue;
-      }
-      ++i;
-    }
-  }
-  void erase(const ConnKey& k) noexcept {
-    const size_t mask = slots_.size() - 1;
-    size_t i = hash_key(k) & mask;
-    for (;; i = (i + 1) & mask) {
-      if (!slots_[i].used) return;
-      if (slots_[i].key == k) break;
-    }
-    // Backward shift: move later entries of the cluster into the hole when
-    // their home position is at or before it.
-    size_t hole = i;
-    for (size_t j = (i + 1) & mask; slots_[j].used; j = (j + 1) & mask) {
-      const size_t home = hash_key(slots_[j].key) & mask;
-      if (((j - home) & mask) >= ((j - hole) & mask)) {
-        slots_[hole] = slots_[j];
-        hole = j;
-      }
-    }
-    slots_[hole] = Slot{};
-    --size_;
-  }
-
- private:
-  std::vector<Slot> slots_;
-  size_t size_ = 0;
-};
+using detail::Clt;
+using detail::ConnKey;
+using detail::ConnState;
+using detail::PassTable;
 
 // ---- per-ring state --------------------------------------------------------
 struct HistEntry {
@@ -145,8 +37,14 @@ struct RankConn {
   ConnKey key;
   bool bound = false;
   bool has_newest = false;
-  uint32_t newest = 0;
+  uint32_t newest = 0;  // newest recorded msg_id
+  uint32_t hint = 0;    // msg_id the last later packet found (history lookup step 2)
 };
+
+// History reads a later packet may cost at most (find_message): newest +
+// hint + a binary search over S <= 2048 slots (11) leaves room for skipping
+// a few unrecorded slots.
+constexpr unsigned kHistoryProbeBudget = 24;
 
 enum class CellState : uint8_t { empty, collecting, complete };
 
@@ -256,6 +154,7 @@ struct LinkUse {
 struct Engine::Impl {
   EngineConfig cfg;
   Clt clt;
+  PassTable pass;
   std::vector<Ring> rings;  // fixed array of max_rings slots
   std::unordered_map<uint32_t, uint16_t> by_id;
   // Ring links of all installed rings and tombstones: a WRITE on such a link
@@ -265,9 +164,11 @@ struct Engine::Impl {
   size_t retired = 0;                   // tombstones in use
   uint64_t next_expiry = kRetireNever;  // earliest expiry over tombstones
   ReasonCounters counters{};
+  TableStats stats{};
   uint64_t memory = 0;
 
-  explicit Impl(const EngineConfig& c) : cfg(c), clt(c.clt_capacity), rings(c.max_rings) {}
+  explicit Impl(const EngineConfig& c)
+      : cfg(c), clt(c.clt_capacity), pass(c.pass_capacity), rings(c.max_rings) {}
 
   static uint64_t link_key(uint32_t src, uint32_t dst) noexcept {
     return uint64_t{src} << 32 | dst;
@@ -311,6 +212,7 @@ struct Engine::Impl {
   void unbind(Ring& ring, unsigned rank) noexcept;
   void release_all(Ring& ring, std::vector<Pkt>& released) noexcept;
   void purge(uint32_t tomb) noexcept;
+  const HistEntry* find_message(Ring& ring, unsigned rank, uint32_t psn) noexcept;
 };
 
 // ---------------------------------------------------------------------------
@@ -338,12 +240,11 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
     // Ordinary RDMA WRITE. On a ring link, remember its PSN range so its
     // later packets are forwarded too (elsewhere nothing needs tracking).
     if (is_link(key)) {
-      Clt::Slot* s = clt.insert(key);
-      if (!s) return count(Reason::clt_full);
-      if (s->retired()) return count(Reason::ring_retired);
+      if (const Clt::Slot* s = clt.find(key); s && s->retired()) return count(Reason::ring_retired);
       const uint32_t dma = reinterpret_cast<const wire::Reth*>(f + p.reth)->dma_length.host();
       const uint32_t per = std::max<uint32_t>(p.payload_len, 1);
-      s->add_pass(psn, p.opcode == kWriteFirst ? std::max<uint32_t>(1, (dma + per - 1) / per) : 1);
+      pass.add(key, psn,
+               p.opcode == kWriteFirst ? std::max<uint32_t>(1, (dma + per - 1) / per) : 1);
     }
     return count(Reason::fwd_no_ina);
   }
@@ -383,9 +284,11 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
     // never steals a rank from a live connection: that would let a late
     // packet of the old run into the new run's cells.
     if (rc.bound) return count(Reason::ring_retired, &ring);
-    slot->state = ConnState::pass;
-    slot->pass_next = 0;
-    std::fill(std::begin(slot->pass), std::end(slot->pass), PassRange{});
+    slot->state = ConnState::ina;
+    slot->owner = it->second;
+    slot->rank = static_cast<uint8_t>(ina->rank);
+    rc.key = key;
+    rc.bound = true;
   }
   if (slot && slot->ina() && (slot->owner != it->second || slot->rank != ina->rank)) {
     unbind(rings[slot->owner], slot->rank);  // the key now belongs to another ring/rank
@@ -396,7 +299,7 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
       unbind(ring, ina->rank);
       ++ring.counters.connections_rebound;
     }
-    slot = clt.insert(key);  // a pass-through entry of the same key is promoted
+    slot = clt.insert(key);
     if (!slot) return count(Reason::clt_full, &ring);
     slot->state = ConnState::ina;
     slot->owner = it->second;
@@ -431,36 +334,83 @@ Outcome Engine::Impl::later_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
     // an INA message whose first packet has not passed: forwarding it would
     // let the receiver take unreduced data. Only known non-INA messages and
     // links no ring (installed or retired) uses are forwarded.
-    if (s && s->retired()) return count(Reason::ring_retired);
+    if (s) return count(Reason::ring_retired);
     const LinkUse* link = find_link(key);
-    if (!link || (s && s->in_pass(psn))) return count(Reason::fwd_no_ina);
+    if (!link || pass.contains(key, psn)) return count(Reason::fwd_no_ina);
     return count(link->live ? Reason::first_packet_lost : Reason::ring_retired);
   }
   Ring& ring = rings[s->owner];
   const unsigned rank = s->rank;
-  const RankConn& rc = ring.conns[rank];
-
-  // Newest message first: almost every packet belongs to it.
-  const HistEntry* found = nullptr;
-  if (rc.has_newest) {
-    const HistEntry* base = &ring.hist[size_t{rank} * ring.slots];
-    for (uint32_t i = 0; i < ring.slots; ++i) {
-      const uint32_t m = rc.newest - i;
-      const HistEntry& h = base[m & (ring.slots - 1)];
-      if (!h.valid || h.msg_id != m) continue;
-      if (wire::psn_in_range(psn, h.psn0, h.len)) {
-        found = &h;
-        break;
-      }
-    }
-  }
+  const HistEntry* found = find_message(ring, rank, psn);
   if (!found) {
-    if (s->in_pass(psn)) return count(Reason::fwd_no_ina);
+    if (pass.contains(key, psn)) return count(Reason::fwd_no_ina);
     return count(Reason::first_packet_lost, &ring);
   }
   if (cfg.verify_icrc && !wire::icrc_verify(pkt.data, p)) return count(Reason::bad_icrc, &ring);
   const uint32_t k = wire::psn_distance(found->psn0, psn);
   return aggregate(ring, rank, *found, k, pkt, p, now, out);
+}
+
+// The rank's recorded message whose PSN range contains `psn`, in at most
+// kHistoryProbeBudget history reads whatever S is:
+// 1. the newest message (almost every packet), and a PSN after its range
+//    belongs to no message at all (one read rejects half of random PSNs);
+// 2. the message the rank's last later packet found (a go-back-N resend
+//    walks one message packet by packet);
+// 3. a binary search over the older messages: one QP's messages are
+//    PSN-monotone in msg_id, so the search halves the msg_id range at each
+//    recorded message; a slot that does not hold its message (first packet
+//    not seen yet, or a newer message there) is skipped towards older ones.
+// When the budget runs out the packet is dropped as first_packet_lost. That
+// is always safe: a drop never reaches a receiver or a cell, and the
+// sender's retransmission is found by step 2 or 1 once the first of it
+// is (legitimate packets lie in the last N messages under rule W, where
+// first packets have passed).
+const HistEntry* Engine::Impl::find_message(Ring& ring, unsigned rank, uint32_t psn) noexcept {
+  RankConn& rc = ring.conns[rank];
+  if (!rc.has_newest) return nullptr;
+  const uint32_t mask = ring.slots - 1;
+  const HistEntry* base = &ring.hist[size_t{rank} * ring.slots];
+  unsigned probes = 0;
+  auto at = [&](uint32_t m) -> const HistEntry* {
+    ++probes;
+    const HistEntry& h = base[m & mask];
+    return h.valid && h.msg_id == m ? &h : nullptr;
+  };
+  auto done = [&](const HistEntry* h) {
+    ++stats.history_lookups;
+    stats.history_probes += probes;
+    stats.history_probes_max = std::max(stats.history_probes_max, probes);
+    if (h) rc.hint = h->msg_id;
+    return h;
+  };
+  const HistEntry* newest = at(rc.newest);
+  if (newest) {
+    if (wire::psn_in_range(psn, newest->psn0, newest->len)) return done(newest);
+    if (!wire::psn_before(psn, newest->psn0)) return done(nullptr);  // after every message
+  }
+  if (rc.hint != rc.newest) {
+    const HistEntry* h = at(rc.hint);
+    if (h && wire::psn_in_range(psn, h->psn0, h->len)) return done(h);
+  }
+  // Offsets back from the newest message: [lo, hi], PSNs decrease as the offset grows.
+  uint32_t lo = 1, hi = ring.slots - 1;
+  while (lo <= hi && probes < kHistoryProbeBudget) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    uint32_t j = mid;
+    const HistEntry* h = at(rc.newest - j);
+    while (!h && j < hi && probes < kHistoryProbeBudget) h = at(rc.newest - ++j);
+    if (!h) {
+      hi = mid - 1;  // [mid, hi] holds no recorded message
+      continue;
+    }
+    if (wire::psn_in_range(psn, h->psn0, h->len)) return done(h);
+    if (wire::psn_before(psn, h->psn0))
+      lo = j + 1;  // an older message
+    else
+      hi = mid - 1;  // newer than j; (mid, j) are not recorded
+  }
+  return done(nullptr);
 }
 
 Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg, uint32_t k,
@@ -748,8 +698,6 @@ Status Engine::remove_ring(uint32_t ring_id, uint64_t now, std::vector<Pkt>& rel
     if (Clt::Slot* slot = e.clt.find(rc.key); slot && slot->ina()) {
       slot->state = ConnState::retired;
       slot->owner = tomb;
-      slot->pass_next = 0;
-      std::fill(std::begin(slot->pass), std::end(slot->pass), PassRange{});
       t.conns.push_back(rc.key);
     }
     rc = RankConn{};
@@ -794,19 +742,12 @@ void Engine::Impl::purge(uint32_t tomb) noexcept {
     // or a later tombstone may own it now.
     if (s && s->retired() && s->owner == tomb) clt.erase(k);
   }
-  bool link_gone = false;
   for (const uint64_t key : t.links) {
     auto l = links.find(key);
     if (l == links.end()) continue;
     if (l->second.retired) --l->second.retired;
-    if (l->second.live == 0 && l->second.retired == 0) {
-      links.erase(l);
-      link_gone = true;
-    }
+    if (l->second.live == 0 && l->second.retired == 0) links.erase(l);
   }
-  // Pass-through entries of links no ring uses any more are not needed.
-  if (link_gone)
-    clt.erase_if([&](const Clt::Slot& s) { return s.state == ConnState::pass && !is_link(s.key); });
   t.conns.clear();
   t.links.clear();
   t.used = false;
@@ -867,6 +808,12 @@ std::optional<RingInfo> Engine::ring_info(uint32_t ring_id, uint64_t now_ns,
 }
 
 const ReasonCounters& Engine::counters() const noexcept { return impl_->counters; }
+TableStats Engine::table_stats() const noexcept {
+  TableStats t = impl_->stats;
+  t.clt_entries = impl_->clt.size();
+  t.pass_evictions = impl_->pass.evictions();
+  return t;
+}
 uint64_t Engine::memory_in_use() const noexcept { return impl_->memory; }
 const EngineConfig& Engine::config() const noexcept { return impl_->cfg; }
 

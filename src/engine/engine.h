@@ -18,9 +18,20 @@
 // (ring, rank) and the message's (msg_id, psn0, packets) is recorded in the
 // rank's history of S messages, indexed by msg_id mod S and never overwritten
 // by an older message. A later packet finds the recorded message whose PSN
-// range contains it, newest first, and so its offset k. Go-back-N resends of
-// message m-1 after m's first packet still find m-1. No such message means
-// its first packet was lost: drop, and the receiver NAKs.
+// range contains it, and so its offset k, in a bounded number of history
+// reads (newest, the rank's last hit, then a binary search over the
+// PSN-monotone history; at most 24 reads whatever S is, see find_message).
+// Go-back-N resends of message m-1 after m's first packet still find m-1.
+// No such message means its first packet was lost: drop, and the receiver
+// NAKs.
+//
+// Table bounds. The CLT (clt_capacity connections) holds only INA
+// connections that passed every check, and retired ones: ordinary traffic
+// never takes a slot. Ordinary (non-INA) WRITE messages on ring links are
+// remembered in a separate pass table (pass_capacity connections, 8-way
+// sets, LRU eviction) so their later packets are forwarded; a flood of new
+// ordinary connections evicts only ordinary entries, and an evicted entry
+// only turns forwards into drops, never into a wrong result (tables.h).
 //
 // Cells. A ring has S = 2N (rounded up to a power of two) message slots of
 // msg_len cells; cell(m, k) = cells[(m mod S) * msg_len + k]. The five
@@ -119,7 +130,8 @@ struct EngineConfig {
   IcrcFixup icrc_fixup = IcrcFixup::linear;
   bool verify_icrc = true;
   unsigned max_rings = 64;
-  unsigned clt_capacity = 4096;         // connections; rounded up to a power of two
+  unsigned clt_capacity = 4096;  // INA connections (bound or retired); rounded up to a power of two
+  unsigned pass_capacity = 4096;        // ordinary connections tracked on ring links (LRU-evicted)
   uint64_t memory_budget = 1ull << 30;  // bytes over all rings
   reduce::Isa isa = reduce::best_isa();
   Allocator allocator{};  // required in accumulate mode
@@ -154,6 +166,15 @@ struct RingCounters {
   uint64_t retransmissions_served = 0;  // emitted from a completed cell
   uint64_t connections_rebound = 0;     // a rank's connection replaced by a new QP
   ReasonCounters drops{};               // drops attributed to this ring, by reason
+};
+
+// Table occupancy and lookup cost (cheap accessor; single-threaded like the engine).
+struct TableStats {
+  uint64_t clt_entries = 0;         // INA and retired connections
+  uint64_t pass_evictions = 0;      // ordinary connections pushed out of the pass table
+  uint64_t history_lookups = 0;     // later packets looked up in a rank's history
+  uint64_t history_probes = 0;      // history slots read by those lookups
+  uint32_t history_probes_max = 0;  // most read for one packet (bounded: never O(S))
 };
 
 struct RingInfo {
@@ -208,6 +229,7 @@ class Engine {
   std::optional<RingInfo> ring_info(uint32_t ring_id, uint64_t now_ns = 0,
                                     uint64_t stall_ns = 0) const;
   const ReasonCounters& counters() const noexcept;
+  TableStats table_stats() const noexcept;
   uint64_t memory_in_use() const noexcept;
   const EngineConfig& config() const noexcept;
 

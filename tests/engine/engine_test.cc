@@ -695,3 +695,88 @@ TEST_CASE("an RDMA WRITE off ring links whose data begins with INET is forwarded
   CHECK(x.h.feed(write(0x0A, rank_ip(1), rank_ip(2))).reason == Reason::ring_retired);
   CHECK(x.h.sent.empty());
 }
+
+// ---- tables that ordinary traffic cannot exhaust ----
+
+TEST_CASE("thousands of ordinary connections on a ring link never starve an INA connection",
+          "[engine][tables]") {
+  Fixture x;
+  x.add_message();
+  // 6,000 distinct QPs write ordinary (non-INA) 2-packet messages on ring link 0 -> 1.
+  std::vector<uint8_t> data(2 * 256, 0x11);
+  auto write = [&](uint8_t opcode, uint32_t qpn, uint32_t psn) {
+    wire::RoceFrameSpec s;
+    s.src_ip = rank_ip(0);
+    s.dst_ip = rank_ip(1);
+    s.opcode = opcode;
+    s.dest_qp = qpn;
+    s.psn = psn;
+    s.dma_length = 512;
+    s.payload = data.data();
+    s.payload_len = 256;
+    std::vector<uint8_t> f(wire::frame_size(s));
+    REQUIRE(wire::build_frame(s, f.data(), f.size()) == f.size());
+    return f;
+  };
+  for (uint32_t q = 0; q < 6000; ++q) {
+    CHECK(x.h.feed(write(0x06, 0x10000 + q, q * 2)).reason == Reason::fwd_no_ina);
+    if (q % 2) CHECK(x.h.feed(write(0x08, 0x10000 + q, q * 2 + 1)).reason == Reason::fwd_no_ina);
+  }
+  const auto before = x.h.e->table_stats();
+  CHECK(before.pass_evictions > 0);  // the table is full: it evicted, it did not refuse
+  CHECK(before.clt_entries == 0);    // ordinary traffic takes no INA connection slot
+  // The recently active ordinary connections still have their later packets forwarded.
+  CHECK(x.h.feed(write(0x08, 0x10000 + 5998, 5998 * 2 + 1)).reason == Reason::fwd_no_ina);
+  x.h.take_sent();
+  // The job's INA connections bind and aggregate.
+  for (uint32_t k = 0; k < x.packets(0); ++k) {
+    for (unsigned r = 0; r < 3; ++r) CHECK(x.h.feed(x.pkt(r, 0, k)).verdict == Verdict::held);
+    x.expect_released(x.h.take_sent(), 0, k);
+  }
+  CHECK(reason(x.h, Reason::clt_full) == 0);
+  CHECK(x.h.e->table_stats().clt_entries == 3);
+}
+
+TEST_CASE("history lookup is bounded at S = 2048 and still finds every go-back-N resend",
+          "[engine][tables]") {
+  Fixture x(2, /*window=*/1024);  // S = 2048
+  constexpr uint32_t kS = 2048, kN = 1024;
+  const size_t bytes = 2 * 256 - 24;                                  // 2-packet messages
+  auto hole = [](uint32_t m) { return m >= kS - kN && m % 5 == 2; };  // rank 0's first packet lost
+  for (uint32_t m = 0; m < kS; ++m) {
+    x.add_message(bytes);
+    for (uint32_t k = 0; k < 2; ++k)
+      for (unsigned r = 0; r < 2; ++r)
+        if (!(r == 0 && hole(m))) x.h.feed(x.pkt(r, m, k));
+  }
+  x.h.take_sent();
+  const auto lookups0 = x.h.e->table_stats().history_lookups;
+  // Go-back-N resends of rank 0 within the window, in order and then in a random order.
+  std::vector<uint32_t> order;
+  for (uint32_t m = kS - kN; m < kS; ++m)
+    if (!hole(m)) order.push_back(m);
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass) std::shuffle(order.begin(), order.end(), x.rng);
+    for (uint32_t m : order) {
+      INFO("message " << m);
+      CHECK(x.h.feed(x.pkt(0, m, 1)).reason == Reason::served_from_cell);
+    }
+  }
+  // A flood of bogus PSNs on rank 0's connection.
+  std::mt19937 rng(99);
+  auto bogus = x.pkt(0, kS - 1, 1);
+  wire::ParsedFrame p;
+  REQUIRE(wire::parse_frame(bogus.data(), bogus.size(), p) == wire::ParseStatus::ok);
+  auto* bth = reinterpret_cast<wire::Bth*>(bogus.data() + p.bth);
+  unsigned lost = 0;
+  for (int i = 0; i < 50000; ++i) {
+    bth->psn.set(rng() & wire::kPsnMask);
+    lost += x.h.feed(bogus).reason == Reason::first_packet_lost;
+  }
+  CHECK(lost > 45000);
+  const auto st = x.h.e->table_stats();
+  INFO("lookups " << st.history_lookups - lookups0 << ", probes " << st.history_probes << ", worst "
+                  << st.history_probes_max);
+  CHECK(st.history_probes_max <= 24);  // the budget, against S = 2048 reads before
+  CHECK(st.history_probes < 16 * st.history_lookups);
+}
