@@ -105,6 +105,12 @@ void Daemon::reconciler_main() {
     stop_lock.unlock();
     json st;
     const Status s = dp_.call({{"cmd", "status"}}, st);
+    if (!s && s.field() == "dataplane.timeout_ms") {  // other calls held the connection: no news
+      stop_lock.lock();
+      stop_cv_.wait_for(stop_lock, std::chrono::milliseconds(cfg_.reconcile_interval_ms),
+                        [this] { return stopping_; });
+      continue;
+    }
     const bool was_up = dp_up_.exchange(s.ok());
     if (!s) {
       if (was_up) spdlog::warn("data plane lost: {}", s.to_string());
