@@ -274,7 +274,6 @@ def scenario_utf8(tmp):
         ("POST", "/v1/rings", b'{"id": 1, "members": ["\\ud800"]}'),             # lone escaped surrogate
         ("POST", "/v1/rings", b'{"id": 1, "colour\xff": 2}'),
         ("POST", "/v1/rings", b'{"id": 1e999999}'),
-        ("POST", "/v1/rings", b'{"id": 1, "members": ["10.0.0.1\\u0000", "10.0.0.2"]}'),
         ("POST", "/v1/rings", b"[" * 100000 + b"]" * 100000),
         ("POST", "/v1/rings", b"\x00" * 64),
         ("POST", "/v1/rings", json.dumps(ring(1, members=["10.0.0.1", "\u00ff\u4e2d"])).encode()),
