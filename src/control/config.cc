@@ -22,11 +22,14 @@ std::string absolute_path(const YAML::Node& v, const std::string& f) {
 
 void parse_top(const YAML::Node& root, DaemonConfig& cfg) {
   for_each_key(
-      root, "", {"listen", "auth", "state", "dataplane", "quotas"},
+      root, "", {"listen", "auth", "state", "dataplane", "quotas", "metrics"},
       [&](std::string_view key, const YAML::Node& n, const std::string& path) {
         if (key == "listen") {
           for_each_key(
-              n, path, {"address", "port", "threads"},
+              n, path,
+              {"address", "port", "threads", "max_connections", "header_timeout_ms",
+               "body_timeout_ms", "write_timeout_ms", "keepalive_requests", "max_body",
+               "dataplane_concurrency"},
               [&](std::string_view k, const YAML::Node& v, const std::string& f) {
                 if (k == "address") {
                   std::string a = non_empty(v, f, "an IPv4 address");
@@ -36,8 +39,26 @@ void parse_top(const YAML::Node& root, DaemonConfig& cfg) {
                   cfg.bind_address = a;
                 } else if (k == "port") {
                   cfg.port = static_cast<uint16_t>(integer(v, f, 1, 65535));
+                } else if (k == "threads") {
+                  cfg.threads = static_cast<unsigned>(integer(v, f, 2, 256));
+                } else if (k == "max_connections") {
+                  // Accepted sockets must stay below FD_SETSIZE (cpp-httplib uses select).
+                  cfg.max_connections = static_cast<unsigned>(integer(v, f, 4, 900));
+                } else if (k == "header_timeout_ms") {
+                  cfg.header_timeout_ms = static_cast<uint32_t>(integer(v, f, 100, 300000));
+                } else if (k == "body_timeout_ms") {
+                  cfg.body_timeout_ms = static_cast<uint32_t>(integer(v, f, 100, 300000));
+                } else if (k == "write_timeout_ms") {
+                  cfg.write_timeout_ms = static_cast<uint32_t>(integer(v, f, 100, 300000));
+                } else if (k == "keepalive_requests") {
+                  cfg.keepalive_requests = static_cast<uint32_t>(integer(v, f, 1, 100000));
+                } else if (k == "max_body") {
+                  cfg.max_body = size_bytes(v, f);
+                  if (cfg.max_body < 1024 || cfg.max_body > (64u << 20))
+                    fail(f,
+                         "must be in 1KiB..64MiB, got " + std::to_string(cfg.max_body) + " bytes");
                 } else {
-                  cfg.threads = static_cast<unsigned>(integer(v, f, 1, 256));
+                  cfg.dataplane_concurrency = static_cast<unsigned>(integer(v, f, 1, 255));
                 }
               });
         } else if (key == "auth") {
@@ -64,6 +85,11 @@ void parse_top(const YAML::Node& root, DaemonConfig& cfg) {
                   cfg.require_dataplane = boolean(v, f);
                 }
               });
+        } else if (key == "metrics") {
+          for_each_key(n, path, {"refresh_interval_ms"},
+                       [&](std::string_view, const YAML::Node& v, const std::string& f) {
+                         cfg.metrics_refresh_ms = static_cast<uint32_t>(integer(v, f, 100, 60000));
+                       });
         } else {
           for_each_key(n, path, {"max_rings", "max_memory"},
                        [&](std::string_view k, const YAML::Node& v, const std::string& f) {
@@ -86,6 +112,11 @@ Status parse_daemon_config(const std::string& yaml_text, const std::string& orig
       [&](const YAML::Node& root) {
         DaemonConfig cfg;
         parse_top(root, cfg);
+        if (cfg.dataplane_concurrency >= cfg.threads)
+          fail("listen.dataplane_concurrency",
+               "must be less than listen.threads (" + std::to_string(cfg.threads) +
+                   "), so that health and metrics always find a free thread; got " +
+                   std::to_string(cfg.dataplane_concurrency));
         out = std::move(cfg);
       },
       "write at least 'auth: {token_file: ...}' (see config/netreduced.yaml)");

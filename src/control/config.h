@@ -13,11 +13,20 @@
 namespace netreduce::control {
 
 struct DaemonConfig {
-  std::string bind_address = "127.0.0.1";                    // listen.address
-  uint16_t port = 7470;                                      // listen.port
-  unsigned threads = 8;                                      // listen.threads: HTTP worker threads
-  std::string token_file = "/etc/netreduce/token";           // auth.token_file
-  std::string state_file = "/var/lib/netreduce/state.json";  // state.file
+  std::string bind_address = "127.0.0.1";  // listen.address
+  uint16_t port = 7470;                    // listen.port
+  unsigned threads = 8;                    // listen.threads: HTTP worker threads
+  // The HTTP front end's limits (control/http_server.h says how each is enforced).
+  unsigned max_connections = 256;      // listen.max_connections: open at once, all states
+  uint32_t header_timeout_ms = 5000;   // listen.header_timeout_ms: a whole request head
+  uint32_t body_timeout_ms = 10000;    // listen.body_timeout_ms: a whole request body
+  uint32_t write_timeout_ms = 10000;   // listen.write_timeout_ms: a whole response
+  uint32_t keepalive_requests = 100;   // listen.keepalive_requests: per connection
+  uint64_t max_body = 1u << 20;        // listen.max_body: bytes, chunked bodies included
+  unsigned dataplane_concurrency = 2;  // listen.dataplane_concurrency: < threads
+  uint32_t metrics_refresh_ms = 1000;  // metrics.refresh_interval_ms: /metrics cache
+  std::string token_file = "/etc/netreduce/token";                 // auth.token_file
+  std::string state_file = "/var/lib/netreduce/state.json";        // state.file
   std::string dataplane_socket = "/run/netreduce/dataplane.sock";  // dataplane.socket
   uint32_t dataplane_timeout_ms = 5000;   // dataplane.timeout_ms: every request's deadline
   uint32_t reconcile_interval_ms = 1000;  // dataplane.reconcile_interval_ms

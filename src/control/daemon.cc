@@ -5,7 +5,6 @@
 #include <set>
 
 #include "common/ring_json.h"
-#include "control/metrics.h"
 
 #ifndef NETREDUCE_VERSION
 #define NETREDUCE_VERSION "unknown"
@@ -67,12 +66,14 @@ Daemon::Daemon(DaemonConfig cfg)
 Daemon::~Daemon() { stop(); }
 
 Status Daemon::start() {
+  if (Status s = state_.lock(); !s) return s;
   {
     std::lock_guard lock(mu_);
     if (Status s = state_.load(rings_); !s) return s;
   }
   spdlog::info("state {}: {} ring(s)", state_.path(), rings_.size());
   reconciler_ = std::thread([this] { reconciler_main(); });
+  metrics_thread_ = std::thread([this] { metrics_main(); });
   return {};
 }
 
@@ -83,6 +84,7 @@ void Daemon::stop() {
   }
   stop_cv_.notify_all();
   if (reconciler_.joinable()) reconciler_.join();
+  if (metrics_thread_.joinable()) metrics_thread_.join();
 }
 
 uint64_t Daemon::memory_locked() const {
@@ -103,6 +105,12 @@ void Daemon::reconciler_main() {
     stop_lock.unlock();
     json st;
     const Status s = dp_.call({{"cmd", "status"}}, st);
+    if (!s && s.field() == "dataplane.timeout_ms") {  // other calls held the connection: no news
+      stop_lock.lock();
+      stop_cv_.wait_for(stop_lock, std::chrono::milliseconds(cfg_.reconcile_interval_ms),
+                        [this] { return stopping_; });
+      continue;
+    }
     const bool was_up = dp_up_.exchange(s.ok());
     if (!s) {
       if (was_up) spdlog::warn("data plane lost: {}", s.to_string());
@@ -330,19 +338,62 @@ Reply Daemon::stats() {
 
 Reply Daemon::health() { return {200, {{"status", "ok"}, {"dataplane_connected", dp_up_.load()}}}; }
 
-std::string Daemon::metrics() {
-  MetricsInput in;
+// ---- metrics ----------------------------------------------------------------
+
+void Daemon::metrics_main() {
+  std::unique_lock stop_lock(stop_mu_);
+  while (!stopping_) {
+    stop_lock.unlock();
+    refresh_metrics();
+    stop_lock.lock();
+    stop_cv_.wait_for(stop_lock, std::chrono::milliseconds(cfg_.metrics_refresh_ms),
+                      [this] { return stopping_; });
+  }
+}
+
+void Daemon::refresh_metrics() {
+  auto c = std::make_shared<MetricsCache>();
   json st, stats, rings;
-  in.dataplane_up = dp_.call({{"cmd", "status"}}, st).ok() &&
+  c->dataplane_up = dp_.call({{"cmd", "status"}}, st).ok() &&
                     dp_.call({{"cmd", "stats"}}, stats).ok() &&
                     dp_.call({{"cmd", "list_rings"}}, rings).ok();
-  if (in.dataplane_up) {
-    in.status = std::move(st);
-    in.stats = std::move(stats);
-    in.rings = rings.value("rings", json::array());
+  if (c->dataplane_up) {
+    c->status = std::move(st);
+    c->stats = std::move(stats);
+    c->rings = rings.value("rings", json::array());
   }
   {
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(mu_);  // this thread may wait; scrapes do not
+    c->configured_rings = rings_.size();
+    c->configured_memory = memory_locked();
+  }
+  c->taken = std::chrono::steady_clock::now();
+  std::lock_guard lock(cache_mu_);
+  cache_ = std::move(c);
+}
+
+std::string Daemon::metrics(const HttpStats& http) {
+  std::shared_ptr<const MetricsCache> c;
+  {
+    std::lock_guard lock(cache_mu_);
+    c = cache_;
+  }
+  MetricsInput in;
+  const auto now = std::chrono::steady_clock::now();
+  in.cache_age_seconds = std::chrono::duration<double>(now - (c ? c->taken : started_)).count();
+  if (c) {
+    in.dataplane_up = in.cache_fresh = c->dataplane_up;
+    if (c->dataplane_up) {
+      in.status = c->status;
+      in.stats = c->stats;
+      in.rings = c->rings;
+    }
+    in.configured_rings = c->configured_rings;
+    in.configured_memory = c->configured_memory;
+  }
+  // Live ring counts when nobody holds the lock (a write may hold it for a
+  // whole data plane call): never wait for it.
+  if (std::unique_lock lock(mu_, std::try_to_lock); lock.owns_lock()) {
     in.configured_rings = rings_.size();
     in.configured_memory = memory_locked();
   }
@@ -353,6 +404,7 @@ std::string Daemon::metrics() {
   in.rings_pushed = counters_.rings_pushed.load();
   in.rings_pruned = counters_.rings_pruned.load();
   in.restarts_seen = counters_.restarts_seen.load();
+  in.http = http;
   return render_metrics(in);
 }
 

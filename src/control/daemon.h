@@ -7,6 +7,14 @@
 // the reconciler holds it for a whole pass, so a pass never races an API call.
 // Data plane calls under the lock are bounded by the client's deadline.
 //
+// Metrics: a thread that every `metrics.refresh_interval_ms` takes the data
+// plane's status, stats and rings into `cache_` (a shared_ptr swapped under
+// `cache_mu_`, held only to copy the pointer). metrics() renders from it and
+// never calls the data plane or waits for `mu_` (it takes `mu_` only when it
+// is free, else uses the cached ring counts), and health() reads atomics
+// only: neither queues behind a slow data plane. The other API calls do call
+// it; the HTTP front end bounds how many run at once.
+//
 // Reconciler: a thread that every `reconcile_interval_ms` asks the data plane
 // for its status. When the connection was (re)made since the last pass, when
 // the data plane's "instance" (pid and start time) changed, or when the last
@@ -18,7 +26,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -27,6 +37,7 @@
 #include "common/status.h"
 #include "control/config.h"
 #include "control/dataplane_client.h"
+#include "control/metrics.h"
 #include "control/state.h"
 
 namespace netreduce::control {
@@ -53,8 +64,9 @@ class Daemon {
   explicit Daemon(DaemonConfig cfg);
   ~Daemon();
 
-  // Loads the persisted state (error: unreadable state file) and starts the
-  // reconciler.
+  // Locks the state file (error: another netreduced holds it, named by pid),
+  // loads the persisted state (error: unreadable state file) and starts the
+  // reconciler and the metrics thread.
   Status start();
   void stop();
 
@@ -65,13 +77,25 @@ class Daemon {
   Reply status();
   Reply stats();
   Reply health();
-  std::string metrics();
+  // The Prometheus text: the cached data plane figures, the daemon's own
+  // counters and the HTTP front end's `http`.
+  std::string metrics(const HttpStats& http = {});
 
   const DaemonConfig& config() const noexcept { return cfg_; }
   bool dataplane_up() const noexcept { return dp_up_.load(); }
 
  private:
+  struct MetricsCache {
+    bool dataplane_up = false;
+    nlohmann::json status, stats, rings;
+    uint64_t configured_rings = 0;
+    uint64_t configured_memory = 0;
+    std::chrono::steady_clock::time_point taken;
+  };
+
   void reconciler_main();
+  void metrics_main();
+  void refresh_metrics();
   Status reconcile_locked();
   uint64_t memory_locked() const;
 
@@ -85,6 +109,10 @@ class Daemon {
   std::atomic<bool> dp_up_{false};
   DaemonCounters counters_;
   std::thread reconciler_;
+  std::thread metrics_thread_;
+  const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  std::mutex cache_mu_;
+  std::shared_ptr<const MetricsCache> cache_;  // null until the first refresh
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stopping_ = false;

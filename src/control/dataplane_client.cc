@@ -87,7 +87,11 @@ Status DataplaneClient::connect_locked(Clock::time_point deadline) {
 }
 
 Status DataplaneClient::call(const json& request, json& reply) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_, std::defer_lock);
+  if (!lock.try_lock_for(timeout_))
+    return {StatusCode::unavailable, "dataplane.timeout_ms",
+            "data plane at " + path_ + ": other requests held the connection for " +
+                std::to_string(timeout_.count()) + " ms (dataplane.timeout_ms)"};
   const auto deadline = Clock::now() + timeout_;
   const bool reused = fd_ >= 0;
   bool delivered = false;

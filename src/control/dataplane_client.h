@@ -5,7 +5,9 @@
 // restarted data plane is picked up by the next request. A call on a
 // kept-open connection that turns out dead is retried once on a new one when
 // the request was not delivered or only reads. Calls are
-// serialized by a mutex (the socket carries one request at a time).
+// serialized by a mutex (the socket carries one request at a time); a call
+// waits for it at most the timeout too (then: unavailable), so no call takes
+// longer than twice the timeout however many are queued.
 #pragma once
 
 #include <atomic>
@@ -28,7 +30,9 @@ class DataplaneClient {
   DataplaneClient& operator=(const DataplaneClient&) = delete;
 
   // Sends `request` and returns the data plane's reply in `reply`. unavailable
-  // if the socket cannot be reached or does not answer in time; when the data
+  // if the socket cannot be reached or does not answer in time (field
+  // "dataplane.timeout_ms" when the call never got the connection: other
+  // calls held it; nothing is known about the data plane then); when the data
   // plane answers {"ok": false, "error": {...}}, that error as a Status.
   Status call(const nlohmann::json& request, nlohmann::json& reply);
 
@@ -47,7 +51,7 @@ class DataplaneClient {
 
   const std::string path_;
   const std::chrono::milliseconds timeout_;
-  std::mutex mu_;
+  std::timed_mutex mu_;
   int fd_ = -1;
   std::string buf_;  // bytes read past the last reply line
   std::atomic<bool> fd_open_{false};

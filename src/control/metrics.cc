@@ -71,6 +71,20 @@ std::string render_metrics(const MetricsInput& in) {
       {}, static_cast<double>(in.configured_memory));
   set(b.gauge("netreduce_rings_max_memory_bytes", "quotas.max_memory"), {},
       static_cast<double>(in.max_memory));
+  set(b.gauge("netreduce_metrics_cache_age_seconds",
+              "age of the data plane figures below (refreshed every metrics.refresh_interval_ms)"),
+      {}, in.cache_age_seconds);
+  set(b.gauge("netreduce_metrics_refresh_success",
+              "1 if the last metrics refresh reached the data plane"),
+      {}, in.cache_fresh ? 1 : 0);
+  set(b.gauge("netreduce_http_connections_open", "HTTP connections open (all states)"), {},
+      static_cast<double>(in.http.open_connections));
+  set(b.counter("netreduce_http_connections_accepted_total", "HTTP connections accepted"), {},
+      static_cast<double>(in.http.accepted));
+  auto& refused = b.counter("netreduce_http_refused_total",
+                            "HTTP connections and requests the front end refused, by reason");
+  for (const auto& [reason, n] : in.http.refused)
+    set(refused, {{"reason", reason}}, static_cast<double>(n));
   if (!in.dataplane_up) return b.text();
 
   // Engine packet fates, summed over lcores.

@@ -1,7 +1,9 @@
 // /metrics: the data plane's counters in the Prometheus text format, built
 // with prometheus-cpp's core (Registry + TextSerializer) from the replies of
-// the data plane's `status`, `stats` and `list_rings` commands, taken at
-// scrape time. A fresh registry per scrape mirrors the data plane's own
+// the data plane's `status`, `stats` and `list_rings` commands, taken by the
+// daemon's metrics thread every metrics.refresh_interval_ms (a scrape never
+// waits for the data plane; netreduce_metrics_cache_age_seconds says how old
+// they are). A fresh registry per scrape mirrors the data plane's own
 // counters (which only grow while it runs and restart from 0 with it, which
 // Prometheus' rate() handles as a counter reset). The full list of series is
 // in README.md ("Metrics").
@@ -10,8 +12,17 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace netreduce::control {
+
+// The HTTP front end's counters (control/http_server.h).
+struct HttpStats {
+  uint64_t open_connections = 0;
+  uint64_t accepted = 0;
+  std::vector<std::pair<std::string, uint64_t>> refused;  // reason -> count
+};
 
 struct MetricsInput {
   bool dataplane_up = false;
@@ -27,6 +38,9 @@ struct MetricsInput {
   uint64_t rings_pushed = 0;
   uint64_t rings_pruned = 0;
   uint64_t restarts_seen = 0;
+  double cache_age_seconds = 0;  // since the data plane replies above were taken
+  bool cache_fresh = false;      // the last refresh reached the data plane
+  HttpStats http;
 };
 
 std::string render_metrics(const MetricsInput& in);

@@ -1,14 +1,15 @@
 // netreduced: the control daemon. HTTP/1.1 + JSON API under /v1 (contract in
 // README.md, "Control daemon"), Prometheus /metrics, persistence and the
-// data plane reconciler (control/daemon.h). cpp-httplib serves from a thread
-// pool; handlers only parse, authenticate and call Daemon.
+// data plane reconciler (control/daemon.h). The HTTP front end
+// (control/http_server.h) authenticates before any body is read, caps
+// bodies, keeps slow clients off the worker threads and bounds data plane
+// calls; handlers only parse and call Daemon.
 //
 //   netreduced -c config/netreduced.yaml
 //
 // Exit status: 0 after SIGINT/SIGTERM, 2 when it cannot start (bad config,
-// unreadable token or state file, address in use); the message names the
-// config key to fix.
-#include <httplib.h>
+// unreadable token or state file, the state file locked by another
+// netreduced, address in use); the message names the config key to fix.
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -20,6 +21,7 @@
 #include <thread>
 
 #include "control/daemon.h"
+#include "control/http_server.h"
 
 using namespace netreduce;
 using namespace netreduce::control;
@@ -52,18 +54,17 @@ bool same_token(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+// Replies are serialized with invalid UTF-8 replaced: no input makes them throw.
 void send(httplib::Response& res, const Reply& r) {
   res.status = r.http;
   if (r.http == 204) return;
-  res.set_content(r.body.dump() + "\n", "application/json");
+  res.set_content(dump_json(r.body) + "\n", "application/json");
 }
 
 void send_error(httplib::Response& res, int http, const std::string& code, const std::string& field,
                 const std::string& message) {
   res.status = http;
-  res.set_content(
-      json{{"error", {{"code", code}, {"field", field}, {"message", message}}}}.dump() + "\n",
-      "application/json");
+  res.set_content(error_body(code, field, message), "application/json");
 }
 
 // The {id} of /v1/rings/{id}: a decimal unsigned 32-bit integer.
@@ -111,75 +112,64 @@ int main(int argc, char** argv) {
   Daemon daemon(cfg);
   if (Status s = daemon.start(); !s) refuse("state.file", s.message());
 
-  httplib::Server svr;
-  svr.new_task_queue = [n = cfg.threads] { return new httplib::ThreadPool(n); };
-  svr.set_payload_max_length(1 << 20);
-  svr.set_read_timeout(10, 0);
-  svr.set_write_timeout(10, 0);
-
-  auto authorized = [&](const httplib::Request& req, httplib::Response& res) {
+  // Who a request is: the one place that decides (a bearer token today).
+  auto authorize = [&](const httplib::Request& req) {
     const std::string h = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
-    if (h.rfind(prefix, 0) == 0 && same_token(h.substr(prefix.size()), token)) return true;
-    send_error(res, 401, "unauthorized", "Authorization",
-               h.empty() ? "this call needs 'Authorization: Bearer <token>'" : "bad bearer token");
-    res.set_header("WWW-Authenticate", "Bearer");
-    return false;
+    if (h.rfind(prefix, 0) == 0 && same_token(h.substr(prefix.size()), token))
+      return Role::kOperator;
+    return Role::kAnonymous;
   };
+  HttpServer svr(
+      HttpLimits{cfg.threads, cfg.max_connections, std::chrono::milliseconds(cfg.header_timeout_ms),
+                 std::chrono::milliseconds(cfg.body_timeout_ms),
+                 std::chrono::milliseconds(cfg.write_timeout_ms), cfg.keepalive_requests,
+                 static_cast<size_t>(cfg.max_body), cfg.dataplane_concurrency},
+      authorize);
 
-  svr.Post("/v1/rings", [&](const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req, res)) return;
-    json body;
-    try {
-      body = json::parse(req.body);
-    } catch (const std::exception& e) {
-      return send_error(res, 400, "invalid_argument", "",
-                        std::string("body is not JSON: ") + e.what());
-    }
-    send(res, daemon.create_ring(body));
-  });
-  svr.Get("/v1/rings",
+  // Routes flagged kAuth are refused (401) before their body is read; kDataplane
+  // routes run at most listen.dataplane_concurrency at a time (503 beyond).
+  svr.post("/v1/rings", kAuth | kDataplane,
+           [&](const httplib::Request&, httplib::Response& res, const std::string& text) {
+             json body;
+             try {
+               body = json::parse(text);
+             } catch (const std::exception& e) {
+               return send_error(res, 400, "invalid_argument", "",
+                                 std::string("body is not JSON (UTF-8): ") + e.what());
+             }
+             send(res, daemon.create_ring(body));
+           });
+  svr.get("/v1/rings", kDataplane,
           [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.list_rings()); });
-  svr.Get(R"(/v1/rings/([^/]+))", [&](const httplib::Request& req, httplib::Response& res) {
-    uint32_t id;
-    if (ring_id(req, res, id)) send(res, daemon.get_ring(id));
-  });
-  svr.Delete(R"(/v1/rings/([^/]+))", [&](const httplib::Request& req, httplib::Response& res) {
-    uint32_t id;
-    if (authorized(req, res) && ring_id(req, res, id)) send(res, daemon.delete_ring(id));
-  });
-  svr.Get("/v1/status",
+  svr.get(R"(/v1/rings/([^/]+))", kDataplane,
+          [&](const httplib::Request& req, httplib::Response& res) {
+            uint32_t id;
+            if (ring_id(req, res, id)) send(res, daemon.get_ring(id));
+          });
+  svr.del(R"(/v1/rings/([^/]+))", kAuth | kDataplane,
+          [&](const httplib::Request& req, httplib::Response& res) {
+            uint32_t id;
+            if (ring_id(req, res, id)) send(res, daemon.delete_ring(id));
+          });
+  svr.get("/v1/status", kDataplane,
           [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.status()); });
-  svr.Get("/v1/stats",
+  svr.get("/v1/stats", kDataplane,
           [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.stats()); });
-  svr.Get("/v1/health",
+  // Health and metrics never call the data plane: atomics and a cache.
+  svr.get("/v1/health", 0,
           [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.health()); });
-  svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-    res.set_content(daemon.metrics(), "text/plain; version=0.0.4; charset=utf-8");
+  svr.get("/metrics", 0, [&](const httplib::Request&, httplib::Response& res) {
+    HttpStats http;
+    http.open_connections = svr.open_connections();
+    http.accepted = svr.accepted();
+    for (size_t r = 0; r < kRefusalCount; ++r)
+      http.refused.emplace_back(to_string(static_cast<Refusal>(r)),
+                                svr.refused(static_cast<Refusal>(r)));
+    res.set_content(daemon.metrics(http), "text/plain; version=0.0.4; charset=utf-8");
   });
-  svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (res.status == 404)
-      send_error(res, 404, "not_found", "", "no such endpoint: " + req.method + " " + req.path);
-    else
-      send_error(res, res.status, "invalid_argument", "",
-                 "request refused (HTTP " + std::to_string(res.status) + ")");
-  });
-  svr.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unexpected error";
-        try {
-          std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        send_error(res, 500, "internal", "", what);
-      });
 
-  if (!svr.bind_to_port(cfg.bind_address, cfg.port))
-    refuse("listen.port", "cannot listen on " + cfg.bind_address + ":" + std::to_string(cfg.port) +
-                              ": " + std::strerror(errno));
+  if (Status s = svr.listen(cfg.bind_address, cfg.port); !s) refuse(s.field(), s.message());
   spdlog::info("netreduced listening on http://{}:{} (data plane {}, state {})", cfg.bind_address,
                cfg.port, cfg.dataplane_socket, cfg.state_file);
 
@@ -189,7 +179,7 @@ int main(int argc, char** argv) {
     spdlog::info("signal {}: stopping", sig);
     svr.stop();
   });
-  svr.listen_after_bind();
+  svr.run();
   daemon.stop();
   // The signal thread is still waiting if the server stopped for another reason.
   if (signals.joinable()) {

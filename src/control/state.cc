@@ -1,6 +1,7 @@
 #include "control/state.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -37,6 +38,42 @@ bool write_all(int fd, const std::string& data) {
 }
 
 }  // namespace
+
+StateFile::~StateFile() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+Status StateFile::lock() {
+  if (lock_fd_ >= 0) return {};
+  const std::string path = lock_path();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return {StatusCode::internal, "state.file",
+            "cannot create the lock file " + path + ": " + std::strerror(errno) +
+                " (its directory must exist and be writable)"};
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+    ::close(fd);
+    std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+    pid.erase(pid.find_last_not_of(" \n") + 1);
+    if (err == EWOULDBLOCK)
+      return {StatusCode::conflict, "state.file",
+              path_ + " is in use by another netreduced (pid " + (pid.empty() ? "unknown" : pid) +
+                  ", lock " + path + "); stop it, or give this instance its own state.file"};
+    return {StatusCode::internal, "state.file", "cannot lock " + path + ": " + std::strerror(err)};
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    const Status s{StatusCode::internal, "state.file",
+                   "cannot write the lock file " + path + ": " + std::strerror(errno)};
+    ::close(fd);
+    return s;
+  }
+  lock_fd_ = fd;
+  return {};
+}
 
 Status StateFile::load(RingMap& out) const {
   std::ifstream in(path_);

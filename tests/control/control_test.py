@@ -73,9 +73,10 @@ class Daemon:
                     "state": {"file": os.path.join(tmp, "state.json")},
                     "dataplane": {"socket": os.path.join(tmp, "dp.sock"), "timeout_ms": 5000,
                                   "reconcile_interval_ms": 200},
-                    "quotas": {"max_rings": 8, "max_memory": "1GiB"}}
+                    "quotas": {"max_rings": 8, "max_memory": "1GiB"},
+                    "metrics": {"refresh_interval_ms": 200}}
         for k, v in overrides.items():
-            self.cfg[k].update(v)
+            self.cfg.setdefault(k, {}).update(v)
         self.cfg_path = os.path.join(tmp, "netreduced.yaml")
         with open(self.cfg_path, "w") as f:
             json.dump(self.cfg, f)  # JSON is YAML
@@ -513,8 +514,10 @@ def scenario_restart_dataplane(tmp):
         wait_until("rings re-installed with no operator action", lambda: dp.ring_ids() == [1, 2], timeout=30)
         assert dp.ask(cmd="status")["instance"] != first
         wait_until("GET shows installed", lambda: d.call("GET", "/v1/rings/2")[1]["installed"] is True)
-    text = d.metrics()
-    assert metric(text, "netreduce_dataplane_up") == 1, text
+    # /metrics is a cache refreshed every metrics.refresh_interval_ms: wait for it to catch up.
+    text = wait_until("/metrics to see the data plane again",
+                      lambda: (lambda t: t if metric(t, "netreduce_dataplane_up") == 1 and
+                               metric(t, "netreduce_ring_ranks", ring=2) == 3 else None)(d.metrics()))
     assert metric(text, "netreduce_dataplane_restarts_total") >= 1, text
     assert metric(text, "netreduce_ring_ranks", ring=2) == 3, text
     promtool_check(text)

@@ -56,6 +56,72 @@ TEST_CASE("the shipped netreduced.yaml loads with its documented values", "[cont
   CHECK(cfg.max_rings == 64);
   CHECK(cfg.max_memory == (1ull << 30));
   CHECK_FALSE(cfg.require_dataplane);
+  CHECK(cfg.threads == 8);
+  CHECK(cfg.max_connections == 256);
+  CHECK(cfg.header_timeout_ms == 5000);
+  CHECK(cfg.body_timeout_ms == 10000);
+  CHECK(cfg.write_timeout_ms == 10000);
+  CHECK(cfg.keepalive_requests == 100);
+  CHECK(cfg.max_body == (1u << 20));
+  CHECK(cfg.dataplane_concurrency == 2);
+  CHECK(cfg.metrics_refresh_ms == 1000);
+}
+
+TEST_CASE("the HTTP front end's limits: ranges and the free-thread rule", "[control][config]") {
+  CHECK(error_of("listen: {threads: 1}").rfind("listen.threads: must be in 2..256", 0) == 0);
+  CHECK(error_of("listen: {threads: 4, dataplane_concurrency: 4}")
+            .rfind("listen.dataplane_concurrency: must be less than listen.threads (4)", 0) == 0);
+  CHECK(error_of("listen: {dataplane_concurrency: 8}")
+            .rfind("listen.dataplane_concurrency: must be less than listen.threads (8)", 0) == 0);
+  CHECK(error_of("listen: {max_connections: 5000}").rfind("listen.max_connections:", 0) == 0);
+  CHECK(error_of("listen: {header_timeout_ms: 10}").rfind("listen.header_timeout_ms:", 0) == 0);
+  CHECK(error_of("listen: {body_timeout_ms: 0}").rfind("listen.body_timeout_ms:", 0) == 0);
+  CHECK(error_of("listen: {write_timeout_ms: -1}").rfind("listen.write_timeout_ms:", 0) == 0);
+  CHECK(error_of("listen: {keepalive_requests: 0}").rfind("listen.keepalive_requests:", 0) == 0);
+  CHECK(error_of("listen: {max_body: 100}").rfind("listen.max_body: must be in 1KiB..64MiB", 0) ==
+        0);
+  CHECK(error_of("listen: {max_body: 1GiB}").rfind("listen.max_body: must be in 1KiB..64MiB", 0) ==
+        0);
+  CHECK(error_of("metrics: {refresh_interval_ms: 5}").rfind("metrics.refresh_interval_ms:", 0) ==
+        0);
+  CHECK(error_of("metrics: {refresh: 5}").rfind("metrics.refresh: unknown key", 0) == 0);
+  DaemonConfig cfg;
+  REQUIRE(parse_daemon_config("listen: {threads: 2, dataplane_concurrency: 1, max_body: 64KiB, "
+                              "max_connections: 16}\nmetrics: {refresh_interval_ms: 250}",
+                              "t", cfg)
+              .ok());
+  CHECK(cfg.threads == 2);
+  CHECK(cfg.dataplane_concurrency == 1);
+  CHECK(cfg.max_body == 64u << 10);
+  CHECK(cfg.max_connections == 16);
+  CHECK(cfg.metrics_refresh_ms == 250);
+}
+
+TEST_CASE("state file lock: one holder, the second told the first's pid", "[control][state]") {
+  const auto dir = temp_dir();
+  const std::string path = (dir / "state.json").string();
+  {
+    StateFile first(path);
+    REQUIRE(first.lock().ok());
+    CHECK(first.lock().ok());  // idempotent for the holder
+    std::ifstream pid(path + ".lock");
+    std::string text;
+    std::getline(pid, text);
+    CHECK(text == std::to_string(::getpid()));
+    StateFile second(path);
+    const Status s = second.lock();
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.field() == "state.file");
+    CHECK(s.message().find(path + " is in use by another netreduced (pid " +
+                           std::to_string(::getpid()) + ", lock " + path + ".lock)") !=
+          std::string::npos);
+  }
+  // Released with its holder (the kernel releases it with the process too).
+  StateFile third(path);
+  CHECK(third.lock().ok());
+  StateFile nowhere((dir / "missing" / "state.json").string());
+  CHECK(nowhere.lock().field() == "state.file");
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("daemon config errors name the key", "[control][config]") {

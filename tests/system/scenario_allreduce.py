@@ -365,7 +365,12 @@ def step2_5(lab, a, daemon, reports):
     expect(c["messages_completed"] == want_msgs, "box completed %d messages, expected %d" %
            (c["messages_completed"], want_msgs))
     expect(ring["held_packets"] == 0 and ring["open_cells"] == 0, "cells still open after the job: %s" % ring)
-    prom = daemon.metric("netreduce_ring_aggregated_bytes_total", '{ring="%d"}' % head["ring"])
+    # /metrics is a cache (metrics.refresh_interval_ms, 1 s by default): give it a few refreshes.
+    for _ in range(20):
+        prom = daemon.metric("netreduce_ring_aggregated_bytes_total", '{ring="%d"}' % head["ring"])
+        if prom == c["bytes_aggregated"]:
+            break
+        time.sleep(0.25)
     rep.figure("netreduced /metrics: netreduce_ring_aggregated_bytes_total", prom)
     expect(prom == c["bytes_aggregated"], "/metrics says %s aggregated bytes, the ring %d" %
            (prom, c["bytes_aggregated"]))
