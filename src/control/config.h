@@ -12,18 +12,25 @@
 
 namespace netreduce::control {
 
+// The shortest lease a ring may ask for (POST "lease_ms"), and the lower
+// bound of quotas.max_lease_ms: a renewal every lease/3 stays far from a
+// busy-loop against the daemon.
+inline constexpr uint32_t kMinLeaseMs = 1000;
+
 struct DaemonConfig {
-  std::string bind_address = "127.0.0.1";                    // listen.address
-  uint16_t port = 7470;                                      // listen.port
-  unsigned threads = 8;                                      // listen.threads: HTTP worker threads
-  std::string token_file = "/etc/netreduce/token";           // auth.token_file
-  std::string state_file = "/var/lib/netreduce/state.json";  // state.file
+  std::string bind_address = "127.0.0.1";           // listen.address
+  uint16_t port = 7470;                             // listen.port
+  unsigned threads = 8;                             // listen.threads: HTTP worker threads
+  std::string token_file = "/etc/netreduce/token";  // auth.token_file: operator token
+  std::string job_token_file;  // auth.job_token_file: jobs' token; empty = only the operator token
+  std::string state_file = "/var/lib/netreduce/state.json";        // state.file
   std::string dataplane_socket = "/run/netreduce/dataplane.sock";  // dataplane.socket
   uint32_t dataplane_timeout_ms = 5000;   // dataplane.timeout_ms: every request's deadline
   uint32_t reconcile_interval_ms = 1000;  // dataplane.reconcile_interval_ms
   bool require_dataplane = false;         // dataplane.require: refuse rings (503) while it is down
   unsigned max_rings = 64;                // quotas.max_rings
   uint64_t max_memory = 1ull << 30;       // quotas.max_memory: bytes all rings may reserve
+  uint32_t max_lease_ms = 3600000;        // quotas.max_lease_ms: longest lease a POST may ask
 };
 
 Status parse_daemon_config(const std::string& yaml_text, const std::string& origin,

@@ -27,6 +27,8 @@ struct MetricsInput {
   uint64_t rings_pushed = 0;
   uint64_t rings_pruned = 0;
   uint64_t restarts_seen = 0;
+  uint64_t leased_rings = 0;   // configured rings with a lease
+  uint64_t rings_expired = 0;  // leased rings removed for want of renewal
 };
 
 std::string render_metrics(const MetricsInput& in);

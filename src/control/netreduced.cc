@@ -16,6 +16,7 @@
 #include <charconv>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -32,16 +33,16 @@ namespace {
   std::exit(2);
 }
 
-std::string read_token(const std::string& path) {
+std::string read_token(const std::string& path, const std::string& key = "auth.token_file") {
   std::ifstream in(path);
-  if (!in) refuse("auth.token_file", "cannot read " + path + ": " + std::strerror(errno));
+  if (!in) refuse(key, "cannot read " + path + ": " + std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
   std::string t = ss.str();
   const auto ws = " \t\r\n";
   t.erase(t.find_last_not_of(ws) + 1);
   t.erase(0, t.find_first_not_of(ws));
-  if (t.empty()) refuse("auth.token_file", path + " is empty; put the bearer token in it");
+  if (t.empty()) refuse(key, path + " is empty; put the bearer token in it");
   return t;
 }
 
@@ -95,6 +96,12 @@ int main(int argc, char** argv) {
   DaemonConfig cfg;
   if (Status s = load_daemon_config(config_path, cfg); !s) refuse(s.field(), s.message());
   const std::string token = read_token(cfg.token_file);
+  const std::string job_token =
+      cfg.job_token_file.empty() ? "" : read_token(cfg.job_token_file, "auth.job_token_file");
+  if (!job_token.empty() && same_token(job_token, token))
+    refuse("auth.job_token_file",
+           "holds the same token as auth.token_file; the jobs' token must differ from the "
+           "operator's");
   if (check) {
     std::cout << "netreduced: " << config_path << " is valid\n";
     return 0;
@@ -117,18 +124,33 @@ int main(int argc, char** argv) {
   svr.set_read_timeout(10, 0);
   svr.set_write_timeout(10, 0);
 
-  auto authorized = [&](const httplib::Request& req, httplib::Response& res) {
+  // The bearer token's role: the operator token (auth.token_file) may do
+  // everything; the jobs' token (auth.job_token_file, when configured) may
+  // create rings and delete or renew those whose credential it presents
+  // (Daemon checks the credential). Anything else: 401.
+  auto authorized = [&](const httplib::Request& req,
+                        httplib::Response& res) -> std::optional<Caller> {
     const std::string h = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
-    if (h.rfind(prefix, 0) == 0 && same_token(h.substr(prefix.size()), token)) return true;
+    if (h.rfind(prefix, 0) == 0) {
+      const std::string given = h.substr(prefix.size());
+      if (same_token(given, token)) return Caller::operator_token;
+      if (!job_token.empty() && same_token(given, job_token)) return Caller::job_token;
+    }
     send_error(res, 401, "unauthorized", "Authorization",
                h.empty() ? "this call needs 'Authorization: Bearer <token>'" : "bad bearer token");
     res.set_header("WWW-Authenticate", "Bearer");
-    return false;
+    return std::nullopt;
+  };
+  auto ring_auth = [](const httplib::Request& req, Caller caller) {
+    RingAuth a{caller, std::nullopt};
+    if (req.has_header(kCredentialHeader)) a.credential = req.get_header_value(kCredentialHeader);
+    return a;
   };
 
   svr.Post("/v1/rings", [&](const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req, res)) return;
+    const auto caller = authorized(req, res);
+    if (!caller) return;
     json body;
     try {
       body = json::parse(req.body);
@@ -136,7 +158,7 @@ int main(int argc, char** argv) {
       return send_error(res, 400, "invalid_argument", "",
                         std::string("body is not JSON: ") + e.what());
     }
-    send(res, daemon.create_ring(body));
+    send(res, daemon.create_ring(body, ring_auth(req, *caller)));
   });
   svr.Get("/v1/rings",
           [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.list_rings()); });
@@ -146,7 +168,13 @@ int main(int argc, char** argv) {
   });
   svr.Delete(R"(/v1/rings/([^/]+))", [&](const httplib::Request& req, httplib::Response& res) {
     uint32_t id;
-    if (authorized(req, res) && ring_id(req, res, id)) send(res, daemon.delete_ring(id));
+    const auto caller = authorized(req, res);
+    if (caller && ring_id(req, res, id)) send(res, daemon.delete_ring(id, ring_auth(req, *caller)));
+  });
+  svr.Put(R"(/v1/rings/([^/]+)/lease)", [&](const httplib::Request& req, httplib::Response& res) {
+    uint32_t id;
+    const auto caller = authorized(req, res);
+    if (caller && ring_id(req, res, id)) send(res, daemon.renew_lease(id, ring_auth(req, *caller)));
   });
   svr.Get("/v1/status",
           [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.status()); });
