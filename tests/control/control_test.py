@@ -694,6 +694,11 @@ def main():
     fn = globals().get("scenario_" + scenario)
     if not fn:
         raise SystemExit("unknown scenario " + scenario)
+    scenario_main(fn)
+
+
+def scenario_main(fn):
+    """Runs fn(tmp) in a fresh temp dir; kills what it started and prints the logs on failure."""
     tmp = tempfile.mkdtemp(prefix="nrctl-")
     ok = False
     try:
