@@ -235,6 +235,12 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-ms", opt.op_timeout_ms, "deadline of one all-reduce");
   app.add_option("--connect-timeout-ms", opt.connect_timeout_ms, "deadline of the set-up");
   app.add_option("--ring-id", opt.ring_id, "ring id registered with the daemon (0: derived)");
+  app.add_option("--lease-ms", opt.lease_ms,
+                 "lease of the ring at the daemon, renewed by rank 0 (0: none)");
+  bool keep_ring = false;
+  app.add_flag("--keep-ring", keep_ring,
+               "leave the ring at the daemon at exit (until its lease runs out), to read its "
+               "counters");
   app.add_option("--ipv4", opt.ipv4, "this rank's IPv4 in the ring (default: from the GID)");
   app.add_option("--qp-timeout", opt.qp_timeout,
                  "RC retransmission timeout exponent: 4.096 us x 2^N (default 14)")
@@ -246,6 +252,7 @@ int main(int argc, char** argv) {
   app.add_flag("--loopback-box", loopback_box,
                "with --loopback: through an in-process engine (the INA path)");
   CLI11_PARSE(app, argc, argv);
+  opt.delete_ring_at_close = !keep_ring;
 
   std::vector<DataType> types;
   std::vector<Op> ops;

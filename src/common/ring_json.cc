@@ -14,10 +14,27 @@ std::string ipv4_to_string(uint32_t addr) {
   return inet_ntop(AF_INET, &be, buf, sizeof(buf)) ? buf : "?";
 }
 
-bool ipv4_from_string(const std::string& s, uint32_t& addr) {
-  in_addr a{};
-  if (inet_pton(AF_INET, s.c_str(), &a) != 1) return false;
-  addr = ntohl(a.s_addr);
+bool ipv4_from_string(std::string_view s, uint32_t& addr) {
+  // Parsed by hand over the whole view, not with inet_pton on c_str(): that
+  // stops at an embedded NUL and would take "10.1.0.1\0x" as 10.1.0.1.
+  uint32_t out = 0;
+  size_t i = 0;
+  for (int part = 0; part < 4; ++part) {
+    if (part > 0) {
+      if (i >= s.size() || s[i] != '.') return false;
+      ++i;
+    }
+    const size_t start = i;
+    unsigned v = 0;
+    while (i < s.size() && i - start < 3 && s[i] >= '0' && s[i] <= '9')
+      v = v * 10 + static_cast<unsigned>(s[i++] - '0');
+    const size_t digits = i - start;
+    if (digits == 0 || v > 255) return false;
+    if (digits > 1 && s[start] == '0') return false;  // "010": octal to inet_aton, refused
+    out = out << 8 | v;
+  }
+  if (i != s.size()) return false;  // a fourth digit, a fifth part, spaces, NUL, anything
+  addr = out;
   return true;
 }
 
@@ -42,6 +59,26 @@ json ring_to_json(const engine::RingSpec& s) {
 }
 
 namespace {
+
+// `s` quoted for an error message: at most 40 bytes, control and non-ASCII
+// bytes as \xNN, so a NUL or a terminal escape in a request never reaches a
+// log or a reply raw (and the reply stays valid UTF-8).
+std::string printable(const std::string& s) {
+  static const char* hex = "0123456789abcdef";
+  std::string out = "'";
+  for (size_t i = 0; i < s.size() && i < 40; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7F && c != '\'') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out + (s.size() > 40 ? "'..." : "'");
+}
+
 template <typename T>
 Status get_uint(const json& j, const char* key, T& out, bool required, uint64_t max) {
   if (!j.contains(key)) {
@@ -96,7 +133,10 @@ Status ring_from_json(const json& j, engine::RingSpec& out) {
     }
     seen[rank] = true;
     if (!ipv4_from_string(addr, s.members[rank]))
-      return Status::invalid(field, "'" + addr + "' is not an IPv4 address");
+      return Status::invalid(field, printable(addr) +
+                                        " is not an IPv4 address (a dotted quad such as "
+                                        "10.0.0.1: four decimal numbers 0..255 without leading "
+                                        "zeros, nothing before or after)");
   }
 
   auto mask_of = [&](const char* key, uint8_t& mask, bool dtype) -> Status {

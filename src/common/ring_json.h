@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 #include "engine/engine.h"
@@ -20,7 +21,12 @@
 namespace netreduce {
 
 std::string ipv4_to_string(uint32_t addr);
-bool ipv4_from_string(const std::string& s, uint32_t& addr);
+// Strict dotted quad: exactly four decimal numbers 0..255 separated by dots,
+// over the whole string. Refused: leading zeros ("010", which inet_aton reads
+// as octal 8 and inet_pton refuses: ambiguous, so never accepted), fewer or
+// more parts, signs, spaces, an embedded NUL or any byte after the address.
+// addr is in host order.
+bool ipv4_from_string(std::string_view s, uint32_t& addr);
 
 nlohmann::json ring_to_json(const engine::RingSpec& spec);
 Status ring_from_json(const nlohmann::json& j, engine::RingSpec& out);

@@ -14,6 +14,7 @@ enum class StatusCode {
   not_found,
   already_exists,
   conflict,
+  permission_denied,  // authenticated, but not allowed to do this (HTTP 403)
   resource_exhausted,
   unavailable,
   unimplemented,
@@ -32,6 +33,8 @@ constexpr const char* to_string(StatusCode c) noexcept {
       return "already_exists";
     case StatusCode::conflict:
       return "conflict";
+    case StatusCode::permission_denied:
+      return "permission_denied";
     case StatusCode::resource_exhausted:
       return "resource_exhausted";
     case StatusCode::unavailable:

@@ -3,10 +3,9 @@
 // the shared ones in common/yaml_fields.h.
 #include "control/config.h"
 
-#include <arpa/inet.h>
-
 #include <string_view>
 
+#include "common/ring_json.h"
 #include "common/yaml_fields.h"
 
 namespace netreduce::control {
@@ -33,8 +32,8 @@ void parse_top(const YAML::Node& root, DaemonConfig& cfg) {
               [&](std::string_view k, const YAML::Node& v, const std::string& f) {
                 if (k == "address") {
                   std::string a = non_empty(v, f, "an IPv4 address");
-                  in_addr tmp{};
-                  if (::inet_pton(AF_INET, a.c_str(), &tmp) != 1)
+                  uint32_t tmp = 0;
+                  if (!ipv4_from_string(a, tmp))
                     fail(f, "must be an IPv4 address such as 127.0.0.1 or 0.0.0.0, got " + show(a));
                   cfg.bind_address = a;
                 } else if (k == "port") {
@@ -62,9 +61,10 @@ void parse_top(const YAML::Node& root, DaemonConfig& cfg) {
                 }
               });
         } else if (key == "auth") {
-          for_each_key(n, path, {"token_file"},
-                       [&](std::string_view, const YAML::Node& v, const std::string& f) {
-                         cfg.token_file = absolute_path(v, f);
+          for_each_key(n, path, {"token_file", "job_token_file"},
+                       [&](std::string_view k, const YAML::Node& v, const std::string& f) {
+                         (k == "token_file" ? cfg.token_file : cfg.job_token_file) =
+                             absolute_path(v, f);
                        });
         } else if (key == "state") {
           for_each_key(n, path, {"file"},
@@ -91,10 +91,13 @@ void parse_top(const YAML::Node& root, DaemonConfig& cfg) {
                          cfg.metrics_refresh_ms = static_cast<uint32_t>(integer(v, f, 100, 60000));
                        });
         } else {
-          for_each_key(n, path, {"max_rings", "max_memory"},
+          for_each_key(n, path, {"max_rings", "max_memory", "max_lease_ms"},
                        [&](std::string_view k, const YAML::Node& v, const std::string& f) {
                          if (k == "max_rings") {
                            cfg.max_rings = static_cast<unsigned>(integer(v, f, 1, 1000000));
+                         } else if (k == "max_lease_ms") {
+                           cfg.max_lease_ms =
+                               static_cast<uint32_t>(integer(v, f, kMinLeaseMs, 86400000));
                          } else {
                            cfg.max_memory = size_bytes(v, f);
                          }

@@ -12,6 +12,11 @@
 
 namespace netreduce::control {
 
+// The shortest lease a ring may ask for (POST "lease_ms"), and the lower
+// bound of quotas.max_lease_ms: a renewal every lease/3 stays far from a
+// busy-loop against the daemon.
+inline constexpr uint32_t kMinLeaseMs = 1000;
+
 struct DaemonConfig {
   std::string bind_address = "127.0.0.1";  // listen.address
   uint16_t port = 7470;                    // listen.port
@@ -25,7 +30,8 @@ struct DaemonConfig {
   uint64_t max_body = 1u << 20;        // listen.max_body: bytes, chunked bodies included
   unsigned dataplane_concurrency = 2;  // listen.dataplane_concurrency: < threads
   uint32_t metrics_refresh_ms = 1000;  // metrics.refresh_interval_ms: /metrics cache
-  std::string token_file = "/etc/netreduce/token";                 // auth.token_file
+  std::string token_file = "/etc/netreduce/token";  // auth.token_file: operator token
+  std::string job_token_file;  // auth.job_token_file: jobs' token; empty = only the operator token
   std::string state_file = "/var/lib/netreduce/state.json";        // state.file
   std::string dataplane_socket = "/run/netreduce/dataplane.sock";  // dataplane.socket
   uint32_t dataplane_timeout_ms = 5000;   // dataplane.timeout_ms: every request's deadline
@@ -33,6 +39,7 @@ struct DaemonConfig {
   bool require_dataplane = false;         // dataplane.require: refuse rings (503) while it is down
   unsigned max_rings = 64;                // quotas.max_rings
   uint64_t max_memory = 1ull << 30;       // quotas.max_memory: bytes all rings may reserve
+  uint32_t max_lease_ms = 3600000;        // quotas.max_lease_ms: longest lease a POST may ask
 };
 
 Status parse_daemon_config(const std::string& yaml_text, const std::string& origin,

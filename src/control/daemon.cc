@@ -1,8 +1,13 @@
 #include "control/daemon.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/random.h>
 
+#include <cerrno>
+#include <cstring>
+#include <map>
 #include <set>
+#include <vector>
 
 #include "common/ring_json.h"
 
@@ -22,7 +27,41 @@ bool same_spec(const engine::RingSpec& a, const engine::RingSpec& b) {
   return a == b || ring_to_json(a) == ring_to_json(b);
 }
 
+using SteadyClock = std::chrono::steady_clock;
+
+// 128 bits from the kernel's CSPRNG as 32 lowercase hex digits; empty if
+// getrandom fails (the caller answers 500 rather than issue a weak secret).
+std::string new_credential() {
+  unsigned char raw[16];
+  size_t got = 0;
+  while (got < sizeof raw) {
+    const ssize_t n = ::getrandom(raw + got, sizeof raw - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return {};
+    }
+    got += static_cast<size_t>(n);
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : raw) {
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+}
+
+std::string id_text(uint32_t id) { return "ring " + std::to_string(id); }
+
 }  // namespace
+
+bool same_secret(const std::string& given, const std::string& want) noexcept {
+  if (want.empty()) return false;
+  unsigned char diff = given.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < given.size(); ++i)
+    diff |= static_cast<unsigned char>(given[i] ^ want[i % want.size()]);
+  return diff == 0;
+}
 
 Reply error_reply(const Status& s) {
   int http = 500;
@@ -38,6 +77,10 @@ Reply error_reply(const Status& s) {
     case StatusCode::conflict:
       http = 409;
       code = "conflict";
+      break;
+    case StatusCode::permission_denied:
+      http = 403;
+      code = "forbidden";
       break;
     case StatusCode::resource_exhausted:
       http = 422;
@@ -70,10 +113,15 @@ Status Daemon::start() {
   {
     std::lock_guard lock(mu_);
     if (Status s = state_.load(rings_); !s) return s;
+    // Deadlines are not persisted: every lease starts a fresh full period.
+    const auto now = SteadyClock::now();
+    for (auto& [id, rec] : rings_)
+      if (rec.lease_ms) rec.expires = now + std::chrono::milliseconds(rec.lease_ms);
   }
   spdlog::info("state {}: {} ring(s)", state_.path(), rings_.size());
   reconciler_ = std::thread([this] { reconciler_main(); });
   metrics_thread_ = std::thread([this] { metrics_main(); });
+  leases_ = std::thread([this] { lease_main(); });
   return {};
 }
 
@@ -85,12 +133,13 @@ void Daemon::stop() {
   stop_cv_.notify_all();
   if (reconciler_.joinable()) reconciler_.join();
   if (metrics_thread_.joinable()) metrics_thread_.join();
+  if (leases_.joinable()) leases_.join();
 }
 
 uint64_t Daemon::memory_locked() const {
   uint64_t sum = 0;
-  for (const auto& [id, spec] : rings_)
-    sum += engine::ring_memory_bytes(spec, engine::ReduceMode::deterministic);
+  for (const auto& [id, rec] : rings_)
+    sum += engine::ring_memory_bytes(rec.spec, engine::ReduceMode::deterministic);
   return sum;
 }
 
@@ -151,7 +200,7 @@ Status Daemon::reconcile_locked() {
     const bool parsed = r.contains("spec") && ring_from_json(r["spec"], have).ok();
     if (!parsed) continue;
     auto it = rings_.find(have.ring_id);
-    if (it != rings_.end() && same_spec(it->second, have)) {
+    if (it != rings_.end() && same_spec(it->second.spec, have)) {
       good.insert(have.ring_id);
       continue;
     }
@@ -164,10 +213,10 @@ Status Daemon::reconcile_locked() {
                  it == rings_.end() ? "not in the state" : "spec differs from the state");
   }
   Status first_error;
-  for (const auto& [id, spec] : rings_) {
+  for (const auto& [id, rec] : rings_) {
     if (good.count(id)) continue;
     json ignored;
-    Status s = dp_.call({{"cmd", "install_ring"}, {"ring", ring_to_json(spec)}}, ignored);
+    Status s = dp_.call({{"cmd", "install_ring"}, {"ring", ring_to_json(rec.spec)}}, ignored);
     if (!s) {
       spdlog::warn("reconcile: data plane refused ring {}: {}", id, s.to_string());
       if (s.code() == StatusCode::unavailable) return s;
@@ -180,17 +229,113 @@ Status Daemon::reconcile_locked() {
   return first_error;
 }
 
+// ---- leases ---------------------------------------------------------------
+
+// Wakes every 100 ms (a lease is at least kMinLeaseMs, so a ring outlives its
+// lease by at most a tenth of the shortest one, plus a data plane call).
+void Daemon::lease_main() {
+  std::unique_lock stop_lock(stop_mu_);
+  while (!stopping_) {
+    stop_lock.unlock();
+    {
+      std::lock_guard lock(mu_);
+      const auto now = SteadyClock::now();
+      std::vector<uint32_t> expired;
+      for (const auto& [id, rec] : rings_)
+        if (rec.lease_ms && rec.expires <= now) expired.push_back(id);
+      for (uint32_t id : expired) {
+        RingRecord old = rings_.at(id);
+        rings_.erase(id);
+        if (Status s = state_.save(rings_); !s) {  // keep it; try again on the next tick
+          rings_.emplace(id, std::move(old));
+          spdlog::error("ring {}: lease expired but the state cannot be saved: {}", id,
+                        s.to_string());
+          break;
+        }
+        json ignored;
+        // A data plane that is down, or lost the ring, is fixed by the reconciler.
+        (void)dp_.call({{"cmd", "remove_ring"}, {"id", id}}, ignored);
+        ++counters_.rings_expired;
+        spdlog::warn("ring {} removed: its lease of {} ms was not renewed in time", id,
+                     old.lease_ms);
+      }
+    }
+    stop_lock.lock();
+    stop_cv_.wait_for(stop_lock, std::chrono::milliseconds(100), [this] { return stopping_; });
+  }
+}
+
+std::optional<Reply> Daemon::check_owner(uint32_t id, const RingRecord& rec, const RingAuth& auth,
+                                         const char* what) const {
+  if (auth.credential) {
+    if (same_secret(*auth.credential, rec.credential)) return std::nullopt;
+    return error_reply({StatusCode::permission_denied, kCredentialHeader,
+                        "does not match the credential of " + id_text(id) + "; only the job " +
+                            "that registered it (or the operator token, without a " +
+                            "credential) may " + what + " it"});
+  }
+  if (auth.caller == Caller::operator_token) return std::nullopt;
+  return error_reply({StatusCode::permission_denied, kCredentialHeader,
+                      std::string("a job token may ") + what +
+                          " only rings whose credential it presents in " + kCredentialHeader});
+}
+
+json Daemon::ring_reply_locked(const RingRecord& rec) const {
+  json j = ring_to_json(rec.spec);
+  if (rec.lease_ms) {
+    j["lease_ms"] = rec.lease_ms;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(rec.expires - SteadyClock::now())
+            .count();
+    j["lease_remaining_ms"] = left > 0 ? left : 0;
+  }
+  return j;
+}
+
 // ---- API ------------------------------------------------------------------
 
-Reply Daemon::create_ring(const json& body) {
+Reply Daemon::create_ring(const json& body, const RingAuth& auth) {
+  if (!body.is_object()) return error_reply(Status::invalid("", "a ring must be a JSON object"));
+  uint32_t lease_ms = 0;
+  json ring_body = body;
+  if (auto it = ring_body.find("lease_ms"); it != ring_body.end()) {
+    const json& v = *it;
+    const bool integer = v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+    const uint64_t x = integer ? v.get<uint64_t>() : 0;
+    if (!integer || (x != 0 && (x < kMinLeaseMs || x > cfg_.max_lease_ms)))
+      return error_reply(Status::invalid(
+          "lease_ms", "must be 0 (no lease) or an integer number of milliseconds in " +
+                          std::to_string(kMinLeaseMs) + ".." + std::to_string(cfg_.max_lease_ms) +
+                          " (quotas.max_lease_ms)"));
+    lease_ms = static_cast<uint32_t>(x);
+    ring_body.erase(it);
+  }
   engine::RingSpec spec;
-  if (Status s = ring_from_json(body, spec); !s) return error_reply(s);
+  if (Status s = ring_from_json(ring_body, spec); !s) return error_reply(s);
   std::lock_guard lock(mu_);
+  const auto now = SteadyClock::now();
   if (auto it = rings_.find(spec.ring_id); it != rings_.end()) {
-    if (same_spec(it->second, spec)) return {200, {{"ring", ring_to_json(it->second)}}};
-    return error_reply({StatusCode::conflict, "id",
-                        "ring " + std::to_string(spec.ring_id) +
-                            " exists with a different spec; delete it first"});
+    RingRecord& have = it->second;
+    // Only the owner's retry is idempotent: without its credential the same
+    // spec is another job's ring that happens to have the same id.
+    if (!auth.credential || !same_secret(*auth.credential, have.credential))
+      return error_reply({StatusCode::conflict, "id",
+                          id_text(spec.ring_id) +
+                              " is registered by another job; choose another id (or present "
+                              "the ring's credential in " +
+                              kCredentialHeader + " to re-register it)"});
+    if (!same_spec(have.spec, spec))
+      return error_reply(
+          {StatusCode::conflict, "id",
+           id_text(spec.ring_id) + " exists with a different spec; delete it first"});
+    if (have.lease_ms != lease_ms)
+      return error_reply({StatusCode::conflict, "lease_ms",
+                          id_text(spec.ring_id) + " exists with lease_ms " +
+                              std::to_string(have.lease_ms) + "; delete it first"});
+    if (have.lease_ms) have.expires = now + std::chrono::milliseconds(have.lease_ms);  // renewed
+    json j = ring_reply_locked(have);
+    j["credential"] = have.credential;
+    return {200, {{"ring", j}}};
   }
   if (rings_.size() >= cfg_.max_rings)
     return error_reply(
@@ -207,7 +352,15 @@ Reply Daemon::create_ring(const json& body) {
     return error_reply(
         {StatusCode::unavailable, "", "the data plane is down and dataplane.require is set"});
 
-  rings_.emplace(spec.ring_id, spec);
+  RingRecord rec;
+  rec.spec = spec;
+  rec.credential = new_credential();
+  if (rec.credential.empty())
+    return error_reply(
+        {StatusCode::internal, "", std::string("getrandom failed: ") + std::strerror(errno)});
+  rec.lease_ms = lease_ms;
+  if (lease_ms) rec.expires = now + std::chrono::milliseconds(lease_ms);
+  rings_.emplace(spec.ring_id, rec);
   auto rollback = [&] {
     rings_.erase(spec.ring_id);
     (void)state_.save(rings_);
@@ -228,34 +381,58 @@ Reply Daemon::create_ring(const json& body) {
     rollback();
     return error_reply(s);
   }
-  json j = ring_to_json(spec);
+  json j = ring_reply_locked(rec);
   j["installed"] = installed;
   if (!installed) j["dataplane_error"] = s.message();  // pushed when the data plane connects
+  j["credential"] = rec.credential;                    // the only time the daemon tells it
+  spdlog::info("ring {} created ({} member(s), {})", spec.ring_id, spec.members.size(),
+               lease_ms ? "lease " + std::to_string(lease_ms) + " ms" : std::string("no lease"));
   return {201, {{"ring", j}}};
 }
 
-Reply Daemon::delete_ring(uint32_t id) {
+Reply Daemon::delete_ring(uint32_t id, const RingAuth& auth) {
   std::lock_guard lock(mu_);
   auto it = rings_.find(id);
-  if (it == rings_.end())
-    return error_reply({StatusCode::not_found, "id", "no ring " + std::to_string(id)});
-  const engine::RingSpec old = it->second;
+  if (it == rings_.end()) return error_reply({StatusCode::not_found, "id", "no " + id_text(id)});
+  if (auto refused = check_owner(id, it->second, auth, "delete")) return *refused;
+  RingRecord old = it->second;
   rings_.erase(it);
   if (Status s = state_.save(rings_); !s) {
-    rings_.emplace(id, old);
+    rings_.emplace(id, std::move(old));
     return error_reply({StatusCode::internal, "", "cannot persist the state: " + s.message()});
   }
   json reply;
   // A data plane that is down, or lost the ring, is fixed by the reconciler.
   (void)dp_.call({{"cmd", "remove_ring"}, {"id", id}}, reply);
+  spdlog::info("ring {} deleted ({})", id,
+               auth.credential ? "by its owner"
+                               : (auth.caller == Caller::operator_token ? "by the operator token"
+                                                                        : "by a job token"));
   return {204, nullptr};
 }
 
+Reply Daemon::renew_lease(uint32_t id, const RingAuth& auth) {
+  std::lock_guard lock(mu_);
+  auto it = rings_.find(id);
+  if (it == rings_.end()) return error_reply({StatusCode::not_found, "id", "no " + id_text(id)});
+  if (auto refused = check_owner(id, it->second, auth, "renew")) return *refused;
+  RingRecord& rec = it->second;
+  if (!rec.lease_ms)
+    return error_reply(
+        {StatusCode::conflict, "lease_ms", id_text(id) + " has no lease (it never expires)"});
+  rec.expires = SteadyClock::now() + std::chrono::milliseconds(rec.lease_ms);
+  return {200, {{"id", id}, {"lease_ms", rec.lease_ms}, {"lease_remaining_ms", rec.lease_ms}}};
+}
+
 Reply Daemon::list_rings() {
-  RingMap rings;
+  std::map<uint32_t, engine::RingSpec> rings;
+  std::map<uint32_t, json> replies;
   {
     std::lock_guard lock(mu_);
-    rings = rings_;
+    for (const auto& [id, rec] : rings_) {
+      rings.emplace(id, rec.spec);
+      replies.emplace(id, ring_reply_locked(rec));
+    }
   }
   std::set<uint32_t> installed;
   json reply;
@@ -268,7 +445,7 @@ Reply Daemon::list_rings() {
     }
   json arr = json::array();
   for (const auto& [id, spec] : rings) {
-    json j = ring_to_json(spec);
+    json j = replies[id];
     j["installed"] = installed.count(id) > 0;
     arr.push_back(j);
   }
@@ -277,14 +454,15 @@ Reply Daemon::list_rings() {
 
 Reply Daemon::get_ring(uint32_t id) {
   engine::RingSpec spec;
+  json j;
   {
     std::lock_guard lock(mu_);
     auto it = rings_.find(id);
     if (it == rings_.end())
       return error_reply({StatusCode::not_found, "id", "no ring " + std::to_string(id)});
-    spec = it->second;
+    spec = it->second.spec;
+    j = ring_reply_locked(it->second);
   }
-  json j = ring_to_json(spec);
   j["installed"] = false;
   json reply;
   if (dp_.call({{"cmd", "get_ring"}, {"id", id}}, reply).ok() && reply.contains("ring")) {
@@ -366,6 +544,7 @@ void Daemon::refresh_metrics() {
     std::lock_guard lock(mu_);  // this thread may wait; scrapes do not
     c->configured_rings = rings_.size();
     c->configured_memory = memory_locked();
+    for (const auto& [id, rec] : rings_) c->leased_rings += rec.lease_ms ? 1 : 0;
   }
   c->taken = std::chrono::steady_clock::now();
   std::lock_guard lock(cache_mu_);
@@ -390,12 +569,15 @@ std::string Daemon::metrics(const HttpStats& http) {
     }
     in.configured_rings = c->configured_rings;
     in.configured_memory = c->configured_memory;
+    in.leased_rings = c->leased_rings;
   }
   // Live ring counts when nobody holds the lock (a write may hold it for a
   // whole data plane call): never wait for it.
   if (std::unique_lock lock(mu_, std::try_to_lock); lock.owns_lock()) {
     in.configured_rings = rings_.size();
     in.configured_memory = memory_locked();
+    in.leased_rings = 0;
+    for (const auto& [id, rec] : rings_) in.leased_rings += rec.lease_ms ? 1 : 0;
   }
   in.max_rings = cfg_.max_rings;
   in.max_memory = cfg_.max_memory;
@@ -405,6 +587,7 @@ std::string Daemon::metrics(const HttpStats& http) {
   in.rings_pruned = counters_.rings_pruned.load();
   in.restarts_seen = counters_.restarts_seen.load();
   in.http = http;
+  in.rings_expired = counters_.rings_expired.load();
   return render_metrics(in);
 }
 

@@ -23,6 +23,27 @@
 // missing ones. "Installed with the identical spec" counts as done. So a
 // restarted data plane gets every ring back with no operator action, and a
 // restarted daemon pushes what it persisted.
+//
+// Ownership: a ring belongs to the job that created it. POST of a new id
+// issues a credential (128 random bits from getrandom, 32 hex digits), kept
+// in the state file and returned once in the 201 reply. Whoever presents it
+// (header X-Netreduce-Ring-Credential, compared in constant time) may
+// re-POST the same spec (200, idempotent), renew the ring's lease and delete
+// it. Everyone else gets 409 on a POST of that id (the reply never reveals
+// the credential) and 403 on DELETE or renewal, except the operator token,
+// which may delete and renew any ring without a credential. A request that
+// presents a credential is held to it whatever its token: a wrong one is 403,
+// so a job can never remove a ring that another job registered under the id
+// it once had. With auth.job_token_file, jobs use that token: it may create
+// rings and delete or renew only those whose credential it presents.
+//
+// Leases: a POST may carry "lease_ms" (kMinLeaseMs..quotas.max_lease_ms).
+// The lease thread removes a leased ring not renewed (PUT
+// /v1/rings/{id}/lease, or an idempotent re-POST) within lease_ms: from the
+// state (persisted), then from the data plane; it is logged and counted
+// (netreduce_rings_expired_total). Rings without a lease never expire. The
+// deadlines live in memory only: after a restart every lease gets a fresh
+// full period, so a daemon that was down never expires a ring for it.
 #pragma once
 
 #include <atomic>
@@ -31,6 +52,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -52,11 +74,28 @@ struct Reply {
 // API's code words (quota, conflict, not_found, dataplane_unavailable, ...).
 Reply error_reply(const Status& s);
 
+// Who makes a mutating call: the operator token (auth.token_file) or the
+// jobs' token (auth.job_token_file), and the ring credential it presents
+// (nullopt: no X-Netreduce-Ring-Credential header).
+enum class Caller { operator_token, job_token };
+struct RingAuth {
+  Caller caller = Caller::operator_token;
+  std::optional<std::string> credential;
+};
+
+// The header a ring's credential travels in.
+inline constexpr const char* kCredentialHeader = "X-Netreduce-Ring-Credential";
+
+// Constant-time comparison: the time taken depends only on the lengths, not
+// on where the contents differ. An empty `want` never matches.
+bool same_secret(const std::string& given, const std::string& want) noexcept;
+
 struct DaemonCounters {
   std::atomic<uint64_t> reconciles{0};     // completed reconcile passes
   std::atomic<uint64_t> rings_pushed{0};   // install_ring sent by the reconciler
   std::atomic<uint64_t> rings_pruned{0};   // remove_ring sent by the reconciler
   std::atomic<uint64_t> restarts_seen{0};  // data plane instance changes observed
+  std::atomic<uint64_t> rings_expired{0};  // leased rings removed for want of renewal
 };
 
 class Daemon {
@@ -70,8 +109,10 @@ class Daemon {
   Status start();
   void stop();
 
-  Reply create_ring(const nlohmann::json& body);
-  Reply delete_ring(uint32_t id);
+  // body: ring JSON (common/ring_json.h) plus optional "lease_ms".
+  Reply create_ring(const nlohmann::json& body, const RingAuth& auth = {});
+  Reply delete_ring(uint32_t id, const RingAuth& auth = {});
+  Reply renew_lease(uint32_t id, const RingAuth& auth);
   Reply list_rings();
   Reply get_ring(uint32_t id);
   Reply status();
@@ -90,12 +131,18 @@ class Daemon {
     nlohmann::json status, stats, rings;
     uint64_t configured_rings = 0;
     uint64_t configured_memory = 0;
+    uint64_t leased_rings = 0;
     std::chrono::steady_clock::time_point taken;
   };
 
   void reconciler_main();
   void metrics_main();
   void refresh_metrics();
+  void lease_main();
+  // Checks that `auth` may delete or renew `rec` (nullopt: allowed).
+  std::optional<Reply> check_owner(uint32_t id, const RingRecord& rec, const RingAuth& auth,
+                                   const char* what) const;
+  nlohmann::json ring_reply_locked(const RingRecord& rec) const;
   Status reconcile_locked();
   uint64_t memory_locked() const;
 
@@ -113,6 +160,7 @@ class Daemon {
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::mutex cache_mu_;
   std::shared_ptr<const MetricsCache> cache_;  // null until the first refresh
+  std::thread leases_;
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   bool stopping_ = false;

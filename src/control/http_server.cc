@@ -263,6 +263,14 @@ void HttpServer::del(const std::string& pattern, unsigned flags, Handler h) {
   });
 }
 
+void HttpServer::put(const std::string& pattern, unsigned flags, Handler h) {
+  routes_.push_back({"PUT", std::regex(pattern), flags, false});
+  Server::Put(pattern,
+              [this, flags, h = std::move(h)](const httplib::Request& req, httplib::Response& res) {
+                call(flags, res, [&] { h(req, res); });
+              });
+}
+
 void HttpServer::post(const std::string& pattern, unsigned flags, BodyHandler h) {
   routes_.push_back({"POST", std::regex(pattern), flags, true});
   Server::Post(pattern, [this, flags, h = std::move(h)](const httplib::Request& req,

@@ -69,7 +69,7 @@ namespace netreduce::control {
 
 // Who a request is. authorize() maps a request to one; routes flagged kAuth
 // refuse kAnonymous (401) before their body is read.
-enum class Role { kAnonymous, kOperator };
+enum class Role { kAnonymous, kOperator, kJob };
 
 // Why the front end refused a connection or request, each with a counter
 // (netreduce_http_refused_total{reason}).
@@ -133,6 +133,7 @@ class HttpServer : private httplib::Server {
   void get(const std::string& pattern, unsigned flags, Handler h);
   void post(const std::string& pattern, unsigned flags, BodyHandler h);
   void del(const std::string& pattern, unsigned flags, Handler h);
+  void put(const std::string& pattern, unsigned flags, Handler h);  // body-less PUT
 
   // Binds and listens (SO_REUSEADDR only). Error: the address is taken or
   // cannot be bound, with the system's reason.

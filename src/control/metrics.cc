@@ -65,6 +65,11 @@ std::string render_metrics(const MetricsInput& in) {
       {}, static_cast<double>(in.rings_pruned));
   set(b.gauge("netreduce_rings_configured", "rings in the daemon's persisted state"), {},
       static_cast<double>(in.configured_rings));
+  set(b.gauge("netreduce_rings_leased", "configured rings with a lease (removed unless renewed)"),
+      {}, static_cast<double>(in.leased_rings));
+  set(b.counter("netreduce_rings_expired_total",
+                "leased rings the daemon removed because their lease was not renewed in time"),
+      {}, static_cast<double>(in.rings_expired));
   set(b.gauge("netreduce_rings_max", "quotas.max_rings"), {}, static_cast<double>(in.max_rings));
   set(b.gauge("netreduce_rings_configured_memory_bytes",
               "worst-case engine memory of the configured rings (deterministic mode)"),

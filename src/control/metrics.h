@@ -41,6 +41,8 @@ struct MetricsInput {
   double cache_age_seconds = 0;  // since the data plane replies above were taken
   bool cache_fresh = false;      // the last refresh reached the data plane
   HttpStats http;
+  uint64_t leased_rings = 0;   // configured rings with a lease
+  uint64_t rings_expired = 0;  // leased rings removed for want of renewal
 };
 
 std::string render_metrics(const MetricsInput& in);

@@ -5,6 +5,10 @@
 //   netreducectl status | stats
 //
 // Human-readable tables by default; --json prints the API's JSON as is.
+// `ring add` prints the new ring's credential (the daemon tells it once);
+// `--credential` presents it (X-Netreduce-Ring-Credential): a re-add of the
+// same spec is then idempotent, and `ring rm` acts as the ring's owner. Without
+// it `ring rm` relies on the operator token, which may delete any ring.
 // The server defaults to $NETREDUCE_DAEMON or http://127.0.0.1:7470; the token
 // (needed by ring add/rm) comes from --token-file, $NETREDUCE_TOKEN_FILE or
 // $NETREDUCE_TOKEN.
@@ -74,7 +78,7 @@ std::string token(const Options& o) {
 // One API call. Returns the parsed body (null for 204); exits 3 when the
 // daemon cannot be reached and 1 on an HTTP error (printing it).
 json call(const Options& o, const std::string& method, const std::string& path,
-          const std::string& body = "", bool auth = false) {
+          const std::string& body = "", bool auth = false, const std::string& credential = "") {
   static const std::regex kUrl(R"(^http://[A-Za-z0-9.\-\[\]:]+(:[0-9]{1,5})?/?$)");
   if (!std::regex_match(o.server, kUrl))
     usage_error("bad --server '" + o.server + "' (expected http://host:port)");
@@ -88,6 +92,7 @@ json call(const Options& o, const std::string& method, const std::string& path,
     const std::string t = token(o);
     if (!t.empty()) headers.emplace("Authorization", "Bearer " + t);
   }
+  if (!credential.empty()) headers.emplace("X-Netreduce-Ring-Credential", credential);
   httplib::Result r = method == "GET"    ? cli.Get(path, headers)
                       : method == "POST" ? cli.Post(path, headers, body, "application/json")
                                          : cli.Delete(path, headers);
@@ -212,6 +217,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> members, member_lists, dtypes, ops;
   unsigned msg_len = 0, window = 0, payload = 0;
   uint64_t memory_quota = 0;
+  uint32_t lease_ms = 0;
+  std::string credential;
   add->add_option("--file", file, "ring JSON file (the API's ring object)");
   add->add_option("--id", id, "ring id");
   add->add_option("--member", members, "member address, rank order (repeat)");
@@ -225,12 +232,18 @@ int main(int argc, char** argv) {
   add->add_option("--op", ops, "allowed op (repeat or comma-separated; default all)")
       ->delimiter(',');
   add->add_option("--memory-quota", memory_quota, "bytes the ring may hold (0: no per-ring quota)");
+  add->add_option("--lease-ms", lease_ms,
+                  "remove the ring unless renewed within this many ms (default: no lease)");
+  add->add_option("--credential", credential,
+                  "the ring's credential: re-adding the same spec is then idempotent");
   uint32_t show_id = 0, rm_id = 0;
   CLI::App* ls = ring->add_subcommand("ls", "list rings");
   CLI::App* show = ring->add_subcommand("show", "one ring with its live counters");
   show->add_option("id", show_id, "ring id")->required();
   CLI::App* rm = ring->add_subcommand("rm", "delete a ring");
   rm->add_option("id", rm_id, "ring id")->required();
+  rm->add_option("--credential", credential,
+                 "act as the ring's owner (needed with a job token; checked if given)");
   CLI::App* status = app.add_subcommand("status", "daemon and data plane status");
   CLI::App* stats = app.add_subcommand("stats", "data plane counters: ports, lcores, rings, drops");
 
@@ -266,11 +279,18 @@ int main(int argc, char** argv) {
       if (!ops.empty()) spec["ops"] = ops;
       if (memory_quota) spec["memory_quota"] = memory_quota;
     }
-    const json r = call(o, "POST", "/v1/rings", spec.dump(), true);
+    if (add->count("--lease-ms")) {
+      if (!spec.is_object()) usage_error(file + ": the ring must be a JSON object");
+      spec["lease_ms"] = lease_ms;
+    }
+    const json r = call(o, "POST", "/v1/rings", spec.dump(), true, credential);
     if (o.json_out) {
       std::cout << r.dump(2) << "\n";
     } else {
-      table(kRingHead, {ring_row(r.value("ring", json::object()))});
+      const json ring = r.value("ring", json::object());
+      table(kRingHead, {ring_row(ring)});
+      if (ring.contains("credential"))
+        std::cout << "credential " << str(ring["credential"]) << "\n";
     }
     return kOk;
   }
@@ -295,7 +315,7 @@ int main(int argc, char** argv) {
     return kOk;
   }
   if (rm->parsed()) {
-    call(o, "DELETE", "/v1/rings/" + std::to_string(rm_id), "", true);
+    call(o, "DELETE", "/v1/rings/" + std::to_string(rm_id), "", true, credential);
     if (o.json_out) {
       std::cout << json{{"deleted", rm_id}}.dump(2) << "\n";
     } else {

@@ -17,6 +17,7 @@
 #include <charconv>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -34,16 +35,16 @@ namespace {
   std::exit(2);
 }
 
-std::string read_token(const std::string& path) {
+std::string read_token(const std::string& path, const std::string& key = "auth.token_file") {
   std::ifstream in(path);
-  if (!in) refuse("auth.token_file", "cannot read " + path + ": " + std::strerror(errno));
+  if (!in) refuse(key, "cannot read " + path + ": " + std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
   std::string t = ss.str();
   const auto ws = " \t\r\n";
   t.erase(t.find_last_not_of(ws) + 1);
   t.erase(0, t.find_first_not_of(ws));
-  if (t.empty()) refuse("auth.token_file", path + " is empty; put the bearer token in it");
+  if (t.empty()) refuse(key, path + " is empty; put the bearer token in it");
   return t;
 }
 
@@ -96,6 +97,12 @@ int main(int argc, char** argv) {
   DaemonConfig cfg;
   if (Status s = load_daemon_config(config_path, cfg); !s) refuse(s.field(), s.message());
   const std::string token = read_token(cfg.token_file);
+  const std::string job_token =
+      cfg.job_token_file.empty() ? "" : read_token(cfg.job_token_file, "auth.job_token_file");
+  if (!job_token.empty() && same_token(job_token, token))
+    refuse("auth.job_token_file",
+           "holds the same token as auth.token_file; the jobs' token must differ from the "
+           "operator's");
   if (check) {
     std::cout << "netreduced: " << config_path << " is valid\n";
     return 0;
@@ -112,13 +119,27 @@ int main(int argc, char** argv) {
   Daemon daemon(cfg);
   if (Status s = daemon.start(); !s) refuse("state.file", s.message());
 
-  // Who a request is: the one place that decides (a bearer token today).
+  // Who a request is: the one place that decides. The operator token
+  // (auth.token_file) may do everything; the jobs' token (auth.job_token_file,
+  // when configured) may create rings and delete or renew those whose
+  // credential it presents (Daemon checks the credential). Anything else is
+  // anonymous: routes flagged kAuth answer 401 before reading a body byte.
   auto authorize = [&](const httplib::Request& req) {
     const std::string h = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
-    if (h.rfind(prefix, 0) == 0 && same_token(h.substr(prefix.size()), token))
-      return Role::kOperator;
+    if (h.rfind(prefix, 0) == 0) {
+      const std::string given = h.substr(prefix.size());
+      if (same_token(given, token)) return Role::kOperator;
+      if (!job_token.empty() && same_token(given, job_token)) return Role::kJob;
+    }
     return Role::kAnonymous;
+  };
+  // What Daemon needs to check ownership (only called on kAuth routes).
+  auto ring_auth = [&](const httplib::Request& req) {
+    RingAuth a{authorize(req) == Role::kJob ? Caller::job_token : Caller::operator_token,
+               std::nullopt};
+    if (req.has_header(kCredentialHeader)) a.credential = req.get_header_value(kCredentialHeader);
+    return a;
   };
   HttpServer svr(
       HttpLimits{cfg.threads, cfg.max_connections, std::chrono::milliseconds(cfg.header_timeout_ms),
@@ -130,7 +151,7 @@ int main(int argc, char** argv) {
   // Routes flagged kAuth are refused (401) before their body is read; kDataplane
   // routes run at most listen.dataplane_concurrency at a time (503 beyond).
   svr.post("/v1/rings", kAuth | kDataplane,
-           [&](const httplib::Request&, httplib::Response& res, const std::string& text) {
+           [&](const httplib::Request& req, httplib::Response& res, const std::string& text) {
              json body;
              try {
                body = json::parse(text);
@@ -138,7 +159,7 @@ int main(int argc, char** argv) {
                return send_error(res, 400, "invalid_argument", "",
                                  std::string("body is not JSON (UTF-8): ") + e.what());
              }
-             send(res, daemon.create_ring(body));
+             send(res, daemon.create_ring(body, ring_auth(req)));
            });
   svr.get("/v1/rings", kDataplane,
           [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.list_rings()); });
@@ -150,7 +171,12 @@ int main(int argc, char** argv) {
   svr.del(R"(/v1/rings/([^/]+))", kAuth | kDataplane,
           [&](const httplib::Request& req, httplib::Response& res) {
             uint32_t id;
-            if (ring_id(req, res, id)) send(res, daemon.delete_ring(id));
+            if (ring_id(req, res, id)) send(res, daemon.delete_ring(id, ring_auth(req)));
+          });
+  svr.put(R"(/v1/rings/([^/]+)/lease)", kAuth | kDataplane,
+          [&](const httplib::Request& req, httplib::Response& res) {
+            uint32_t id;
+            if (ring_id(req, res, id)) send(res, daemon.renew_lease(id, ring_auth(req)));
           });
   svr.get("/v1/status", kDataplane,
           [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.status()); });

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -38,6 +39,13 @@ bool write_all(int fd, const std::string& data) {
 }
 
 }  // namespace
+
+bool valid_credential(const std::string& c) {
+  if (c.size() != 32) return false;
+  for (char x : c)
+    if (!((x >= '0' && x <= '9') || (x >= 'a' && x <= 'f'))) return false;
+  return true;
+}
 
 StateFile::~StateFile() {
   if (lock_fd_ >= 0) ::close(lock_fd_);
@@ -93,16 +101,36 @@ Status StateFile::load(RingMap& out) const {
     return Status::invalid("", path_ + ": not JSON: " + e.what());
   }
   if (!j.is_object() || !j.contains("rings") || !j["rings"].is_array())
-    return Status::invalid("", path_ + ": expected {\"version\": 1, \"rings\": [...]}");
+    return Status::invalid("", path_ + ": expected {\"version\": 2, \"rings\": [...]}");
+  const json version = j.value("version", json(1));
+  if (version != 1 && version != 2)
+    return Status::invalid("version", path_ + ": unknown state version " + version.dump() +
+                                          " (this daemon reads 1 and 2)");
   RingMap rings;
   for (size_t i = 0; i < j["rings"].size(); ++i) {
-    engine::RingSpec spec;
-    if (Status s = ring_from_json(j["rings"][i], spec); !s)
-      return Status::invalid(s.field(),
-                             path_ + ": rings[" + std::to_string(i) + "]: " + s.to_string());
-    if (!rings.emplace(spec.ring_id, spec).second)
-      return Status::invalid("id",
-                             path_ + ": ring " + std::to_string(spec.ring_id) + " given twice");
+    const std::string where = path_ + ": rings[" + std::to_string(i) + "]: ";
+    json r = j["rings"][i];
+    RingRecord rec;
+    if (r.is_object() && version == 2) {
+      if (r.contains("credential")) {
+        if (!r["credential"].is_string() || !valid_credential(r["credential"].get<std::string>()))
+          return Status::invalid("credential", where + "credential: must be 32 hex digits");
+        rec.credential = r["credential"].get<std::string>();
+        r.erase("credential");
+      }
+      if (r.contains("lease_ms")) {
+        if (!r["lease_ms"].is_number_unsigned() || r["lease_ms"].get<uint64_t>() > 0xFFFFFFFFu)
+          return Status::invalid("lease_ms",
+                                 where + "lease_ms: must be an unsigned 32-bit integer");
+        rec.lease_ms = r["lease_ms"].get<uint32_t>();
+        r.erase("lease_ms");
+      }
+    }
+    if (Status s = ring_from_json(r, rec.spec); !s)
+      return Status::invalid(s.field(), where + s.to_string());
+    const uint32_t id = rec.spec.ring_id;
+    if (!rings.emplace(id, std::move(rec)).second)
+      return Status::invalid("id", path_ + ": ring " + std::to_string(id) + " given twice");
   }
   out = std::move(rings);
   return {};
@@ -110,15 +138,22 @@ Status StateFile::load(RingMap& out) const {
 
 Status StateFile::save(const RingMap& rings) const {
   json arr = json::array();
-  for (const auto& [id, spec] : rings) arr.push_back(ring_to_json(spec));
-  const std::string text = json{{"version", 1}, {"rings", arr}}.dump(2) + "\n";
+  for (const auto& [id, rec] : rings) {
+    json r = ring_to_json(rec.spec);
+    if (!rec.credential.empty()) r["credential"] = rec.credential;
+    if (rec.lease_ms) r["lease_ms"] = rec.lease_ms;
+    arr.push_back(std::move(r));
+  }
+  const std::string text = json{{"version", 2}, {"rings", arr}}.dump(2) + "\n";
 
   const std::filesystem::path path(path_);
   const std::string dir = path.parent_path().empty() ? "." : path.parent_path().string();
   const std::string tmp = path_ + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return io_error("cannot create", tmp);
-  if (!write_all(fd, text) || ::fsync(fd) != 0) {
+  // A temp file left by a crash keeps its mode through O_TRUNC: force 0600,
+  // the file holds the rings' credentials.
+  if (::fchmod(fd, 0600) != 0 || !write_all(fd, text) || ::fsync(fd) != 0) {
     Status s = io_error("cannot write", tmp);
     ::close(fd);
     ::unlink(tmp.c_str());

@@ -1,5 +1,13 @@
 // The daemon's persisted state: the rings operators and host libraries
-// created, as one JSON file {"version": 1, "rings": [ring JSON, ...]}.
+// created, each with the credential of the job that owns it and its lease,
+// as one JSON file
+//   {"version": 2, "rings": [ring JSON + {"credential": "<32 hex>", "lease_ms": N}, ...]}
+// (version 1 files, written before rings had owners, load as rings with no
+// credential and no lease: only the operator token may remove them).
+//
+// The credentials are secrets: the file is created mode 0600 (and forced to
+// 0600 when replaced). The lease's deadline is not persisted: a restarted
+// daemon gives every lease a fresh full period.
 //
 // save() never leaves a torn file: it writes `<file>.tmp`, fsyncs it, renames
 // it over the file and fsyncs the directory, so after a crash (kill -9, power
@@ -15,6 +23,7 @@
 // the first one's pid.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -24,7 +33,23 @@
 
 namespace netreduce::control {
 
-using RingMap = std::map<uint32_t, engine::RingSpec>;
+struct RingRecord {
+  engine::RingSpec spec;
+  // 32 lowercase hex digits (128 random bits) issued to the job that created
+  // the ring; empty for rings of a version-1 state file (no job owns them).
+  std::string credential;
+  // 0: no lease, the ring stays until deleted. Otherwise the daemon removes
+  // the ring when it is not renewed within lease_ms.
+  uint32_t lease_ms = 0;
+  // When the lease runs out. Not persisted; written and read under the
+  // daemon's mutex only.
+  std::chrono::steady_clock::time_point expires{};
+};
+
+using RingMap = std::map<uint32_t, RingRecord>;
+
+// True for a well-formed credential (32 lowercase hex digits).
+bool valid_credential(const std::string& c);
 
 class StateFile {
  public:

@@ -67,6 +67,7 @@ void nr_options_init(nr_options* o) {
   o->ring_buffer_bytes = d.ring_buffer_bytes;
   o->port = d.port;
   o->ipv4 = nullptr;
+  o->lease_ms = d.lease_ms;
 }
 
 nr_status nr_comm_create(int rank, int world, const char* device, int gid_index,
@@ -92,6 +93,7 @@ nr_status nr_comm_create(int rank, int world, const char* device, int gid_index,
       o.ring_buffer_bytes = opts->ring_buffer_bytes;
       o.port = opts->port;
       o.ipv4 = opts->ipv4 ? opts->ipv4 : "";
+      o.lease_ms = opts->lease_ms;
     }
     auto c = std::make_unique<nr_comm>();
     const Error e = netreduce::Communicator::create(rank, world, device ? device : "", gid_index,

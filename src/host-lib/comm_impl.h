@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "host-lib/collective.h"
+#include "host-lib/daemon.h"
 #include "host-lib/transport.h"
 #include "netreduce/netreduce.hpp"
 
@@ -35,6 +36,10 @@ struct Communicator::Impl {
   std::shared_ptr<void> keepalive;
   std::unique_ptr<host::Transport> transport;
   std::unique_ptr<host::Collective> collective;
+  // Rank 0 of an INA communicator: its ring at the daemon (lease renewals;
+  // deleted with its credential once the queued calls are done). Null
+  // otherwise.
+  std::unique_ptr<host::OwnedRing> owned_ring;
 
  private:
   void run();

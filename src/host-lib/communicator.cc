@@ -50,7 +50,8 @@ Communicator::Impl::~Impl() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();  // queued calls finish first; each has a deadline
+  thread_.join();      // queued calls finish first; each has a deadline
+  owned_ring.reset();  // then the ring is deleted: nothing of ours is in flight
   collective.reset();
   transport.reset();
 }

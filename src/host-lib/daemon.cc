@@ -3,8 +3,11 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -38,7 +41,53 @@ std::string describe_error(const httplib::Result& res) {
   return m;
 }
 
+// A client for `target` with every timeout at timeout_ms and the bearer
+// token set; null (with `why`) for a URL httplib cannot use.
+std::unique_ptr<httplib::Client> client(const DaemonTarget& target, int timeout_ms,
+                                        std::string& why) {
+  auto cli = std::make_unique<httplib::Client>(target.url);
+  if (!cli->is_valid()) {
+    why = "daemon URL '" + target.url + "' is not valid (expected http://host:port)";
+    return nullptr;
+  }
+  const auto to = std::chrono::milliseconds(std::max(timeout_ms, 1));
+  cli->set_connection_timeout(to);
+  cli->set_read_timeout(to);
+  cli->set_write_timeout(to);
+  if (!target.token.empty()) cli->set_bearer_token_auth(target.token);
+  return cli;
+}
+
+std::string ring_path(uint32_t id) { return "/v1/rings/" + std::to_string(id); }
+
+// DELETE /v1/rings/{id} with the credential: "" when done (204, or 404: the
+// ring is already gone), otherwise why not.
+std::string delete_owned(httplib::Client& cli, uint32_t id, const std::string& credential) {
+  httplib::Headers h;
+  if (!credential.empty()) h.emplace(kCredentialHeader, credential);
+  auto res = cli.Delete(ring_path(id), h);
+  if (res && (res->status == 204 || res->status == 404)) return {};
+  return describe_error(res);
+}
+
 }  // namespace
+
+uint32_t derive_ring_id(const std::string& bootstrap, const std::vector<uint32_t>& members,
+                        uint64_t nonce) {
+  uint32_t h = 2166136261u;  // FNV-1a
+  auto mix = [&h](uint8_t b) { h = (h ^ b) * 16777619u; };
+  for (char c : bootstrap) mix(static_cast<uint8_t>(c));
+  for (uint32_t m : members)
+    for (int s = 0; s < 32; s += 8) mix(static_cast<uint8_t>(m >> s));
+  for (int s = 0; s < 64; s += 8) mix(static_cast<uint8_t>(nonce >> s));
+  h &= 0x7FFFFFFF;
+  return h == 0 ? 1 : h;
+}
+
+uint64_t random_nonce() {
+  std::random_device rd;
+  return uint64_t{rd()} << 32 ^ rd();
+}
 
 DaemonTarget daemon_target(const Options& o) {
   DaemonTarget t;
@@ -63,9 +112,11 @@ DaemonTarget daemon_target(const Options& o) {
   return t;
 }
 
-Registration register_ring(const DaemonTarget& target, const engine::RingSpec& spec,
-                           int timeout_ms) {
+Registration register_ring(const DaemonTarget& target, engine::RingSpec spec, int timeout_ms,
+                           uint32_t lease_ms, const std::function<uint32_t()>& fresh_id) {
   Registration reg;
+  reg.ring_id = spec.ring_id;
+  reg.lease_ms = lease_ms;
   if (target.url.empty()) {
     reg.reason = "no box configured (NETREDUCE_DAEMON unset)";
     return reg;
@@ -76,42 +127,55 @@ Registration register_ring(const DaemonTarget& target, const engine::RingSpec& s
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   try {
-    httplib::Client cli(target.url);
-    if (!cli.is_valid()) {
-      reg.reason = "daemon URL '" + target.url + "' is not valid (expected http://host:port)";
+    std::string why;
+    auto cli = client(target, timeout_ms, why);
+    if (!cli) {
+      reg.reason = why;
       return reg;
     }
-    const auto to = std::chrono::milliseconds(std::max(timeout_ms, 1));
-    cli.set_connection_timeout(to);
-    cli.set_read_timeout(to);
-    cli.set_write_timeout(to);
-    if (!target.token.empty()) cli.set_bearer_token_auth(target.token);
-    const std::string path = "/v1/rings/" + std::to_string(spec.ring_id);
-    // A ring with this id can be left over from an earlier run of the same
-    // job (same bootstrap address and members, so the same derived id). Its
-    // cells still hold that run's message ids, newer than this run's, and
-    // the box would drop this run's messages as stale. Removing it first
-    // gives this run fresh cells; the answer (204, 404, an error the POST
-    // will also get) changes nothing else.
-    auto del = cli.Delete(path);
-    const bool replaced = del && del->status == 204;
-    const std::string body = ring_to_json(spec).dump();
-    auto res = cli.Post("/v1/rings", body, "application/json");
-    if (!res || (res->status != 200 && res->status != 201)) {
+    // No DELETE first: an id held by anyone else (another job, or a leftover
+    // of this job's earlier run) is theirs until they or its lease remove it.
+    std::string taken;  // derived ids other jobs hold, for the reason
+    std::string credential;
+    for (int attempt = 1;; ++attempt) {
+      reg.ring_id = spec.ring_id;
+      nlohmann::json body = ring_to_json(spec);
+      if (lease_ms) body["lease_ms"] = lease_ms;
+      auto res = cli->Post("/v1/rings", body.dump(), "application/json");
+      if (res && (res->status == 200 || res->status == 201)) {
+        try {
+          const auto j = nlohmann::json::parse(res->body);
+          credential = j.at("ring").value("credential", std::string{});
+        } catch (const std::exception&) {
+        }
+        break;
+      }
+      const bool conflict = res && res->status == 409;
+      if (conflict && fresh_id && attempt < kIdAttempts) {
+        taken += (taken.empty() ? "" : ", ") + std::to_string(spec.ring_id);
+        spec.ring_id = fresh_id();
+        continue;
+      }
       reg.reason = "daemon at " + target.url + " refused ring " + std::to_string(spec.ring_id) +
                    ": " + describe_error(res);
+      if (conflict && fresh_id)
+        reg.reason += " (derived ids " + taken + " were also taken; " +
+                      std::to_string(kIdAttempts) + " tried)";
       return reg;
     }
+    const std::string path = ring_path(spec.ring_id);
+    const std::string retried =
+        taken.empty() ? "" : " (derived ids " + taken + " were registered by other jobs)";
     for (;;) {
-      auto g = cli.Get(path);
+      auto g = cli->Get(path);
       if (g && g->status == 200) {
         try {
           const auto j = nlohmann::json::parse(g->body);
           if (j.value("installed", false)) {
             reg.installed = true;
+            reg.credential = credential;
             reg.reason = "ring " + std::to_string(spec.ring_id) + " installed by the daemon at " +
-                         target.url +
-                         (replaced ? " (replacing the ring an earlier run left there)" : "");
+                         target.url + retried;
             return reg;
           }
         } catch (const std::exception&) {
@@ -122,7 +186,10 @@ Registration register_ring(const DaemonTarget& target, const engine::RingSpec& s
                      " but the data plane did not install it within " + std::to_string(timeout_ms) +
                      " ms (" +
                      (g && g->status == 200 ? std::string("installed: false") : describe_error(g)) +
-                     ")";
+                     ")" + retried;
+        // Ours, and unused: remove it rather than leave it to its lease.
+        if (const std::string e = delete_owned(*cli, spec.ring_id, credential); !e.empty())
+          reg.reason += "; deleting it again failed: " + e;
         return reg;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -131,6 +198,111 @@ Registration register_ring(const DaemonTarget& target, const engine::RingSpec& s
     reg.reason = std::string("daemon registration failed: ") + e.what();
   }
   return reg;
+}
+
+Registration setup_ring(const Options& options, const std::string& bootstrap, engine::RingSpec spec,
+                        std::unique_ptr<OwnedRing>& owned) {
+  owned.reset();
+  std::function<uint32_t()> fresh;
+  if (options.ring_id) {
+    spec.ring_id = options.ring_id;
+  } else {
+    fresh = [&] { return derive_ring_id(bootstrap, spec.members, random_nonce()); };
+    spec.ring_id = fresh();
+  }
+  const DaemonTarget target = daemon_target(options);
+  Registration reg =
+      register_ring(target, spec, options.daemon_timeout_ms, options.lease_ms, fresh);
+  if (reg.installed)
+    owned = std::make_unique<OwnedRing>(target, reg.ring_id, reg.credential, reg.lease_ms,
+                                        options.daemon_timeout_ms, options.delete_ring_at_close);
+  return reg;
+}
+
+// ---- OwnedRing ------------------------------------------------------------
+
+OwnedRing::OwnedRing(DaemonTarget target, uint32_t ring_id, std::string credential,
+                     uint32_t lease_ms, int timeout_ms, bool delete_at_release)
+    : target_(std::move(target)),
+      ring_id_(ring_id),
+      credential_(std::move(credential)),
+      lease_ms_(lease_ms),
+      timeout_ms_(timeout_ms),
+      delete_at_release_(delete_at_release) {
+  if (lease_ms_ > 0) thread_ = std::thread([this] { renew_main(); });
+}
+
+OwnedRing::~OwnedRing() { (void)release(); }
+
+std::string OwnedRing::released() const {
+  std::lock_guard lk(mu_);
+  return released_;
+}
+
+void OwnedRing::renew_main() {
+  const auto period = std::chrono::milliseconds(std::max<uint32_t>(lease_ms_ / 3, 1));
+  bool reported = false;
+  std::unique_ptr<httplib::Client> cli;
+  std::unique_lock lk(mu_);
+  for (;;) {
+    if (cv_.wait_for(lk, period, [this] { return stop_; })) return;
+    lk.unlock();
+    std::string err;
+    try {
+      if (!cli) cli = client(target_, timeout_ms_, err);
+      if (cli) {
+        httplib::Headers h;
+        if (!credential_.empty()) h.emplace(kCredentialHeader, credential_);
+        auto res = cli->Put(ring_path(ring_id_) + "/lease", h, "", "application/json");
+        if (res && res->status == 200)
+          ++renewals_;
+        else
+          err = describe_error(res);
+      }
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    if (!err.empty() && !reported) {
+      // Once: a daemon that is away would otherwise fill the job's log. The
+      // collectives go on; the ring goes when its lease runs out.
+      std::fprintf(stderr,
+                   "netreduce: renewing the lease of ring %u at %s failed: %s (further failures "
+                   "are not reported; the daemon removes the ring %u ms after the last renewal)\n",
+                   ring_id_, target_.url.c_str(), err.c_str(), lease_ms_);
+      reported = true;
+    }
+    lk.lock();
+  }
+}
+
+std::string OwnedRing::release() {
+  {
+    std::lock_guard lk(mu_);
+    if (stop_) return released_;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::string outcome;
+  if (!delete_at_release_) {
+    std::lock_guard lk(mu_);
+    released_ = "kept";
+    return released_;
+  }
+  try {
+    std::string why;
+    auto cli = client(target_, timeout_ms_, why);
+    const std::string e = cli ? delete_owned(*cli, ring_id_, credential_) : why;
+    outcome = e.empty() ? "deleted" : "not deleted: " + e;
+  } catch (const std::exception& ex) {
+    outcome = std::string("not deleted: ") + ex.what();
+  }
+  if (outcome != "deleted")
+    std::fprintf(stderr, "netreduce: deleting ring %u at %s: %s\n", ring_id_, target_.url.c_str(),
+                 outcome.c_str());
+  std::lock_guard lk(mu_);
+  released_ = outcome;
+  return outcome;
 }
 
 }  // namespace netreduce::host

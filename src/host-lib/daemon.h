@@ -1,12 +1,39 @@
-// Registration of a job's ring with the control daemon (/work/api-contract.md,
-// src/control): POST /v1/rings with the ring JSON of common/ring_json.h,
-// bearer token; then GET /v1/rings/{id} until it reports "installed": true
-// (the data plane has it), within the deadline. Anything else (no daemon
-// configured, no answer, a non-2xx answer, never installed) means the ring
-// path, and `reason` says which.
+// Registration of a job's ring with the control daemon (src/control, API in
+// README.md "Control daemon"), done by rank 0.
+//
+// register_ring: POST /v1/rings with the ring JSON of common/ring_json.h
+// (plus "lease_ms"), bearer token; then GET /v1/rings/{id} until it reports
+// "installed": true (the data plane has it), within the deadline. It never
+// deletes a ring it did not create: no DELETE before the POST. The daemon
+// answers a new id with the ring's credential (OwnedRing keeps it), and an id
+// another job holds with 409:
+//   - a derived id (Options::ring_id 0): up to kIdAttempts fresh ids, each
+//     derived with a new random nonce, so a job never takes over (nor waits
+//     for) another job's ring, nor the leftover of its own earlier run;
+//   - an explicit Options::ring_id: the ring path, with the daemon's reason.
+// Anything else (no daemon configured, no answer, a non-2xx answer, never
+// installed) also means the ring path, and `reason` says which. A ring the
+// daemon accepted but did not install in time is deleted again (with its
+// credential) before the ring path is taken.
+//
+// OwnedRing: what rank 0 holds for the communicator's lifetime. With a lease
+// it renews it (PUT /v1/rings/{id}/lease with the credential) every
+// lease_ms / 3 on its own thread; a failure is written to stderr once and
+// never reaches a collective. release() (also from the destructor) stops the
+// renewals and DELETEs the ring with its credential, so the job removes
+// exactly its own ring; a job that dies without it leaves a ring the daemon
+// removes when the lease runs out.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "engine/ring.h"
 #include "netreduce/netreduce.hpp"
@@ -22,12 +49,75 @@ struct DaemonTarget {
 // Options first, then NETREDUCE_DAEMON, NETREDUCE_TOKEN, NETREDUCE_TOKEN_FILE.
 DaemonTarget daemon_target(const Options& options);
 
+// The header the ring's credential travels in (control/daemon.h).
+inline constexpr const char* kCredentialHeader = "X-Netreduce-Ring-Credential";
+// Ids tried for a derived ring id before the ring path is taken.
+inline constexpr int kIdAttempts = 3;
+
+// A derived ring id in 1..2^31-1: FNV-1a over the bootstrap address, the
+// members and a per-run random nonce (random_nonce()), so two communicators
+// of one job, and a relaunch of the same job, get different ids.
+uint32_t derive_ring_id(const std::string& bootstrap, const std::vector<uint32_t>& members,
+                        uint64_t nonce);
+uint64_t random_nonce();
+
 struct Registration {
   bool installed = false;
   std::string reason;
+  uint32_t ring_id = 0;    // the id registered (or the last one tried)
+  std::string credential;  // the daemon's credential for it (installed only)
+  uint32_t lease_ms = 0;
 };
 
-Registration register_ring(const DaemonTarget& target, const engine::RingSpec& spec,
-                           int timeout_ms);
+// spec.ring_id is the first id tried. fresh_id empty: an explicit id (one
+// attempt); otherwise it gives the next id to try after a 409.
+Registration register_ring(const DaemonTarget& target, engine::RingSpec spec, int timeout_ms,
+                           uint32_t lease_ms = 0, const std::function<uint32_t()>& fresh_id = {});
+
+class OwnedRing;
+
+// Rank 0's registration for Communicator::create: the spec's members and
+// sizes are given, the id is Options::ring_id or derived (bootstrap,
+// members, a random nonce; fresh ones after a 409), POSTed with
+// Options::lease_ms. When installed, `owned` holds the ring (renewals,
+// DELETE at the end).
+Registration setup_ring(const Options& options, const std::string& bootstrap, engine::RingSpec spec,
+                        std::unique_ptr<OwnedRing>& owned);
+
+class OwnedRing {
+ public:
+  // Starts the renewal thread when lease_ms > 0. timeout_ms bounds each call.
+  // delete_at_release false: release() only stops the renewals.
+  OwnedRing(DaemonTarget target, uint32_t ring_id, std::string credential, uint32_t lease_ms,
+            int timeout_ms, bool delete_at_release = true);
+  ~OwnedRing();
+  OwnedRing(const OwnedRing&) = delete;
+  OwnedRing& operator=(const OwnedRing&) = delete;
+
+  // Stops renewing and DELETEs the ring with its credential; once. The
+  // outcome ("deleted", "kept", or why not) is returned and kept in
+  // released().
+  std::string release();
+
+  uint32_t ring_id() const noexcept { return ring_id_; }
+  uint64_t renewals() const noexcept { return renewals_.load(); }  // successful renewals
+  std::string released() const;
+
+ private:
+  void renew_main();
+
+  const DaemonTarget target_;
+  const uint32_t ring_id_;
+  const std::string credential_;
+  const uint32_t lease_ms_;
+  const int timeout_ms_;
+  const bool delete_at_release_;
+  std::atomic<uint64_t> renewals_{0};
+  mutable std::mutex mu_;  // guards stop_, released_
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::string released_;
+  std::thread thread_;  // written by the constructor, joined by release()
+};
 
 }  // namespace netreduce::host

@@ -377,16 +377,6 @@ class VerbsTransport final : public Transport {
   std::map<uintptr_t, Mr> mrs_;
 };
 
-uint32_t derive_ring_id(const std::string& bootstrap, const std::vector<uint32_t>& members) {
-  uint32_t h = 2166136261u;  // FNV-1a
-  auto mix = [&h](uint8_t b) { h = (h ^ b) * 16777619u; };
-  for (char c : bootstrap) mix(static_cast<uint8_t>(c));
-  for (uint32_t m : members)
-    for (int s = 0; s < 32; s += 8) mix(static_cast<uint8_t>(m >> s));
-  h &= 0x7FFFFFFF;
-  return h == 0 ? 1 : h;
-}
-
 }  // namespace
 }  // namespace host
 
@@ -465,8 +455,12 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   // Everyone's QPs are ready before anyone sends.
   if (Error e = boot->allgather("ready", blobs, deadline)) return e;
 
-  // Rank 0 decides the path and tells everyone.
+  // Rank 0 decides the path and tells everyone. It owns the ring it
+  // registered: renewed while the communicator lives, deleted at the end (or
+  // right away when the probe sends every rank to the ring path, or create
+  // fails after this point).
   std::string decision;
+  std::unique_ptr<OwnedRing> owned;
   if (rank == 0) {
     engine::RingSpec spec;
     bool ips = true;
@@ -474,7 +468,6 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
       spec.members.push_back(p.ipv4);
       ips = ips && p.ipv4 != 0;
     }
-    spec.ring_id = options.ring_id ? options.ring_id : derive_ring_id(bootstrap, spec.members);
     spec.msg_len = cc.msg_len;
     spec.window = cc.window;
     spec.payload_bytes = cc.pmtu;
@@ -486,9 +479,9 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
     else if (!ips)
       reg.reason = "a rank's GID has no IPv4 address (give --ipv4)";
     else
-      reg = register_ring(daemon_target(options), spec, options.daemon_timeout_ms);
+      reg = setup_ring(options, bootstrap, spec, owned);
     decision =
-        std::string(reg.installed ? "I" : "R") + std::to_string(spec.ring_id) + ":" + reg.reason;
+        std::string(reg.installed ? "I" : "R") + std::to_string(reg.ring_id) + ":" + reg.reason;
   }
   if (Error e = boot->broadcast(decision, deadline)) return e;
   const size_t colon = decision.find(':');
@@ -520,12 +513,14 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
       cc.reason = "rank " + std::to_string(r) + ": " + blobs[r].substr(1);
       cc.ring_id = 0;
       coll.reset();
+      if (owned) owned->release();
       if (Error e = Collective::create(*t, cc, coll)) return e;
       break;
     }
   }
-  out = std::make_unique<Communicator>(
-      std::make_unique<Communicator::Impl>(std::move(t), std::move(coll), options));
+  auto impl = std::make_unique<Communicator::Impl>(std::move(t), std::move(coll), options);
+  impl->owned_ring = std::move(owned);
+  out = std::make_unique<Communicator>(std::move(impl));
   return {};
 }
 

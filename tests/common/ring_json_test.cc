@@ -4,7 +4,10 @@
 #include "common/ring_json.h"
 
 #include <catch2/catch.hpp>
+#include <functional>
 #include <random>
+#include <string>
+#include <vector>
 
 using namespace netreduce;
 using nlohmann::json;
@@ -114,4 +117,76 @@ TEST_CASE("random JSON never throws out of the decoder", "[common][json]") {
     REQUIRE_NOTHROW(st = ring_from_json(j, s));
     if (!st.ok()) CHECK(!st.message().empty());
   }
+}
+
+TEST_CASE("member addresses: only a strict dotted quad, the whole string", "[common][json]") {
+  // Golden answers from Python's ipaddress.IPv4Address (3.11), independent of
+  // this parser: it accepts exactly the good list (with these values) and
+  // raises ValueError on every bad one.
+  const std::vector<std::pair<std::string, uint32_t>> good = {
+      {"10.1.0.1", 0x0A010001},    {"0.0.0.0", 0},          {"255.255.255.255", 0xFFFFFFFF},
+      {"192.168.1.2", 0xC0A80102}, {"1.2.3.4", 0x01020304}, {"100.64.10.200", 0x64400AC8}};
+  for (const auto& [text, want] : good) {
+    uint32_t got = 1;
+    INFO(text);
+    CHECK(ipv4_from_string(text, got));
+    CHECK(got == want);
+  }
+  using namespace std::string_literals;
+  const std::vector<std::string> bad = {"10.1.0.1\0x"s,
+                                        "10.1.0.1\0"s,
+                                        "\0"s
+                                        "10.1.0.1",
+                                        "010.1.0.1",
+                                        "10.1.0.01",
+                                        "10.1.0.00",
+                                        "10.1.0.1 ",
+                                        " 10.1.0.1",
+                                        "10.1.0.1\n",
+                                        "10.1.0",
+                                        "10.1.0.1.5",
+                                        "10.1.0.256",
+                                        "10.1.0.1000",
+                                        "1e1.0.0.1",
+                                        "+10.1.0.1",
+                                        "10.-1.0.1",
+                                        "10..0.1",
+                                        "0x0a.1.0.1",
+                                        "167837697",
+                                        "10.1.0.1/24",
+                                        "",
+                                        ".10.1.0.1",
+                                        "10.1.0.1.",
+                                        "\xef\xbc\x91"
+                                        "0.1.0.1"};
+  for (const std::string& text : bad) {
+    uint32_t got = 7;
+    INFO(json(text).dump(-1, ' ', true, json::error_handler_t::replace));
+    CHECK_FALSE(ipv4_from_string(text, got));
+    CHECK(got == 7);  // untouched on refusal
+  }
+}
+
+TEST_CASE("a member with a NUL and trailing bytes is refused, naming members[2]",
+          "[common][json]") {
+  // The finding: "10.1.0.1\u0000x" was accepted as 10.1.0.1 (inet_pton on
+  // c_str() stops at the NUL).
+  const json j = json::parse(R"({"id": 1, "msg_len": 4, "window": 2, "payload_bytes": 1024,
+    "members": ["10.1.0.3", "10.1.0.2", "10.1.0.1\u0000x"]})");
+  REQUIRE(j["members"][2].get<std::string>().size() == 10);
+  engine::RingSpec s;
+  const Status st = ring_from_json(j, s);
+  CHECK_FALSE(st.ok());
+  CHECK(st.field() == "members[2]");
+  // The message shows the bytes escaped, never a raw NUL.
+  CHECK(st.message().find("'10.1.0.1\\x00x'") != std::string::npos);
+  CHECK(st.message().find('\0') == std::string::npos);
+
+  json k = j;
+  k["members"][2] = "10.1.0.010";
+  CHECK(ring_from_json(k, s).field() == "members[2]");
+  k["members"][2] = json::parse(R"({"rank": 2, "address": "10.1.0.1\u0000"})");
+  k["members"][0] = json::parse(R"({"rank": 0, "address": "10.1.0.3"})");
+  k["members"][1] = json::parse(R"({"rank": 1, "address": "10.1.0.2"})");
+  CHECK(ring_from_json(k, s).field() == "members[2]");
 }

@@ -102,11 +102,13 @@ class Daemon:
         with open(os.path.join(self.tmp, "netreduced.log")) as f:
             return f.read()[-3000:]
 
-    def call(self, method, path, body=None, token=TOKEN, raw=None):
+    def call(self, method, path, body=None, token=TOKEN, raw=None, headers=None):
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         req = urllib.request.Request(self.url + path, data=data, method=method)
         if token is not None:
             req.add_header("Authorization", "Bearer " + token)
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
@@ -252,15 +254,21 @@ def scenario_api(tmp):
     got = dict(body["ring"])
     assert got.pop("installed") is False, body  # no data plane yet: persisted, pushed when it connects
     assert "cannot connect to the data plane" in got.pop("dataplane_error"), body
+    cred = got.pop("credential")
+    assert re.fullmatch(r"[0-9a-f]{32}", cred), cred
     assert got == want, got
-    st, body = d.call("POST", "/v1/rings", ring(1))
-    assert st == 200 and body["ring"]["id"] == 1, (st, body)
+    # The same spec again is idempotent only for its owner (the credential);
+    # anyone else's POST of the id is another job's ring: 409.
+    expect_error(d.call("POST", "/v1/rings", ring(1)), 409, "conflict", "id")
+    hdr = {"X-Netreduce-Ring-Credential": cred}
+    st, body = d.call("POST", "/v1/rings", ring(1), headers=hdr)
+    assert st == 200 and body["ring"]["id"] == 1 and body["ring"]["credential"] == cred, (st, body)
     st, body = d.call("POST", "/v1/rings", ring(1, members=[{"rank": 1, "address": "10.5.0.2"},
                                                            {"rank": 0, "address": "10.5.0.1"},
-                                                           {"rank": 2, "address": "10.5.0.3"}]))
+                                                           {"rank": 2, "address": "10.5.0.3"}]), headers=hdr)
     assert st == 200, (st, body)  # the same ring written with explicit ranks
-    expect_error(d.call("POST", "/v1/rings", ring(1, window=8)), 409, "conflict", "id")
-    expect_error(d.call("POST", "/v1/rings", ring(1, n=4)), 409, "conflict", "id")
+    expect_error(d.call("POST", "/v1/rings", ring(1, window=8), headers=hdr), 409, "conflict", "id")
+    expect_error(d.call("POST", "/v1/rings", ring(1, n=4), headers=hdr), 409, "conflict", "id")
 
     # Every bad field named.
     bad = [
@@ -404,10 +412,19 @@ def scenario_cli(tmp):
     assert lines[0].split() == ["ID", "RANKS", "MEMBERS", "MSG_LEN", "WINDOW", "PAYLOAD", "DTYPES", "OPS",
                                 "INSTALLED"], out
     assert lines[1].split() == ["7", "2", "10.7.0.1,10.7.0.2", "8", "4", "1024", "fp32", "sum", "no"], out
-    # The same again: idempotent, still 0.
-    rc, out, err = ctl(d, "--json", "ring", "add", "--id", "7", "--members", "10.7.0.1,10.7.0.2", "--msg-len",
-                       "8", "--window", "4", "--payload", "1024", "--dtype", "fp32", "--op", "sum")
-    assert rc == 0 and json.loads(out)["ring"]["id"] == 7, (rc, out, err)
+    # The credential is printed once, after the table.
+    m = re.search(r"^credential ([0-9a-f]{32})$", out, re.M)
+    assert m, out
+    cred = m.group(1)
+    # The same again: another job's ring for the daemon (409, exit 1), unless
+    # the credential is given: then idempotent, still 0, and --json carries it.
+    same = ["ring", "add", "--id", "7", "--members", "10.7.0.1,10.7.0.2", "--msg-len", "8", "--window", "4",
+            "--payload", "1024", "--dtype", "fp32", "--op", "sum"]
+    rc, out, err = ctl(d, *same)
+    assert rc == 1 and "registered by another job" in err and cred not in err, (rc, out, err)
+    rc, out, err = ctl(d, "--json", *(same + ["--credential", cred]))
+    assert rc == 0 and json.loads(out)["ring"]["id"] == 7 and json.loads(out)["ring"]["credential"] == cred, \
+        (rc, out, err)
     # From a file.
     path = os.path.join(tmp, "ring.json")
     with open(path, "w") as f:
@@ -432,8 +449,8 @@ def scenario_cli(tmp):
     rc, out, err = ctl(d, "ring", "show", "99")
     assert rc == 1 and "not_found" in err and "no ring 99" in err, (rc, err)
     rc, out, err = ctl(d, "ring", "add", "--id", "7", "--members", "10.7.0.1,10.7.0.3", "--msg-len", "8",
-                       "--window", "4", "--payload", "1024")
-    assert rc == 1 and "conflict" in err, (rc, err)
+                       "--window", "4", "--payload", "1024", "--credential", cred)
+    assert rc == 1 and "conflict" in err and "different spec" in err, (rc, err)
     rc, out, err = ctl(d, "ring", "add", "--id", "9", "--members", "10.7.0.1,10.7.0.3", "--msg-len", "8",
                        "--window", "4", "--payload", "1000")
     assert rc == 1 and "payload_bytes" in err, (rc, err)
@@ -680,6 +697,11 @@ def main():
     fn = globals().get("scenario_" + scenario)
     if not fn:
         raise SystemExit("unknown scenario " + scenario)
+    scenario_main(fn)
+
+
+def scenario_main(fn):
+    """Runs fn(tmp) in a fresh temp dir; kills what it started and prints the logs on failure."""
     tmp = tempfile.mkdtemp(prefix="nrctl-")
     ok = False
     try:

@@ -54,6 +54,8 @@ TEST_CASE("the shipped netreduced.yaml loads with its documented values", "[cont
   CHECK(cfg.state_file == "/var/lib/netreduce/state.json");
   CHECK(cfg.dataplane_socket == "/run/netreduce/dataplane.sock");
   CHECK(cfg.max_rings == 64);
+  CHECK(cfg.job_token_file.empty());  // commented out in the example: one token
+  CHECK(cfg.max_lease_ms == 3600000);
   CHECK(cfg.max_memory == (1ull << 30));
   CHECK_FALSE(cfg.require_dataplane);
   CHECK(cfg.threads == 8);
@@ -140,13 +142,20 @@ TEST_CASE("daemon config errors name the key", "[control][config]") {
             .rfind("dataplane.require: must be true or false", 0) == 0);
   CHECK(error_of("quotas: {max_memory: 10XB}").rfind("quotas.max_memory: unknown size suffix", 0) ==
         0);
+  CHECK(error_of("quotas: {max_lease_ms: 999}").rfind("quotas.max_lease_ms: must be in", 0) == 0);
+  CHECK(error_of("auth: {job_token_file: jobs}")
+            .rfind("auth.job_token_file: must be an absolute path", 0) == 0);
+  CHECK(error_of("listen: {address: 127.0.0.01}").rfind("listen.address:", 0) == 0);
   CHECK(error_of("quotas: [1, 2]").rfind("quotas: must be a mapping", 0) == 0);
   CHECK(error_of("a: 1\n---\nb: 2").find("content after the end of the document") !=
         std::string::npos);
   DaemonConfig cfg;
-  REQUIRE(parse_daemon_config(
-              "quotas: {max_memory: 64MiB, max_rings: 3}\ndataplane: {require: true}", "t", cfg)
+  REQUIRE(parse_daemon_config("quotas: {max_memory: 64MiB, max_rings: 3, max_lease_ms: 5000}\n"
+                              "dataplane: {require: true}\nauth: {job_token_file: /etc/jobs}",
+                              "t", cfg)
               .ok());
+  CHECK(cfg.max_lease_ms == 5000);
+  CHECK(cfg.job_token_file == "/etc/jobs");
   CHECK(cfg.max_memory == 64ull << 20);
   CHECK(cfg.max_rings == 3);
   CHECK(cfg.require_dataplane);
@@ -171,20 +180,36 @@ TEST_CASE("state file: round trip, atomic replace, refusals", "[control][state]"
   engine::RingSpec b = a;
   b.ring_id = 4000000000u;
   b.members = {0x0A000003, 0x0A000004, 0x0A000005};
-  rings = {{a.ring_id, a}, {b.ring_id, b}};
+  const std::string cred(32, 'a');
+  rings = {{a.ring_id, {a, cred, 30000, {}}}, {b.ring_id, {b, "", 0, {}}}};
   REQUIRE(st.save(rings).ok());
   CHECK_FALSE(std::filesystem::exists(dir / "state.json.tmp"));
   RingMap back;
   REQUIRE(st.load(back).ok());
   REQUIRE(back.size() == 2);
-  for (const auto& [id, spec] : rings)  // omitted ops come back as the full list: the same ring
-    CHECK(ring_to_json(back.at(id)) == ring_to_json(spec));
+  for (const auto& [id, rec] : rings) {  // omitted ops come back as the full list: the same ring
+    CHECK(ring_to_json(back.at(id).spec) == ring_to_json(rec.spec));
+    CHECK(back.at(id).credential == rec.credential);
+    CHECK(back.at(id).lease_ms == rec.lease_ms);
+  }
 
-  // The file is plain JSON a person can read.
+  // The file is plain JSON a person can read; it holds credentials: 0600.
   std::ifstream in(dir / "state.json");
   const json j = json::parse(in);
-  CHECK(j["version"] == 1);
+  CHECK(j["version"] == 2);
   CHECK(j["rings"][0]["id"] == 7);
+  CHECK(j["rings"][0]["credential"] == cred);
+  CHECK(j["rings"][0]["lease_ms"] == 30000);
+  CHECK_FALSE(j["rings"][1].contains("credential"));
+  CHECK_FALSE(j["rings"][1].contains("lease_ms"));
+  CHECK((std::filesystem::status(dir / "state.json").permissions() & std::filesystem::perms::all) ==
+        (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
+  // A temp file a crash left with a wider mode does not widen the new state.
+  std::ofstream(dir / "state.json.tmp") << "junk";
+  std::filesystem::permissions(dir / "state.json.tmp", std::filesystem::perms::all);
+  REQUIRE(st.save(rings).ok());
+  CHECK((std::filesystem::status(dir / "state.json").permissions() & std::filesystem::perms::all) ==
+        (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
 
   auto write = [&](const std::string& text) { std::ofstream(dir / "state.json") << text; };
   write(
@@ -195,6 +220,23 @@ TEST_CASE("state file: round trip, atomic replace, refusals", "[control][state]"
   CHECK(s.message().find("rings[0]") != std::string::npos);
   write("[]");
   CHECK_FALSE(st.load(back).ok());
+  // Version 1 (before rings had owners): loads, no credential, no lease.
+  write("{\"version\": 1, \"rings\": [" + ring_to_json(a).dump() + "]}");
+  REQUIRE(st.load(back).ok());
+  CHECK(back.at(7).credential.empty());
+  CHECK(back.at(7).lease_ms == 0);
+  json with_cred = ring_to_json(a);
+  with_cred["credential"] = "not-hex";
+  write("{\"version\": 2, \"rings\": [" + with_cred.dump() + "]}");
+  CHECK(st.load(back).field() == "credential");
+  with_cred["credential"] = cred;
+  write("{\"version\": 1, \"rings\": [" + with_cred.dump() + "]}");
+  CHECK(st.load(back).field() == "credential");  // version 1 has no such field
+  with_cred["lease_ms"] = -5;
+  write("{\"version\": 2, \"rings\": [" + with_cred.dump() + "]}");
+  CHECK(st.load(back).field() == "lease_ms");
+  write("{\"version\": 3, \"rings\": []}");
+  CHECK(st.load(back).field() == "version");
   write("{\"rings\": [");
   CHECK(st.load(back).message().find("not JSON") != std::string::npos);
   const std::string two = ring_to_json(a).dump();

@@ -8,7 +8,11 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -121,66 +125,154 @@ TEST_CASE("bootstrap: deadlines name who is missing", "[hostlib][bootstrap]") {
 
 namespace {
 
-// A stub daemon: POST /v1/rings answers `post_status`; GET /v1/rings/42
-// reports `installed`.
-struct StubDaemon {
+// A fake daemon speaking the API contract of src/control (README "Control
+// daemon"), with a ring table of its own: POST of a new id 201 with a
+// credential, of a held id 409; GET installed (or not); PUT .../lease and
+// DELETE only with the ring's credential (403 otherwise, 404 when absent).
+// Every request is recorded, in order, with its credential header.
+struct FakeDaemon {
+  struct Call {
+    std::string method, path, credential, auth, body;
+  };
+  struct Ring {
+    std::string credential;
+    uint32_t lease_ms = 0;
+  };
   httplib::Server srv;
   std::thread th;
   int port = 0;
-  int post_status = 201;
-  bool installed = true;
-  std::string seen_auth, seen_body;
-  std::vector<std::string> calls;  // "DELETE", "POST" in order
-  bool stale = false;              // a ring 42 from an earlier run is there
+  bool installed = true;     // what GET reports
+  int post_status = 0;       // non-zero: POST answers this, with an error body
+  std::set<uint32_t> taken;  // ids held by "other jobs": POST -> 409
+  std::map<uint32_t, Ring> rings;
+  std::vector<Call> calls;
+  unsigned next_cred = 1;
   std::mutex mu;
-  explicit StubDaemon(int status, bool inst) : post_status(status), installed(inst) {
-    srv.Delete("/v1/rings/42", [this](const httplib::Request&, httplib::Response& res) {
-      std::lock_guard lk(mu);
-      calls.push_back("DELETE");
-      res.status = stale ? 204 : 404;
-      stale = false;
-    });
+
+  static uint32_t id_of(const httplib::Request& req) {
+    return static_cast<uint32_t>(std::stoul(req.matches[1].str()));
+  }
+  void record(const httplib::Request& req) {
+    calls.push_back({req.method, req.path, req.get_header_value("X-Netreduce-Ring-Credential"),
+                     req.get_header_value("Authorization"), req.body});
+  }
+  static void error(httplib::Response& res, int status, const std::string& code,
+                    const std::string& field, const std::string& msg) {
+    res.status = status;
+    res.set_content(
+        nlohmann::json{{"error", {{"code", code}, {"field", field}, {"message", msg}}}}.dump(),
+        "application/json");
+  }
+  // The owner check of the real daemon: the credential must match.
+  bool owner(const httplib::Request& req, httplib::Response& res, uint32_t id) {
+    auto it = rings.find(id);
+    if (it == rings.end()) {
+      error(res, 404, "not_found", "id", "no ring " + std::to_string(id));
+      return false;
+    }
+    if (req.get_header_value("X-Netreduce-Ring-Credential") != it->second.credential) {
+      error(res, 403, "forbidden", "X-Netreduce-Ring-Credential", "wrong credential");
+      return false;
+    }
+    return true;
+  }
+
+  FakeDaemon() {
     srv.Post("/v1/rings", [this](const httplib::Request& req, httplib::Response& res) {
       std::lock_guard lk(mu);
-      calls.push_back("POST");
-      seen_auth = req.get_header_value("Authorization");
-      seen_body = req.body;
-      res.status = post_status;
-      if (post_status >= 300)
-        res.set_content(
-            R"({"error":{"code":"conflict","field":"id","message":"ring 42 exists with another spec"}})",
-            "application/json");
-      else
-        res.set_content(R"({"ring":)" + req.body + "}", "application/json");
+      record(req);
+      auto j = nlohmann::json::parse(req.body);
+      const uint32_t lease = j.value("lease_ms", 0u);
+      j.erase("lease_ms");
+      engine::RingSpec spec;
+      if (!ring_from_json(j, spec).ok())  // no Catch2 macros off the test's thread
+        return error(res, 400, "invalid_argument", "", "bad ring");
+      if (post_status)
+        return error(res, post_status, "quota", "quotas.max_rings", "the daemon is full");
+      if (taken.count(spec.ring_id) || rings.count(spec.ring_id))
+        return error(res, 409, "conflict", "id",
+                     "ring " + std::to_string(spec.ring_id) + " is registered by another job");
+      char cred[33];
+      std::snprintf(cred, sizeof cred, "%032x", next_cred++);
+      rings[spec.ring_id] = {cred, lease};
+      nlohmann::json r = ring_to_json(spec);
+      r["credential"] = cred;
+      r["installed"] = installed;
+      res.status = 201;
+      res.set_content(nlohmann::json{{"ring", r}}.dump(), "application/json");
     });
-    srv.Get("/v1/rings/42", [this](const httplib::Request&, httplib::Response& res) {
-      nlohmann::json j = ring_to_json(spec3());
-      j["installed"] = installed;
-      res.set_content(j.dump(), "application/json");
+    srv.Get(R"(/v1/rings/(\d+))", [this](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard lk(mu);
+      record(req);
+      if (!rings.count(id_of(req))) return error(res, 404, "not_found", "id", "no ring");
+      res.set_content(nlohmann::json{{"id", id_of(req)}, {"installed", installed}}.dump(),
+                      "application/json");
+    });
+    srv.Put(R"(/v1/rings/(\d+)/lease)",
+            [this](const httplib::Request& req, httplib::Response& res) {
+              std::lock_guard lk(mu);
+              record(req);
+              if (!owner(req, res, id_of(req))) return;
+              res.set_content(nlohmann::json{{"id", id_of(req)}}.dump(), "application/json");
+            });
+    srv.Delete(R"(/v1/rings/(\d+))", [this](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard lk(mu);
+      record(req);
+      if (!owner(req, res, id_of(req))) return;
+      rings.erase(id_of(req));
+      res.status = 204;
     });
     port = srv.bind_to_any_port("127.0.0.1");
     th = std::thread([this] { srv.listen_after_bind(); });
     while (!srv.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  ~StubDaemon() {
+  ~FakeDaemon() {
     srv.stop();
     th.join();
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
+  std::vector<std::string> methods() {
+    std::lock_guard lk(mu);
+    std::vector<std::string> m;
+    for (const Call& c : calls) m.push_back(c.method);
+    return m;
+  }
+  std::vector<Call> calls_of(const std::string& method) {
+    std::lock_guard lk(mu);
+    std::vector<Call> out;
+    for (const Call& c : calls)
+      if (c.method == method) out.push_back(c);
+    return out;
+  }
 };
+
+Options opts_for(const FakeDaemon& d, uint32_t lease_ms = 0) {
+  Options o;
+  o.daemon = d.url();
+  o.token = "s3cret";
+  o.lease_ms = lease_ms;
+  o.daemon_timeout_ms = 2000;
+  return o;
+}
 
 }  // namespace
 
 TEST_CASE("daemon: registration decides the path and says why", "[hostlib][daemon]") {
-  SECTION("installed: ina path; the body is the ring JSON, with the bearer token") {
-    StubDaemon d(201, true);
-    const Registration r = register_ring({d.url(), "s3cret", ""}, spec3(), 2000);
+  SECTION("installed: ina path; the body is the ring JSON with the lease, bearer token") {
+    FakeDaemon d;
+    const Registration r = register_ring({d.url(), "s3cret", ""}, spec3(), 2000, 30000);
     INFO(r.reason);
     CHECK(r.installed);
-    std::lock_guard lk(d.mu);
-    CHECK(d.seen_auth == "Bearer s3cret");
+    CHECK(r.ring_id == 42);
+    CHECK(r.credential == "00000000000000000000000000000001");
+    auto posts = d.calls_of("POST");
+    REQUIRE(posts.size() == 1);
+    CHECK(posts[0].auth == "Bearer s3cret");
+    auto body = nlohmann::json::parse(posts[0].body);
+    CHECK(body["lease_ms"] == 30000);
+    body.erase("lease_ms");
     engine::RingSpec back;
-    REQUIRE(ring_from_json(nlohmann::json::parse(d.seen_body), back).ok());
+    REQUIRE(ring_from_json(body, back).ok());
     CHECK(back.ring_id == 42);
     CHECK(back.members == spec3().members);
     CHECK(back.msg_len == 4);
@@ -189,30 +281,68 @@ TEST_CASE("daemon: registration decides the path and says why", "[hostlib][daemo
     CHECK(back.allows_dtype(static_cast<uint8_t>(DataType::bf16)));
     CHECK(back.allows_op(static_cast<uint8_t>(Op::max)));
   }
-  SECTION("a ring left by an earlier run of the job is removed before the POST") {
-    // Its cells would hold that run's (newer) message ids: the box would
-    // drop this run's messages as stale.
-    StubDaemon d(200, true);
-    d.stale = true;
+  SECTION("no DELETE before the POST: a ring held by someone else is never removed") {
+    // The finding: rank 0 deleted the id it derived before POSTing, which
+    // removed a running job's ring that had the same id.
+    FakeDaemon d;
+    d.taken = {42};
     const Registration r = register_ring({d.url(), "s3cret", ""}, spec3(), 2000);
-    INFO(r.reason);
-    CHECK(r.installed);
-    CHECK(r.reason.find("replacing the ring an earlier run left there") != std::string::npos);
-    std::lock_guard lk(d.mu);
-    CHECK(d.calls == std::vector<std::string>{"DELETE", "POST"});
+    CHECK(!r.installed);
+    CHECK(d.calls_of("DELETE").empty());
+    CHECK(d.methods() == std::vector<std::string>{"POST"});
   }
-  SECTION("refused: ring path with the daemon's error") {
-    StubDaemon d(409, true);
+  SECTION("an explicit id another job holds: ring path with the daemon's reason") {
+    FakeDaemon d;
+    d.taken = {42};
     const Registration r = register_ring({d.url(), "", ""}, spec3(), 2000);
     CHECK(!r.installed);
     CHECK(r.reason.find("refused ring 42") != std::string::npos);
-    CHECK(r.reason.find("HTTP 409 conflict (id)") != std::string::npos);
+    CHECK(r.reason.find("HTTP 409 conflict (id): ring 42 is registered by another job") !=
+          std::string::npos);
   }
-  SECTION("accepted but never installed: ring path, within the deadline") {
-    StubDaemon d(200, false);
+  SECTION("a derived id another job holds: fresh ids, up to 3") {
+    FakeDaemon d;
+    d.taken = {42, 43};
+    uint32_t next = 43;
+    Registration r = register_ring({d.url(), "", ""}, spec3(), 2000, 0, [&] { return next++; });
+    INFO(r.reason);
+    CHECK(r.installed);
+    CHECK(r.ring_id == 44);
+    CHECK(r.reason.find("ring 44 installed") != std::string::npos);
+    CHECK(r.reason.find("derived ids 42, 43 were registered by other jobs") != std::string::npos);
+    CHECK(d.methods() == std::vector<std::string>{"POST", "POST", "POST", "GET"});
+    // All three taken: the ring path, saying so; never a fourth try.
+    FakeDaemon e;
+    e.taken = {42, 43, 44, 45};
+    next = 43;
+    r = register_ring({e.url(), "", ""}, spec3(), 2000, 0, [&] { return next++; });
+    CHECK(!r.installed);
+    CHECK(r.reason.find("refused ring 44: HTTP 409") != std::string::npos);
+    CHECK(r.reason.find("derived ids 42, 43 were also taken; 3 tried") != std::string::npos);
+    CHECK(e.calls_of("POST").size() == 3);
+  }
+  SECTION("refused for another reason: no retry, ring path with the daemon's error") {
+    FakeDaemon d;
+    d.post_status = 422;
+    uint32_t next = 43;
+    const Registration r =
+        register_ring({d.url(), "", ""}, spec3(), 2000, 0, [&] { return next++; });
+    CHECK(!r.installed);
+    CHECK(r.reason.find("HTTP 422 quota (quotas.max_rings)") != std::string::npos);
+    CHECK(d.calls_of("POST").size() == 1);
+  }
+  SECTION("accepted but never installed: ring path within the deadline, and our ring deleted") {
+    FakeDaemon d;
+    d.installed = false;
     const Registration r = register_ring({d.url(), "", ""}, spec3(), 400);
     CHECK(!r.installed);
     CHECK(r.reason.find("did not install it") != std::string::npos);
+    const auto dels = d.calls_of("DELETE");
+    REQUIRE(dels.size() == 1);
+    CHECK(dels[0].path == "/v1/rings/42");
+    CHECK(dels[0].credential == "00000000000000000000000000000001");
+    std::lock_guard lk(d.mu);
+    CHECK(d.rings.empty());
   }
   SECTION("unreachable") {
     const std::string url = "http://127.0.0.1:" + std::to_string(free_port());
@@ -245,5 +375,132 @@ TEST_CASE("daemon: registration decides the path and says why", "[hostlib][daemo
     ::unsetenv("NETREDUCE_DAEMON");
     ::unsetenv("NETREDUCE_TOKEN");
     ::unsetenv("NETREDUCE_TOKEN_FILE");
+  }
+}
+
+TEST_CASE("daemon: derived ids differ per run, same inputs", "[hostlib][daemon]") {
+  const std::vector<uint32_t> m = spec3().members;
+  CHECK(derive_ring_id("10.0.0.1:29500", m, 1) == derive_ring_id("10.0.0.1:29500", m, 1));
+  std::set<uint32_t> ids;
+  for (int i = 0; i < 1000; ++i) {
+    const uint32_t id = derive_ring_id("10.0.0.1:29500", m, random_nonce());
+    CHECK(id >= 1);
+    CHECK(id <= 0x7FFFFFFFu);
+    ids.insert(id);
+  }
+  CHECK(ids.size() >= 999);  // a collision among 1000 of 2^31 ids: p ~ 2e-4
+}
+
+TEST_CASE("daemon: rank 0's ring lifecycle against a fake daemon", "[hostlib][daemon]") {
+  const std::string boot = "10.0.0.1:29500";
+  SECTION("two communicators of one job at once: distinct ids, each deleted at its close") {
+    FakeDaemon d;
+    std::unique_ptr<OwnedRing> a, b;
+    const Registration ra = setup_ring(opts_for(d), boot, spec3(), a);
+    const Registration rb = setup_ring(opts_for(d), boot, spec3(), b);
+    INFO(ra.reason << " / " << rb.reason);
+    REQUIRE(ra.installed);
+    REQUIRE(rb.installed);
+    CHECK(ra.ring_id != rb.ring_id);
+    CHECK(ra.ring_id != 42);  // spec3's id is replaced by a derived one
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(d.calls_of("DELETE").empty());  // nothing deleted while they live
+    CHECK(a->release() == "deleted");
+    {
+      std::lock_guard lk(d.mu);
+      CHECK(d.rings.count(ra.ring_id) == 0);
+      CHECK(d.rings.count(rb.ring_id) == 1);  // the other communicator's ring is untouched
+    }
+    b.reset();  // the destructor releases too
+    const auto dels = d.calls_of("DELETE");
+    REQUIRE(dels.size() == 2);
+    CHECK(dels[0].path == "/v1/rings/" + std::to_string(ra.ring_id));
+    CHECK(dels[0].credential == ra.credential);
+    CHECK(dels[1].path == "/v1/rings/" + std::to_string(rb.ring_id));
+    CHECK(dels[1].credential == rb.credential);
+    CHECK(dels[0].auth == "Bearer s3cret");
+    CHECK(a->released() == "deleted");
+    std::lock_guard lk(d.mu);
+    CHECK(d.rings.empty());
+  }
+  SECTION("a relaunch never meets its own leftover: a fresh id, the leftover untouched") {
+    FakeDaemon d;
+    std::unique_ptr<OwnedRing> first, second;
+    Options o = opts_for(d);
+    o.delete_ring_at_close = false;  // the first run dies without deleting
+    const Registration r1 = setup_ring(o, boot, spec3(), first);
+    REQUIRE(r1.installed);
+    CHECK(first->release() == "kept");
+    const Registration r2 = setup_ring(opts_for(d), boot, spec3(), second);
+    INFO(r2.reason);
+    REQUIRE(r2.installed);
+    CHECK(r2.ring_id != r1.ring_id);
+    CHECK(d.calls_of("DELETE").empty());
+    std::lock_guard lk(d.mu);
+    CHECK(d.rings.count(r1.ring_id) == 1);
+  }
+  SECTION("an explicit Options::ring_id another job holds: the ring path, with the reason") {
+    FakeDaemon d;
+    d.taken = {7};
+    Options o = opts_for(d);
+    o.ring_id = 7;
+    std::unique_ptr<OwnedRing> owned;
+    const Registration r = setup_ring(o, boot, spec3(), owned);
+    CHECK(!r.installed);
+    CHECK(!owned);
+    CHECK(r.ring_id == 7);
+    CHECK(r.reason.find("refused ring 7: HTTP 409 conflict (id): ring 7 is registered by another "
+                        "job") != std::string::npos);
+    CHECK(d.calls_of("POST").size() == 1);  // an explicit id is never replaced
+    CHECK(d.calls_of("DELETE").empty());
+  }
+  SECTION("the lease is renewed every lease/3 with the credential, and stops at close") {
+    FakeDaemon d;
+    std::unique_ptr<OwnedRing> owned;
+    const Registration r = setup_ring(opts_for(d, 1200), boot, spec3(), owned);
+    REQUIRE(r.installed);
+    CHECK(nlohmann::json::parse(d.calls_of("POST").at(0).body)["lease_ms"] == 1200);
+    // Renewals every 400 ms: wait (generously) for three.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (owned->renewals() < 3 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK(owned->renewals() >= 3);
+    owned.reset();
+    const auto puts = d.calls_of("PUT");
+    REQUIRE(puts.size() >= 3);
+    for (const auto& p : puts) {
+      CHECK(p.path == "/v1/rings/" + std::to_string(r.ring_id) + "/lease");
+      CHECK(p.credential == r.credential);
+      CHECK(p.auth == "Bearer s3cret");
+    }
+    // Nothing after the DELETE: the renewal thread stopped before it.
+    const auto m = d.methods();
+    CHECK(m.back() == "DELETE");
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    CHECK(d.methods().size() == m.size());
+  }
+  SECTION("renewal failures never block and are kept quiet; release says why") {
+    FakeDaemon d;
+    std::unique_ptr<OwnedRing> owned;
+    const Registration r = setup_ring(opts_for(d, 1000), boot, spec3(), owned);
+    REQUIRE(r.installed);
+    {
+      std::lock_guard lk(d.mu);
+      d.rings.clear();  // an operator removed it: renewals get 404
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    CHECK(owned->renewals() == 0);
+    CHECK(owned->release() == "deleted");  // 404 at close: already gone, fine
+  }
+  SECTION("no lease: no renewals; still deleted at close") {
+    FakeDaemon d;
+    std::unique_ptr<OwnedRing> owned;
+    const Registration r = setup_ring(opts_for(d, 0), boot, spec3(), owned);
+    REQUIRE(r.installed);
+    CHECK_FALSE(nlohmann::json::parse(d.calls_of("POST").at(0).body).contains("lease_ms"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    owned.reset();
+    CHECK(d.methods() == std::vector<std::string>{"POST", "GET", "DELETE"});
   }
 }

@@ -200,6 +200,9 @@ class Job:
         env = {}
         if daemon:
             env = {"NETREDUCE_DAEMON": daemon.url, "NETREDUCE_TOKEN_FILE": daemon.token_file}
+            # Rank 0 would delete its ring at exit; the ring's counters are read after the job
+            # (the ring then goes when its lease, 30 s by default, runs out).
+            args = list(args) + ["--keep-ring"]
         g0 = lab.guests[0]
         self.jobs = []
         self.t0 = time.monotonic()

@@ -49,6 +49,7 @@ typedef struct {
   size_t ring_buffer_bytes;
   uint8_t port;
   const char* ipv4; /* NULL: from the GID */
+  uint32_t lease_ms; /* ring lease at the daemon, renewed by rank 0; 0: none */
 } nr_options;
 
 void nr_options_init(nr_options* o);

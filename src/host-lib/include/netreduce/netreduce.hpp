@@ -6,7 +6,10 @@
 // predecessor, exchanging QP information through a TCP rendezvous at the
 // bootstrap address (rank 0 listens there, like NCCL's unique id). Rank 0
 // then registers the job's ring with the control daemon (NETREDUCE_DAEMON)
-// and tells every rank which path the collectives take:
+// and tells every rank which path the collectives take. The ring is the
+// job's own: the daemon gives rank 0 a credential for it, rank 0 renews its
+// lease while the communicator lives and deletes it when it is destroyed,
+// and never touches a ring another job registered.
 //   Path::ina   the box aggregates: each rank RDMA-WRITEs each message once
 //               and receives the reduced message from its predecessor's QP;
 //   Path::ring  no box configured, the daemon unreachable or refusing the
@@ -65,9 +68,23 @@ struct Options {
   uint16_t window = 0;
   double link_gbps = 25.0;
   double rtt_us = 10.0;
-  // Ring id registered with the daemon; 0 derives one from the bootstrap
-  // address and the members.
+  // Ring id registered with the daemon. 0 (default): derived from the
+  // bootstrap address, the members and a random per-run nonce, so two
+  // communicators of one job, or a relaunch, never share an id; an id
+  // another job holds (409) is replaced by a fresh one, up to 3 tries. An
+  // explicit id that another job holds means the ring path, with the
+  // daemon's reason in path_reason().
   uint32_t ring_id = 0;
+  // Lease of the ring at the daemon, ms: rank 0 renews it every lease_ms / 3
+  // while the communicator lives; if the job dies, the daemon removes the
+  // ring lease_ms after the last renewal. 0: no lease (the ring stays until
+  // the communicator is destroyed or an operator deletes it).
+  uint32_t lease_ms = 30000;
+  // true (default): rank 0 deletes its ring when the communicator is
+  // destroyed. false: it only stops renewing, and the ring stays until its
+  // lease runs out (to read the ring's counters after the job, as the
+  // system tests do).
+  bool delete_ring_at_close = true;
   // Daemon URL and token; empty = from NETREDUCE_DAEMON, NETREDUCE_TOKEN,
   // NETREDUCE_TOKEN_FILE. No daemon URL at all = no box: ring path.
   std::string daemon;
