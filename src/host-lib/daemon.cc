@@ -150,6 +150,14 @@ Registration register_ring(const DaemonTarget& target, engine::RingSpec spec, in
         }
         break;
       }
+      // 503 `busy` (the daemon's data plane calls are all taken) is answered
+      // before the request is acted on: try again while the deadline allows.
+      if (res && res->status == 503 && res->has_header("Retry-After") &&
+          std::chrono::steady_clock::now() + std::chrono::milliseconds(250) < deadline) {
+        --attempt;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        continue;
+      }
       const bool conflict = res && res->status == 409;
       if (conflict && fresh_id && attempt < kIdAttempts) {
         taken += (taken.empty() ? "" : ", ") + std::to_string(spec.ring_id);

@@ -143,6 +143,7 @@ struct FakeDaemon {
   int port = 0;
   bool installed = true;     // what GET reports
   int post_status = 0;       // non-zero: POST answers this, with an error body
+  int busy_posts = 0;        // the first N POSTs answer 503 busy with Retry-After
   std::set<uint32_t> taken;  // ids held by "other jobs": POST -> 409
   std::map<uint32_t, Ring> rings;
   std::vector<Call> calls;
@@ -187,6 +188,11 @@ struct FakeDaemon {
       engine::RingSpec spec;
       if (!ring_from_json(j, spec).ok())  // no Catch2 macros off the test's thread
         return error(res, 400, "invalid_argument", "", "bad ring");
+      if (busy_posts > 0) {
+        --busy_posts;
+        res.set_header("Retry-After", "1");
+        return error(res, 503, "busy", "listen.dataplane_concurrency", "data plane calls busy");
+      }
       if (post_status)
         return error(res, post_status, "quota", "quotas.max_rings", "the daemon is full");
       if (taken.count(spec.ring_id) || rings.count(spec.ring_id))
@@ -280,6 +286,24 @@ TEST_CASE("daemon: registration decides the path and says why", "[hostlib][daemo
     CHECK(back.payload_bytes == 1024);
     CHECK(back.allows_dtype(static_cast<uint8_t>(DataType::bf16)));
     CHECK(back.allows_op(static_cast<uint8_t>(Op::max)));
+  }
+  SECTION("503 busy with Retry-After is retried within the deadline, not taken as a refusal") {
+    // The daemon answers `busy` before acting on a request when its data
+    // plane calls are all taken; the ring path would be a needless fallback.
+    FakeDaemon d;
+    d.busy_posts = 2;
+    const Registration r = register_ring({d.url(), "s3cret", ""}, spec3(), 2000, 30000);
+    INFO(r.reason);
+    CHECK(r.installed);
+    CHECK(r.ring_id == 42);
+    CHECK(d.calls_of("POST").size() == 3);
+  }
+  SECTION("503 busy until the deadline: ring path, saying busy") {
+    FakeDaemon d;
+    d.busy_posts = 1000;
+    const Registration r = register_ring({d.url(), "s3cret", ""}, spec3(), 800, 30000);
+    CHECK(!r.installed);
+    CHECK(r.reason.find("HTTP 503 busy") != std::string::npos);
   }
   SECTION("no DELETE before the POST: a ring held by someone else is never removed") {
     // The finding: rank 0 deleted the id it derived before POSTing, which

@@ -38,7 +38,7 @@ WRITE_SIZE, WRITE_ITERS = 65536, 200
 LAT_SIZE, LAT_ITERS = 2, 100
 DROP_REASONS = ["bad_icrc", "first_packet_lost", "duplicate", "stale_message", "unknown_ring",
                 "rank_address_mismatch", "bad_ina_header", "dtype_mismatch", "length_mismatch", "malformed",
-                "evicted_incomplete", "ring_removed", "clt_full", "alloc_failed"]
+                "evicted_incomplete", "ring_removed", "ring_retired", "clt_full", "alloc_failed"]
 
 
 Failed, expect = nrlab.Failed, nrlab.expect
