@@ -3,6 +3,7 @@
 // the shared ones in common/yaml_fields.h.
 #include "control/config.h"
 
+#include <algorithm>
 #include <string_view>
 
 #include "common/ring_json.h"
@@ -114,7 +115,12 @@ Status parse_daemon_config(const std::string& yaml_text, const std::string& orig
       yaml_text, origin,
       [&](const YAML::Node& root) {
         DaemonConfig cfg;
+        cfg.dataplane_concurrency = 0;  // not given: derived from threads below
         parse_top(root, cfg);
+        // Default: 2, but always one thread less than listen.threads, so a
+        // config written before this key existed (threads: 2) still starts.
+        if (cfg.dataplane_concurrency == 0)
+          cfg.dataplane_concurrency = std::min(2u, cfg.threads - 1);
         if (cfg.dataplane_concurrency >= cfg.threads)
           fail("listen.dataplane_concurrency",
                "must be less than listen.threads (" + std::to_string(cfg.threads) +

@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
             uint32_t id;
             if (ring_id(req, res, id)) send(res, daemon.delete_ring(id, ring_auth(req)));
           });
-  svr.put(R"(/v1/rings/([^/]+)/lease)", kAuth | kDataplane,
+  svr.put(R"(/v1/rings/([^/]+)/lease)", kAuth,  // renewal never calls the data plane
           [&](const httplib::Request& req, httplib::Response& res) {
             uint32_t id;
             if (ring_id(req, res, id)) send(res, daemon.renew_lease(id, ring_auth(req)));

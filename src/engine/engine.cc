@@ -252,7 +252,8 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
   // happens to begin with the magic is somebody's data, passed untouched
   // before anything else looks at it.
   const LinkUse* link = find_link(key);
-  if (!link) return count(Reason::fwd_not_ring_link);
+  if (!link)
+    return count(now < cfg.claim_all_until ? Reason::ring_retired : Reason::fwd_not_ring_link);
   if (cfg.verify_icrc && !wire::icrc_verify(f, p)) return count(Reason::bad_icrc);
 
   Clt::Slot* slot = clt.find(key);
@@ -277,19 +278,13 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
 
   // Bind the connection to (ring, rank); a rank whose QP changed is rebound.
   RankConn& rc = ring.conns[ina->rank];
-  if (slot && slot->retired()) {
-    // A removed ring's connection names an installed ring (the same id
-    // re-installed, or another ring on these links): it may bind a rank that
-    // has no live connection, which takes the key from its tombstone. It
-    // never steals a rank from a live connection: that would let a late
-    // packet of the old run into the new run's cells.
-    if (rc.bound) return count(Reason::ring_retired, &ring);
-    slot->state = ConnState::ina;
-    slot->owner = it->second;
-    slot->rank = static_cast<uint8_t>(ina->rank);
-    rc.key = key;
-    rc.bound = true;
-  }
+  // A removed ring's connection never binds again while its tombstone lasts,
+  // whatever ring it names: the same id re-installed cannot tell the old
+  // run's go-back-N resends from the new run's packets, and letting the old
+  // run bind a rank first would put its stale data into the new run's cells.
+  // A new run uses new QPs; a QP number the host reuses within the grace
+  // fails that run loudly (its probe all-reduce falls back to the ring).
+  if (slot && slot->retired()) return count(Reason::ring_retired, &ring);
   if (slot && slot->ina() && (slot->owner != it->second || slot->rank != ina->rank)) {
     unbind(rings[slot->owner], slot->rank);  // the key now belongs to another ring/rank
     slot = nullptr;

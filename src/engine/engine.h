@@ -64,12 +64,11 @@
 //   library reports the error;
 // - on a link only removed rings use, INA first packets and later packets
 //   that match no tracked non-INA message are dropped (ring_retired);
-// - a first packet naming an installed ring (the same id re-installed, or
-//   another ring on those links) on a retired connection re-binds it when the
-//   rank has no live connection: the key leaves the tombstone. It never takes
-//   a rank from a live connection (ring_retired), so late packets of an old
-//   run cannot enter a new run's cells. Tombstones live outside the ring
-//   slots: a re-used ring slot is never pointed at by a retired entry.
+// - a retired connection never binds again while its tombstone lasts, even
+//   when its first packet names an installed ring (the same id re-installed,
+//   or another ring on those links): late packets of an old run cannot enter
+//   a new run's cells, whichever arrives first. A new run uses new QPs. Tombstones live outside the
+//   ring slots: a re-used ring slot is never pointed at by a retired entry.
 // expire_retired(now) forgets due tombstones (their CLT entries still
 // retired, their links no installed ring uses). After that the old
 // connections are unknown: on links no ring uses their WRITEs are forwarded
@@ -142,6 +141,12 @@ struct EngineConfig {
   // to go sets a grace longer than any message of the job can stay in
   // flight (e.g. the host's retransmission timeout times its retry count).
   uint64_t retire_grace = kRetireNever;
+  // Until this time (process()'s clock), an INA first packet off every ring
+  // link is dropped as ring_retired instead of forwarded: a box that has just
+  // (re)started cannot know which rings it held, so it treats them all as
+  // retired for one grace period (the data plane sets start + retire_grace).
+  // 0: no such period (tests, the in-process loopback).
+  uint64_t claim_all_until = 0;
 };
 
 // What the caller does with the input packet.

@@ -13,33 +13,39 @@ namespace netreduce::engine {
 enum class Fate : uint8_t { forward, aggregate, drop };
 
 // X(name, fate, description)
-#define NETREDUCE_REASONS(X)                                                                     \
-  X(fwd_not_roce, forward, "not RoCEv2 (not IPv4 / UDP 4791): forwarded untouched")              \
-  X(fwd_unparsed, forward, "RoCEv2 the box does not aggregate (UC/UD, IP options, fragments, "  \
-                           "malformed headers): forwarded untouched")                           \
-  X(fwd_not_write, forward, "RoCE opcode other than RDMA WRITE (ACK, NAK, SEND, READ, CNP)")     \
-  X(fwd_no_ina, forward, "RDMA WRITE that is not part of an INA message")                        \
-  X(fwd_not_ring_link, forward, "RDMA WRITE FIRST/ONLY with the INA magic between hosts that "  \
-                               "are not adjacent members of any installed or retired ring")     \
-  X(held, aggregate, "packet held in an aggregator cell")                                        \
-  X(served_from_cell, aggregate, "retransmission after completion answered with the stored "    \
-                                 "result")                                                       \
-  X(bad_icrc, drop, "ICRC verification failed (corrupted packet never reaches a sum)")           \
-  X(first_packet_lost, drop, "no recorded message of the connection contains the PSN")          \
-  X(duplicate, drop, "duplicate of a packet already held in its cell")                           \
-  X(stale_message, drop, "retransmission into a cell already reused by a newer message")         \
-  X(unknown_ring, drop, "INA header names a ring that is not installed")                        \
-  X(rank_address_mismatch, drop, "source address is not the registered address of the rank")    \
-  X(bad_ina_header, drop, "INA header invalid (version, dtype, op, rank or message length)")     \
-  X(dtype_mismatch, drop, "dtype/op not allowed by the ring or different from the cell's")      \
-  X(length_mismatch, drop, "payload length differs from the cell's or exceeds the ring's")       \
-  X(malformed, drop, "INA packet inconsistent with its message (opcode/offset/alignment)")        \
-  X(evicted_incomplete, drop, "held packet dropped: a worker broke the window rule and reused "  \
-                              "its cell")                                                        \
-  X(ring_removed, drop, "held packet released because its ring was removed")                     \
-  X(ring_retired, drop, "WRITE on a removed ring's connection or link during its grace period "  \
-                        "(its job fails; it never receives unreduced data)")                     \
-  X(clt_full, drop, "connection table full: a new INA connection cannot be tracked")            \
+#define NETREDUCE_REASONS(X)                                                                 \
+  X(fwd_not_roce, forward, "not RoCEv2 (not IPv4 / UDP 4791): forwarded untouched")          \
+  X(fwd_unparsed, forward,                                                                   \
+    "RoCEv2 the box does not aggregate (UC/UD, IP options, fragments, "                      \
+    "malformed headers): forwarded untouched")                                               \
+  X(fwd_not_write, forward, "RoCE opcode other than RDMA WRITE (ACK, NAK, SEND, READ, CNP)") \
+  X(fwd_no_ina, forward, "RDMA WRITE that is not part of an INA message")                    \
+  X(fwd_not_ring_link, forward,                                                              \
+    "RDMA WRITE FIRST/ONLY with the INA magic between hosts that "                           \
+    "are not adjacent members of any installed or retired ring")                             \
+  X(held, aggregate, "packet held in an aggregator cell")                                    \
+  X(served_from_cell, aggregate,                                                             \
+    "retransmission after completion answered with the stored "                              \
+    "result")                                                                                \
+  X(bad_icrc, drop, "ICRC verification failed (corrupted packet never reaches a sum)")       \
+  X(first_packet_lost, drop, "no recorded message of the connection contains the PSN")       \
+  X(duplicate, drop, "duplicate of a packet already held in its cell")                       \
+  X(stale_message, drop, "retransmission into a cell already reused by a newer message")     \
+  X(unknown_ring, drop, "INA header names a ring that is not installed")                     \
+  X(rank_address_mismatch, drop, "source address is not the registered address of the rank") \
+  X(bad_ina_header, drop, "INA header invalid (version, dtype, op, rank or message length)") \
+  X(dtype_mismatch, drop, "dtype/op not allowed by the ring or different from the cell's")   \
+  X(length_mismatch, drop, "payload length differs from the cell's or exceeds the ring's")   \
+  X(malformed, drop, "INA packet inconsistent with its message (opcode/offset/alignment)")   \
+  X(evicted_incomplete, drop,                                                                \
+    "held packet dropped: a worker broke the window rule and reused "                        \
+    "its cell")                                                                              \
+  X(ring_removed, drop, "held packet released because its ring was removed")                 \
+  X(ring_retired, drop,                                                                      \
+    "WRITE on a removed ring's connection or link during its grace period, "                 \
+    "or an INA first packet off ring links within the grace after the box "                  \
+    "started (its job fails; it never receives unreduced data)")                             \
+  X(clt_full, drop, "connection table full: a new INA connection cannot be tracked")         \
   X(alloc_failed, drop, "no buffer to build a released packet (accumulate mode)")
 
 enum class Reason : uint8_t {

@@ -24,6 +24,17 @@ std::string trim(std::string s) {
   return s.substr(b, e - b + 1);
 }
 
+// The "field" of an API error body; empty when there is none.
+std::string error_field(const httplib::Result& res) {
+  try {
+    const auto j = nlohmann::json::parse(res->body);
+    if (j.contains("error") && j["error"].is_object())
+      return j["error"].value("field", std::string{});
+  } catch (const std::exception&) {
+  }
+  return {};
+}
+
 std::string describe_error(const httplib::Result& res) {
   if (!res) return "no answer (" + httplib::to_string(res.error()) + ")";
   std::string m = "HTTP " + std::to_string(res->status);
@@ -158,7 +169,9 @@ Registration register_ring(const DaemonTarget& target, engine::RingSpec spec, in
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         continue;
       }
-      const bool conflict = res && res->status == 409;
+      // Only a 409 about the id is a collision worth a fresh id; another
+      // conflict (e.g. the box's placement, field "members") is final.
+      const bool conflict = res && res->status == 409 && error_field(res) == "id";
       if (conflict && fresh_id && attempt < kIdAttempts) {
         taken += (taken.empty() ? "" : ", ") + std::to_string(spec.ring_id);
         spec.ring_id = fresh_id();
@@ -250,10 +263,16 @@ std::string OwnedRing::released() const {
 void OwnedRing::renew_main() {
   const auto period = std::chrono::milliseconds(std::max<uint32_t>(lease_ms_ / 3, 1));
   bool reported = false;
+  bool failed = false;
   std::unique_ptr<httplib::Client> cli;
   std::unique_lock lk(mu_);
   for (;;) {
-    if (cv_.wait_for(lk, period, [this] { return stop_; })) return;
+    // After a failure (a busy daemon answers 503) try again within a second
+    // rather than a third of the lease, so a brief refusal cannot expire it.
+    const auto wait =
+        failed ? std::min<std::chrono::milliseconds>(period, std::chrono::milliseconds(1000))
+               : period;
+    if (cv_.wait_for(lk, wait, [this] { return stop_; })) return;
     lk.unlock();
     std::string err;
     try {
@@ -270,6 +289,7 @@ void OwnedRing::renew_main() {
     } catch (const std::exception& e) {
       err = e.what();
     }
+    failed = !err.empty();
     if (!err.empty() && !reported) {
       // Once: a daemon that is away would otherwise fill the job's log. The
       // collectives go on; the ring goes when its lease runs out.

@@ -71,6 +71,15 @@ TEST_CASE("the shipped netreduced.yaml loads with its documented values", "[cont
 
 TEST_CASE("the HTTP front end's limits: ranges and the free-thread rule", "[control][config]") {
   CHECK(error_of("listen: {threads: 1}").rfind("listen.threads: must be in 2..256", 0) == 0);
+  {
+    // Not given, the limit follows listen.threads: a config from before the
+    // key existed (threads: 2) still starts.
+    DaemonConfig c;
+    REQUIRE(parse_daemon_config("listen: {threads: 2}\nauth: {token_file: /t}", "test", c).ok());
+    CHECK(c.dataplane_concurrency == 1);
+    REQUIRE(parse_daemon_config("listen: {threads: 8}\nauth: {token_file: /t}", "test", c).ok());
+    CHECK(c.dataplane_concurrency == 2);
+  }
   CHECK(error_of("listen: {threads: 4, dataplane_concurrency: 4}")
             .rfind("listen.dataplane_concurrency: must be less than listen.threads (4)", 0) == 0);
   CHECK(error_of("listen: {dataplane_concurrency: 8}")

@@ -584,7 +584,7 @@ TEST_CASE("re-installing a removed ring id: the new run aggregates, the old run'
   CHECK(x.h.e->ring_info(x.t.ring_id)->counters.connections_rebound == 0);
 }
 
-TEST_CASE("a retired connection re-bound by the re-installed ring survives the tombstone's expiry",
+TEST_CASE("a retired connection never re-binds before its tombstone expires, then binds afresh",
           "[engine][lifecycle]") {
   engine::EngineConfig cfg;
   cfg.retire_grace = 1000;
@@ -592,18 +592,44 @@ TEST_CASE("a retired connection re-bound by the re-installed ring survives the t
   x.remove();
   const uint64_t removed_at = x.h.now;
   REQUIRE(x.h.e->install_ring(ring_spec(x.t.ring_id, 3, 4, 2)).ok());
-  // The same job on the same QPs goes back to its message 1: its connections re-bind.
-  for (unsigned r = 0; r < 3; ++r) CHECK(x.h.feed(x.pkt(r, 1, 0)).verdict == Verdict::held);
-  x.expect_released(x.h.take_sent(), 1, 0);
+  // The old run on its old QPs goes back to its message 1: still retired,
+  // even though the id it names is installed again.
+  for (unsigned r = 0; r < 3; ++r) CHECK(x.h.feed(x.pkt(r, 1, 0)).reason == Reason::ring_retired);
+  CHECK(x.h.sent.empty());
   REQUIRE(x.h.e->retired_rings().size() == 1);
-  CHECK(x.h.e->retired_rings()[0].connections == 0);  // all three keys left the tombstone
+  CHECK(x.h.e->retired_rings()[0].connections == 3);
   CHECK(x.h.e->retired_rings()[0].expires == removed_at + 1000);
   CHECK(x.h.e->expire_retired(removed_at + 1000) == 1);
   CHECK(x.h.e->retired_count() == 0);
-  // Purging did not erase the new bindings: the message carries on.
-  for (uint32_t k = 1; k < 4; ++k) {
+  // After the grace the keys are ordinary keys: they bind the installed ring.
+  for (uint32_t k = 0; k < 4; ++k) {
     for (unsigned r = 0; r < 3; ++r) CHECK(x.h.feed(x.pkt(r, 1, k)).verdict == Verdict::held);
     x.expect_released(x.h.take_sent(), 1, k);
+  }
+}
+
+TEST_CASE("re-installed id: the old run's resend arriving first never enters the new run's cells",
+          "[engine][lifecycle]") {
+  // Review finding: with re-binding allowed, the old run's go-back-N resend
+  // of a first packet bound the rank before the new run's first packet, its
+  // data went into cell (m, 0), and the new run's own packet was dropped as
+  // a duplicate: every rank got a wrong sum.
+  Removal x;
+  x.remove();
+  REQUIRE(x.h.e->install_ring(ring_spec(x.t.ring_id, 3, 4, 2)).ok());
+  RingTraffic fresh = x.t;
+  fresh.qpn_offset = 0x1000;
+  std::vector<std::vector<uint8_t>> d;
+  for (unsigned r = 0; r < 3; ++r) d.push_back(fp_data(x.rng, kFourPackets));
+  const auto want = reference(d);
+  for (uint32_t k = 0; k < 4; ++k) {
+    for (unsigned r = 0; r < 3; ++r) {
+      CHECK(x.h.feed(x.pkt(r, 0, k)).reason == Reason::ring_retired);  // old run first
+      CHECK(x.h.feed(fresh.packet(r, 0, d[r], 5000 + r * 1000, k)).verdict == Verdict::held);
+    }
+    const auto out = x.h.take_sent();
+    REQUIRE(out.size() == 3);
+    for (const auto& f : out) CHECK(data_of(f) == slice(want, k, 256));
   }
 }
 
@@ -687,6 +713,22 @@ TEST_CASE("an RDMA WRITE off ring links whose data begins with INET is forwarded
     }
   }
   CHECK(reason(x.h, Reason::fwd_not_ring_link) == 8);
+  {
+    // Within the grace after the box started (claim_all_until), the same
+    // packet is dropped: a restarted box cannot know which rings it held,
+    // and forwarding a running job's first packet raw gave wrong sums (review
+    // of the merge: a data plane restart mid-job). Once the period ends it
+    // passes untouched again.
+    engine::EngineConfig cfg;
+    cfg.claim_all_until = 100;
+    Fixture y(3, 2, cfg);
+    const auto f = write(0x0A, rank_ip(7), rank_ip(8));
+    CHECK(y.h.feed(f).reason == Reason::ring_retired);
+    CHECK(y.h.sent.empty());
+    y.h.now = 100;
+    CHECK(y.h.feed(f).reason == Reason::fwd_not_ring_link);
+    REQUIRE(y.h.take_sent().size() == 1);
+  }
   // On a ring link the same bytes are strict: no such ring.
   CHECK(x.h.feed(write(0x06, rank_ip(0), rank_ip(1))).reason == Reason::unknown_ring);
   // A removed ring's links stay strict too.

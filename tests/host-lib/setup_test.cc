@@ -345,6 +345,16 @@ TEST_CASE("daemon: registration decides the path and says why", "[hostlib][daemo
     CHECK(r.reason.find("derived ids 42, 43 were also taken; 3 tried") != std::string::npos);
     CHECK(e.calls_of("POST").size() == 3);
   }
+  SECTION("a 409 about something other than the id (e.g. placement): no fresh-id retry") {
+    FakeDaemon d;
+    d.post_status = 409;  // field quotas.max_rings: not an id collision
+    uint32_t next = 43;
+    const Registration r =
+        register_ring({d.url(), "", ""}, spec3(), 2000, 0, [&] { return next++; });
+    CHECK(!r.installed);
+    CHECK(d.calls_of("POST").size() == 1);
+    CHECK(r.reason.find("were also taken") == std::string::npos);
+  }
   SECTION("refused for another reason: no retry, ring path with the daemon's error") {
     FakeDaemon d;
     d.post_status = 422;
