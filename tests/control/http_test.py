@@ -27,11 +27,9 @@ Every wait has a deadline; every process started here is killed at the end.
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -581,24 +579,7 @@ def main():
     fn = globals().get("scenario_" + scenario)
     if not fn:
         raise SystemExit("unknown scenario " + scenario)
-    tmp = tempfile.mkdtemp(prefix="nrhttp-")
-    ok = False
-    try:
-        fn(tmp)
-        ok = True
-    finally:
-        for p in ct.PROCS:
-            if p.poll() is None:
-                p.kill()
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
-        if not ok:
-            for name in sorted(os.listdir(tmp)):
-                if name.endswith(".log"):
-                    print("---- %s\n%s" % (name, open(os.path.join(tmp, name)).read()[-2500:]), file=sys.stderr)
-        shutil.rmtree(tmp, ignore_errors=True)
+    ct.scenario_main(fn)
 
 
 if __name__ == "__main__":
