@@ -203,4 +203,8 @@ json status_to_json(const Status& s) {
   return {{"code", to_string(s.code())}, {"field", s.field()}, {"message", s.message()}};
 }
 
+std::string dump_json(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 }  // namespace netreduce

@@ -37,4 +37,8 @@ nlohmann::json ring_info_to_json(const engine::RingInfo& info);  // spec + count
 
 nlohmann::json status_to_json(const Status& s);  // {"code": ..., "field": ..., "message": ...}
 
+// json::dump with invalid UTF-8 replaced (U+FFFD) instead of thrown: every
+// reply that may quote outside input (a parse error, a field) goes through it.
+std::string dump_json(const nlohmann::json& j);
+
 }  // namespace netreduce

@@ -15,6 +15,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/ring_json.h"
+
 namespace netreduce::control {
 
 using Clock = std::chrono::steady_clock;
@@ -190,10 +192,6 @@ const char* to_string(Refusal r) noexcept {
 #undef NETREDUCE_X
   }
   return "unknown";
-}
-
-std::string dump_json(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::string error_body(const std::string& code, const std::string& field,

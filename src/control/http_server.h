@@ -116,8 +116,6 @@ inline constexpr unsigned kDataplane = 2;  // calls the data plane: bounded conc
 // that no input (invalid UTF-8 included) can make it throw.
 std::string error_body(const std::string& code, const std::string& field,
                        const std::string& message);
-// json::dump that replaces invalid UTF-8 instead of throwing.
-std::string dump_json(const nlohmann::json& j);
 
 class HttpServer : private httplib::Server {
  public:

@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/ring_json.h"
 #include "control/daemon.h"
 #include "control/http_server.h"
 
@@ -46,13 +47,6 @@ std::string read_token(const std::string& path, const std::string& key = "auth.t
   t.erase(0, t.find_first_not_of(ws));
   if (t.empty()) refuse(key, path + " is empty; put the bearer token in it");
   return t;
-}
-
-// Constant-time comparison: the time taken does not depend on where they differ.
-bool same_token(const std::string& a, const std::string& b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i % b.size()]);
-  return diff == 0;
 }
 
 // Replies are serialized with invalid UTF-8 replaced: no input makes them throw.
@@ -99,7 +93,7 @@ int main(int argc, char** argv) {
   const std::string token = read_token(cfg.token_file);
   const std::string job_token =
       cfg.job_token_file.empty() ? "" : read_token(cfg.job_token_file, "auth.job_token_file");
-  if (!job_token.empty() && same_token(job_token, token))
+  if (!job_token.empty() && same_secret(job_token, token))
     refuse("auth.job_token_file",
            "holds the same token as auth.token_file; the jobs' token must differ from the "
            "operator's");
@@ -129,8 +123,8 @@ int main(int argc, char** argv) {
     const std::string prefix = "Bearer ";
     if (h.rfind(prefix, 0) == 0) {
       const std::string given = h.substr(prefix.size());
-      if (same_token(given, token)) return Role::kOperator;
-      if (!job_token.empty() && same_token(given, job_token)) return Role::kJob;
+      if (same_secret(given, token)) return Role::kOperator;
+      if (!job_token.empty() && same_secret(given, job_token)) return Role::kJob;
     }
     return Role::kAnonymous;
   };

@@ -76,9 +76,7 @@ json error_json(const Status& s) { return {{"ok", false}, {"error", status_to_js
 
 // One reply line. Strings that came from outside (a parse error quoting the
 // bytes it choked on) may hold invalid UTF-8: replaced (U+FFFD), never thrown.
-std::string to_line(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
+std::string to_line(const json& j) { return dump_json(j); }
 
 struct Snapshot {
   WorkerStats stats;

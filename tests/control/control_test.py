@@ -692,12 +692,16 @@ def scenario_prometheus(tmp):
           "netreduce_dataplane_up = 1 read back through /api/v1/query")
 
 
-def main():
-    scenario = sys.argv[4]
-    fn = globals().get("scenario_" + scenario)
+def run_scenario(namespace):
+    """Runs the scenario named by argv[4] from `namespace` (a module's globals())."""
+    fn = namespace.get("scenario_" + sys.argv[4])
     if not fn:
-        raise SystemExit("unknown scenario " + scenario)
+        raise SystemExit("unknown scenario " + sys.argv[4])
     scenario_main(fn)
+
+
+def main():
+    run_scenario(globals())
 
 
 def scenario_main(fn):

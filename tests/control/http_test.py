@@ -575,11 +575,7 @@ def scenario_limits(tmp):
 
 
 def main():
-    scenario = sys.argv[4]
-    fn = globals().get("scenario_" + scenario)
-    if not fn:
-        raise SystemExit("unknown scenario " + scenario)
-    ct.scenario_main(fn)
+    ct.run_scenario(globals())
 
 
 if __name__ == "__main__":

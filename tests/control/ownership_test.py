@@ -21,7 +21,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -255,11 +254,7 @@ def scenario_ownership_dataplane(tmp):
 
 
 def main():
-    scenario = sys.argv[4]
-    fn = globals().get("scenario_" + scenario)
-    if not fn:
-        raise SystemExit("unknown scenario " + scenario)
-    ct.scenario_main(fn)
+    ct.run_scenario(globals())
 
 
 if __name__ == "__main__":
