@@ -193,7 +193,8 @@ struct Engine::Impl {
     return {Verdict::held, r};
   }
 
-  Outcome process(Pkt pkt, uint64_t now, Sink& out) noexcept;
+  Outcome process(Pkt pkt, const ParsedFrame& p, wire::ParseStatus st, uint64_t now,
+                  Sink& out) noexcept;
   Outcome first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey& key, uint64_t now,
                        Sink& out) noexcept;
   Outcome later_packet(Pkt pkt, const ParsedFrame& p, const ConnKey& key, uint64_t now,
@@ -217,9 +218,8 @@ struct Engine::Impl {
 
 // ---------------------------------------------------------------------------
 
-Outcome Engine::Impl::process(Pkt pkt, uint64_t now, Sink& out) noexcept {
-  ParsedFrame p;
-  const wire::ParseStatus st = wire::parse_frame(pkt.data, pkt.len, p);
+Outcome Engine::Impl::process(Pkt pkt, const ParsedFrame& p, wire::ParseStatus st, uint64_t now,
+                              Sink& out) noexcept {
   if (st != wire::ParseStatus::ok)
     return count(wire::is_not_roce(st) ? Reason::fwd_not_roce : Reason::fwd_unparsed);
   if (!wire::is_rdma_write(p.opcode)) return count(Reason::fwd_not_write);
@@ -770,7 +770,24 @@ std::vector<RetiredRing> Engine::retired_rings() const {
 }
 
 Outcome Engine::process(Pkt pkt, uint64_t now_ns, Sink& out) noexcept {
-  return impl_->process(pkt, now_ns, out);
+  Frame f;
+  classify(pkt, f);
+  return impl_->process(pkt, f.p, f.st, now_ns, out);
+}
+
+void Engine::classify(Pkt pkt, Frame& f) noexcept {
+  f.pkt = pkt;
+  f.st = wire::parse_frame(pkt.data, pkt.len, f.p);
+}
+
+unsigned Engine::process_burst(const Frame* frames, unsigned n, uint64_t now_ns,
+                               Outcome* outcomes, Sink& out) noexcept {
+  unsigned i = 0;
+  for (; i < n; ++i) {
+    if (Sink::kCapacity - out.ntx < kMaxRanks || Sink::kCapacity - out.ndrop < kMaxRanks) break;
+    outcomes[i] = impl_->process(frames[i].pkt, frames[i].p, frames[i].st, now_ns, out);
+  }
+  return i;
 }
 
 std::vector<uint32_t> Engine::ring_ids() const {

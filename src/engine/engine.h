@@ -91,6 +91,7 @@
 #include "engine/reasons.h"
 #include "engine/ring.h"
 #include "reduce/reduce.h"
+#include "wire/parse.h"
 
 namespace netreduce::engine {
 
@@ -102,10 +103,21 @@ struct Pkt {
   uint16_t meta = 0;  // the caller's tag (the data plane: RX port); carried onto rebuilt packets
 };
 
-// Packets handed back by one process() call, besides the verdict on the
-// input packet itself.
+// One frame of a burst, classified once by the caller (the data plane's
+// classify stage; Engine::classify for tests): the engine never parses it
+// again.
+struct Frame {
+  Pkt pkt;
+  wire::ParsedFrame p;
+  wire::ParseStatus st = wire::ParseStatus::ok;
+};
+
+// Packets handed back by process() / process_burst(), besides the verdict on
+// each input packet. One input packet releases at most kMaxRanks packets and
+// drops at most kMaxRanks held ones: process_burst stops early when fewer
+// than that are free (see there).
 struct Sink {
-  static constexpr unsigned kCapacity = kMaxRanks;
+  static constexpr unsigned kCapacity = 4 * kMaxRanks;
   Pkt tx[kCapacity];  // transmit: released (rewritten) packets
   uint16_t ntx = 0;
   Pkt drop[kCapacity];  // free: previously held packets dropped now (reason counted)
@@ -228,6 +240,15 @@ class Engine {
 
   // The hot path. `now_ns` is any monotonic clock (stall accounting).
   Outcome process(Pkt pkt, uint64_t now_ns, Sink& out) noexcept;
+  // Parses the frame into f (what the classify stage does for a burst).
+  static void classify(Pkt pkt, Frame& f) noexcept;
+  // The burst entry: frames[0..n) in order, each frame's verdict in
+  // outcomes[i], released / dropped-held packets appended to `out` (not
+  // cleared). Stops before a frame when `out` has fewer than kMaxRanks free
+  // tx or drop entries and returns how many frames it processed; the caller
+  // drains `out` and calls again with the rest.
+  unsigned process_burst(const Frame* frames, unsigned n, uint64_t now_ns, Outcome* outcomes,
+                         Sink& out) noexcept;
 
   std::vector<uint32_t> ring_ids() const;
   size_t ring_count() const noexcept;
