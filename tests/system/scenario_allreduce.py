@@ -218,8 +218,9 @@ class Job:
         """Every rank exited 0, rank 0's table has one row per expected size
         with 0 errors on path want_path; returns (header info, rows)."""
         for r, res in enumerate(results):
-            expect(res.rc == 0, "%s: rank %d exited %d\n--- stdout\n%s\n--- stderr\n%s" %
-                   (self.tag, r, res.rc, res.out[-3000:], res.err[-3000:]))
+            # stderr first: it names the error; CI logs keep only the start of a long message.
+            expect(res.rc == 0, "%s: rank %d exited %d\n--- stderr\n%s\n--- stdout\n%s" %
+                   (self.tag, r, res.rc, res.err[-3000:], res.out[-3000:]))
         out = results[0].out
         m = re.search(r"^# netreduce-allreduce-perf: world (\d+), path (\w+) \((.*)\), ring (\d+), window (\d+)$",
                       out, re.M)
@@ -478,7 +479,11 @@ def step3(lab, a, daemon, reports):
         results = job.wait(900)
     finally:
         g1.netem(None)
-    head, rows = job.check_ok(results, "ina")
+    try:
+        head, rows = job.check_ok(results, "ina")
+    except Failed as e:
+        raise Failed("%s\n--- box drop/served reasons that moved during the job: %s" % (
+            e, {k: v - st0.get(k, 0) for k, v in lab.box.stats()["reasons"].items() if v - st0.get(k, 0)}))
     secs = time.monotonic() - t
     ring = daemon.ring(head["ring"])
     c = ring["counters"]
@@ -593,11 +598,20 @@ def main():
     ap.add_argument("--perf", required=True, help="netreduce-allreduce-perf")
     ap.add_argument("--inspect", required=True, help="netreduce-pcap-inspect")
     ap.add_argument("--workdir")
+    ap.add_argument("--steps", default="allreduce-ina,allreduce-loss,allreduce-box-failure",
+                    help="steps to run, in order (diagnosis: e.g. allreduce-loss alone)")
+    ap.add_argument("--repeat", type=int, default=1, help="run the chosen steps this many times")
     a = ap.parse_args()
     for k in ("dataplane", "daemon", "perf", "inspect"):  # guests see the host's / at the same paths
         setattr(a, k, os.path.abspath(getattr(a, k)))
     t0 = time.monotonic()
-    names = ["allreduce-ina", "box-icrc", "allreduce-loss", "allreduce-box-failure"]
+    steps = {"allreduce-ina": step2_5, "allreduce-loss": step3, "allreduce-box-failure": step4}
+    chosen = a.steps.split(",")
+    for n in chosen:
+        if n not in steps:
+            ap.error("--steps: unknown step %r (known: %s)" % (n, ", ".join(steps)))
+    names = [n for n in ["allreduce-ina", "box-icrc", "allreduce-loss", "allreduce-box-failure"]
+             if n in chosen or (n == "box-icrc" and "allreduce-ina" in chosen)]
     reports, done, failed = {}, [], None
     try:
         with nrlab.Lab(guests=P, dataplane=a.dataplane, workdir=a.workdir, box_mode="aggregate") as lab:
@@ -605,15 +619,17 @@ def main():
             for r in reports.values():
                 r.figure("lab setup, 3 guests (boot to rxe0 ready)", "%.1f" % lab.setup_seconds, "s")
             daemon = Daemon(lab, a.daemon)
-            for name, fn in (("allreduce-ina", step2_5), ("allreduce-loss", step3),
-                             ("allreduce-box-failure", step4)):
-                failed = name
-                t = time.monotonic()
-                fn(lab, a, daemon, reports)
-                reports[name].figure("step wall time", "%.1f" % (time.monotonic() - t), "s")
-                done.append(name)
-                if name == "allreduce-ina":
-                    done.append("box-icrc")
+            for i in range(a.repeat):
+                for name in chosen:
+                    failed = name
+                    t = time.monotonic()
+                    steps[name](lab, a, daemon, reports)
+                    reports[name].figure("step wall time" + (" (run %d)" % (i + 1) if a.repeat > 1 else ""),
+                                         "%.1f" % (time.monotonic() - t), "s")
+                    if i == a.repeat - 1:
+                        done.append(name)
+                        if name == "allreduce-ina":
+                            done.append("box-icrc")
             failed = None
     except (Failed, nrlab.LabError) as e:
         print("FAILED (%s): %s" % (failed, e), file=sys.stderr)
