@@ -142,7 +142,10 @@ struct EngineConfig {
   bool verify_icrc = true;
   unsigned max_rings = 64;
   unsigned clt_capacity = 4096;  // INA connections (bound or retired); rounded up to a power of two
-  unsigned pass_capacity = 4096;        // ordinary connections tracked on ring links (LRU-evicted)
+  unsigned pass_capacity = 4096;  // ordinary connections tracked on ring links (LRU-evicted)
+  // Ring links (src, dst) of installed rings and tombstones; install_ring
+  // refuses a ring whose new links do not fit (at least 2 * kMaxRanks).
+  unsigned link_capacity = 4096;
   uint64_t memory_budget = 1ull << 30;  // bytes over all rings
   reduce::Isa isa = reduce::best_isa();
   Allocator allocator{};  // required in accumulate mode

@@ -20,8 +20,8 @@ namespace netreduce::engine {
 
 inline constexpr unsigned kMinRanks = 2;
 inline constexpr unsigned kMaxRanks = 64;
-inline constexpr unsigned kMaxMsgLen = 1024;   // packets per message
-inline constexpr unsigned kMaxWindow = 1024;   // messages
+inline constexpr unsigned kMaxMsgLen = 1024;  // packets per message
+inline constexpr unsigned kMaxWindow = 1024;  // messages
 inline constexpr size_t kInaHeaderBytes = sizeof(wire::InaHdr);
 
 enum class ReduceMode : uint8_t {

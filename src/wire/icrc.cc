@@ -10,7 +10,8 @@
 
 namespace netreduce::wire {
 
-static_assert(sizeof(Ipv4Hdr) + sizeof(UdpHdr) + sizeof(Bth) == 40, "masked prefix is five 8-byte words");
+static_assert(sizeof(Ipv4Hdr) + sizeof(UdpHdr) + sizeof(Bth) == 40,
+              "masked prefix is five 8-byte words");
 
 namespace {
 // Reflected CRC-32 polynomial; bit 31 is x^0, bit 0 is x^31.
@@ -32,7 +33,8 @@ constexpr SliceTables make_slice_tables() {
     st.t[0][i] = c;
   }
   for (int k = 1; k < 8; ++k)
-    for (uint32_t i = 0; i < 256; ++i) st.t[k][i] = (st.t[k - 1][i] >> 8) ^ st.t[0][st.t[k - 1][i] & 0xFF];
+    for (uint32_t i = 0; i < 256; ++i)
+      st.t[k][i] = (st.t[k - 1][i] >> 8) ^ st.t[0][st.t[k - 1][i] & 0xFF];
   return st;
 }
 constexpr SliceTables kSlice = make_slice_tables();
@@ -41,8 +43,8 @@ constexpr SliceTables kSlice = make_slice_tables();
 inline uint32_t slice8(uint32_t raw, uint64_t w) noexcept {
   w ^= raw;
   return kSlice.t[7][w & 0xFF] ^ kSlice.t[6][(w >> 8) & 0xFF] ^ kSlice.t[5][(w >> 16) & 0xFF] ^
-         kSlice.t[4][(w >> 24) & 0xFF] ^ kSlice.t[3][(w >> 32) & 0xFF] ^ kSlice.t[2][(w >> 40) & 0xFF] ^
-         kSlice.t[1][(w >> 48) & 0xFF] ^ kSlice.t[0][w >> 56];
+         kSlice.t[4][(w >> 24) & 0xFF] ^ kSlice.t[3][(w >> 32) & 0xFF] ^
+         kSlice.t[2][(w >> 40) & 0xFF] ^ kSlice.t[1][(w >> 48) & 0xFF] ^ kSlice.t[0][w >> 56];
 }
 
 inline uint64_t load_le64(const uint8_t* p) noexcept {
@@ -56,7 +58,7 @@ inline uint64_t load_le64(const uint8_t* p) noexcept {
 // resv8a are forced to 0xFF.
 constexpr uint64_t byte_mask(int b) { return uint64_t{0xFF} << (8 * b); }
 constexpr uint64_t kMask[5] = {
-    byte_mask(1),                               // bytes 0-7
+    byte_mask(1),                                // bytes 0-7
     byte_mask(0) | byte_mask(2) | byte_mask(3),  // bytes 8-15: TTL, checksum
     0,                                           // bytes 16-23
     byte_mask(2) | byte_mask(3),                 // bytes 24-31: UDP checksum
@@ -197,6 +199,12 @@ void icrc_store(uint8_t* frame, const ParsedFrame& p, uint32_t icrc) noexcept {
 
 bool icrc_verify(const uint8_t* frame, const ParsedFrame& p) noexcept {
   return icrc_compute(frame, p) == icrc_load(frame, p);
+}
+
+bool icrc_verify_head(const uint8_t* frame, const ParsedFrame& p, size_t upto,
+                      uint32_t& head) noexcept {
+  head = icrc_head(frame, p, upto);
+  return crc32(head, frame + upto, p.icrc() - upto) == icrc_load(frame, p);
 }
 
 void icrc_update(uint8_t* frame, const ParsedFrame& p) noexcept {

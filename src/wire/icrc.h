@@ -31,6 +31,12 @@ uint32_t icrc_load(const uint8_t* frame, const ParsedFrame& p) noexcept;
 void icrc_store(uint8_t* frame, const ParsedFrame& p, uint32_t icrc) noexcept;
 // True if the stored ICRC matches the frame's contents.
 bool icrc_verify(const uint8_t* frame, const ParsedFrame& p) noexcept;
+// icrc_verify that also hands back icrc_head(frame, p, upto) (see below),
+// bth + 12 <= upto <= p.icrc(): the CRC runs through `upto` anyway, so the
+// head costs nothing extra. The engine keeps it for the linear fix-up of the
+// same packet's headers.
+bool icrc_verify_head(const uint8_t* frame, const ParsedFrame& p, size_t upto,
+                      uint32_t& head) noexcept;
 // Recomputes and stores the ICRC.
 void icrc_update(uint8_t* frame, const ParsedFrame& p) noexcept;
 

@@ -1,20 +1,14 @@
-// The engine's connection tables (internal to src/engine/, DESIGN.md section 3).
-//
-// Clt: (src IP, dst IP, dst QPN) -> (ring slot, rank) for INA connections,
-// or -> tombstone for the connections of a removed ring in its grace period.
-// Only INA first packets that passed every check insert here, so ordinary
-// traffic cannot fill it; an entry leaves when its rank re-binds to another
-// QP or its tombstone expires.
+// The pass table (internal to src/engine/, DESIGN.md section 3).
 //
 // PassTable: the PSN ranges of recent non-INA RDMA WRITE messages on ring
 // links, so that their later packets are forwarded while a later packet that
 // matches nothing is dropped (it may belong to an INA message whose first
 // packet has not passed). Fixed size, set-associative with LRU eviction
 // within a set: any amount of ordinary traffic can only evict ordinary
-// entries, never an INA connection.
+// entries, never an INA connection (those live in the Clt, clt.h).
 //
-// Both are fixed-capacity arrays sized at construction: no allocation on the
-// packet path. Owned by the engine's thread; no sharing.
+// A fixed-capacity array sized at construction: no allocation on the packet
+// path. Owned by the engine's thread; no sharing.
 #pragma once
 
 #include <algorithm>
@@ -22,93 +16,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/clt.h"
 #include "wire/psn.h"
 
 namespace netreduce::engine::detail {
-
-struct ConnKey {
-  uint32_t src = 0;
-  uint32_t dst = 0;
-  uint32_t qpn = 0;
-  bool operator==(const ConnKey&) const = default;
-};
-
-inline uint32_t hash_key(const ConnKey& k) noexcept {
-  uint64_t h = (uint64_t{k.src} << 32 | k.dst) * 0x9E3779B97F4A7C15ull;
-  h ^= uint64_t{k.qpn} * 0xC2B2AE3D27D4EB4Full;
-  return static_cast<uint32_t>(h ^ (h >> 29));
-}
-
-// ina: bound to (ring, rank) of an installed ring. retired: the connection
-// of a removed ring during its grace period (every WRITE on it is dropped).
-enum class ConnState : uint8_t { ina, retired };
-
-// Open addressing with linear probing and backward-shift deletion, load
-// factor capped at 1/2.
-class Clt {
- public:
-  struct Slot {
-    ConnKey key;
-    uint32_t owner = 0;  // ina: ring slot index; retired: tombstone index
-    uint8_t rank = 0;
-    bool used = false;
-    ConnState state = ConnState::ina;
-    bool ina() const noexcept { return state == ConnState::ina; }
-    bool retired() const noexcept { return state == ConnState::retired; }
-  };
-
-  explicit Clt(unsigned capacity) : slots_(std::bit_ceil(std::max(capacity, 16u)) * 2) {}
-
-  Slot* find(const ConnKey& k) noexcept {
-    const size_t mask = slots_.size() - 1;
-    for (size_t i = hash_key(k) & mask;; i = (i + 1) & mask) {
-      Slot& s = slots_[i];
-      if (!s.used) return nullptr;
-      if (s.key == k) return &s;
-    }
-  }
-  const Slot* find(const ConnKey& k) const noexcept { return const_cast<Clt*>(this)->find(k); }
-  // The existing entry or a new one (state ina, owner 0); nullptr when full.
-  Slot* insert(const ConnKey& k) noexcept {
-    if (Slot* s = find(k)) return s;
-    if ((size_ + 1) * 2 > slots_.size()) return nullptr;
-    const size_t mask = slots_.size() - 1;
-    for (size_t i = hash_key(k) & mask;; i = (i + 1) & mask) {
-      if (!slots_[i].used) {
-        slots_[i] = Slot{};
-        slots_[i].key = k;
-        slots_[i].used = true;
-        ++size_;
-        return &slots_[i];
-      }
-    }
-  }
-  void erase(const ConnKey& k) noexcept {
-    const size_t mask = slots_.size() - 1;
-    size_t i = hash_key(k) & mask;
-    for (;; i = (i + 1) & mask) {
-      if (!slots_[i].used) return;
-      if (slots_[i].key == k) break;
-    }
-    // Backward shift: move later entries of the cluster into the hole when
-    // their home position is at or before it.
-    size_t hole = i;
-    for (size_t j = (i + 1) & mask; slots_[j].used; j = (j + 1) & mask) {
-      const size_t home = hash_key(slots_[j].key) & mask;
-      if (((j - home) & mask) >= ((j - hole) & mask)) {
-        slots_[hole] = slots_[j];
-        hole = j;
-      }
-    }
-    slots_[hole] = Slot{};
-    --size_;
-  }
-  size_t size() const noexcept { return size_; }
-
- private:
-  std::vector<Slot> slots_;
-  size_t size_ = 0;
-};
 
 // Why evicting a pass entry never produces a wrong result: the entry's only
 // effect is to let later packets of a non-INA message on a ring link be

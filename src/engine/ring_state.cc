@@ -1,0 +1,225 @@
+// Ring installation, removal, tombstones and reporting (ring_state.h).
+#include "engine/ring_state.h"
+
+#include <algorithm>
+#include <string>
+
+namespace netreduce::engine::detail {
+
+RingTable::RingTable(const EngineConfig& cfg)
+    : cfg_(cfg),
+      rings_(cfg.max_rings),
+      by_id_(cfg.max_rings),
+      links_(std::max(cfg.link_capacity, 2 * kMaxRanks)) {}
+
+Status RingTable::install(const RingSpec& spec) {
+  if (Status s = validate(spec); !s) return s;
+  if (const int at = find(spec.ring_id); at >= 0) {
+    if (rings_[at].spec == spec) return {};
+    return {StatusCode::conflict, "ring_id",
+            "ring " + std::to_string(spec.ring_id) + " is installed with a different spec"};
+  }
+  const uint64_t need = ring_memory_bytes(spec, cfg_.mode);
+  if (spec.memory_quota && need > spec.memory_quota)
+    return {StatusCode::resource_exhausted, "memory_quota",
+            "ring needs " + std::to_string(need) + " bytes, quota is " +
+                std::to_string(spec.memory_quota)};
+  if (memory_ + need > cfg_.memory_budget)
+    return {StatusCode::resource_exhausted, "memory",
+            "ring needs " + std::to_string(need) + " bytes, " +
+                std::to_string(cfg_.memory_budget - memory_) + " of " +
+                std::to_string(cfg_.memory_budget) + " free"};
+  if (cfg_.mode == ReduceMode::accumulate && !cfg_.allocator.alloc)
+    return {StatusCode::internal, "allocator", "accumulate mode needs a packet allocator"};
+  auto free_slot =
+      std::find_if(rings_.begin(), rings_.end(), [](const Ring& r) { return !r.active; });
+  if (free_slot == rings_.end())
+    return {StatusCode::resource_exhausted, "ring_id",
+            "all " + std::to_string(cfg_.max_rings) + " ring slots are in use"};
+  const unsigned p = spec.ranks();
+  size_t new_links = 0;
+  for (unsigned k = 0; k < p; ++k) new_links += !link(spec.members[k], spec.members[(k + 1) % p]);
+  if (links_.size() + new_links > links_.capacity())
+    return {StatusCode::resource_exhausted, "members",
+            "the link table is full (" + std::to_string(links_.capacity()) +
+                " links of installed and retired rings)"};
+
+  Ring& r = *free_slot;
+  r = Ring{};
+  r.spec = spec;
+  r.p = p;
+  r.slots = slots_for_window(spec.window);
+  r.msg_len = spec.msg_len;
+  r.memory = need;
+  const size_t cells = size_t{r.slots} * r.msg_len;
+  r.cells.assign(cells, Cell{});
+  r.msgs.assign(r.slots, MsgSlot{});
+  r.hist.assign(size_t{r.p} * r.slots, HistEntry{});
+  r.conns.assign(r.p, RankConn{});
+  r.result.assign(cells * spec.payload_bytes, 0);
+  if (cfg_.icrc_fixup == IcrcFixup::linear) r.shifts.entries.resize(ShiftCache::kEntries);
+  if (cfg_.mode == ReduceMode::deterministic)
+    r.held.assign(cells * r.p, Held{});
+  else {
+    r.hdrs.resize(cells * r.p);
+    r.acc.assign(cells * 2 * spec.payload_bytes, 0);
+  }
+  r.active = true;
+  for (unsigned k = 0; k < p; ++k)
+    ++links_.insert(link_key(spec.members[k], spec.members[(k + 1) % p]))->live;
+  by_id_.insert(spec.ring_id)->index = static_cast<uint16_t>(free_slot - rings_.begin());
+  memory_ += need;
+  return {};
+}
+
+Status RingTable::remove(uint32_t ring_id, uint64_t now, Clt& clt, std::vector<Pkt>& released,
+                         ReasonCounters& counters) {
+  const int at = find(ring_id);
+  if (at < 0) return {StatusCode::not_found, "ring_id", "no ring " + std::to_string(ring_id)};
+  Ring& r = rings_[at];
+  // The tombstone first (the only allocation): a removal never half happens.
+  auto tomb_it =
+      std::find_if(tombs_.begin(), tombs_.end(), [](const Tombstone& t) { return !t.used; });
+  if (tomb_it == tombs_.end()) tomb_it = tombs_.emplace(tombs_.end());
+  const auto tomb = static_cast<uint32_t>(tomb_it - tombs_.begin());
+  Tombstone& t = *tomb_it;
+  t.used = true;
+  t.ring_id = ring_id;
+  t.conns.clear();
+  t.links.clear();
+  t.conns.reserve(r.p);
+  t.links.reserve(r.p);
+  const uint64_t grace = cfg_.retire_grace;
+  t.expires = grace == kRetireNever || now >= kRetireNever - grace ? kRetireNever : now + grace;
+  ++retired_;
+  next_expiry_ = std::min(next_expiry_, t.expires);
+
+  // Bound connections become the tombstone's: their CLT entries stay, so no
+  // later packet or go-back-N resend of the running message is forwarded raw.
+  for (unsigned rank = 0; rank < r.p; ++rank) {
+    RankConn& rc = r.conns[rank];
+    if (!rc.bound) continue;
+    if (Clt::Slot* slot = clt.find(rc.key); slot && slot->ina()) {
+      slot->state = ConnState::retired;
+      slot->owner = tomb;
+      t.conns.push_back(rc.key);
+    }
+    rc = RankConn{};
+  }
+  for (unsigned k = 0; k < r.p; ++k) {
+    const uint64_t key = link_key(r.spec.members[k], r.spec.members[(k + 1) % r.p]);
+    LinkUse& l = *links_.find(key);  // installed with the ring
+    --l.live;
+    ++l.retired;
+    t.links.push_back(key);
+  }
+  release_all(r, released, counters);
+  memory_ -= r.memory;
+  r = Ring{};  // the ring slot is free now: no CLT entry points into it
+  by_id_.erase(ring_id);
+  return {};
+}
+
+unsigned RingTable::expire(uint64_t now, Clt& clt) noexcept {
+  if (now < next_expiry_) return 0;  // the common case: one compare
+  unsigned purged = 0;
+  next_expiry_ = kRetireNever;
+  for (uint32_t i = 0; i < tombs_.size(); ++i) {
+    Tombstone& t = tombs_[i];
+    if (!t.used) continue;
+    if (t.expires == kRetireNever || t.expires > now) {
+      next_expiry_ = std::min(next_expiry_, t.expires);
+      continue;
+    }
+    purge(i, clt);
+    ++purged;
+  }
+  return purged;
+}
+
+void RingTable::purge(uint32_t tomb, Clt& clt) noexcept {
+  Tombstone& t = tombs_[tomb];
+  for (const ConnKey& k : t.conns) {
+    const Clt::Slot* s = clt.find(k);
+    // Only if still this tombstone's: a live ring may have re-bound the key,
+    // or a later tombstone may own it now.
+    if (s && s->retired() && s->owner == tomb) clt.erase(k);
+  }
+  for (const uint64_t key : t.links) {
+    LinkTable::Slot* l = links_.find(key);
+    if (!l) continue;
+    if (l->retired) --l->retired;
+    if (l->live == 0 && l->retired == 0) links_.erase(key);
+  }
+  t.conns.clear();
+  t.links.clear();
+  t.used = false;
+  t.expires = kRetireNever;
+  --retired_;
+}
+
+void RingTable::unbind(Ring& ring, unsigned rank, Clt& clt) noexcept {
+  RankConn& rc = ring.conns[rank];
+  if (rc.bound) clt.erase(rc.key);
+  rc = RankConn{};
+  std::fill_n(ring.hist_row(rank), ring.slots, HistEntry{});
+}
+
+void RingTable::release_all(Ring& ring, std::vector<Pkt>& released,
+                            ReasonCounters& counters) noexcept {
+  for (Held& h : ring.held) {
+    if (!h.pkt.data) continue;
+    released.push_back(h.pkt);
+    ++counters[static_cast<size_t>(Reason::ring_removed)];
+    h = Held{};
+  }
+  ring.held_packets = 0;
+  ring.held_bytes = 0;
+}
+
+std::optional<RingInfo> RingTable::info(uint32_t ring_id, uint64_t now_ns,
+                                        uint64_t stall_ns) const {
+  const int at = find(ring_id);
+  if (at < 0) return std::nullopt;
+  const Ring& r = rings_[at];
+  RingInfo info;
+  info.spec = r.spec;
+  info.counters = r.counters;
+  info.slots = r.slots;
+  info.memory_bytes = r.memory;
+  info.held_packets = r.held_packets;
+  info.held_bytes = r.held_bytes;
+  for (const Cell& c : r.cells) {
+    if (c.state != CellState::collecting) continue;
+    ++info.open_cells;
+    if (stall_ns && now_ns > c.first_ns && now_ns - c.first_ns > stall_ns) ++info.stalled_cells;
+  }
+  return info;
+}
+
+std::vector<RetiredRing> RingTable::retired_rings(const Clt& clt) const {
+  std::vector<RetiredRing> out;
+  for (uint32_t i = 0; i < tombs_.size(); ++i) {
+    const Tombstone& t = tombs_[i];
+    if (!t.used) continue;
+    RetiredRing rr{t.ring_id, t.expires, 0};
+    for (const ConnKey& k : t.conns) {
+      const Clt::Slot* s = clt.find(k);
+      if (s && s->retired() && s->owner == i) ++rr.connections;
+    }
+    out.push_back(rr);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const RetiredRing& a, const RetiredRing& b) { return a.expires < b.expires; });
+  return out;
+}
+
+std::vector<uint32_t> RingTable::ids() const {
+  std::vector<uint32_t> ids;
+  for (const Ring& r : rings_)
+    if (r.active) ids.push_back(r.spec.ring_id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+}  // namespace netreduce::engine::detail

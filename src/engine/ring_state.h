@@ -1,0 +1,129 @@
+// The rings an engine holds and their lifecycle (DESIGN.md sections 3-4;
+// "Ring lifecycle" in engine.h).
+//
+// Ring: one installed ring's state: its cells and message slots (cells.h),
+// its ranks' connections and histories (history.h), held packets or stored
+// headers, accumulators, results and ICRC shift cache, all sized at
+// installation: the packet path never allocates.
+//
+// RingTable: the fixed array of max_rings ring slots, the ring id index and
+// the link table (every ring link of an installed ring or a tombstone, with
+// how many of each use it), and the tombstones of removed rings.
+// install/remove/expire/purge/info are control work run on the engine's
+// thread between bursts (remove allocates its tombstone); the packet path
+// only reads find(), link() and at(), and unbind()s a rank that re-binds.
+// A tombstone is written by remove and expire only; the packet path sees it
+// only through the CLT entries (state retired) and the link counts.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/cells.h"
+#include "engine/clt.h"
+#include "engine/engine.h"
+#include "engine/history.h"
+#include "engine/icrc_fixup.h"
+
+namespace netreduce::engine::detail {
+
+struct Ring {
+  RingSpec spec;
+  unsigned p = 0;
+  uint32_t slots = 0;  // S
+  uint32_t msg_len = 0;
+  uint64_t memory = 0;
+  std::vector<Cell> cells;      // S * msg_len
+  std::vector<MsgSlot> msgs;    // S
+  std::vector<HistEntry> hist;  // P rows of S
+  std::vector<RankConn> conns;  // P
+  std::vector<Held> held;       // deterministic: S * msg_len * P
+  std::vector<StoredHdr> hdrs;  // accumulate: S * msg_len * P
+  std::vector<uint8_t> acc;     // accumulate: S * msg_len * 2 * payload_bytes
+  std::vector<uint8_t> result;  // S * msg_len * payload_bytes
+  RingCounters counters;
+  uint32_t held_packets = 0;
+  uint64_t held_bytes = 0;
+  ShiftCache shifts;
+  bool active = false;
+
+  size_t cell_index(uint32_t msg_id, uint32_t k) const noexcept {
+    return size_t{msg_id & (slots - 1)} * msg_len + k;
+  }
+  HistEntry* hist_row(unsigned rank) noexcept { return hist.data() + size_t{rank} * slots; }
+  uint8_t* result_of(size_t ci) noexcept { return result.data() + ci * spec.payload_bytes; }
+  uint8_t* acc_of(size_t ci) noexcept { return acc.data() + ci * 2 * spec.payload_bytes; }
+};
+
+// A removed ring during its grace period: the connections that were bound
+// to it (their CLT entries are `retired`, owner = this tombstone's index
+// unless a live ring has re-bound them since) and its links.
+struct Tombstone {
+  uint32_t ring_id = 0;
+  uint64_t expires = kRetireNever;
+  std::vector<ConnKey> conns;
+  std::vector<uint64_t> links;
+  bool used = false;
+};
+
+// How many installed rings and tombstones use a link (rank r -> rank r+1).
+struct LinkUse {
+  uint32_t live = 0;
+  uint32_t retired = 0;
+};
+using LinkTable = OpenTable<uint64_t, LinkUse>;
+
+struct RingRef {
+  uint16_t index = 0;  // into RingTable's ring slots
+};
+using RingIndex = OpenTable<uint64_t, RingRef>;  // ring id -> slot
+
+inline uint64_t link_key(uint32_t src, uint32_t dst) noexcept { return uint64_t{src} << 32 | dst; }
+
+class RingTable {
+ public:
+  explicit RingTable(const EngineConfig& cfg);
+
+  // Engine::install_ring / remove_ring / expire_retired (engine.h).
+  Status install(const RingSpec& spec);
+  Status remove(uint32_t ring_id, uint64_t now, Clt& clt, std::vector<Pkt>& released,
+                ReasonCounters& counters);
+  unsigned expire(uint64_t now, Clt& clt) noexcept;
+
+  // Forgets rank's connection (its CLT entry) and history.
+  void unbind(Ring& ring, unsigned rank, Clt& clt) noexcept;
+
+  // The packet path's reads.
+  int find(uint32_t ring_id) const noexcept {
+    const RingIndex::Slot* s = by_id_.find(ring_id);
+    return s ? s->index : -1;
+  }
+  Ring& at(uint32_t slot) noexcept { return rings_[slot]; }
+  const LinkUse* link(uint32_t src, uint32_t dst) const noexcept {
+    return links_.find(link_key(src, dst));
+  }
+
+  std::optional<RingInfo> info(uint32_t ring_id, uint64_t now_ns, uint64_t stall_ns) const;
+  std::vector<RetiredRing> retired_rings(const Clt& clt) const;
+  std::vector<uint32_t> ids() const;
+  size_t count() const noexcept { return by_id_.size(); }
+  size_t retired_count() const noexcept { return retired_; }
+  uint64_t memory() const noexcept { return memory_; }
+
+ private:
+  void release_all(Ring& ring, std::vector<Pkt>& released, ReasonCounters& counters) noexcept;
+  void purge(uint32_t tomb, Clt& clt) noexcept;
+
+  const EngineConfig& cfg_;
+  std::vector<Ring> rings_;  // max_rings slots
+  RingIndex by_id_;
+  LinkTable links_;
+  std::vector<Tombstone> tombs_;         // grows in remove; entries reused after expiry
+  size_t retired_ = 0;                   // tombstones in use
+  uint64_t next_expiry_ = kRetireNever;  // earliest expiry over tombstones
+  uint64_t memory_ = 0;
+};
+
+}  // namespace netreduce::engine::detail
