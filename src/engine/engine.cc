@@ -79,6 +79,7 @@ struct Engine::Impl {
   Clt clt;
   PassTable pass;
   RingTable rings;
+  ShiftCache shifts;  // linear fix-up only
   ReasonCounters counters{};
   TableStats stats{};
   BurstFn burst_fn = nullptr;
@@ -86,6 +87,7 @@ struct Engine::Impl {
 
   explicit Impl(const EngineConfig& c)
       : cfg(c), clt(c.clt_capacity), pass(c.pass_capacity), rings(cfg) {
+    if (cfg.icrc_fixup == IcrcFixup::linear) shifts.entries.resize(ShiftCache::kEntries);
     select();
   }
 
@@ -356,8 +358,7 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
   if (c == CellCase::serve) {  // case 1: the stored result
     const uint8_t* result = ring.result_of(ci);
     std::memcpy(pkt.data + data_off, result, data_len);
-    fix_icrc<F>(ring.shifts, pkt.data, p, data_off, data_len, result_crc<F>(result, data_len),
-                head);
+    fix_icrc<F>(shifts, pkt.data, p, data_off, data_len, result_crc<F>(result, data_len), head);
     ++ring.counters.retransmissions_served;
     ++counters[static_cast<size_t>(Reason::served_from_cell)];
     return {Verdict::emit, Reason::served_from_cell};
@@ -450,7 +451,7 @@ void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
       head = sh.head_crc;
     }
     std::memcpy(pk.data + off, result, cell.data_len);
-    fix_icrc<F>(ring.shifts, pk.data, *pf, off, cell.data_len, crc_data, head);
+    fix_icrc<F>(shifts, pk.data, *pf, off, cell.data_len, crc_data, head);
     out.tx[out.ntx++] = pk;
   }
   cell.state = CellState::complete;

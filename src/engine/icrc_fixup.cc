@@ -4,7 +4,9 @@
 namespace netreduce::engine::detail {
 
 const wire::Crc32Shift& ShiftCache::rebuild(uint32_t len) noexcept {
-  wire::Crc32Shift& e = entries[next++ % kEntries];
+  const unsigned i = next++ % kEntries;
+  lens[i] = len;
+  wire::Crc32Shift& e = entries[i];
   e.set(len);
   ++misses;
   return e;

@@ -7,7 +7,7 @@
 // with the packet (Held / StoredHdr::head_crc): ICRC verification produced
 // it on arrival (wire::icrc_verify_head), and the engine only rewrites the
 // data and the ICRC, so the released packet's masked header bytes are the
-// received ones. The shift operators are cached per ring by length
+// received ones. The shift operators are cached per engine by length
 // (ShiftCache). Engine thread only.
 #pragma once
 
@@ -20,18 +20,22 @@
 
 namespace netreduce::engine::detail {
 
-// Shift operators for the linear fix-up, by data length. A ring sees few
-// lengths (full first packets, full middle packets, each message's last
-// packet), so four entries replaced round-robin almost never miss; a miss
-// rebuilds one table (about 2 us).
+// Shift operators for the linear fix-up, by data length, one cache per
+// engine (rings come and go; lengths stay). A ring sees few lengths (full
+// first packets, full middle packets, each message's last packet) and rings
+// on one box mostly share their MTU, so eight entries replaced round-robin
+// almost never miss; a miss rebuilds one table (about 2 us).
 struct ShiftCache {
-  static constexpr unsigned kEntries = 4;
-  std::vector<wire::Crc32Shift> entries;  // kEntries, sized at ring installation (linear only)
+  static constexpr unsigned kEntries = 8;
+  static constexpr uint32_t kNone = UINT32_MAX;
+  uint32_t lens[kEntries] = {kNone, kNone, kNone, kNone,
+                             kNone, kNone, kNone, kNone};  // one line to scan
+  std::vector<wire::Crc32Shift> entries;  // kEntries, sized by the engine (linear only)
   unsigned next = 0;
   unsigned misses = 0;  // tables rebuilt
   const wire::Crc32Shift& get(uint32_t len) noexcept {
-    for (const auto& e : entries)
-      if (e.len() == len) return e;
+    for (unsigned i = 0; i < kEntries; ++i)
+      if (lens[i] == len) return entries[i];
     return rebuild(len);
   }
   const wire::Crc32Shift& rebuild(uint32_t len) noexcept;

@@ -57,7 +57,6 @@ Status RingTable::install(const RingSpec& spec) {
   r.hist.assign(size_t{r.p} * r.slots, HistEntry{});
   r.conns.assign(r.p, RankConn{});
   r.result.assign(cells * spec.payload_bytes, 0);
-  if (cfg_.icrc_fixup == IcrcFixup::linear) r.shifts.entries.resize(ShiftCache::kEntries);
   if (cfg_.mode == ReduceMode::deterministic)
     r.held.assign(cells * r.p, Held{});
   else {

@@ -3,8 +3,7 @@
 //
 // Ring: one installed ring's state: its cells and message slots (cells.h),
 // its ranks' connections and histories (history.h), held packets or stored
-// headers, accumulators, results and ICRC shift cache, all sized at
-// installation: the packet path never allocates.
+// headers, accumulators and results, all sized at installation: the packet path never allocates.
 //
 // RingTable: the fixed array of max_rings ring slots, the ring id index and
 // the link table (every ring link of an installed ring or a tombstone, with
@@ -25,7 +24,6 @@
 #include "engine/clt.h"
 #include "engine/engine.h"
 #include "engine/history.h"
-#include "engine/icrc_fixup.h"
 
 namespace netreduce::engine::detail {
 
@@ -46,7 +44,6 @@ struct Ring {
   RingCounters counters;
   uint32_t held_packets = 0;
   uint64_t held_bytes = 0;
-  ShiftCache shifts;
   bool active = false;
 
   size_t cell_index(uint32_t msg_id, uint32_t k) const noexcept {
