@@ -153,8 +153,11 @@ void Engine::Impl::prefetch_conn(const Frame& f) const noexcept {
 
 void Engine::Impl::prefetch_cell(const Frame& f) noexcept {
   if (!aggregable(f) || wire::is_write_first(f.p.opcode)) return;
-  const Clt::Slot* s = clt.find(conn_key(f.pkt.data, f.p));
-  if (!s || !s->ina()) return;
+  // The home slot only (prefetched kAhead packets ago): most keys sit there
+  // at load 1/2, and a hint need not chase the rest of a cluster.
+  const ConnKey key = conn_key(f.pkt.data, f.p);
+  const Clt::Slot* s = clt.home(key);
+  if (!s->used || !(s->key == key) || !s->ina()) return;
   Ring& ring = rings.at(s->owner);
   const RankConn& rc = ring.conns[s->rank];
   if (!rc.has_newest) return;
@@ -369,7 +372,7 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
   ++ring.counters.packets_aggregated;
   ring.counters.bytes_aggregated += data_len;
   cell.arrived |= bit;
-  const bool completes = std::popcount(cell.arrived) == static_cast<int>(ring.p);
+  const bool completes = cell.arrived == ring.all_ranks;
   const size_t hi = ci * ring.p + rank;
   if constexpr (M == ReduceMode::accumulate) {
     const auto& kern = reduce::kernels(cfg.isa, static_cast<wire::Dtype>(cell.dtype),
@@ -417,7 +420,7 @@ void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
   const uint32_t crc_data = result_crc<F>(result, cell.data_len);
 
   for (unsigned r = 0; r < ring.p; ++r) {
-    Pkt pk;
+    Pkt& pk = out.tx[out.ntx];  // filled in place: no Pkt staged on the stack
     const ParsedFrame* pf;
     uint16_t off;
     uint32_t head;
@@ -432,7 +435,7 @@ void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
       pf = &h.p;
       off = h.data_off;
       head = h.head_crc;
-      h.pkt = Pkt{};
+      h.pkt.data = nullptr;  // the slot is free (release_all skips it)
       --ring.held_packets;
       ring.held_bytes -= pk.len;
     } else {
@@ -452,7 +455,7 @@ void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
     }
     std::memcpy(pk.data + off, result, cell.data_len);
     fix_icrc<F>(shifts, pk.data, *pf, off, cell.data_len, crc_data, head);
-    out.tx[out.ntx++] = pk;
+    ++out.ntx;
   }
   cell.state = CellState::complete;
   ++ring.counters.cells_completed;

@@ -3,7 +3,20 @@
 //
 // Theory of operation (DESIGN.md sections 3-5):
 //
-// Classification. process() parses the frame. Non-RoCE traffic, RoCE it does
+// Entry. The data plane classifies an RX burst once (Engine::classify:
+// parse every frame into a Frame) and hands it to process_burst, one call
+// across the pimpl per burst. The packet path behind it is a template on
+// ReduceMode and IcrcFixup, instantiated four times and chosen once at
+// construction, so no per-packet branch on configuration remains but ICRC
+// verification on/off. While packet i is processed, the CLT slot of packet
+// i + 4 and the history entry and cell of packet i + 1 are prefetched.
+// process() (one packet, parsed here) runs the same template. The pieces
+// live in their own files: clt.h and pass_table.h (tables), history (message
+// lookup), cells (cell records and the five cases), icrc_fixup (released
+// packets' ICRC), ring_state (rings, links, tombstones); engine.cc is the
+// orchestration.
+//
+// Classification. Non-RoCE traffic, RoCE it does
 // not aggregate (ACK/NAK/CNP/SEND/READ, UC/UD, malformed) and RDMA WRITEs
 // that are not INA messages are returned as `forward`: untouched. The box
 // only claims traffic on ring links (rank r -> r+1 of an installed or
@@ -25,13 +38,14 @@
 // No such message means its first packet was lost: drop, and the receiver
 // NAKs.
 //
-// Table bounds. The CLT (clt_capacity connections) holds only INA
-// connections that passed every check, and retired ones: ordinary traffic
-// never takes a slot. Ordinary (non-INA) WRITE messages on ring links are
-// remembered in a separate pass table (pass_capacity connections, 8-way
-// sets, LRU eviction) so their later packets are forwarded; a flood of new
-// ordinary connections evicts only ordinary entries, and an evicted entry
-// only turns forwards into drops, never into a wrong result (tables.h).
+// Table bounds. Every table is a fixed-size array sized at construction
+// (clt.h): the CLT, the link table (link_capacity links; install_ring refuses
+// a ring whose links do not fit) and the ring index. The CLT (clt_capacity connections) holds only
+// INA connections that passed every check, and retired ones: ordinary traffic never takes a slot.
+// Ordinary (non-INA) WRITE messages on ring links are remembered in a separate pass table
+// (pass_capacity connections, 8-way sets, LRU eviction) so their later packets are forwarded; a
+// flood of new ordinary connections evicts only ordinary entries, and an evicted entry only turns
+// forwards into drops, never into a wrong result (pass_table.h).
 //
 // Cells. A ring has S = 2N (rounded up to a power of two) message slots of
 // msg_len cells; cell(m, k) = cells[(m mod S) * msg_len + k]. The five
@@ -50,9 +64,12 @@
 // float rounding depends on arrival order.
 //
 // ICRC fix-up. `full` recomputes each released packet's ICRC. `linear`
-// computes the CRC of the result payload once per cell and per packet only
-// the CRC of its headers, combined through CRC linearity (wire/icrc.h):
-// O(header) per packet instead of O(payload).
+// computes the CRC of the result payload once per cell and combines it with
+// the CRC of the packet's headers through CRC linearity (wire/icrc.h):
+// O(header) per packet instead of O(payload). The header CRC is a
+// by-product of the packet's ICRC verification on arrival, kept with the
+// held packet (or stored headers) until release: the headers' CRC is not
+// computed twice.
 //
 // Ring lifecycle. Removing a ring makes its running job fail loudly, never
 // return wrong data. remove_ring frees the ring's cells, memory and slot at
@@ -76,8 +93,9 @@
 // the grace must outlast the job's retransmissions (kRetireNever, the
 // default, keeps tombstones for the engine's life).
 //
-// Threading: an Engine is owned by exactly one thread. process() is the hot
-// path: no allocation, no locks, no logging, no exceptions. install_ring /
+// Threading: an Engine is owned by exactly one thread. process_burst() and
+// process() are the hot path: no allocation, no locks, no logging, no
+// exceptions. install_ring /
 // remove_ring / expire_retired run on that same thread (the data plane applies control
 // commands between bursts).
 #pragma once

@@ -66,7 +66,8 @@ inline void fix_icrc(ShiftCache& shifts, uint8_t* frame, const wire::ParsedFrame
   if constexpr (F == IcrcFixup::full) {
     wire::icrc_update(frame, p);
   } else {
-    const uint32_t tail = wire::crc32(crc_data, frame + data_off + data_len, p.pad);
+    const uint32_t tail =
+        p.pad ? wire::crc32(crc_data, frame + data_off + data_len, p.pad) : crc_data;
     wire::icrc_store(frame, p, shifts.get(data_len + p.pad).combine(head, tail));
   }
 }

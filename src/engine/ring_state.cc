@@ -48,6 +48,7 @@ Status RingTable::install(const RingSpec& spec) {
   r = Ring{};
   r.spec = spec;
   r.p = p;
+  r.all_ranks = p == 64 ? ~uint64_t{0} : (uint64_t{1} << p) - 1;
   r.slots = slots_for_window(spec.window);
   r.msg_len = spec.msg_len;
   r.memory = need;

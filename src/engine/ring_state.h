@@ -30,7 +30,8 @@ namespace netreduce::engine::detail {
 struct Ring {
   RingSpec spec;
   unsigned p = 0;
-  uint32_t slots = 0;  // S
+  uint64_t all_ranks = 0;  // Cell::arrived when every rank has
+  uint32_t slots = 0;      // S
   uint32_t msg_len = 0;
   uint64_t memory = 0;
   std::vector<Cell> cells;      // S * msg_len
