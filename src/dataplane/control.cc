@@ -166,6 +166,8 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
          {"busy_cycles", ws.busy_cycles},
          {"total_cycles", ws.total_cycles},
          {"busy_polls", ws.busy_polls},
+         {"idle_sleeps", ws.idle_sleeps},
+         {"idle_sleep_ns", ws.idle_sleep_ns},
          {"rings", s.ring_count},
          {"retired_rings", s.retired_count},
          {"memory_bytes", s.memory},

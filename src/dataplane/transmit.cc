@@ -1,7 +1,9 @@
 // Stage: transmit. Packets leave on the port opposite to the one they came
-// in on, through this worker's TX buffer for that port (sent as soon as a
-// burst's worth is buffered, otherwise within 100 us by the flush timer) or, when the device has
-// fewer TX queues than workers, through the handoff ring of the worker that owns the queue.
+// in on, through this worker's TX buffer for that port or, when the device
+// has fewer TX queues than workers, through the handoff ring of the worker
+// that owns the queue. A buffer is sent when a burst's worth is queued, when
+// the worker loop flushes after a short RX poll (force), or by the 100 us
+// timer while every poll is full (dataplane.h, TX flush rule).
 #include <rte_cycles.h>
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>

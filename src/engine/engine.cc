@@ -785,7 +785,9 @@ unsigned Engine::process_burst(const Frame* frames, unsigned n, uint64_t now_ns,
   unsigned i = 0;
   for (; i < n; ++i) {
     if (Sink::kCapacity - out.ntx < kMaxRanks || Sink::kCapacity - out.ndrop < kMaxRanks) break;
+    const uint16_t before = out.ntx;
     outcomes[i] = impl_->process(frames[i].pkt, frames[i].p, frames[i].st, now_ns, out);
+    outcomes[i].released = static_cast<uint8_t>(out.ntx - before);
   }
   return i;
 }
