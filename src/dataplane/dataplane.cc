@@ -293,7 +293,7 @@ void Dataplane::worker_loop(Worker& w) {
       moved += n;
       aggregate(*this, w, frames, classify(*this, w, pkts, n, frames), t0);
     }
-    flush(*this, w, drained, t0);
+    moved += flush(*this, w, drained, t0);  // TX handoff packets are work too (idle rule)
     void* c;
     if (rte_ring_dequeue(w.commands, &c) == 0) {
       auto* cmd = static_cast<Command*>(c);

@@ -260,6 +260,10 @@ void aggregate(Dataplane& dp, Worker& w, const engine::Frame* frames, unsigned n
 void forward(Dataplane& dp, Worker& w, rte_mbuf** pkts, unsigned n);
 // transmit.cc: queue one packet for the port opposite to `in_slot`; flush.
 void transmit(Dataplane& dp, Worker& w, rte_mbuf* m, unsigned in_slot);
-void flush(Dataplane& dp, Worker& w, bool force, uint64_t now);
+// flush: first takes what other workers handed to this worker's TX queues
+// (returns how many: they count as work for the idle rule, or a TX-queue
+// owner without RX traffic would sleep while others hand it packets), then
+// sends the TX buffers if `force` or 100 us passed.
+unsigned flush(Dataplane& dp, Worker& w, bool force, uint64_t now);
 
 }  // namespace netreduce::dataplane
