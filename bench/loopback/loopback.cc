@@ -43,9 +43,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -53,6 +56,7 @@
 #include "bench/loopback/traffic.h"
 #include "common/ring_json.h"
 #include "dataplane/dataplane.h"
+#include "wire/icrc.h"
 
 using nlohmann::json;
 namespace nb = netreduce::bench;
@@ -83,7 +87,9 @@ struct Options {
   std::string tx_port, rx_port;
   std::string json_out;
   bool quiet = false;
-  size_t max_inflight = 0;  // 0: 4096 in process, 512 over ports
+  size_t max_inflight = 0;     // 0: 4096 in process, 512 over ports
+  double idle_seconds = 2;     // inproc: the idle phase (0: none)
+  int idle_sleep_max_us = -1;  // inproc: the box's idle_sleep_max_us (-1: its default)
 };
 
 struct Figures {
@@ -394,6 +400,114 @@ void wait_retired(nb::BoxClient& box, uint32_t id) {
   }
 }
 
+// One CRC-32 of `bytes` payload bytes, hot, in ns: the unit the box's cost
+// per packet is compared with (the bytes a packet must touch at least once).
+double crc_ns(unsigned bytes) {
+  std::vector<uint8_t> buf(bytes);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<uint8_t>(i * 131 + 7);
+  uint32_t sink = 0;
+  constexpr unsigned kRuns = 5, kIters = 20000;
+  double best = 1e30;
+  for (unsigned r = 0; r < kRuns; ++r) {
+    const uint64_t t0 = rte_rdtsc();
+    for (unsigned i = 0; i < kIters; ++i) sink = wire::crc32(sink, buf.data(), buf.size());
+    best = std::min(best, double(rte_rdtsc() - t0) / kIters * 1e9 / double(g_hz));
+  }
+  volatile uint32_t keep = sink;
+  (void)keep;
+  return best;
+}
+
+// CPU time (utime + stime, ns) of this process's threads with the given
+// names (DPDK names an lcore's thread rte-worker-<lcore>), by name.
+std::map<std::string, uint64_t> worker_cpu_ns(const std::set<std::string>& names) {
+  std::map<std::string, uint64_t> out;
+  const long tick = ::sysconf(_SC_CLK_TCK);
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream c(e.path() / "comm");
+    std::string name;
+    std::getline(c, name);
+    if (!names.count(name)) continue;
+    std::ifstream s(e.path() / "stat");
+    std::string line;
+    std::getline(s, line);
+    std::istringstream rest(line.substr(line.rfind(')') + 2));
+    std::string f;
+    uint64_t ut = 0, st = 0;
+    for (int i = 3; i <= 15 && rest >> f; ++i) {
+      if (i == 14) ut = std::stoull(f);
+      if (i == 15) st = std::stoull(f);
+    }
+    out[name] = (ut + st) * 1000000000ull / static_cast<uint64_t>(tick);
+  }
+  return out;
+}
+
+// The idle phase (inproc): the box with a ring installed and no traffic for
+// o.idle_seconds; each worker's CPU share from the kernel's accounting of its
+// thread (and the time the box says it slept), then one message through the
+// box right after the idle period: verified, and its latency (what the idle
+// sleep adds to the first packets after a pause).
+json idle_phase(const Options& o, const Ports& ports, nb::BoxClient& box) {
+  nb::TrafficSpec s;
+  s.ring_id = o.ring_id;
+  s.ranks = o.ranks.front();
+  s.pmtu = static_cast<uint16_t>(o.payloads.front());
+  s.msg_len = static_cast<uint16_t>(o.msg_len);
+  s.dtype = *wire::parse_dtype(o.dtypes.front());
+  s.window = static_cast<uint16_t>(o.window);
+  s.msg_id0 = 1;
+  const nb::Traffic t(s);
+  netreduce::engine::RingSpec ring;
+  ring.ring_id = s.ring_id;
+  ring.members = t.members();
+  ring.msg_len = s.msg_len;
+  ring.window = s.window;
+  ring.payload_bytes = s.pmtu;
+  box.call({{"cmd", "install_ring"}, {"ring", netreduce::ring_to_json(ring)}});
+  uint64_t next = 0;
+  Figures f;
+  Generator g(ports, t, f, o.max_inflight);
+  if (!g.round(next++, 1, true, false, nullptr)) throw std::runtime_error("generator mbufs");
+  auto slept = [&] {
+    std::vector<uint64_t> v;
+    const json st = box.call({{"cmd", "stats"}});
+    for (const auto& w : st.at("workers")) v.push_back(w.value("idle_sleep_ns", uint64_t{0}));
+    return v;
+  };
+  std::set<std::string> names;
+  const json st =
+      box.call({{"cmd", "stats"}});  // kept: a range-for over a temporary's member dangles
+  for (const auto& w : st.at("workers"))
+    names.insert("rte-worker-" + std::to_string(w.value("lcore", 0u)));
+  const auto cpu0 = worker_cpu_ns(names);
+  const auto slept0 = slept();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(o.idle_seconds));
+  const auto cpu1 = worker_cpu_ns(names);
+  const auto slept1 = slept();
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e9;
+  json workers = json::array();
+  for (const auto& [name, ns] : cpu1) {
+    const uint64_t before = cpu0.count(name) ? cpu0.at(name) : 0;
+    workers.push_back({{"thread", name}, {"cpu_share", double(ns - before) / wall}});
+  }
+  json slept_share = json::array();
+  for (size_t i = 0; i < slept1.size() && i < slept0.size(); ++i)
+    slept_share.push_back(double(slept1[i] - slept0[i]) / wall);
+  std::vector<double> lat;
+  if (!g.round(next++, 1, true, false, &lat)) throw std::runtime_error("generator mbufs");
+  box.call({{"cmd", "remove_ring"}, {"id", s.ring_id}});
+  wait_retired(box, s.ring_id);
+  return {{"seconds", o.idle_seconds},
+          {"threads", workers},
+          {"slept_share", slept_share},
+          {"after_idle_latency_us", lat.empty() ? 0.0 : *std::max_element(lat.begin(), lat.end())},
+          {"after_idle_verified",
+           {{"good", f.good}, {"bad", f.bad}, {"unknown", f.unknown}, {"missing", f.missing}}}};
+}
+
 // The whole sweep; returns the report.
 json sweep(const Options& o, const Ports& ports) {
   nb::BoxClient box(o.box_socket, std::chrono::seconds(10));
@@ -421,7 +535,11 @@ json sweep(const Options& o, const Ports& ports) {
         ring.msg_len = s.msg_len;
         ring.window = s.window;
         ring.payload_bytes = s.pmtu;
-        json pt = {{"ranks", P}, {"payload", payload}, {"dtype", dt}, {"msg_len", o.msg_len}};
+        json pt = {{"ranks", P},
+                   {"payload", payload},
+                   {"dtype", dt},
+                   {"msg_len", o.msg_len},
+                   {"crc_ns", crc_ns(payload)}};
         // The forward-only baseline first, on a box without the ring: forward
         // mode is refused while any ring is installed or retiring (it would
         // send their packets out unreduced).
@@ -452,6 +570,8 @@ json sweep(const Options& o, const Ports& ports) {
         }
         const Figures agg = measure(o, ports, t, box, true, next);
         pt["aggregate"] = figures_json(agg, t);
+        pt["box_ns_over_crc"] =
+            pt["aggregate"]["box_ns_per_packet"].get<double>() / pt["crc_ns"].get<double>();
         if (fwd) {
           const json& a = pt["aggregate"];
           const json& b = pt["forward"];
@@ -493,9 +613,10 @@ std::string fmt(bool have, const json& p, const char* pointer) {
 }
 
 void print_table(const json& report) {
-  std::printf("\n%-3s %-7s %-5s | %9s %9s %6s | %8s %8s %7s | %7s %7s %7s | %5s | %8s %8s | %s\n",
-              "P", "payload", "dtype", "fwd Mpps", "agg Mpps", "ratio", "Gb/s in", "Gb/s out",
-              "goodput", "box ns", "lc Mpps", "lc rat", "busy", "p50 us", "p99 us", "verified");
+  std::printf(
+      "\n%-3s %-7s %-5s | %9s %9s %6s | %8s %8s %7s | %7s %6s %7s %7s | %5s | %8s %8s | %s\n", "P",
+      "payload", "dtype", "fwd Mpps", "agg Mpps", "ratio", "Gb/s in", "Gb/s out", "goodput",
+      "box ns", "xCRC", "lc Mpps", "lc rat", "busy", "p50 us", "p99 us", "verified");
   for (const auto& p : report["points"]) {
     if (!p.contains("aggregate")) {  // --forward-only
       const json& b = p["forward"];
@@ -516,15 +637,15 @@ void print_table(const json& report) {
         (!f || (p["forward"]["verified"]["bad"] == 0 && p["forward"]["verified"]["missing"] == 0));
     const double busy = a["busy_per_lcore"].empty() ? 0.0 : a["busy_per_lcore"][0].get<double>();
     std::printf(
-        "%-3u %-7u %-5s | %9s %9.2f %6s | %8.2f %8.2f %7.2f | %7.0f %7.2f %7s | %5.2f | "
+        "%-3u %-7u %-5s | %9s %9.2f %6s | %8.2f %8.2f %7.2f | %7.0f %6.1f %7.2f %7s | %5.2f | "
         "%8.1f %8.1f | %s\n",
         p["ranks"].get<unsigned>(), p["payload"].get<unsigned>(),
         p["dtype"].get<std::string>().c_str(), fmt(f, p, "/forward/mpps_out").c_str(),
         a["mpps_out"].get<double>(), fmt(f, p, "/ratio/pps").c_str(), a["gbps_in"].get<double>(),
         a["gbps_out"].get<double>(), a["goodput_gbps"].get<double>(),
-        a["box_ns_per_packet"].get<double>(), a["box_mpps_per_lcore"].get<double>(),
-        fmt(f, p, "/ratio/box_mpps_per_lcore").c_str(), busy, a["latency_p50_us"].get<double>(),
-        a["latency_p99_us"].get<double>(),
+        a["box_ns_per_packet"].get<double>(), p.value("box_ns_over_crc", 0.0),
+        a["box_mpps_per_lcore"].get<double>(), fmt(f, p, "/ratio/box_mpps_per_lcore").c_str(), busy,
+        a["latency_p50_us"].get<double>(), a["latency_p99_us"].get<double>(),
         ok ? (std::to_string(v["good"].get<uint64_t>()) + " good").c_str() : "ERRORS");
   }
 }
@@ -533,6 +654,10 @@ void print_table(const json& report) {
 // out right, some withheld (the ring was removed mid-message) and the box
 // dropped packets of the retired ring instead of forwarding them.
 bool report_ok(const json& report, bool removed_mid_run) {
+  if (report.contains("idle")) {
+    const json& v = report["idle"]["after_idle_verified"];
+    if (v["good"] == 0 || v["bad"] != 0 || v["unknown"] != 0 || v["missing"] != 0) return false;
+  }
   for (const auto& p : report["points"])
     for (const char* m : {"forward", "aggregate"})
       if (p.contains(m)) {
@@ -550,6 +675,7 @@ struct InprocArgs {
   const Options* o;
   Ports ports;
   json points;
+  json idle;
   std::string error;
   netreduce::dataplane::Dataplane* dp;
 };
@@ -558,6 +684,10 @@ int generator_lcore(void* arg) {
   auto* a = static_cast<InprocArgs*>(arg);
   try {
     a->points = sweep(*a->o, a->ports);
+    if (a->o->idle_seconds > 0 && !a->o->forward_only && !a->o->remove_mid_run) {
+      nb::BoxClient box(a->o->box_socket, std::chrono::seconds(10));
+      a->idle = idle_phase(*a->o, a->ports, box);
+    }
   } catch (const std::exception& e) {
     a->error = e.what();
   }
@@ -614,6 +744,12 @@ int main(int argc, char** argv) {
   app.add_option("--rx-port", o.rx_port, "ports mode: DPDK port cabled to the box's port B");
   app.add_option("--json", o.json_out, "write the report as JSON to this file");
   app.add_flag("--quiet", o.quiet, "no progress lines");
+  app.add_option("--idle-seconds", o.idle_seconds,
+                 "inproc: seconds of the idle phase after the sweep (CPU share of the box's "
+                 "worker with no traffic, then one message through it, verified); 0: none");
+  app.add_option("--idle-sleep-max-us", o.idle_sleep_max_us,
+                 "inproc: the box's idle_sleep_max_us (default: the data plane's default)")
+      ->check(CLI::Range(0, 100000));
   app.add_option("--max-inflight", o.max_inflight,
                  "frames sent and not yet back (default 4096 in process, 512 over ports; must "
                  "exceed ranks x msg-len)");
@@ -717,12 +853,14 @@ int main(int argc, char** argv) {
     cfg.engine_memory = 512ull << 20;
     cfg.control_socket = o.box_socket;
     cfg.retire_grace_ms = 100;  // a removed ring is gone before the next point
+    if (o.idle_sleep_max_us >= 0)
+      cfg.idle_sleep_max_us = static_cast<uint32_t>(o.idle_sleep_max_us);
     netreduce::dataplane::Dataplane dp(cfg);
     if (netreduce::Status s = dp.setup(); !s) {
       std::fprintf(stderr, "netreduce-loopback: box: %s\n", s.to_string().c_str());
       return 1;
     }
-    InprocArgs args{&o, ports, {}, {}, &dp};
+    InprocArgs args{&o, ports, {}, {}, {}, &dp};
     if (rte_eal_remote_launch(generator_lcore, &args, 2) != 0) {
       std::fprintf(stderr, "netreduce-loopback: cannot start the generator on lcore 2\n");
       return 1;
@@ -735,6 +873,7 @@ int main(int argc, char** argv) {
     }
     rte_eal_wait_lcore(2);
     report["points"] = args.points;
+    if (!args.idle.is_null()) report["idle"] = args.idle;
     error = args.error;
   } else {
     uint16_t tx, rx;
@@ -777,6 +916,23 @@ int main(int argc, char** argv) {
             (unsigned long long)p["aggregate"]["ring_removed"].get<uint64_t>(),
             (unsigned long long)p["aggregate"]["ring_retired"].get<uint64_t>());
       }
+    if (report.contains("idle")) {
+      const json& id = report["idle"];
+      std::string shares;
+      for (const auto& w : id["threads"])
+        shares += (shares.empty() ? "" : ", ") + w["thread"].get<std::string>() + " " +
+                  std::to_string(static_cast<int>(w["cpu_share"].get<double>() * 1000) / 10.0)
+                      .substr(0, 4) +
+                  "%";
+      std::printf(
+          "idle %.1f s, no traffic: CPU per box worker thread %s (kernel accounting); first "
+          "message after it: %.1f us, %s\n",
+          id["seconds"].get<double>(), shares.c_str(), id["after_idle_latency_us"].get<double>(),
+          id["after_idle_verified"]["good"].get<uint64_t>() > 0 &&
+                  id["after_idle_verified"]["bad"] == 0 && id["after_idle_verified"]["missing"] == 0
+              ? "verified"
+              : "ERRORS");
+    }
     if (!report_ok(report, o.remove_mid_run)) {
       std::fprintf(stderr, "netreduce-loopback: some released frames were wrong or missing\n");
       rc = 1;

@@ -152,12 +152,16 @@ std::string render_metrics(const MetricsInput& in) {
                          "packets the lcore handed to another lcore's ring owner");
   auto& ddrop = b.counter("netreduce_lcore_dispatch_dropped_packets_total",
                           "packets dropped because another lcore's inbox was full");
+  auto& slept = b.counter("netreduce_lcore_idle_sleep_seconds_total",
+                          "time the worker lcore slept because it had no traffic (adaptive "
+                          "polling, idle_sleep_max_us)");
   for (const json& w : workers) {
     const Labels l{{"lcore", std::to_string(w.value("lcore", 0u))}};
     set(busy, l, num(w, "busy_ratio"));
     set(lmem, l, num(w, "memory_bytes"));
     set(disp, l, num(w, "dispatched"));
     set(ddrop, l, num(w, "dispatch_dropped"));
+    set(slept, l, num(w, "idle_sleep_ns") / 1e9);
   }
 
   // Memory.

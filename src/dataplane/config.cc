@@ -165,8 +165,8 @@ void parse_rings(const YAML::Node& n, const std::string& path, DataplaneConfig& 
 void parse_top(const YAML::Node& root, DataplaneConfig& cfg) {
   bool has_ports = false;
   for_each_key(root, "",
-               {"eal", "ports", "mtu", "rx_desc", "tx_desc", "burst", "mode", "workers", "memory",
-                "engine", "rings", "control"},
+               {"eal", "ports", "mtu", "rx_desc", "tx_desc", "burst", "idle_sleep_max_us",
+                "idle_after_us", "mode", "workers", "memory", "engine", "rings", "control"},
                [&](std::string_view key, const YAML::Node& v, const std::string& f) {
                  if (key == "eal") {
                    parse_eal(v, f, cfg);
@@ -181,6 +181,10 @@ void parse_top(const YAML::Node& root, DataplaneConfig& cfg) {
                    cfg.tx_desc = power_of_two(v, f, 64, 16384);
                  } else if (key == "burst") {
                    cfg.burst = static_cast<uint16_t>(integer(v, f, 1, 256));
+                 } else if (key == "idle_sleep_max_us") {
+                   cfg.idle_sleep_max_us = static_cast<uint32_t>(integer(v, f, 0, 100000));
+                 } else if (key == "idle_after_us") {
+                   cfg.idle_after_us = static_cast<uint32_t>(integer(v, f, 0, 10000000));
                  } else if (key == "mode") {
                    const std::string& s = scalar(v, f, "aggregate or forward");
                    if (s == "aggregate") {

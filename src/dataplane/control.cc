@@ -166,6 +166,8 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
          {"busy_cycles", ws.busy_cycles},
          {"total_cycles", ws.total_cycles},
          {"busy_polls", ws.busy_polls},
+         {"idle_sleeps", ws.idle_sleeps},
+         {"idle_sleep_ns", ws.idle_sleep_ns},
          {"rings", s.ring_count},
          {"retired_rings", s.retired_count},
          {"memory_bytes", s.memory},
@@ -182,15 +184,31 @@ int telemetry_stats(const char*, const char*, rte_tel_data* d) {
   if (!call.dp) return -1;
   const auto snaps = snapshots(*call.dp, false);
   engine::ReasonCounters sum{};
-  uint64_t rx = 0, tx = 0;
+  // Summed over workers: packets, the data plane's own drops and oddities
+  // (not engine reasons), and the idle rule's sleeps.
+  uint64_t rx = 0, tx = 0, tx_dropped = 0, dispatched = 0, dispatch_dropped = 0, multi_segment = 0,
+           sleeps = 0, slept_ns = 0;
   for (const auto& s : snaps) {
     for (size_t r = 0; r < sum.size(); ++r) sum[r] += s.reasons[r];
-    rx += s.stats.rx[0] + s.stats.rx[1];
-    tx += s.stats.tx[0] + s.stats.tx[1];
+    const WorkerStats& ws = s.stats;
+    rx += ws.rx[0] + ws.rx[1];
+    tx += ws.tx[0] + ws.tx[1];
+    tx_dropped += ws.tx_dropped[0] + ws.tx_dropped[1];
+    dispatched += ws.dispatched;
+    dispatch_dropped += ws.dispatch_dropped;
+    multi_segment += ws.multi_segment;
+    sleeps += ws.idle_sleeps;
+    slept_ns += ws.idle_sleep_ns;
   }
   rte_tel_data_start_dict(d);
   rte_tel_data_add_dict_u64(d, "rx_packets", rx);
   rte_tel_data_add_dict_u64(d, "tx_packets", tx);
+  rte_tel_data_add_dict_u64(d, "tx_dropped", tx_dropped);  // TX queue or handoff ring full
+  rte_tel_data_add_dict_u64(d, "dispatched", dispatched);
+  rte_tel_data_add_dict_u64(d, "dispatch_dropped", dispatch_dropped);  // an inbox was full
+  rte_tel_data_add_dict_u64(d, "multi_segment", multi_segment);        // forwarded untouched
+  rte_tel_data_add_dict_u64(d, "idle_sleeps", sleeps);
+  rte_tel_data_add_dict_u64(d, "idle_sleep_ns", slept_ns);
   for (size_t r = 0; r < sum.size(); ++r)
     rte_tel_data_add_dict_u64(
         d, std::string(engine::to_string(static_cast<engine::Reason>(r))).c_str(), sum[r]);

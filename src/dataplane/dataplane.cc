@@ -10,7 +10,10 @@
 #include <rte_rcu_qsbr.h>
 #include <rte_ring.h>
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+#include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -251,15 +254,21 @@ int Dataplane::worker_main(void* arg) {
 void Dataplane::worker_loop(Worker& w) {
   rte_rcu_qsbr_thread_register(qsbr_, w.index);
   rte_rcu_qsbr_thread_online(qsbr_, w.index);
+  // Short sleeps must be short: the default 50 us timer slack would stretch
+  // the idle rule's 1 us first step to 50.
+  ::prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
   rte_mbuf* pkts[kMaxBurst];
-  rte_mbuf* mine[kMaxBurst];
+  engine::Frame frames[kMaxBurst];
   // One TSC read per iteration: its end is the next one's start and `now`.
   uint64_t t0 = rte_rdtsc();
+  w.last_busy = t0;
   while (!quitting()) {
     const bool agg = mode() == Mode::aggregate;
     unsigned moved = 0;
+    bool drained = w.rxq.empty();  // some RX poll came back short: flush now (dataplane.h)
     for (const auto& [slot, q] : w.rxq) {
       const uint16_t n = rte_eth_rx_burst(port_ids_[slot], q, pkts, cfg_.burst);
+      if (n < cfg_.burst) drained = true;
       if (!n) continue;
       moved += n;
       w.stats.rx[slot] += n;
@@ -275,16 +284,16 @@ void Dataplane::worker_loop(Worker& w) {
         forward(*this, w, pkts, n);
         continue;
       }
-      const unsigned k = dispatch(*this, w, pkts, n, mine);
-      aggregate(*this, w, mine, k, t0);
+      const unsigned k = dispatch(*this, w, frames, classify(*this, w, pkts, n, frames));
+      aggregate(*this, w, frames, k, t0);
     }
     const unsigned n =
         rte_ring_dequeue_burst(w.inbox, reinterpret_cast<void**>(pkts), cfg_.burst, nullptr);
     if (n) {
       moved += n;
-      aggregate(*this, w, pkts, n, t0);
+      aggregate(*this, w, frames, classify(*this, w, pkts, n, frames), t0);
     }
-    flush(*this, w, false, t0);
+    moved += flush(*this, w, drained, t0);  // TX handoff packets are work too (idle rule)
     void* c;
     if (rte_ring_dequeue(w.commands, &c) == 0) {
       auto* cmd = static_cast<Command*>(c);
@@ -295,12 +304,14 @@ void Dataplane::worker_loop(Worker& w) {
     w.engine->expire_retired(t0);
     rte_rcu_qsbr_quiescent(qsbr_, w.index);
     const uint64_t t1 = rte_rdtsc();
-    w.stats.total_cycles += t1 - t0;
     if (moved) {
       w.stats.busy_cycles += t1 - t0;
       ++w.stats.busy_polls;
     }
-    t0 = t1;
+    idle(w, moved != 0, t1);
+    const uint64_t t2 = rte_rdtsc();
+    w.stats.total_cycles += t2 - t0;
+    t0 = t2;
   }
   // Stopping: flush what is queued, release everything the engine holds.
   flush(*this, w, true, rte_rdtsc());
@@ -323,6 +334,24 @@ void Dataplane::worker_loop(Worker& w) {
   w.stopped.store(true, std::memory_order_release);
   rte_rcu_qsbr_thread_offline(qsbr_, w.index);
   rte_rcu_qsbr_thread_unregister(qsbr_, w.index);
+}
+
+void Dataplane::idle(Worker& w, bool moved, uint64_t now) {
+  if (moved || cfg_.idle_sleep_max_us == 0) {
+    if (moved) w.last_busy = now;
+    w.sleep_us = 0;
+    return;
+  }
+  if (w.sleep_us == 0) {
+    if (now - w.last_busy < rte_get_tsc_hz() / 1000000 * cfg_.idle_after_us) return;
+    w.sleep_us = 1;
+  } else {
+    w.sleep_us = std::min(w.sleep_us * 2, cfg_.idle_sleep_max_us);
+  }
+  const timespec ts{0, static_cast<long>(w.sleep_us) * 1000};
+  ::nanosleep(&ts, nullptr);
+  ++w.stats.idle_sleeps;
+  w.stats.idle_sleep_ns += (rte_rdtsc() - now) * 1000000000ull / rte_get_tsc_hz();
 }
 
 // ---- control side -------------------------------------------------------------

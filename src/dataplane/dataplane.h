@@ -25,9 +25,27 @@
 // inbox, and a worker without a TX queue on a port hands its output to the
 // queue's owner through a TX handoff ring.
 //
-// Stages, per burst: rx -> dispatch -> aggregate (Engine::process: parse,
-// CLT lookup, cells, reduction, ICRC fix-up) -> transmit (buffered per port:
-// sent once a burst's worth is queued, otherwise within 100 us).
+// Stages, per burst (one file each): rx -> classify (classify.cc: every
+// frame parsed once into engine::Frame[]) -> dispatch (dispatch.cc, on that
+// parse) -> aggregate (aggregate.cc: one Engine::process_burst call: CLT
+// lookup, cells, reduction, ICRC fix-up) -> transmit (transmit.cc: buffered
+// per port).
+//
+// TX flush rule. Buffered packets are sent when a burst's worth is queued,
+// and at the end of every loop iteration in which some RX poll returned
+// less than a full burst (the queues are drained: waiting would only add
+// latency; DPDK l3fwd sends per burst the same way). Only while every poll
+// returns a full burst does the 100 us timer bound how long a partial batch
+// waits.
+//
+// Idle rule (adaptive polling, config idle_sleep_max_us / idle_after_us).
+// A worker that has moved no packet for idle_after_us sleeps between polls,
+// 1 us first and doubling up to idle_sleep_max_us; any packet ends it. So a
+// box without traffic leaves its cores to others, traffic that pauses for
+// less than idle_after_us never waits, and a burst after a long idle waits
+// at most idle_sleep_max_us plus the wake-up. The worker's timer slack is
+// set to 1 us so short sleeps are short. Time slept is counted
+// (WorkerStats::idle_sleep_ns / idle_sleeps).
 //
 // Control (ordering contract). The control thread never touches engine
 // state. Commands go to a worker through its command ring (SP/SC) and run
@@ -95,7 +113,9 @@ struct alignas(64) WorkerStats {
   uint64_t multi_segment = 0;     // forwarded untouched: not contiguous
   uint64_t busy_cycles = 0;       // TSC cycles in bursts that moved packets
   uint64_t total_cycles = 0;
-  uint64_t busy_polls = 0;  // loop iterations that moved packets (rx / busy_polls: mean burst)
+  uint64_t busy_polls = 0;     // loop iterations that moved packets (rx / busy_polls: mean burst)
+  uint64_t idle_sleeps = 0;    // adaptive polling: sleeps taken (dataplane.h, idle rule)
+  uint64_t idle_sleep_ns = 0;  // and the time they took (TSC-measured, in ns)
 };
 
 struct alignas(64) Worker {
@@ -112,8 +132,10 @@ struct alignas(64) Worker {
   rte_ring* inbox = nullptr;  // dispatched packets
   rte_ring* commands = nullptr;
   WorkerStats stats;
-  engine::Sink sink;  // what the engine releases per packet, reused
+  engine::Sink sink;  // what the engine releases per burst, reused
   uint64_t last_flush = 0;
+  uint64_t last_busy = 0;  // TSC of the last iteration that moved packets (idle rule)
+  uint32_t sleep_us = 0;   // the idle rule's current step; 0: not sleeping
   // Set (release) once the worker has left its loop and drained its command
   // ring; from then on control callers run commands themselves.
   std::atomic<bool> stopped{false};
@@ -164,6 +186,9 @@ class Dataplane {
   // Worker side.
   static int worker_main(void* arg);
   void worker_loop(Worker& w);
+  // The idle rule (dataplane.h top): sleeps if the worker has been idle long
+  // enough; `now` is this iteration's TSC.
+  void idle(Worker& w, bool moved, uint64_t now);
   const LinkTable* links() const { return links_.load(std::memory_order_acquire); }
   rte_rcu_qsbr* qsbr() const { return qsbr_; }
   rte_mempool* pool() const { return pool_; }
@@ -223,14 +248,22 @@ class Dataplane {
 
 // Stage functions (one file each), called by worker_loop. `now` is the TSC
 // read once per loop iteration (rdtsc costs ~34 ns on this project's VMs).
-// dispatch.cc: keeps this worker's packets in `mine`, hands the rest to their owners.
-unsigned dispatch(Dataplane& dp, Worker& w, rte_mbuf** pkts, unsigned n, rte_mbuf** mine);
-// aggregate.cc: runs each packet through the engine and queues what leaves.
-void aggregate(Dataplane& dp, Worker& w, rte_mbuf** pkts, unsigned n, uint64_t now);
+// classify.cc: parses each frame once into `frames` (returns how many);
+// multi-segment mbufs are transmitted untouched instead.
+unsigned classify(Dataplane& dp, Worker& w, rte_mbuf** pkts, unsigned n, engine::Frame* frames);
+// dispatch.cc: keeps this worker's frames (compacted in place, count
+// returned), hands the rest to their owners' inboxes.
+unsigned dispatch(Dataplane& dp, Worker& w, engine::Frame* frames, unsigned n);
+// aggregate.cc: the burst through the engine; queues what leaves.
+void aggregate(Dataplane& dp, Worker& w, const engine::Frame* frames, unsigned n, uint64_t now);
 // forward.cc: the forward-only mode: every packet to the other port.
 void forward(Dataplane& dp, Worker& w, rte_mbuf** pkts, unsigned n);
 // transmit.cc: queue one packet for the port opposite to `in_slot`; flush.
 void transmit(Dataplane& dp, Worker& w, rte_mbuf* m, unsigned in_slot);
-void flush(Dataplane& dp, Worker& w, bool force, uint64_t now);
+// flush: first takes what other workers handed to this worker's TX queues
+// (returns how many: they count as work for the idle rule, or a TX-queue
+// owner without RX traffic would sleep while others hand it packets), then
+// sends the TX buffers if `force` or 100 us passed.
+unsigned flush(Dataplane& dp, Worker& w, bool force, uint64_t now);
 
 }  // namespace netreduce::dataplane

@@ -179,7 +179,9 @@ unsigned Engine::Impl::run(const Frame* frames, unsigned n, uint64_t now, Outcom
     if (Sink::kCapacity - out.ntx < kMaxRanks || Sink::kCapacity - out.ndrop < kMaxRanks) break;
     if (i + kAhead < n) prefetch_conn(frames[i + kAhead]);
     if (i + 1 < n) prefetch_cell(frames[i + 1]);
+    const uint16_t before = out.ntx;
     outcomes[i] = one<M, F>(frames[i], now, out);
+    outcomes[i].released = static_cast<uint8_t>(out.ntx - before);
   }
   return i;
 }

@@ -194,6 +194,10 @@ enum class Verdict : uint8_t {
 struct Outcome {
   Verdict verdict;
   Reason reason;
+  // process_burst: how many packets this frame released into Sink::tx (they
+  // follow the previous frames' there), so the caller can keep the order the
+  // packets would have had one by one: this frame, then what it released.
+  uint8_t released = 0;
 };
 
 struct RingCounters {

@@ -74,6 +74,8 @@ TEST_CASE("the example configuration loads", "[dataplane][config]") {
   CHECK(cfg.rx_desc == 1024);
   CHECK(cfg.tx_desc == 1024);
   CHECK(cfg.burst == 32);
+  CHECK(cfg.idle_sleep_max_us == 300);
+  CHECK(cfg.idle_after_us == 1000);
   CHECK(cfg.mode == Mode::aggregate);
   CHECK(cfg.workers == std::vector<unsigned>{1});
   CHECK(cfg.mbufs == 32768);
@@ -116,6 +118,8 @@ TEST_CASE("omitted keys keep the defaults of config.h", "[dataplane][config]") {
     CHECK(c.rx_desc == def.rx_desc);
     CHECK(c.tx_desc == def.tx_desc);
     CHECK(c.burst == def.burst);
+    CHECK(c.idle_sleep_max_us == def.idle_sleep_max_us);
+    CHECK(c.idle_after_us == def.idle_after_us);
     CHECK(c.mode == def.mode);
     CHECK(c.workers.empty());
     CHECK(c.mbufs == def.mbufs);
@@ -144,6 +148,8 @@ mtu: 9000
 rx_desc: 4096
 tx_desc: 64
 burst: 256
+idle_sleep_max_us: 0
+idle_after_us: 250
 mode: forward
 workers: [3, 2, 5]
 memory:
@@ -175,6 +181,8 @@ control:
   CHECK(c.rx_desc == 4096);
   CHECK(c.tx_desc == 64);
   CHECK(c.burst == 256);
+  CHECK(c.idle_sleep_max_us == 0);
+  CHECK(c.idle_after_us == 250);
   CHECK(c.mode == Mode::forward);
   CHECK(c.workers == std::vector<unsigned>{3, 2, 5});
   CHECK(c.mbufs == 65536);
@@ -268,6 +276,10 @@ TEST_CASE("every rule names the dotted key and the problem", "[dataplane][config
       {"burst: {a: 1}\n", "burst", "got a mapping"},
       {"rx_desc: many\n", "rx_desc", "must be an integer"},
       {"mode: fast\n", "mode", "must be aggregate or forward, got 'fast'"},
+      {"idle_sleep_max_us: -1\n", "idle_sleep_max_us", "0..100000"},
+      {"idle_sleep_max_us: 100001\n", "idle_sleep_max_us", "0..100000"},
+      {"idle_sleep_max_us: soon\n", "idle_sleep_max_us", "must be an integer"},
+      {"idle_after_us: 10000001\n", "idle_after_us", "0..10000000"},
       {"mode: [aggregate]\n", "mode", "aggregate or forward"},
       {"workers: 1\n", "workers", "must be a list of lcore ids"},
       {"workers: [one]\n", "workers[0]", "must be an integer, got 'one'"},

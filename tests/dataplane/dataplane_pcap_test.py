@@ -704,6 +704,56 @@ def modes_scenario(tmp, in_pcap):
           "grace; rings refused in forward mode" % refused_msg[:70])
 
 
+def idle_scenario(tmp, in_pcap, rng):
+    """Adaptive polling: a box with no traffic sleeps (its worker counts the
+    sleeps and their time, and the kernel charges its thread a fraction of a
+    core), traffic after the idle period is still aggregated exactly, and
+    idle_sleep_max_us: 0 polls without ever sleeping."""
+    frames, data, cap = ina_packets(1, 3, 1, 2, 4, 1024, rng)
+    wrpcap(in_pcap, frames)
+    results = {}
+    for max_us in (None, 0):
+        extra = {} if max_us is None else {"idle_sleep_max_us": max_us}
+        out, final, status, rings = run_dataplane(tmp, in_pcap, [ring_spec(1, 3, 1, 4, 1024)], 1,
+                                                  extra=extra)
+        n = check_released(out, frames, data, 3, 1024, cap)
+        assert n == len(frames), "released %d of %d INA packets (idle_sleep_max_us %s)" % (n, len(frames), max_us)
+        w = final["workers"][0]
+        results[max_us] = (w["idle_sleeps"], w["idle_sleep_ns"], w["total_cycles"] / final["tsc_hz"])
+        tel = run_dataplane.telemetry  # DPDK telemetry sums the same counters over workers
+        assert (tel["idle_sleeps"] > 0) == (max_us is None) and tel["multi_segment"] == 0, tel
+    sleeps, slept_ns, secs = results[None]
+    # run_dataplane waits at least 0.9 s for the counters to settle: far beyond idle_after_us (1 ms).
+    assert sleeps > 0 and slept_ns > 0, "an idle worker did not sleep with the default config: %s" % (results,)
+    assert results[0][0] == 0 and results[0][1] == 0, "idle_sleep_max_us: 0 slept: %s" % (results,)
+    print("idle: default config: %d sleeps, %.2f of %.2f s asleep; idle_sleep_max_us 0: no sleep; "
+          "%d INA packets exact both times" % (sleeps, slept_ns / 1e9, secs, n))
+
+
+def idle_wake_scenario(tmp, rng):
+    """A packet after a long idle still passes. Over net_af_packet, the box
+    (default configuration) idles for 2 s, so its worker is at its longest
+    sleep step; then a ring's traffic is sent 1 ms apart (the box dozes off
+    between packets): every INA frame comes out byte-exact and other frames
+    unchanged. Correctness only, no timing."""
+    pmtu, ppm, ranks = 256, 4, 3
+    frames, data, cap = ina_packets(1, ranks, 1, 2, ppm, pmtu, rng)
+    others = other_traffic(1)
+    with VethBox(tmp, [ring_spec(1, ranks, 1, ppm, pmtu)]) as box:
+        time.sleep(2.0)
+        w = box.ctl(cmd="stats")["workers"][0]
+        assert w["idle_sleeps"] > 0 and w["idle_sleep_ns"] > 0, w
+        got = box.send(others[:3] + frames + others[3:])
+        n = check_released(got, frames, data, ranks, pmtu, cap)
+        assert n == len(frames), "released %d of %d after idle" % (n, len(frames))
+        outs = {raw(f) for f in got}
+        for o in others:
+            assert raw(o) in outs, "not forwarded unchanged after idle: %s" % o.summary()
+        box.stop()
+    print("idle_wake: %.1f s asleep in %d sleeps over 2 s idle, then %d INA frames released byte-exact "
+          "and %d other frames unchanged" % (w["idle_sleep_ns"] / 1e9, w["idle_sleeps"], n, len(others)))
+
+
 def remove_mid_message_scenario(tmp, rng):
     """The real box, traffic in phases: message 0 complete, message 1 with
     positions 0-1 complete and position 2 held for two ranks. The ring is
@@ -896,8 +946,12 @@ def main():
                   len(results))
             for m in results[:6]:
                 print("  e.g. " + m)
+        elif scenario == "idle":
+            idle_scenario(tmp, in_pcap, rng)
         elif scenario == "modes":
             modes_scenario(tmp, in_pcap)
+        elif scenario == "idle_wake":
+            idle_wake_scenario(tmp, rng)
         elif scenario == "remove_mid_message":
             remove_mid_message_scenario(tmp, rng)
         elif scenario == "placement":

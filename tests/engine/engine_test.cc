@@ -867,7 +867,9 @@ TEST_CASE("process_burst releases what per-packet process releases, in every mod
       std::vector<std::vector<uint8_t>> sent;
       std::vector<engine::Outcome> outcomes;
       engine::Sink sink;
+      size_t released = 0, tx = 0;  // Outcome::released against what the sink got
       auto drain = [&] {
+        tx += sink.ntx;
         for (unsigned i = 0; i < sink.ntx; ++i) {
           const engine::Pkt& p = sink.tx[i];
           sent.emplace_back(p.data, p.data + p.len);
@@ -886,6 +888,7 @@ TEST_CASE("process_burst releases what per-packet process releases, in every mod
         for (unsigned done = 0; done < n;) {
           const unsigned got = burst.e->process_burst(frames.data() + done, n - done, ++burst.now,
                                                       o.data() + done, sink);
+          for (unsigned i = done; i < done + got; ++i) released += o[i].released;
           for (unsigned i = done; i < done + got; ++i)  // served from a complete cell
             if (o[i].verdict == engine::Verdict::emit)
               sent.emplace_back(frames[i].pkt.data, frames[i].pkt.data + frames[i].pkt.len);
@@ -912,6 +915,7 @@ TEST_CASE("process_burst releases what per-packet process releases, in every mod
       std::sort(want.begin(), want.end());
       std::sort(sent.begin(), sent.end());
       CHECK(sent == want);
+      CHECK(released == tx);
       CHECK(stops > 0);
       CHECK(reason(one, Reason::served_from_cell) > 0);
     }
