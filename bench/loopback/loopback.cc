@@ -326,10 +326,15 @@ Figures measure(const Options& o, const Ports& ports, const nb::Traffic& t, nb::
   for (size_t w = 0; w < b1.busy_w.size() && w < b0.busy_w.size(); ++w)
     f.busy_per_lcore.push_back(f.cycles ? double(b1.busy_w[w] - b0.busy_w[w]) / double(f.cycles)
                                         : 0.0);
-  // Latency at light load: one message of every worker at a time.
+  // Latency at light load: one message of every worker at a time. The first
+  // round is not recorded: it follows the stats call above, a pause long
+  // enough for the box's worker to sleep (idle_after_us), and the first
+  // packets after an idle period are the idle phase's figure, not this one.
   std::vector<double> lat;
   Figures lf;
   Generator gl(ports, t, lf, o.max_inflight);
+  if (o.latency_rounds > 0 && !gl.round(next++, 1, aggregated, false, nullptr))
+    throw std::runtime_error("generator mbuf pool exhausted");
   // Skipped once anything went wrong: each round would wait out its 2 s timeout.
   for (unsigned i = 0; i < o.latency_rounds && f.bad + f.unknown + f.missing == 0 &&
                        lf.bad + lf.unknown + lf.missing == 0;
