@@ -208,10 +208,14 @@ void BM_BogusPsn(benchmark::State& state) {
     return f;
   };
   engine::Sink sink;
+  // The engine holds rank 0's packet until rank 1's completes its cell, and
+  // then reads it: every frame lives until the end of the benchmark.
+  std::vector<std::vector<uint8_t>> recorded;
+  recorded.reserve(size_t{slots} * 4);
   for (uint32_t m = 0; m < slots; ++m)  // S complete messages recorded for both ranks
     for (uint32_t k = 0; k < 2; ++k)
       for (unsigned r = 0; r < 2; ++r) {
-        auto f = build(r, m, k);
+        auto& f = recorded.emplace_back(build(r, m, k));
         sink.clear();
         e.process({f.data(), static_cast<uint16_t>(f.size()), nullptr}, 0, sink);
       }
