@@ -217,10 +217,24 @@ class Job:
     def check_ok(self, results, want_path):
         """Every rank exited 0, rank 0's table has one row per expected size
         with 0 errors on path want_path; returns (header info, rows)."""
-        for r, res in enumerate(results):
-            # stderr first: it names the error; CI logs keep only the start of a long message.
-            expect(res.rc == 0, "%s: rank %d exited %d\n--- stderr\n%s\n--- stdout\n%s" %
-                   (self.tag, r, res.rc, res.err[-3000:], res.out[-3000:]))
+        if any(res.rc != 0 for res in results):
+            # Every rank's error first (CI logs keep only the start of a long
+            # message), then what the box saw, then rank 0's table.
+            box = "box unreachable"
+            if self.lab.box.running():
+                try:
+                    st = self.lab.box.stats()
+                    box = "reasons %s; ports %s" % (
+                        {k: v for k, v in st["reasons"].items() if v},
+                        [{k: p[k] for k in ("name", "rx_packets", "tx_packets", "rx_missed", "rx_errors",
+                                             "tx_errors", "box_tx_dropped") if k in p} for p in st["ports"]])
+                except (nrlab.LabError, KeyError, OSError) as e:
+                    box = "box stats failed: %s" % e
+            raise Failed("%s: ranks exited %s\n--- stderr of each rank\n%s\n--- box (whole run)\n%s\n"
+                         "--- rank 0 stdout\n%s" % (
+                             self.tag, [res.rc for res in results],
+                             "\n".join("rank %d: %s" % (r, res.err.strip()[-1500:]) for r, res in enumerate(results)),
+                             box, results[0].out[-2000:]))
         out = results[0].out
         m = re.search(r"^# netreduce-allreduce-perf: world (\d+), path (\w+) \((.*)\), ring (\d+), window (\d+)$",
                       out, re.M)
