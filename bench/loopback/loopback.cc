@@ -405,6 +405,17 @@ void wait_retired(nb::BoxClient& box, uint32_t id) {
   }
 }
 
+// The ring a traffic model's workers form.
+netreduce::engine::RingSpec ring_of(const nb::Traffic& t) {
+  netreduce::engine::RingSpec ring;
+  ring.ring_id = t.spec().ring_id;
+  ring.members = t.members();
+  ring.msg_len = t.spec().msg_len;
+  ring.window = t.spec().window;
+  ring.payload_bytes = t.spec().pmtu;
+  return ring;
+}
+
 // One CRC-32 of `bytes` payload bytes, hot, in ns: the unit the box's cost
 // per packet is compared with (the bytes a packet must touch at least once).
 double crc_ns(unsigned bytes) {
@@ -463,13 +474,7 @@ json idle_phase(const Options& o, const Ports& ports, nb::BoxClient& box) {
   s.window = static_cast<uint16_t>(o.window);
   s.msg_id0 = 1;
   const nb::Traffic t(s);
-  netreduce::engine::RingSpec ring;
-  ring.ring_id = s.ring_id;
-  ring.members = t.members();
-  ring.msg_len = s.msg_len;
-  ring.window = s.window;
-  ring.payload_bytes = s.pmtu;
-  box.call({{"cmd", "install_ring"}, {"ring", netreduce::ring_to_json(ring)}});
+  box.call({{"cmd", "install_ring"}, {"ring", netreduce::ring_to_json(ring_of(t))}});
   uint64_t next = 0;
   Figures f;
   Generator g(ports, t, f, o.max_inflight);
@@ -534,12 +539,7 @@ json sweep(const Options& o, const Ports& ports) {
         if (std::string e = nb::check(s); !e.empty()) throw std::runtime_error(e);
         const nb::Traffic t(s);
         next = 0;
-        netreduce::engine::RingSpec ring;
-        ring.ring_id = s.ring_id;
-        ring.members = t.members();
-        ring.msg_len = s.msg_len;
-        ring.window = s.window;
-        ring.payload_bytes = s.pmtu;
+        const netreduce::engine::RingSpec ring = ring_of(t);
         json pt = {{"ranks", P},
                    {"payload", payload},
                    {"dtype", dt},
