@@ -4,7 +4,11 @@
 //
 // Multi-segment mbufs are not frames the engine can read (it needs the
 // frame contiguous): they leave at once on the opposite port, untouched,
-// counted as multi_segment.
+// counted as multi_segment, ahead of the burst's earlier frames (which leave
+// after the engine). Known limit: a connection mixing chained and contiguous
+// mbufs in one burst is reordered there (the receiver NAKs and the sender
+// resends); the box's own pool holds whole frames, so only chained mbufs
+// from a peer process (net_ring, memif) can meet it.
 //
 // Prefetching: a frame arrives cold (the NIC, or the core that wrote it, has
 // it; not this core's cache). Parsing reads its headers (at most the first

@@ -38,7 +38,8 @@ struct DataplaneConfig {
   // Adaptive idle polling: a worker that moved no packet for idle_after_us
   // sleeps in doubling steps from 1 us up to idle_sleep_max_us, until a poll
   // finds work. 0 = pure polling (100% of the lcore, lowest latency after idle).
-  // A burst after idle waits at most idle_sleep_max_us (plus the wake-up);
+  // A burst after idle waits at most idle_sleep_max_us (plus the wake-up;
+  // twice that when dispatched to another sleeping worker);
   // idle CPU is about (one wake-up, ~20 us on a VM) / idle_sleep_max_us.
   uint32_t idle_sleep_max_us = 300;
   uint32_t idle_after_us = 1000;

@@ -296,6 +296,7 @@ void Dataplane::worker_loop(Worker& w) {
     moved += flush(*this, w, drained, t0);  // TX handoff packets are work too (idle rule)
     void* c;
     if (rte_ring_dequeue(w.commands, &c) == 0) {
+      ++moved;  // a control command is work too: the next one is not paced by the idle sleep
       auto* cmd = static_cast<Command*>(c);
       cmd->fn(w);
       cmd->done.store(true, std::memory_order_release);
@@ -351,7 +352,9 @@ void Dataplane::idle(Worker& w, bool moved, uint64_t now) {
   const timespec ts{0, static_cast<long>(w.sleep_us) * 1000};
   ::nanosleep(&ts, nullptr);
   ++w.stats.idle_sleeps;
-  w.stats.idle_sleep_ns += (rte_rdtsc() - now) * 1000000000ull / rte_get_tsc_hz();
+  // In double: cycles x 1e9 would overflow 64 bits after a few seconds (a suspended VM).
+  w.stats.idle_sleep_ns += static_cast<uint64_t>(static_cast<double>(rte_rdtsc() - now) * 1e9 /
+                                                 static_cast<double>(rte_get_tsc_hz()));
 }
 
 // ---- control side -------------------------------------------------------------

@@ -16,7 +16,7 @@
 // counts, rings.cc).
 //
 // Dispatch. NIC RSS spreads packets by 5-tuple, not by ring, so a packet may
-// arrive on any worker's queue. The first stage (dispatch.cc) looks up the
+// arrive on any worker's queue. The dispatch stage (dispatch.cc, after classify) looks up the
 // packet's link (IPv4 src, dst) in the link table: packets of a link owned
 // by another worker go to that worker's inbox (an rte_ring, multi-producer /
 // single-consumer); everything else is processed where it arrived. With one
@@ -43,7 +43,10 @@
 // 1 us first and doubling up to idle_sleep_max_us; any packet ends it. So a
 // box without traffic leaves its cores to others, traffic that pauses for
 // less than idle_after_us never waits, and a burst after a long idle waits
-// at most idle_sleep_max_us plus the wake-up. The worker's timer slack is
+// at most idle_sleep_max_us plus the wake-up on the worker that receives it
+// (twice that with several workers, when it is then handed to a sleeping
+// owner's inbox or TX queue). Control commands count as work. The worker's
+// timer slack is
 // set to 1 us so short sleeps are short. Time slept is counted
 // (WorkerStats::idle_sleep_ns / idle_sleeps).
 //
@@ -113,7 +116,8 @@ struct alignas(64) WorkerStats {
   uint64_t multi_segment = 0;     // forwarded untouched: not contiguous
   uint64_t busy_cycles = 0;       // TSC cycles in bursts that moved packets
   uint64_t total_cycles = 0;
-  uint64_t busy_polls = 0;     // loop iterations that moved packets (rx / busy_polls: mean burst)
+  uint64_t busy_polls = 0;     // loop iterations that moved packets, TX handoff or a command
+                               // (rx / busy_polls: about the mean RX burst)
   uint64_t idle_sleeps = 0;    // adaptive polling: sleeps taken (dataplane.h, idle rule)
   uint64_t idle_sleep_ns = 0;  // and the time they took (TSC-measured, in ns)
 };
