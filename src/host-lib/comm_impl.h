@@ -40,6 +40,14 @@ struct Communicator::Impl {
   // deleted with its credential once the queued calls are done). Null
   // otherwise.
   std::unique_ptr<host::OwnedRing> owned_ring;
+  // Verbs communicators: a barrier over the bootstrap connection, run at
+  // close before the QPs (and rank 0's ring) go. Without it a rank that has
+  // finished destroys its QPs while its predecessor's last write may still
+  // wait for an ACK that was lost: that write's retransmissions then reach
+  // no QP and the predecessor fails with "transport retry counter exceeded"
+  // after completing every call. Bounded by op_timeout_ms; a peer that is
+  // gone ends it at once (its socket closes).
+  std::function<void()> close_barrier;
 
  private:
   void run();

@@ -50,8 +50,9 @@ Communicator::Impl::~Impl() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();      // queued calls finish first; each has a deadline
-  owned_ring.reset();  // then the ring is deleted: nothing of ours is in flight
+  thread_.join();                      // queued calls finish first; each has a deadline
+  if (close_barrier) close_barrier();  // every rank done: no write of a peer still needs our QPs
+  owned_ring.reset();                  // then the ring is deleted: nothing of ours is in flight
   collective.reset();
   transport.reset();
 }

@@ -520,6 +520,11 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   }
   auto impl = std::make_unique<Communicator::Impl>(std::move(t), std::move(coll), options);
   impl->owned_ring = std::move(owned);
+  impl->close_barrier = [b = std::shared_ptr<Bootstrap>(std::move(boot)),
+                         ms = std::max(options.op_timeout_ms, 1000)] {
+    std::vector<std::string> all;
+    (void)b->allgather("", all, Clock::now() + std::chrono::milliseconds(ms));
+  };
   out = std::make_unique<Communicator>(std::move(impl));
   return {};
 }
