@@ -41,7 +41,13 @@ cleanup() {
   if [ $rc -ne 0 ]; then
     echo >&2
     echo "demo failed (exit $rc); the last lines of each log:" >&2
-    for f in "$work"/*.log; do [ -f "$f" ] && { echo "== $f" >&2; tail -n 15 "$f" >&2; }; done
+    for f in "$work"/*.log; do
+      [ -f "$f" ] || continue
+      echo "== $f" >&2
+      # A crash report (common/fatal_signal.h) is shown whole, else the tail.
+      if grep -q ': fatal SIG' "$f"; then sed -n '/: fatal SIG/,$p' "$f" | head -n 60 >&2
+      else tail -n 15 "$f" >&2; fi
+    done
   fi
   rm -rf "$work"
 }

@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/fatal_signal.h"
 #include "common/ring_json.h"
 #include "control/daemon.h"
 #include "control/http_server.h"
@@ -109,6 +110,7 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  install_fatal_signal_report("netreduced");
 
   Daemon daemon(cfg);
   if (Status s = daemon.start(); !s) refuse("state.file", s.message());

@@ -13,6 +13,7 @@
 #include <csignal>
 #include <cstdio>
 
+#include "common/fatal_signal.h"
 #include "dataplane/dataplane.h"
 
 namespace {
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
   std::vector<char*> eal_argv;
   for (auto& a : eal) eal_argv.push_back(a.data());
   eal_argv.push_back(nullptr);
+  netreduce::install_fatal_signal_report("netreduce-dataplane");
   if (rte_eal_init(static_cast<int>(eal.size()), eal_argv.data()) < 0) {
     std::fprintf(stderr,
                  "netreduce-dataplane: EAL initialization failed: %s\n"

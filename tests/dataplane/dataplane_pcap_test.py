@@ -22,6 +22,7 @@ read: others are answered within 1 s, SIGTERM still stops the box) |
 control_access (socket mode 0660 whatever the umask, peers of other uids refused
 unless in control.group, control.max_clients, a second box refused).
 """
+import ctypes
 import json
 import os
 import signal
@@ -805,6 +806,39 @@ def remove_mid_message_scenario(tmp, rng):
           (n1, len(phase2), len(others)))
 
 
+def crash_report_scenario(tmp, in_pcap, rng):
+    """A box that dies of a fatal signal says so: which signal, which thread
+    and a backtrace, then dies of that signal (exit status and core dump as
+    without the report). The signal is sent to the worker lcore's thread with
+    tgkill, as a fault in the data path would raise it there."""
+    frames, _, _ = ina_packets(1, 3, 1, 1, 4, 1024, rng)
+    wrpcap(in_pcap, frames)
+    proc, sock, _ = start_dataplane(tmp, in_pcap, [ring_spec(1, 3, 1, 4, 1024)], 1)
+    try:
+        Control(sock)(cmd="ping")
+        worker = None
+        for tid in os.listdir("/proc/%d/task" % proc.pid):
+            with open("/proc/%d/task/%s/comm" % (proc.pid, tid)) as f:
+                if f.read().strip().startswith("rte-worker"):
+                    worker = int(tid)
+        assert worker, "no rte-worker thread in the data plane"
+        libc = ctypes.CDLL(None, use_errno=True)
+        SYS_tgkill = 234  # x86_64
+        assert libc.syscall(SYS_tgkill, proc.pid, worker, signal.SIGSEGV) == 0, ctypes.get_errno()
+        out, err = proc.communicate(timeout=30)
+    except Exception:
+        proc.kill()
+        proc.communicate()
+        raise
+    assert proc.returncode == -signal.SIGSEGV, (proc.returncode, err[-2000:])
+    lines = err[err.find("netreduce-dataplane: fatal SIGSEGV"):].splitlines()
+    assert lines and lines[0].startswith("netreduce-dataplane: fatal SIGSEGV (11) in thread 'rte-worker"), err[-2000:]
+    frames_shown = [l for l in lines[1:] if "netreduce-dataplane(" in l]
+    assert len(frames_shown) >= 2, "no backtrace through the binary: %s" % err[-2000:]
+    assert any("Dataplane" in l for l in frames_shown), "backtrace without symbols: %s" % "\n".join(lines)
+    print("crash_report: %s; %d frames, e.g. %s" % (lines[0], len(lines) - 1, frames_shown[-1].strip()))
+
+
 def main():
     scenario = sys.argv[2]
     rng = np.random.default_rng(7)
@@ -948,6 +982,8 @@ def main():
                 print("  e.g. " + m)
         elif scenario == "idle":
             idle_scenario(tmp, in_pcap, rng)
+        elif scenario == "crash_report":
+            crash_report_scenario(tmp, in_pcap, rng)
         elif scenario == "modes":
             modes_scenario(tmp, in_pcap)
         elif scenario == "idle_wake":
