@@ -230,11 +230,20 @@ class Job:
                                              "tx_errors", "box_tx_dropped") if k in p} for p in st["ports"]])
                 except (nrlab.LabError, KeyError, OSError) as e:
                     box = "box stats failed: %s" % e
+            # Each guest's own view of its link: a guest whose virtio-net
+            # stopped sending shows tx counters frozen and a kernel warning.
+            guests = []
+            for g in self.lab.guests:
+                try:
+                    r = g.run(["sh", "-c", "ip -s link show eth0 | tail -n 4; dmesg | tail -n 6"], timeout=30)
+                    guests.append("%s:\n%s" % (g.name, r.out.strip()))
+                except nrlab.LabError as e:
+                    guests.append("%s: %s" % (g.name, e))
             raise Failed("%s: ranks exited %s\n--- stderr of each rank\n%s\n--- box (whole run)\n%s\n"
-                         "--- rank 0 stdout\n%s" % (
+                         "--- guests\n%s\n--- rank 0 stdout\n%s" % (
                              self.tag, [res.rc for res in results],
                              "\n".join("rank %d: %s" % (r, res.err.strip()[-1500:]) for r, res in enumerate(results)),
-                             box, results[0].out[-2000:]))
+                             box, "\n".join(guests), results[0].out[-2000:]))
         out = results[0].out
         m = re.search(r"^# netreduce-allreduce-perf: world (\d+), path (\w+) \((.*)\), ring (\d+), window (\d+)$",
                       out, re.M)
@@ -434,14 +443,22 @@ def step2_5(lab, a, daemon, reports):
     rep.line("fp32 sum, 4 MiB x %d calls (M = %d bytes per worker), on the INA path and then on the library's "
              "ring fallback (no NETREDUCE_DAEMON):" % (len(calls), m))
     for label, d in (("ina", daemon), ("ring", None)):
-        cap = lab.capture(("swa",))
+        # Both sides of the box on the INA run: a failed job leaves them for
+        # diagnosis (their paths are printed), a good one uses port A's.
+        cap = lab.capture(("swa", "swb") if label == "ina" else ("swa",))
         rx0, tx0, t = rxe_all(lab), tx_bytes(lab), time.monotonic()
         job = Job(lab, a.perf, BIG, d, "fp32 4 MiB " + label)
-        head_b, rows_b = job.check_ok(job.wait(900), label)
+        try:
+            head_b, rows_b = job.check_ok(job.wait(900), label)
+        except BaseException:
+            for side, (path, kdrops) in cap.stop().items():
+                print("captures kept for diagnosis: %s %s (kernel drops %d)" % (side, path, kdrops),
+                      file=sys.stderr)
+            raise
         secs = time.monotonic() - t
         tx[label] = [b - a_ for a_, b in zip(tx0, tx_bytes(lab))]
         time.sleep(1)
-        (path, kdrops), = cap.stop().values()
+        path, kdrops = cap.stop()["swa"]
         expect(kdrops == 0, "the capture of the %s run dropped %d frames: per-worker bytes unknown" %
                (label, kdrops))
         by_src = write_payload_by_source(nrlab.pcap_frames(path))
