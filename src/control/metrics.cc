@@ -7,6 +7,7 @@
 
 #include <string_view>
 
+#include "dataplane/reasons.h"
 #include "engine/reasons.h"
 
 namespace netreduce::control {
@@ -40,6 +41,12 @@ void set(prometheus::Family<prometheus::Counter>& f, const Labels& l, double v) 
   f.Add(l).Increment(v);
 }
 void set(prometheus::Family<prometheus::Gauge>& f, const Labels& l, double v) { f.Add(l).Set(v); }
+
+const char* fate_name(engine::Fate f) {
+  return f == engine::Fate::forward     ? "forward"
+         : f == engine::Fate::aggregate ? "aggregate"
+                                        : "drop";
+}
 
 }  // namespace
 
@@ -99,11 +106,20 @@ std::string render_metrics(const MetricsInput& in) {
   for (size_t r = 0; r < engine::kReasonCount; ++r) {
     const auto reason = static_cast<engine::Reason>(r);
     const std::string name(engine::to_string(reason));
-    const engine::Fate fate = engine::fate_of(reason);
-    const char* fate_name = fate == engine::Fate::forward     ? "forward"
-                            : fate == engine::Fate::aggregate ? "aggregate"
-                                                              : "drop";
-    set(fates, {{"fate", fate_name}, {"reason", name}}, num(reasons, name.c_str()));
+    set(fates, {{"fate", fate_name(engine::fate_of(reason))}, {"reason", name}},
+        num(reasons, name.c_str()));
+  }
+
+  // The data plane's own reasons (dataplane/reasons.h), summed over lcores.
+  auto& dp_fates = b.counter("netreduce_dataplane_packets_total",
+                             "packets the data plane dropped or passed on untouched before the "
+                             "engine saw them, by fate and reason");
+  const json& dp_reasons = in.stats.value("dataplane_reasons", json::object());
+  for (size_t r = 0; r < dataplane::kReasonCount; ++r) {
+    const auto reason = static_cast<dataplane::Reason>(r);
+    const std::string name(dataplane::to_string(reason));
+    set(dp_fates, {{"fate", fate_name(dataplane::fate_of(reason))}, {"reason", name}},
+        num(dp_reasons, name.c_str()));
   }
 
   // Ports.
@@ -131,10 +147,7 @@ std::string render_metrics(const MetricsInput& in) {
     set(tx_b, l, num(p, "tx_bytes"));
     set(box_rx, l, num(p, "box_rx_packets"));
     set(box_tx, l, num(p, "box_tx_packets"));
-    double tx_full = 0;
-    for (const json& w : workers)
-      if (w.contains("tx_dropped") && w["tx_dropped"].is_array() && i < w["tx_dropped"].size())
-        tx_full += w["tx_dropped"][i].get<double>();
+    const double tx_full = num(p.value("box_reasons", json::object()), "tx_full");
     set(drops, {{"port", l.at("port")}, {"reason", "rx_missed"}}, num(p, "rx_missed"));
     set(drops, {{"port", l.at("port")}, {"reason", "rx_errors"}}, num(p, "rx_errors"));
     set(drops, {{"port", l.at("port")}, {"reason", "tx_errors"}}, num(p, "tx_errors"));
@@ -160,7 +173,7 @@ std::string render_metrics(const MetricsInput& in) {
     set(busy, l, num(w, "busy_ratio"));
     set(lmem, l, num(w, "memory_bytes"));
     set(disp, l, num(w, "dispatched"));
-    set(ddrop, l, num(w, "dispatch_dropped"));
+    set(ddrop, l, num(w.value("dataplane_reasons", json::object()), "inbox_full"));
     set(slept, l, num(w, "idle_sleep_ns") / 1e9);
   }
 

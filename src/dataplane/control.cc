@@ -7,7 +7,10 @@
 //                                                     rings, retiring, control (the socket's
 //                                                     counters) ("instance" differs in every
 //                                                     process: the daemon's restart detector)
-//   {"cmd": "stats"}                                  -> reasons (summed), per worker, per port
+//   {"cmd": "stats"}                                  -> reasons (engine, summed),
+//                                                     dataplane_reasons (dataplane/reasons.h,
+//                                                     summed), per worker (both), per port
+//                                                     (device counters, box_reasons)
 //   {"cmd": "install_ring", "ring": {...}}            -> {"ok": true} (see common/ring_json.h)
 //   {"cmd": "remove_ring", "id": 7}                  -> the ring retires: its packets are dropped
 //                                                     for rings.retire_grace_ms, then it is gone
@@ -109,17 +112,42 @@ std::vector<Snapshot> snapshots(Dataplane& dp, bool rings) {
   return out;
 }
 
+// Telemetry puts both lists in one dict (telemetry_stats).
+constexpr bool reason_names_distinct() {
+  for (size_t a = 0; a < kReasonCount; ++a)
+    for (size_t b = 0; b < engine::kReasonCount; ++b)
+      if (to_string(static_cast<Reason>(a)) == engine::to_string(static_cast<engine::Reason>(b)))
+        return false;
+  return true;
+}
+static_assert(reason_names_distinct(), "a data plane reason has an engine reason's name");
+
+// The data plane's own reasons (dataplane/reasons.h) as {name: count}.
+json dataplane_reasons_json(const uint64_t (&c)[kReasonCount]) {
+  json j = json::object();
+  for (size_t r = 0; r < kReasonCount; ++r)
+    j[std::string(to_string(static_cast<Reason>(r)))] = c[r];
+  return j;
+}
+
+// Summed over port slots (one worker) or over workers and slots.
+void add_reasons(uint64_t (&sum)[kReasonCount], const WorkerStats& ws) {
+  for (unsigned slot = 0; slot < 2; ++slot)
+    for (size_t r = 0; r < kReasonCount; ++r) sum[r] += ws.reasons[slot][r];
+}
+
 // The device's counters (rte_eth_stats: what the NIC or PMD counted; some
 // virtual PMDs, e.g. memif in the server role, count nothing) and the box's
 // own per-port counts summed over workers (box_*: what the workers received
 // from and handed to the port, whatever the PMD reports).
 json port_json(const Dataplane& dp, unsigned slot, const std::vector<Snapshot>* snaps = nullptr) {
-  uint64_t box_rx = 0, box_tx = 0, box_tx_dropped = 0;
+  uint64_t box_rx = 0, box_tx = 0;
+  uint64_t box_reasons[kReasonCount] = {};
   if (snaps)
     for (const Snapshot& s : *snaps) {
       box_rx += s.stats.rx[slot];
       box_tx += s.stats.tx[slot];
-      box_tx_dropped += s.stats.tx_dropped[slot];
+      for (size_t r = 0; r < kReasonCount; ++r) box_reasons[r] += s.stats.reasons[slot][r];
     }
   rte_eth_stats st{};
   rte_eth_stats_get(dp.port_id(slot), &st);
@@ -139,18 +167,22 @@ json port_json(const Dataplane& dp, unsigned slot, const std::vector<Snapshot>* 
   if (snaps) {
     j["box_rx_packets"] = box_rx;
     j["box_tx_packets"] = box_tx;
-    j["box_tx_dropped"] = box_tx_dropped;
+    j["box_reasons"] = dataplane_reasons_json(box_reasons);
   }
   return j;
 }
 
 json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
   engine::ReasonCounters sum{};
+  uint64_t dp_sum[kReasonCount] = {};
   json workers = json::array();
   for (size_t i = 0; i < snaps.size(); ++i) {
     const Snapshot& s = snaps[i];
     for (size_t r = 0; r < sum.size(); ++r) sum[r] += s.reasons[r];
     const WorkerStats& ws = s.stats;
+    uint64_t dp_worker[kReasonCount] = {};
+    add_reasons(dp_worker, ws);
+    add_reasons(dp_sum, ws);
     workers.push_back(
         {{"worker", i},
          {"lcore", dp.workers()[i]->lcore},
@@ -158,10 +190,8 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
          {"tx_packets", {ws.tx[0], ws.tx[1]}},
          {"rx_bytes", {ws.rx_bytes[0], ws.rx_bytes[1]}},
          {"tx_bytes", {ws.tx_bytes[0], ws.tx_bytes[1]}},
-         {"tx_dropped", {ws.tx_dropped[0], ws.tx_dropped[1]}},
+         {"dataplane_reasons", dataplane_reasons_json(dp_worker)},
          {"dispatched", ws.dispatched},
-         {"dispatch_dropped", ws.dispatch_dropped},
-         {"multi_segment", ws.multi_segment},
          {"busy_ratio", ws.total_cycles ? double(ws.busy_cycles) / double(ws.total_cycles) : 0.0},
          {"busy_cycles", ws.busy_cycles},
          {"total_cycles", ws.total_cycles},
@@ -174,6 +204,7 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
          {"reasons", reasons_to_json(s.reasons)}});
   }
   return {{"reasons", reasons_to_json(sum)},
+          {"dataplane_reasons", dataplane_reasons_json(dp_sum)},
           {"tsc_hz", rte_get_tsc_hz()},
           {"workers", workers},
           {"ports", {port_json(dp, 0, &snaps), port_json(dp, 1, &snaps)}}};
@@ -184,31 +215,29 @@ int telemetry_stats(const char*, const char*, rte_tel_data* d) {
   if (!call.dp) return -1;
   const auto snaps = snapshots(*call.dp, false);
   engine::ReasonCounters sum{};
-  // Summed over workers: packets, the data plane's own drops and oddities
-  // (not engine reasons), and the idle rule's sleeps.
-  uint64_t rx = 0, tx = 0, tx_dropped = 0, dispatched = 0, dispatch_dropped = 0, multi_segment = 0,
-           sleeps = 0, slept_ns = 0;
+  // Summed over workers: packets, the data plane's own reasons
+  // (dataplane/reasons.h), and the idle rule's sleeps.
+  uint64_t rx = 0, tx = 0, dispatched = 0, sleeps = 0, slept_ns = 0;
+  uint64_t dp_sum[kReasonCount] = {};
   for (const auto& s : snaps) {
     for (size_t r = 0; r < sum.size(); ++r) sum[r] += s.reasons[r];
     const WorkerStats& ws = s.stats;
     rx += ws.rx[0] + ws.rx[1];
     tx += ws.tx[0] + ws.tx[1];
-    tx_dropped += ws.tx_dropped[0] + ws.tx_dropped[1];
+    add_reasons(dp_sum, ws);
     dispatched += ws.dispatched;
-    dispatch_dropped += ws.dispatch_dropped;
-    multi_segment += ws.multi_segment;
     sleeps += ws.idle_sleeps;
     slept_ns += ws.idle_sleep_ns;
   }
   rte_tel_data_start_dict(d);
   rte_tel_data_add_dict_u64(d, "rx_packets", rx);
   rte_tel_data_add_dict_u64(d, "tx_packets", tx);
-  rte_tel_data_add_dict_u64(d, "tx_dropped", tx_dropped);  // TX queue or handoff ring full
   rte_tel_data_add_dict_u64(d, "dispatched", dispatched);
-  rte_tel_data_add_dict_u64(d, "dispatch_dropped", dispatch_dropped);  // an inbox was full
-  rte_tel_data_add_dict_u64(d, "multi_segment", multi_segment);        // forwarded untouched
   rte_tel_data_add_dict_u64(d, "idle_sleeps", sleeps);
   rte_tel_data_add_dict_u64(d, "idle_sleep_ns", slept_ns);
+  // The data plane's reasons and the engine's share one dict: the names differ.
+  for (size_t r = 0; r < kReasonCount; ++r)
+    rte_tel_data_add_dict_u64(d, std::string(to_string(static_cast<Reason>(r))).c_str(), dp_sum[r]);
   for (size_t r = 0; r < sum.size(); ++r)
     rte_tel_data_add_dict_u64(
         d, std::string(engine::to_string(static_cast<engine::Reason>(r))).c_str(), sum[r]);

@@ -200,7 +200,7 @@ Status Dataplane::setup() {
           return {StatusCode::resource_exhausted, "memory", "cannot allocate TX buffers"};
         rte_eth_tx_buffer_init(w->txbuf[s], cfg_.burst);
         rte_eth_tx_buffer_set_err_callback(w->txbuf[s], rte_eth_tx_buffer_count_callback,
-                                           &w->stats.tx_dropped[s]);
+                                           &w->stats.reasons[s][index(Reason::tx_full)]);
         if (nw > ntxq[s]) {
           w->tx_handoff_in[s] = rte_ring_create(("nr_tx" + id + "_" + std::to_string(s)).c_str(),
                                                 4096, rte_socket_id(), RING_F_SC_DEQ);

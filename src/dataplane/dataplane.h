@@ -80,6 +80,7 @@
 #include <vector>
 
 #include "dataplane/config.h"
+#include "dataplane/reasons.h"
 #include "engine/engine.h"
 
 struct rte_mempool;
@@ -106,15 +107,15 @@ struct Command {
 };
 
 struct alignas(64) WorkerStats {
-  uint64_t rx[2] = {};          // packets received per port (by this worker's queues)
-  uint64_t tx[2] = {};          // packets transmitted per port
-  uint64_t tx_dropped[2] = {};  // TX queue full
+  uint64_t rx[2] = {};  // packets received per port (by this worker's queues)
+  uint64_t tx[2] = {};  // packets transmitted per port
   uint64_t rx_bytes[2] = {};
   uint64_t tx_bytes[2] = {};
-  uint64_t dispatched = 0;        // handed to another worker
-  uint64_t dispatch_dropped = 0;  // that worker's inbox was full
-  uint64_t multi_segment = 0;     // forwarded untouched: not contiguous
-  uint64_t busy_cycles = 0;       // TSC cycles in bursts that moved packets
+  // The data plane's own drops and oddities per port slot (dataplane/reasons.h
+  // says which port each is counted under): reasons[slot][index(Reason)].
+  uint64_t reasons[2][kReasonCount] = {};
+  uint64_t dispatched = 0;   // handed to another worker
+  uint64_t busy_cycles = 0;  // TSC cycles in bursts that moved packets
   uint64_t total_cycles = 0;
   uint64_t busy_polls = 0;     // loop iterations that moved packets, TX handoff or a command
                                // (rx / busy_polls: about the mean RX burst)

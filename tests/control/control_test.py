@@ -150,6 +150,18 @@ def metric(text, name, **labels):
     return None
 
 
+def dataplane_reasons():
+    """The data plane's own reasons, from the X-macro in src/dataplane/reasons.h (not from a
+    binary): each must reach /metrics as netreduce_dataplane_packets_total{reason=...}."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "dataplane", "reasons.h")
+    with open(path) as f:
+        text = f.read()
+    body = text[text.index("#define NETREDUCE_DATAPLANE_REASONS(X)"):]
+    names = re.findall(r"\bX\((\w+),", body[:body.index("enum class Reason")])
+    assert len(names) >= 3, names
+    return names
+
+
 def promtool_check(text):
     p = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
                        timeout=60)
@@ -626,6 +638,9 @@ def scenario_traffic(tmp):
         for (name, labels), want in checks.items():
             got = metric(text, name, **dict(labels))
             assert got == want, "%s%s = %s, sent %s\n%s" % (name, dict(labels), got, want, text)
+        for name in dataplane_reasons():  # none happened; every one is exported
+            got = metric(text, "netreduce_dataplane_packets_total", reason=name)
+            assert got == 0, "netreduce_dataplane_packets_total{reason=%s} = %s\n%s" % (name, got, text)
         busy = metric(text, "netreduce_lcore_busy_ratio", lcore=1)
         assert busy is not None and 0 <= busy <= 1, busy
         rx_bytes = metric(text, "netreduce_port_received_bytes_total", port="net_af_packet0")

@@ -25,6 +25,7 @@ unless in control.group, control.max_clients, a second box refused).
 import ctypes
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -207,6 +208,33 @@ def query_telemetry(prefix, cmd):
     return json.loads(s.recv(1 << 16))[cmd]
 
 
+def dataplane_reasons():
+    """The data plane's own reasons, read from the X-macro in src/dataplane/reasons.h (not
+    from the binary): a reason missing from any surface fails check_reason_surfaces."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "dataplane", "reasons.h")
+    with open(path) as f:
+        text = f.read()
+    body = text[text.index("#define NETREDUCE_DATAPLANE_REASONS(X)"):]
+    body = body[:body.index("enum class Reason")]
+    names = re.findall(r"\bX\((\w+),", body)
+    assert len(names) >= 3, names
+    return names
+
+
+def check_reason_surfaces(stats, telemetry):
+    """Every data plane reason in the stats (summed, per worker, per port) and in DPDK
+    telemetry, and the sums agree."""
+    names = dataplane_reasons()
+    top = stats["dataplane_reasons"]
+    for name in names:
+        assert name in top, "stats lacks dataplane_reasons.%s: %s" % (name, top)
+        assert name in telemetry, "telemetry /netreduce/stats lacks %s: %s" % (name, telemetry)
+        per_worker = [w["dataplane_reasons"][name] for w in stats["workers"]]
+        per_port = [p["box_reasons"][name] for p in stats["ports"]]
+        assert sum(per_worker) == top[name] == sum(per_port), (name, top, per_worker, per_port)
+    assert sorted(top) == sorted(names), (sorted(top), names)
+
+
 def start_dataplane(tmp, in_pcap, rings, workers, loop=False, extra=None, umask=None):
     """Starts the binary on two net_pcap ports; returns (proc, control socket path).
     `extra` is merged into the configuration (top-level keys, one level deep)."""
@@ -282,6 +310,7 @@ def run_dataplane(tmp, in_pcap, rings, workers, loop=False, during=None, extra=N
     final = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
     frames = rdpcap(out1) if not loop and os.path.getsize(out1) > 24 else []
     run_dataplane.telemetry = telemetry
+    check_reason_surfaces(final, telemetry)
     return frames, final, status, rings_now
 
 
