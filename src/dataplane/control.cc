@@ -43,6 +43,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/dataplane_protocol.h"
 #include "common/ring_json.h"
 #include "dataplane/control_socket.h"
 #include "dataplane/dataplane.h"
@@ -273,38 +274,38 @@ json Dataplane::answer(const std::string& line) {
     return {};
   };
   try {
-    if (cmd == "ping") return json{{"ok", true}};
-    if (cmd == "shutdown") {
+    if (cmd == dpcmd::kPing) return json{{"ok", true}};
+    if (cmd == dpcmd::kShutdown) {
       stop();
       return json{{"ok", true}};
     }
-    if (cmd == "install_ring") {
+    if (cmd == dpcmd::kInstallRing) {
       if (!req.contains("ring")) return error_json(Status::invalid("ring", "is required"));
       engine::RingSpec spec;
       if (Status s = ring_from_json(req["ring"], spec); !s) return error_json(s);
       if (Status s = install_ring(spec); !s) return error_json(s);
       return json{{"ok", true}};
     }
-    if (cmd == "remove_ring") {
+    if (cmd == dpcmd::kRemoveRing) {
       uint32_t id;
       if (Status s = ring_id(id); !s) return error_json(s);
       if (Status s = remove_ring(id); !s) return error_json(s);
       return json{{"ok", true}};
     }
-    if (cmd == "list_rings" || cmd == "get_ring") {
+    if (cmd == dpcmd::kListRings || cmd == dpcmd::kGetRing) {
       uint32_t want = 0;
-      if (cmd == "get_ring")
+      if (cmd == dpcmd::kGetRing)
         if (Status s = ring_id(want); !s) return error_json(s);
       json arr = json::array();
       const auto snaps = snapshots(*this, true);
       for (size_t w = 0; w < snaps.size(); ++w)
         for (const auto& r : snaps[w].rings) {
-          if (cmd == "get_ring" && r.spec.ring_id != want) continue;
+          if (cmd == dpcmd::kGetRing && r.spec.ring_id != want) continue;
           json j = ring_info_to_json(r);
           j["worker"] = w;
           arr.push_back(j);
         }
-      if (cmd == "get_ring") {
+      if (cmd == dpcmd::kGetRing) {
         if (arr.empty()) {
           std::string why;
           for (const Retiring& r : retiring_)
@@ -316,13 +317,13 @@ json Dataplane::answer(const std::string& line) {
       }
       return json{{"ok", true}, {"rings", arr}, {"retiring", retiring_json()}};
     }
-    if (cmd == "stats") {
+    if (cmd == dpcmd::kStats) {
       json j = stats_json(*this, snapshots(*this, false));
       j["retiring"] = retiring_json();
       j["ok"] = true;
       return j;
     }
-    if (cmd == "status") {
+    if (cmd == dpcmd::kStatus) {
       json ws = json::array();
       for (Worker* w : workers_) ws.push_back({{"worker", w->index}, {"lcore", w->lcore}});
       return json{{"ok", true},
@@ -340,7 +341,7 @@ json Dataplane::answer(const std::string& line) {
                   {"mbufs", {{"total", cfg_.mbufs}, {"in_use", rte_mempool_in_use_count(pool_)}}},
                   {"control", control_json()}};
     }
-    if (cmd == "set_mode") {
+    if (cmd == dpcmd::kSetMode) {
       const auto it = req.find("mode");
       const std::string m = it != req.end() && it->is_string() ? it->get<std::string>() : "";
       if (m != "aggregate" && m != "forward")
@@ -351,7 +352,7 @@ json Dataplane::answer(const std::string& line) {
       spdlog::info("mode {} (was {})", m, previous);
       return json{{"ok", true}, {"mode", m}, {"previous", previous}};
     }
-    if (cmd == "install_ctt" || cmd == "remove_ctt" || cmd == "list_ctt")
+    if (cmd == dpcmd::kInstallCtt || cmd == dpcmd::kRemoveCtt || cmd == dpcmd::kListCtt)
       return error_json({StatusCode::unimplemented, "cmd",
                          "connection translation (multi-rack hierarchies) is not built yet"});
     return error_json(Status::invalid("cmd", "unknown command '" + cmd + "'"));

@@ -14,9 +14,9 @@
 #include <sstream>
 #include <thread>
 
+#include "common/dataplane_protocol.h"
 #include "common/ring_json.h"
 #include "control/config.h"
-#include "control/dataplane_client.h"
 #include "control/metrics.h"
 #include "control/state.h"
 #include "dataplane/reasons.h"
@@ -391,9 +391,9 @@ TEST_CASE("data plane client: a dead kept-open connection is retried once for re
     ScriptedPeer peer(sock, {"reply", "close", "reply"});
     DataplaneClient c(sock, std::chrono::milliseconds(2000));
     json r;
-    REQUIRE(c.call({{"cmd", "status"}}, r).ok());
+    REQUIRE(c.call(dpcmd::status(), r).ok());
     CHECK(r["n"] == 1);
-    const Status s = c.call({{"cmd", "stats"}}, r);
+    const Status s = c.call(dpcmd::stats(), r);
     INFO(s.to_string());
     REQUIRE(s.ok());
     CHECK(r["n"] == 3);
@@ -403,13 +403,13 @@ TEST_CASE("data plane client: a dead kept-open connection is retried once for re
     ScriptedPeer peer(sock, {"reply", "close", "reply"});
     DataplaneClient c(sock, std::chrono::milliseconds(2000));
     json r;
-    REQUIRE(c.call({{"cmd", "status"}}, r).ok());
-    const Status s = c.call({{"cmd", "remove_ring"}, {"id", 7}}, r);
+    REQUIRE(c.call(dpcmd::status(), r).ok());
+    const Status s = c.call(dpcmd::remove_ring(7), r);
     CHECK(s.code() == StatusCode::unavailable);
     CHECK(s.to_string().find("connection closed") != std::string::npos);
     CHECK(c.connects() == 1);
     // the next call connects again
-    REQUIRE(c.call({{"cmd", "status"}}, r).ok());
+    REQUIRE(c.call(dpcmd::status(), r).ok());
     CHECK(r["n"] == 3);
   }
   std::filesystem::remove_all(dir);
