@@ -48,6 +48,17 @@ const char* fate_name(engine::Fate f) {
                                         : "drop";
 }
 
+// One series per reason of an X-macro list (engine/reasons.h,
+// dataplane/reasons.h), labelled with its fate; `counts` is {name: count}.
+template <typename Reason, size_t kCount>
+void reason_series(prometheus::Family<prometheus::Counter>& f, const json& counts) {
+  for (size_t r = 0; r < kCount; ++r) {
+    const auto reason = static_cast<Reason>(r);
+    const std::string name(to_string(reason));
+    set(f, {{"fate", fate_name(fate_of(reason))}, {"reason", name}}, num(counts, name.c_str()));
+  }
+}
+
 }  // namespace
 
 std::string render_metrics(const MetricsInput& in) {
@@ -100,27 +111,16 @@ std::string render_metrics(const MetricsInput& in) {
   if (!in.dataplane_up) return b.text();
 
   // Engine packet fates, summed over lcores.
-  auto& fates = b.counter("netreduce_packets_total",
-                          "packets by engine fate (forward, aggregate, drop) and reason");
-  const json& reasons = in.stats.value("reasons", json::object());
-  for (size_t r = 0; r < engine::kReasonCount; ++r) {
-    const auto reason = static_cast<engine::Reason>(r);
-    const std::string name(engine::to_string(reason));
-    set(fates, {{"fate", fate_name(engine::fate_of(reason))}, {"reason", name}},
-        num(reasons, name.c_str()));
-  }
-
+  reason_series<engine::Reason, engine::kReasonCount>(
+      b.counter("netreduce_packets_total",
+                "packets by engine fate (forward, aggregate, drop) and reason"),
+      in.stats.value("reasons", json::object()));
   // The data plane's own reasons (dataplane/reasons.h), summed over lcores.
-  auto& dp_fates = b.counter("netreduce_dataplane_packets_total",
-                             "packets the data plane dropped or passed on untouched before the "
-                             "engine saw them, by fate and reason");
-  const json& dp_reasons = in.stats.value("dataplane_reasons", json::object());
-  for (size_t r = 0; r < dataplane::kReasonCount; ++r) {
-    const auto reason = static_cast<dataplane::Reason>(r);
-    const std::string name(dataplane::to_string(reason));
-    set(dp_fates, {{"fate", fate_name(dataplane::fate_of(reason))}, {"reason", name}},
-        num(dp_reasons, name.c_str()));
-  }
+  reason_series<dataplane::Reason, dataplane::kReasonCount>(
+      b.counter("netreduce_dataplane_packets_total",
+                "packets the data plane dropped or passed on untouched before the engine saw "
+                "them, by fate and reason"),
+      in.stats.value("dataplane_reasons", json::object()));
 
   // Ports.
   auto& rx_p = b.counter("netreduce_port_received_packets_total", "packets received by the port");

@@ -604,7 +604,10 @@ def scenario_traffic(tmp):
                                                 "msg_len": ppm, "window": 4, "payload_bytes": pmtu,
                                                 "dtypes": ["fp32"], "ops": ["sum"]})
         assert st == 201 and body["ring"]["installed"] is True, body
-        before = d.metrics()
+        # The metrics cache may not have seen the data plane yet (refreshed every 200 ms).
+        before = wait_until("/metrics to see the data plane's ports",
+                            lambda: (lambda t: t if metric(t, "netreduce_port_received_packets_total",
+                                                           port="net_af_packet0") is not None else None)(d.metrics()))
         rx0 = metric(before, "netreduce_port_received_packets_total", port="net_af_packet0")
         code = ("from scapy.all import *\n"
                 "sendp(rdpcap(%r), iface='ncA1', verbose=False, inter=0.001)\n") % in_pcap
