@@ -25,6 +25,10 @@
 //                                                     retiring)
 //   {"cmd": "shutdown"}
 // Errors: {"ok": false, "error": {"code": "...", "field": "...", "message": "..."}}.
+// Requests that run a command on workers (stats, list_rings, get_ring,
+// install_ring, remove_ring; telemetry too) answer "unavailable", field
+// control.command_timeout_ms, naming the worker and its lcore, when a worker
+// does not take the command in time (Dataplane::on_worker; dataplane.h).
 // Every line gets one reply, also a line that is not JSON or not UTF-8
 // (replies replace invalid UTF-8; handle_request never throws). The transport
 // (who may connect, how many, buffering) is in control_socket.h.
@@ -105,12 +109,15 @@ Snapshot snapshot_of(Worker& w, bool rings, uint64_t stall_cycles) {
   return s;
 }
 
-std::vector<Snapshot> snapshots(Dataplane& dp, bool rings) {
+// Every worker's snapshot; the first worker that does not answer in time
+// fails it (Dataplane::on_worker names it).
+Status snapshots(Dataplane& dp, bool rings, std::vector<Snapshot>& out) {
   const uint64_t stall = rte_get_tsc_hz() / 1000 * dp.config().stall_timeout_ms;
-  std::vector<Snapshot> out(dp.workers().size());
+  out.assign(dp.workers().size(), Snapshot{});
   for (unsigned i = 0; i < dp.workers().size(); ++i)
-    dp.on_worker(i, [&](Worker& w) { out[i] = snapshot_of(w, rings, stall); });
-  return out;
+    if (Status s = dp.on_worker(i, [&](Worker& w) { out[i] = snapshot_of(w, rings, stall); }); !s)
+      return s;
+  return {};
 }
 
 // Telemetry puts both lists in one dict (telemetry_stats).
@@ -214,7 +221,12 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
 int telemetry_stats(const char*, const char*, rte_tel_data* d) {
   TelemetryCall call;
   if (!call.dp) return -1;
-  const auto snaps = snapshots(*call.dp, false);
+  std::vector<Snapshot> snaps;
+  if (Status s = snapshots(*call.dp, false, snaps); !s) {
+    rte_tel_data_start_dict(d);
+    rte_tel_data_add_dict_string(d, "error", s.to_string().c_str());
+    return 0;
+  }
   engine::ReasonCounters sum{};
   // Summed over workers: packets, the data plane's own reasons
   // (dataplane/reasons.h), and the idle rule's sleeps.
@@ -248,8 +260,10 @@ int telemetry_stats(const char*, const char*, rte_tel_data* d) {
 int telemetry_rings(const char*, const char*, rte_tel_data* d) {
   TelemetryCall call;
   if (!call.dp) return -1;
+  std::vector<Snapshot> snaps;
+  if (!snapshots(*call.dp, true, snaps)) return -1;
   rte_tel_data_start_array(d, RTE_TEL_INT_VAL);
-  for (const auto& s : snapshots(*call.dp, true))
+  for (const auto& s : snaps)
     for (const auto& r : s.rings) rte_tel_data_add_array_int(d, static_cast<int>(r.spec.ring_id));
   return 0;
 }
@@ -297,7 +311,8 @@ json Dataplane::answer(const std::string& line) {
       if (cmd == dpcmd::kGetRing)
         if (Status s = ring_id(want); !s) return error_json(s);
       json arr = json::array();
-      const auto snaps = snapshots(*this, true);
+      std::vector<Snapshot> snaps;
+      if (Status s = snapshots(*this, true, snaps); !s) return error_json(s);
       for (size_t w = 0; w < snaps.size(); ++w)
         for (const auto& r : snaps[w].rings) {
           if (cmd == dpcmd::kGetRing && r.spec.ring_id != want) continue;
@@ -318,7 +333,9 @@ json Dataplane::answer(const std::string& line) {
       return json{{"ok", true}, {"rings", arr}, {"retiring", retiring_json()}};
     }
     if (cmd == dpcmd::kStats) {
-      json j = stats_json(*this, snapshots(*this, false));
+      std::vector<Snapshot> snaps;
+      if (Status s = snapshots(*this, false, snaps); !s) return error_json(s);
+      json j = stats_json(*this, snaps);
       j["retiring"] = retiring_json();
       j["ok"] = true;
       return j;
