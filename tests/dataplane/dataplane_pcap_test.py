@@ -281,17 +281,11 @@ def drive(proc, sock, body):
     try:
         ctl = Control(sock)
         result = body(ctl)
-        assert ctl(cmd="shutdown")["ok"]
-        out, err = proc.communicate(timeout=30)
     except Exception:
         proc.kill()
-        out, err = proc.communicate()
-        print(err[-3000:], file=sys.stderr)
+        print(proc.communicate()[1][-3000:], file=sys.stderr)
         raise
-    if proc.returncode != 0:
-        print(err[-3000:], file=sys.stderr)
-        raise SystemExit("dataplane exited with %d" % proc.returncode)
-    return result, out, err
+    return (result,) + stop_by(proc, ctl)
 
 
 def run_dataplane(tmp, in_pcap, rings, workers, loop=False, during=None, extra=None):
