@@ -52,8 +52,8 @@
 #include <sstream>
 #include <thread>
 
-#include "bench/loopback/box_client.h"
 #include "bench/loopback/traffic.h"
+#include "common/dataplane_protocol.h"
 #include "common/ring_json.h"
 #include "dataplane/dataplane.h"
 #include "wire/icrc.h"
@@ -63,6 +63,30 @@ namespace nb = netreduce::bench;
 namespace wire = netreduce::wire;
 
 namespace {
+
+// The box's control socket through the one data plane client
+// (common/dataplane_protocol.h): connects, waiting up to 10 s for a box that
+// is still starting; each call has a 10 s deadline. A failed call, or (if
+// `must_succeed`) an error reply, throws naming the command and the box's error.
+class Box {
+ public:
+  explicit Box(const std::string& path) : client_(path, std::chrono::seconds(10)) {
+    if (netreduce::Status s = client_.wait_until_connected(std::chrono::seconds(10)); !s)
+      throw std::runtime_error("cannot connect to the data plane's control socket " + path + ": " +
+                               s.to_string());
+  }
+  json call(const json& req, bool must_succeed = true) {
+    json reply;
+    const netreduce::Status s = client_.call(req, reply);
+    if (!s && (must_succeed || s.code() == netreduce::StatusCode::unavailable))
+      throw std::runtime_error("data plane: " + req.value("cmd", std::string("?")) + ": " +
+                               s.to_string());
+    return reply;
+  }
+
+ private:
+  netreduce::DataplaneClient client_;
+};
 
 constexpr unsigned kBurst = 32;
 constexpr unsigned kRoundPackets = 8192;
@@ -137,8 +161,8 @@ struct BoxSample {
   uint64_t busy = 0, packets = 0, busy_polls = 0;
   std::vector<uint64_t> busy_w, total_w;
 };
-BoxSample sample(nb::BoxClient& box) {
-  const json s = box.call({{"cmd", "stats"}});
+BoxSample sample(Box& box) {
+  const json s = box.call(netreduce::dpcmd::stats());
   BoxSample b;
   for (const auto& w : s.at("workers")) {
     b.busy += w.at("busy_cycles").get<uint64_t>();
@@ -281,7 +305,7 @@ double percentile(std::vector<double>& v, double q) {
 // ring is removed halfway through the first timed round, and the measurement
 // ends with that round: every frame released until then must be right, and
 // none may come out after.
-Figures measure(const Options& o, const Ports& ports, const nb::Traffic& t, nb::BoxClient& box,
+Figures measure(const Options& o, const Ports& ports, const nb::Traffic& t, Box& box,
                 bool aggregated, uint64_t& next) {
   Figures f;
   Generator g(ports, t, f, o.max_inflight);
@@ -302,11 +326,11 @@ Figures measure(const Options& o, const Ports& ports, const nb::Traffic& t, nb::
   }
   const BoxSample b0 = sample(box);
   if (aggregated && o.remove_mid_run) {
-    g.at_half([&] { box.call({{"cmd", "remove_ring"}, {"id", t.spec().ring_id}}); });
+    g.at_half([&] { box.call(netreduce::dpcmd::remove_ring(t.spec().ring_id)); });
     if (!g.round(next, per_round, aggregated, true, nullptr))
       throw std::runtime_error("generator mbuf pool exhausted");
     next += per_round;
-    const json st = box.call({{"cmd", "stats"}});
+    const json st = box.call(netreduce::dpcmd::stats());
     f.ring_retired = st.at("reasons").value("ring_retired", uint64_t{0});
     f.ring_removed = st.at("reasons").value("ring_removed", uint64_t{0});
     return f;
@@ -385,8 +409,8 @@ json figures_json(const Figures& f, const nb::Traffic& t) {
 
 // A removed ring stays retiring for the box's rings.retire_grace_ms; its id
 // cannot be installed again, and forward mode is refused, until it is over.
-void wait_retired(nb::BoxClient& box, uint32_t id) {
-  const json st = box.call({{"cmd", "status"}});
+void wait_retired(Box& box, uint32_t id) {
+  const json st = box.call(netreduce::dpcmd::status());
   const uint64_t grace_ms = st.value("retire_grace_ms", uint64_t{0});
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms) +
                      std::chrono::seconds(10);
@@ -395,7 +419,7 @@ void wait_retired(nb::BoxClient& box, uint32_t id) {
                  double(grace_ms) / 1000, id);
   for (;;) {
     bool retiring = false;
-    for (const auto& r : box.call({{"cmd", "status"}}).value("retiring", json::array()))
+    for (const auto& r : box.call(netreduce::dpcmd::status()).value("retiring", json::array()))
       retiring = retiring || r.value("id", uint64_t{0}) == id;
     if (!retiring) return;
     if (std::chrono::steady_clock::now() > until)
@@ -464,7 +488,7 @@ std::map<std::string, uint64_t> worker_cpu_ns(const std::set<std::string>& names
 // thread (and the time the box says it slept), then one message through the
 // box right after the idle period: verified, and its latency (what the idle
 // sleep adds to the first packets after a pause).
-json idle_phase(const Options& o, const Ports& ports, nb::BoxClient& box) {
+json idle_phase(const Options& o, const Ports& ports, Box& box) {
   nb::TrafficSpec s;
   s.ring_id = o.ring_id;
   s.ranks = o.ranks.front();
@@ -474,20 +498,20 @@ json idle_phase(const Options& o, const Ports& ports, nb::BoxClient& box) {
   s.window = static_cast<uint16_t>(o.window);
   s.msg_id0 = 1;
   const nb::Traffic t(s);
-  box.call({{"cmd", "install_ring"}, {"ring", netreduce::ring_to_json(ring_of(t))}});
+  box.call(netreduce::dpcmd::install_ring(ring_of(t)));
   uint64_t next = 0;
   Figures f;
   Generator g(ports, t, f, o.max_inflight);
   if (!g.round(next++, 1, true, false, nullptr)) throw std::runtime_error("generator mbufs");
   auto slept = [&] {
     std::vector<uint64_t> v;
-    const json st = box.call({{"cmd", "stats"}});
+    const json st = box.call(netreduce::dpcmd::stats());
     for (const auto& w : st.at("workers")) v.push_back(w.value("idle_sleep_ns", uint64_t{0}));
     return v;
   };
   std::set<std::string> names;
   const json st =
-      box.call({{"cmd", "stats"}});  // kept: a range-for over a temporary's member dangles
+      box.call(netreduce::dpcmd::stats());  // kept: a range-for over a temporary's member dangles
   for (const auto& w : st.at("workers"))
     names.insert("rte-worker-" + std::to_string(w.value("lcore", 0u)));
   const auto cpu0 = worker_cpu_ns(names);
@@ -508,7 +532,7 @@ json idle_phase(const Options& o, const Ports& ports, nb::BoxClient& box) {
     slept_share.push_back(double(slept1[i] - slept0[i]) / wall);
   std::vector<double> lat;
   if (!g.round(next++, 1, true, false, &lat)) throw std::runtime_error("generator mbufs");
-  box.call({{"cmd", "remove_ring"}, {"id", s.ring_id}});
+  box.call(netreduce::dpcmd::remove_ring(s.ring_id));
   wait_retired(box, s.ring_id);
   return {{"seconds", o.idle_seconds},
           {"threads", workers},
@@ -520,7 +544,7 @@ json idle_phase(const Options& o, const Ports& ports, nb::BoxClient& box) {
 
 // The whole sweep; returns the report.
 json sweep(const Options& o, const Ports& ports) {
-  nb::BoxClient box(o.box_socket, std::chrono::seconds(10));
+  Box box(o.box_socket);
   json points = json::array();
   uint64_t next = 0;
   for (unsigned P : o.ranks)
@@ -550,9 +574,9 @@ json sweep(const Options& o, const Ports& ports) {
         // send their packets out unreduced).
         std::optional<Figures> fwd;
         if (o.forward) {
-          box.call({{"cmd", "set_mode"}, {"mode", "forward"}});
+          box.call(netreduce::dpcmd::set_mode("forward"));
           fwd = measure(o, ports, t, box, false, next);
-          box.call({{"cmd", "set_mode"}, {"mode", "aggregate"}});
+          box.call(netreduce::dpcmd::set_mode("aggregate"));
           pt["forward"] = figures_json(*fwd, t);
         }
         if (o.forward_only) {
@@ -560,9 +584,9 @@ json sweep(const Options& o, const Ports& ports) {
           continue;
         }
         if (o.install) {
-          box.call({{"cmd", "install_ring"}, {"ring", netreduce::ring_to_json(ring)}});
+          box.call(netreduce::dpcmd::install_ring(ring));
         } else {
-          const json r = box.call({{"cmd", "get_ring"}, {"id", s.ring_id}}, false);
+          const json r = box.call(netreduce::dpcmd::get_ring(s.ring_id), false);
           netreduce::engine::RingSpec have;
           // get_ring answers {"ring": {"spec": {...}, "counters": ...}}.
           if (!r.value("ok", false) || !r.contains("ring") || !r["ring"].contains("spec") ||
@@ -586,7 +610,7 @@ json sweep(const Options& o, const Ports& ports) {
                                          std::max(1e-9, b["box_mpps_per_lcore"].get<double>())}};
         }
         if (o.install) {
-          if (!o.remove_mid_run) box.call({{"cmd", "remove_ring"}, {"id", s.ring_id}});
+          if (!o.remove_mid_run) box.call(netreduce::dpcmd::remove_ring(s.ring_id));
           wait_retired(box, s.ring_id);  // the next point installs the same id and links
         }
         if (!o.quiet)
@@ -690,7 +714,7 @@ int generator_lcore(void* arg) {
   try {
     a->points = sweep(*a->o, a->ports);
     if (a->o->idle_seconds > 0 && !a->o->forward_only && !a->o->remove_mid_run) {
-      nb::BoxClient box(a->o->box_socket, std::chrono::seconds(10));
+      Box box(a->o->box_socket);
       a->idle = idle_phase(*a->o, a->ports, box);
     }
   } catch (const std::exception& e) {

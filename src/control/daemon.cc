@@ -153,7 +153,7 @@ void Daemon::reconciler_main() {
   while (!stopping_) {
     stop_lock.unlock();
     json st;
-    const Status s = dp_.call({{"cmd", "status"}}, st);
+    const Status s = dp_.call(dpcmd::status(), st);
     if (!s && s.field() == "dataplane.timeout_ms") {  // other calls held the connection: no news
       stop_lock.lock();
       stop_cv_.wait_for(stop_lock, std::chrono::milliseconds(cfg_.reconcile_interval_ms),
@@ -193,7 +193,7 @@ void Daemon::reconciler_main() {
 
 Status Daemon::reconcile_locked() {
   json reply;
-  if (Status s = dp_.call({{"cmd", "list_rings"}}, reply); !s) return s;
+  if (Status s = dp_.call(dpcmd::list_rings(), reply); !s) return s;
   std::set<uint32_t> good;
   for (const json& r : reply.value("rings", json::array())) {
     engine::RingSpec have;
@@ -205,7 +205,7 @@ Status Daemon::reconcile_locked() {
       continue;
     }
     json ignored;
-    if (Status s = dp_.call({{"cmd", "remove_ring"}, {"id", have.ring_id}}, ignored);
+    if (Status s = dp_.call(dpcmd::remove_ring(have.ring_id), ignored);
         !s && s.code() != StatusCode::not_found)
       return s;
     ++counters_.rings_pruned;
@@ -216,7 +216,7 @@ Status Daemon::reconcile_locked() {
   for (const auto& [id, rec] : rings_) {
     if (good.count(id)) continue;
     json ignored;
-    Status s = dp_.call({{"cmd", "install_ring"}, {"ring", ring_to_json(rec.spec)}}, ignored);
+    Status s = dp_.call(dpcmd::install_ring(rec.spec), ignored);
     if (!s) {
       spdlog::warn("reconcile: data plane refused ring {}: {}", id, s.to_string());
       if (s.code() == StatusCode::unavailable) return s;
@@ -254,7 +254,7 @@ void Daemon::lease_main() {
         }
         json ignored;
         // A data plane that is down, or lost the ring, is fixed by the reconciler.
-        (void)dp_.call({{"cmd", "remove_ring"}, {"id", id}}, ignored);
+        (void)dp_.call(dpcmd::remove_ring(id), ignored);
         ++counters_.rings_expired;
         spdlog::warn("ring {} removed: its lease of {} ms was not renewed in time", id,
                      old.lease_ms);
@@ -371,7 +371,7 @@ Reply Daemon::create_ring(const json& body, const RingAuth& auth) {
     return error_reply({StatusCode::internal, "", "cannot persist the state: " + s.message()});
   }
   json reply;
-  const Status s = dp_.call({{"cmd", "install_ring"}, {"ring", ring_to_json(spec)}}, reply);
+  const Status s = dp_.call(dpcmd::install_ring(spec), reply);
   bool installed = s.ok();
   if (!s && s.code() != StatusCode::unavailable) {  // the data plane refused it: undo
     rollback();
@@ -403,7 +403,7 @@ Reply Daemon::delete_ring(uint32_t id, const RingAuth& auth) {
   }
   json reply;
   // A data plane that is down, or lost the ring, is fixed by the reconciler.
-  (void)dp_.call({{"cmd", "remove_ring"}, {"id", id}}, reply);
+  (void)dp_.call(dpcmd::remove_ring(id), reply);
   spdlog::info("ring {} deleted ({})", id,
                auth.credential ? "by its owner"
                                : (auth.caller == Caller::operator_token ? "by the operator token"
@@ -436,7 +436,7 @@ Reply Daemon::list_rings() {
   }
   std::set<uint32_t> installed;
   json reply;
-  if (dp_.call({{"cmd", "list_rings"}}, reply).ok())
+  if (dp_.call(dpcmd::list_rings(), reply).ok())
     for (const json& r : reply.value("rings", json::array())) {
       engine::RingSpec have;
       if (r.contains("spec") && ring_from_json(r["spec"], have).ok() && rings.count(have.ring_id) &&
@@ -465,7 +465,7 @@ Reply Daemon::get_ring(uint32_t id) {
   }
   j["installed"] = false;
   json reply;
-  if (dp_.call({{"cmd", "get_ring"}, {"id", id}}, reply).ok() && reply.contains("ring")) {
+  if (dp_.call(dpcmd::get_ring(id), reply).ok() && reply.contains("ring")) {
     json live = reply["ring"];
     engine::RingSpec have;
     if (live.contains("spec") && ring_from_json(live["spec"], have).ok() && same_spec(have, spec)) {
@@ -480,7 +480,7 @@ Reply Daemon::get_ring(uint32_t id) {
 Reply Daemon::status() {
   json dp = {{"connected", false}, {"socket", cfg_.dataplane_socket}};
   json st;
-  if (Status s = dp_.call({{"cmd", "status"}}, st); s) {
+  if (Status s = dp_.call(dpcmd::status(), st); s) {
     dp["connected"] = true;
     for (auto& [k, v] : st.items())
       if (k != "ok") dp[k] = v;
@@ -507,8 +507,8 @@ Reply Daemon::status() {
 
 Reply Daemon::stats() {
   json st, rings;
-  if (Status s = dp_.call({{"cmd", "stats"}}, st); !s) return error_reply(s);
-  if (Status s = dp_.call({{"cmd", "list_rings"}}, rings); !s) return error_reply(s);
+  if (Status s = dp_.call(dpcmd::stats(), st); !s) return error_reply(s);
+  if (Status s = dp_.call(dpcmd::list_rings(), rings); !s) return error_reply(s);
   st.erase("ok");
   st["rings"] = rings.value("rings", json::array());
   return {200, st};
@@ -532,9 +532,8 @@ void Daemon::metrics_main() {
 void Daemon::refresh_metrics() {
   auto c = std::make_shared<MetricsCache>();
   json st, stats, rings;
-  c->dataplane_up = dp_.call({{"cmd", "status"}}, st).ok() &&
-                    dp_.call({{"cmd", "stats"}}, stats).ok() &&
-                    dp_.call({{"cmd", "list_rings"}}, rings).ok();
+  c->dataplane_up = dp_.call(dpcmd::status(), st).ok() && dp_.call(dpcmd::stats(), stats).ok() &&
+                    dp_.call(dpcmd::list_rings(), rings).ok();
   if (c->dataplane_up) {
     c->status = std::move(st);
     c->stats = std::move(stats);

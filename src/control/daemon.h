@@ -56,9 +56,9 @@
 #include <string>
 #include <thread>
 
+#include "common/dataplane_protocol.h"
 #include "common/status.h"
 #include "control/config.h"
-#include "control/dataplane_client.h"
 #include "control/metrics.h"
 #include "control/state.h"
 

@@ -7,6 +7,7 @@
 
 #include <string_view>
 
+#include "dataplane/reasons.h"
 #include "engine/reasons.h"
 
 namespace netreduce::control {
@@ -40,6 +41,23 @@ void set(prometheus::Family<prometheus::Counter>& f, const Labels& l, double v) 
   f.Add(l).Increment(v);
 }
 void set(prometheus::Family<prometheus::Gauge>& f, const Labels& l, double v) { f.Add(l).Set(v); }
+
+const char* fate_name(engine::Fate f) {
+  return f == engine::Fate::forward     ? "forward"
+         : f == engine::Fate::aggregate ? "aggregate"
+                                        : "drop";
+}
+
+// One series per reason of an X-macro list (engine/reasons.h,
+// dataplane/reasons.h), labelled with its fate; `counts` is {name: count}.
+template <typename Reason, size_t kCount>
+void reason_series(prometheus::Family<prometheus::Counter>& f, const json& counts) {
+  for (size_t r = 0; r < kCount; ++r) {
+    const auto reason = static_cast<Reason>(r);
+    const std::string name(to_string(reason));
+    set(f, {{"fate", fate_name(fate_of(reason))}, {"reason", name}}, num(counts, name.c_str()));
+  }
+}
 
 }  // namespace
 
@@ -93,18 +111,16 @@ std::string render_metrics(const MetricsInput& in) {
   if (!in.dataplane_up) return b.text();
 
   // Engine packet fates, summed over lcores.
-  auto& fates = b.counter("netreduce_packets_total",
-                          "packets by engine fate (forward, aggregate, drop) and reason");
-  const json& reasons = in.stats.value("reasons", json::object());
-  for (size_t r = 0; r < engine::kReasonCount; ++r) {
-    const auto reason = static_cast<engine::Reason>(r);
-    const std::string name(engine::to_string(reason));
-    const engine::Fate fate = engine::fate_of(reason);
-    const char* fate_name = fate == engine::Fate::forward     ? "forward"
-                            : fate == engine::Fate::aggregate ? "aggregate"
-                                                              : "drop";
-    set(fates, {{"fate", fate_name}, {"reason", name}}, num(reasons, name.c_str()));
-  }
+  reason_series<engine::Reason, engine::kReasonCount>(
+      b.counter("netreduce_packets_total",
+                "packets by engine fate (forward, aggregate, drop) and reason"),
+      in.stats.value("reasons", json::object()));
+  // The data plane's own reasons (dataplane/reasons.h), summed over lcores.
+  reason_series<dataplane::Reason, dataplane::kReasonCount>(
+      b.counter("netreduce_dataplane_packets_total",
+                "packets the data plane dropped or passed on untouched before the engine saw "
+                "them, by fate and reason"),
+      in.stats.value("dataplane_reasons", json::object()));
 
   // Ports.
   auto& rx_p = b.counter("netreduce_port_received_packets_total", "packets received by the port");
@@ -131,10 +147,7 @@ std::string render_metrics(const MetricsInput& in) {
     set(tx_b, l, num(p, "tx_bytes"));
     set(box_rx, l, num(p, "box_rx_packets"));
     set(box_tx, l, num(p, "box_tx_packets"));
-    double tx_full = 0;
-    for (const json& w : workers)
-      if (w.contains("tx_dropped") && w["tx_dropped"].is_array() && i < w["tx_dropped"].size())
-        tx_full += w["tx_dropped"][i].get<double>();
+    const double tx_full = num(p.value("box_reasons", json::object()), "tx_full");
     set(drops, {{"port", l.at("port")}, {"reason", "rx_missed"}}, num(p, "rx_missed"));
     set(drops, {{"port", l.at("port")}, {"reason", "rx_errors"}}, num(p, "rx_errors"));
     set(drops, {{"port", l.at("port")}, {"reason", "tx_errors"}}, num(p, "tx_errors"));
@@ -160,7 +173,7 @@ std::string render_metrics(const MetricsInput& in) {
     set(busy, l, num(w, "busy_ratio"));
     set(lmem, l, num(w, "memory_bytes"));
     set(disp, l, num(w, "dispatched"));
-    set(ddrop, l, num(w, "dispatch_dropped"));
+    set(ddrop, l, num(w.value("dataplane_reasons", json::object()), "inbox_full"));
     set(slept, l, num(w, "idle_sleep_ns") / 1e9);
   }
 

@@ -42,7 +42,7 @@ unsigned classify(Dataplane& dp, Worker& w, rte_mbuf** pkts, unsigned n, engine:
     rte_mbuf* m = pkts[i];
     const unsigned slot = m->port == dp.port_id(0) ? 0 : 1;
     if (m->nb_segs != 1) {
-      ++w.stats.multi_segment;
+      ++w.stats.reasons[slot][index(Reason::multi_segment)];
       transmit(dp, w, m, slot);
       continue;
     }

@@ -138,12 +138,14 @@ void parse_engine(const YAML::Node& n, const std::string& path, DataplaneConfig&
 }
 
 void parse_control(const YAML::Node& n, const std::string& path, DataplaneConfig& cfg) {
-  for_each_key(n, path, {"socket", "max_clients", "group"},
+  for_each_key(n, path, {"socket", "max_clients", "group", "command_timeout_ms"},
                [&](std::string_view key, const YAML::Node& v, const std::string& f) {
                  if (key == "socket") {
                    cfg.control_socket = socket_path(v, f);
                  } else if (key == "max_clients") {
                    cfg.control_max_clients = static_cast<unsigned>(integer(v, f, 1, 4096));
+                 } else if (key == "command_timeout_ms") {
+                   cfg.command_timeout_ms = static_cast<uint32_t>(integer(v, f, 10, 600000));
                  } else {
                    std::string g = non_empty(v, f, "a group name or a numeric gid");
                    if (g.size() > 64 || g.find_first_of(" \t\n\r:/") != std::string::npos)

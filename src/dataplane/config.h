@@ -76,6 +76,9 @@ struct DataplaneConfig {
   std::string control_socket = "/run/netreduce/dataplane.sock";
   unsigned control_max_clients = 64;
   std::string control_group;
+  // How long a control request waits for a worker to take a command from its
+  // command ring (control.command_timeout_ms; dataplane.h, Control).
+  uint32_t command_timeout_ms = 1000;
 };
 
 // Parses and validates YAML text. `origin` names the source in messages (a

@@ -7,7 +7,10 @@
 //                                                     rings, retiring, control (the socket's
 //                                                     counters) ("instance" differs in every
 //                                                     process: the daemon's restart detector)
-//   {"cmd": "stats"}                                  -> reasons (summed), per worker, per port
+//   {"cmd": "stats"}                                  -> reasons (engine, summed),
+//                                                     dataplane_reasons (dataplane/reasons.h,
+//                                                     summed), per worker (both), per port
+//                                                     (device counters, box_reasons)
 //   {"cmd": "install_ring", "ring": {...}}            -> {"ok": true} (see common/ring_json.h)
 //   {"cmd": "remove_ring", "id": 7}                  -> the ring retires: its packets are dropped
 //                                                     for rings.retire_grace_ms, then it is gone
@@ -22,6 +25,10 @@
 //                                                     retiring)
 //   {"cmd": "shutdown"}
 // Errors: {"ok": false, "error": {"code": "...", "field": "...", "message": "..."}}.
+// Requests that run a command on workers (stats, list_rings, get_ring,
+// install_ring, remove_ring; telemetry too) answer "unavailable", field
+// control.command_timeout_ms, naming the worker and its lcore, when a worker
+// does not take the command in time (Dataplane::on_worker; dataplane.h).
 // Every line gets one reply, also a line that is not JSON or not UTF-8
 // (replies replace invalid UTF-8; handle_request never throws). The transport
 // (who may connect, how many, buffering) is in control_socket.h.
@@ -40,6 +47,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/dataplane_protocol.h"
 #include "common/ring_json.h"
 #include "dataplane/control_socket.h"
 #include "dataplane/dataplane.h"
@@ -101,12 +109,39 @@ Snapshot snapshot_of(Worker& w, bool rings, uint64_t stall_cycles) {
   return s;
 }
 
-std::vector<Snapshot> snapshots(Dataplane& dp, bool rings) {
+// Every worker's snapshot; the first worker that does not answer in time
+// fails it (Dataplane::on_worker names it).
+Status snapshots(Dataplane& dp, bool rings, std::vector<Snapshot>& out) {
   const uint64_t stall = rte_get_tsc_hz() / 1000 * dp.config().stall_timeout_ms;
-  std::vector<Snapshot> out(dp.workers().size());
+  out.assign(dp.workers().size(), Snapshot{});
   for (unsigned i = 0; i < dp.workers().size(); ++i)
-    dp.on_worker(i, [&](Worker& w) { out[i] = snapshot_of(w, rings, stall); });
-  return out;
+    if (Status s = dp.on_worker(i, [&](Worker& w) { out[i] = snapshot_of(w, rings, stall); }); !s)
+      return s;
+  return {};
+}
+
+// Telemetry puts both lists in one dict (telemetry_stats).
+constexpr bool reason_names_distinct() {
+  for (size_t a = 0; a < kReasonCount; ++a)
+    for (size_t b = 0; b < engine::kReasonCount; ++b)
+      if (to_string(static_cast<Reason>(a)) == engine::to_string(static_cast<engine::Reason>(b)))
+        return false;
+  return true;
+}
+static_assert(reason_names_distinct(), "a data plane reason has an engine reason's name");
+
+// The data plane's own reasons (dataplane/reasons.h) as {name: count}.
+json dataplane_reasons_json(const uint64_t (&c)[kReasonCount]) {
+  json j = json::object();
+  for (size_t r = 0; r < kReasonCount; ++r)
+    j[std::string(to_string(static_cast<Reason>(r)))] = c[r];
+  return j;
+}
+
+// Summed over port slots (one worker) or over workers and slots.
+void add_reasons(uint64_t (&sum)[kReasonCount], const WorkerStats& ws) {
+  for (unsigned slot = 0; slot < 2; ++slot)
+    for (size_t r = 0; r < kReasonCount; ++r) sum[r] += ws.reasons[slot][r];
 }
 
 // The device's counters (rte_eth_stats: what the NIC or PMD counted; some
@@ -114,12 +149,13 @@ std::vector<Snapshot> snapshots(Dataplane& dp, bool rings) {
 // own per-port counts summed over workers (box_*: what the workers received
 // from and handed to the port, whatever the PMD reports).
 json port_json(const Dataplane& dp, unsigned slot, const std::vector<Snapshot>* snaps = nullptr) {
-  uint64_t box_rx = 0, box_tx = 0, box_tx_dropped = 0;
+  uint64_t box_rx = 0, box_tx = 0;
+  uint64_t box_reasons[kReasonCount] = {};
   if (snaps)
     for (const Snapshot& s : *snaps) {
       box_rx += s.stats.rx[slot];
       box_tx += s.stats.tx[slot];
-      box_tx_dropped += s.stats.tx_dropped[slot];
+      for (size_t r = 0; r < kReasonCount; ++r) box_reasons[r] += s.stats.reasons[slot][r];
     }
   rte_eth_stats st{};
   rte_eth_stats_get(dp.port_id(slot), &st);
@@ -139,18 +175,22 @@ json port_json(const Dataplane& dp, unsigned slot, const std::vector<Snapshot>* 
   if (snaps) {
     j["box_rx_packets"] = box_rx;
     j["box_tx_packets"] = box_tx;
-    j["box_tx_dropped"] = box_tx_dropped;
+    j["box_reasons"] = dataplane_reasons_json(box_reasons);
   }
   return j;
 }
 
 json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
   engine::ReasonCounters sum{};
+  uint64_t dp_sum[kReasonCount] = {};
   json workers = json::array();
   for (size_t i = 0; i < snaps.size(); ++i) {
     const Snapshot& s = snaps[i];
     for (size_t r = 0; r < sum.size(); ++r) sum[r] += s.reasons[r];
     const WorkerStats& ws = s.stats;
+    uint64_t dp_worker[kReasonCount] = {};
+    add_reasons(dp_worker, ws);
+    add_reasons(dp_sum, ws);
     workers.push_back(
         {{"worker", i},
          {"lcore", dp.workers()[i]->lcore},
@@ -158,10 +198,8 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
          {"tx_packets", {ws.tx[0], ws.tx[1]}},
          {"rx_bytes", {ws.rx_bytes[0], ws.rx_bytes[1]}},
          {"tx_bytes", {ws.tx_bytes[0], ws.tx_bytes[1]}},
-         {"tx_dropped", {ws.tx_dropped[0], ws.tx_dropped[1]}},
+         {"dataplane_reasons", dataplane_reasons_json(dp_worker)},
          {"dispatched", ws.dispatched},
-         {"dispatch_dropped", ws.dispatch_dropped},
-         {"multi_segment", ws.multi_segment},
          {"busy_ratio", ws.total_cycles ? double(ws.busy_cycles) / double(ws.total_cycles) : 0.0},
          {"busy_cycles", ws.busy_cycles},
          {"total_cycles", ws.total_cycles},
@@ -174,6 +212,7 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
          {"reasons", reasons_to_json(s.reasons)}});
   }
   return {{"reasons", reasons_to_json(sum)},
+          {"dataplane_reasons", dataplane_reasons_json(dp_sum)},
           {"tsc_hz", rte_get_tsc_hz()},
           {"workers", workers},
           {"ports", {port_json(dp, 0, &snaps), port_json(dp, 1, &snaps)}}};
@@ -182,33 +221,36 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
 int telemetry_stats(const char*, const char*, rte_tel_data* d) {
   TelemetryCall call;
   if (!call.dp) return -1;
-  const auto snaps = snapshots(*call.dp, false);
+  std::vector<Snapshot> snaps;
+  if (Status s = snapshots(*call.dp, false, snaps); !s) {
+    rte_tel_data_start_dict(d);
+    rte_tel_data_add_dict_string(d, "error", s.to_string().c_str());
+    return 0;
+  }
   engine::ReasonCounters sum{};
-  // Summed over workers: packets, the data plane's own drops and oddities
-  // (not engine reasons), and the idle rule's sleeps.
-  uint64_t rx = 0, tx = 0, tx_dropped = 0, dispatched = 0, dispatch_dropped = 0, multi_segment = 0,
-           sleeps = 0, slept_ns = 0;
+  // Summed over workers: packets, the data plane's own reasons
+  // (dataplane/reasons.h), and the idle rule's sleeps.
+  uint64_t rx = 0, tx = 0, dispatched = 0, sleeps = 0, slept_ns = 0;
+  uint64_t dp_sum[kReasonCount] = {};
   for (const auto& s : snaps) {
     for (size_t r = 0; r < sum.size(); ++r) sum[r] += s.reasons[r];
     const WorkerStats& ws = s.stats;
     rx += ws.rx[0] + ws.rx[1];
     tx += ws.tx[0] + ws.tx[1];
-    tx_dropped += ws.tx_dropped[0] + ws.tx_dropped[1];
+    add_reasons(dp_sum, ws);
     dispatched += ws.dispatched;
-    dispatch_dropped += ws.dispatch_dropped;
-    multi_segment += ws.multi_segment;
     sleeps += ws.idle_sleeps;
     slept_ns += ws.idle_sleep_ns;
   }
   rte_tel_data_start_dict(d);
   rte_tel_data_add_dict_u64(d, "rx_packets", rx);
   rte_tel_data_add_dict_u64(d, "tx_packets", tx);
-  rte_tel_data_add_dict_u64(d, "tx_dropped", tx_dropped);  // TX queue or handoff ring full
   rte_tel_data_add_dict_u64(d, "dispatched", dispatched);
-  rte_tel_data_add_dict_u64(d, "dispatch_dropped", dispatch_dropped);  // an inbox was full
-  rte_tel_data_add_dict_u64(d, "multi_segment", multi_segment);        // forwarded untouched
   rte_tel_data_add_dict_u64(d, "idle_sleeps", sleeps);
   rte_tel_data_add_dict_u64(d, "idle_sleep_ns", slept_ns);
+  // The data plane's reasons and the engine's share one dict: the names differ.
+  for (size_t r = 0; r < kReasonCount; ++r)
+    rte_tel_data_add_dict_u64(d, std::string(to_string(static_cast<Reason>(r))).c_str(), dp_sum[r]);
   for (size_t r = 0; r < sum.size(); ++r)
     rte_tel_data_add_dict_u64(
         d, std::string(engine::to_string(static_cast<engine::Reason>(r))).c_str(), sum[r]);
@@ -218,8 +260,10 @@ int telemetry_stats(const char*, const char*, rte_tel_data* d) {
 int telemetry_rings(const char*, const char*, rte_tel_data* d) {
   TelemetryCall call;
   if (!call.dp) return -1;
+  std::vector<Snapshot> snaps;
+  if (!snapshots(*call.dp, true, snaps)) return -1;
   rte_tel_data_start_array(d, RTE_TEL_INT_VAL);
-  for (const auto& s : snapshots(*call.dp, true))
+  for (const auto& s : snaps)
     for (const auto& r : s.rings) rte_tel_data_add_array_int(d, static_cast<int>(r.spec.ring_id));
   return 0;
 }
@@ -244,38 +288,39 @@ json Dataplane::answer(const std::string& line) {
     return {};
   };
   try {
-    if (cmd == "ping") return json{{"ok", true}};
-    if (cmd == "shutdown") {
+    if (cmd == dpcmd::kPing) return json{{"ok", true}};
+    if (cmd == dpcmd::kShutdown) {
       stop();
       return json{{"ok", true}};
     }
-    if (cmd == "install_ring") {
+    if (cmd == dpcmd::kInstallRing) {
       if (!req.contains("ring")) return error_json(Status::invalid("ring", "is required"));
       engine::RingSpec spec;
       if (Status s = ring_from_json(req["ring"], spec); !s) return error_json(s);
       if (Status s = install_ring(spec); !s) return error_json(s);
       return json{{"ok", true}};
     }
-    if (cmd == "remove_ring") {
+    if (cmd == dpcmd::kRemoveRing) {
       uint32_t id;
       if (Status s = ring_id(id); !s) return error_json(s);
       if (Status s = remove_ring(id); !s) return error_json(s);
       return json{{"ok", true}};
     }
-    if (cmd == "list_rings" || cmd == "get_ring") {
+    if (cmd == dpcmd::kListRings || cmd == dpcmd::kGetRing) {
       uint32_t want = 0;
-      if (cmd == "get_ring")
+      if (cmd == dpcmd::kGetRing)
         if (Status s = ring_id(want); !s) return error_json(s);
       json arr = json::array();
-      const auto snaps = snapshots(*this, true);
+      std::vector<Snapshot> snaps;
+      if (Status s = snapshots(*this, true, snaps); !s) return error_json(s);
       for (size_t w = 0; w < snaps.size(); ++w)
         for (const auto& r : snaps[w].rings) {
-          if (cmd == "get_ring" && r.spec.ring_id != want) continue;
+          if (cmd == dpcmd::kGetRing && r.spec.ring_id != want) continue;
           json j = ring_info_to_json(r);
           j["worker"] = w;
           arr.push_back(j);
         }
-      if (cmd == "get_ring") {
+      if (cmd == dpcmd::kGetRing) {
         if (arr.empty()) {
           std::string why;
           for (const Retiring& r : retiring_)
@@ -287,13 +332,15 @@ json Dataplane::answer(const std::string& line) {
       }
       return json{{"ok", true}, {"rings", arr}, {"retiring", retiring_json()}};
     }
-    if (cmd == "stats") {
-      json j = stats_json(*this, snapshots(*this, false));
+    if (cmd == dpcmd::kStats) {
+      std::vector<Snapshot> snaps;
+      if (Status s = snapshots(*this, false, snaps); !s) return error_json(s);
+      json j = stats_json(*this, snaps);
       j["retiring"] = retiring_json();
       j["ok"] = true;
       return j;
     }
-    if (cmd == "status") {
+    if (cmd == dpcmd::kStatus) {
       json ws = json::array();
       for (Worker* w : workers_) ws.push_back({{"worker", w->index}, {"lcore", w->lcore}});
       return json{{"ok", true},
@@ -311,7 +358,7 @@ json Dataplane::answer(const std::string& line) {
                   {"mbufs", {{"total", cfg_.mbufs}, {"in_use", rte_mempool_in_use_count(pool_)}}},
                   {"control", control_json()}};
     }
-    if (cmd == "set_mode") {
+    if (cmd == dpcmd::kSetMode) {
       const auto it = req.find("mode");
       const std::string m = it != req.end() && it->is_string() ? it->get<std::string>() : "";
       if (m != "aggregate" && m != "forward")
@@ -322,7 +369,7 @@ json Dataplane::answer(const std::string& line) {
       spdlog::info("mode {} (was {})", m, previous);
       return json{{"ok", true}, {"mode", m}, {"previous", previous}};
     }
-    if (cmd == "install_ctt" || cmd == "remove_ctt" || cmd == "list_ctt")
+    if (cmd == dpcmd::kInstallCtt || cmd == dpcmd::kRemoveCtt || cmd == dpcmd::kListCtt)
       return error_json({StatusCode::unimplemented, "cmd",
                          "connection translation (multi-rack hierarchies) is not built yet"});
     return error_json(Status::invalid("cmd", "unknown command '" + cmd + "'"));

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -200,7 +201,7 @@ Status Dataplane::setup() {
           return {StatusCode::resource_exhausted, "memory", "cannot allocate TX buffers"};
         rte_eth_tx_buffer_init(w->txbuf[s], cfg_.burst);
         rte_eth_tx_buffer_set_err_callback(w->txbuf[s], rte_eth_tx_buffer_count_callback,
-                                           &w->stats.tx_dropped[s]);
+                                           &w->stats.reasons[s][index(Reason::tx_full)]);
         if (nw > ntxq[s]) {
           w->tx_handoff_in[s] = rte_ring_create(("nr_tx" + id + "_" + std::to_string(s)).c_str(),
                                                 4096, rte_socket_id(), RING_F_SC_DEQ);
@@ -214,6 +215,18 @@ Status Dataplane::setup() {
   for (Worker* w : workers_)
     for (unsigned s = 0; s < 2; ++s)
       if (w->txq[s] < 0) w->tx_handoff_to[s] = workers_[w->index % ntxq[s]]->tx_handoff_in[s];
+  // Test only: a worker that stops taking commands (command deadlines).
+  if (const char* v = std::getenv("NETREDUCE_TEST_IGNORE_COMMANDS"); v && *v) {
+    const unsigned idx = static_cast<unsigned>(std::strtoul(v, nullptr, 10));
+    if (idx >= workers_.size())
+      return Status::invalid("NETREDUCE_TEST_IGNORE_COMMANDS",
+                             "worker " + std::to_string(idx) + " does not exist");
+    workers_[idx]->ignore_commands = true;
+    spdlog::warn(
+        "TESTING: worker {} (lcore {}) ignores its command ring while running "
+        "(NETREDUCE_TEST_IGNORE_COMMANDS); never set this in production",
+        idx, workers_[idx]->lcore);
+  }
 
   spdlog::info(
       "ports {} (id {}, {} rx / {} tx queues) and {} (id {}, {} rx / {} tx queues); {} worker(s); "
@@ -295,11 +308,9 @@ void Dataplane::worker_loop(Worker& w) {
     }
     moved += flush(*this, w, drained, t0);  // TX handoff packets are work too (idle rule)
     void* c;
-    if (rte_ring_dequeue(w.commands, &c) == 0) {
+    if (!w.ignore_commands && rte_ring_dequeue(w.commands, &c) == 0) {
       ++moved;  // a control command is work too: the next one is not paced by the idle sleep
-      auto* cmd = static_cast<Command*>(c);
-      cmd->fn(w);
-      cmd->done.store(true, std::memory_order_release);
+      run_command(w, static_cast<Command*>(c));
     }
     // Retired rings whose grace has passed are forgotten (cheap when none is due).
     w.engine->expire_retired(t0);
@@ -327,11 +338,7 @@ void Dataplane::worker_loop(Worker& w) {
     rte_pktmbuf_free_bulk(pkts, n);
   // Answer whatever control work is queued, then let callers act directly.
   void* c;
-  while (rte_ring_dequeue(w.commands, &c) == 0) {
-    auto* cmd = static_cast<Command*>(c);
-    cmd->fn(w);
-    cmd->done.store(true, std::memory_order_release);
-  }
+  while (rte_ring_dequeue(w.commands, &c) == 0) run_command(w, static_cast<Command*>(c));
   w.stopped.store(true, std::memory_order_release);
   rte_rcu_qsbr_thread_offline(qsbr_, w.index);
   rte_rcu_qsbr_thread_unregister(qsbr_, w.index);
@@ -359,42 +366,74 @@ void Dataplane::idle(Worker& w, bool moved, uint64_t now) {
 
 // ---- control side -------------------------------------------------------------
 
-bool Dataplane::on_worker(unsigned idx, std::function<void(Worker&)> fn) {
+void Dataplane::run_command(Worker& w, Command* c) {
+  uint8_t expect = Command::queued;
+  if (!c->state.compare_exchange_strong(expect, Command::running, std::memory_order_acq_rel)) {
+    // Cancelled: its caller left at the deadline. Freed here (rare: only
+    // after a worker failed to take commands in time), never run.
+    delete c;
+    w.abandoned.fetch_sub(1, std::memory_order_release);
+    return;
+  }
+  c->fn(w);
+  c->state.store(Command::done, std::memory_order_release);  // the caller frees it
+}
+
+Status Dataplane::on_worker(unsigned idx, std::function<void(Worker&)> fn) {
   std::lock_guard<std::mutex> lock(on_worker_mu_);
   Worker& w = *workers_[idx];
   // Workers not running (before start, after stop): act directly.
   if (!started_ || w.stopped.load(std::memory_order_acquire)) {
     fn(w);
-    return true;
+    return {};
   }
-  Command cmd;
-  cmd.fn = std::move(fn);
-  if (rte_ring_enqueue(w.commands, &cmd) != 0) return false;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (!cmd.done.load(std::memory_order_acquire)) {
-    if (w.stopped.load(std::memory_order_acquire)) {
+  const std::string who =
+      "worker " + std::to_string(idx) + " (lcore " + std::to_string(w.lcore) + ")";
+  const std::string timeout = "control.command_timeout_ms";
+  if (const uint32_t n = w.abandoned.load(std::memory_order_acquire); n != 0)
+    return {StatusCode::unavailable, timeout,
+            who + " has still not taken " + std::to_string(n) +
+                " earlier command(s) given up after " + std::to_string(cfg_.command_timeout_ms) +
+                " ms: it is not polling its command ring (stuck?); the other workers are served"};
+  auto* cmd = new Command;
+  cmd->fn = std::move(fn);
+  if (rte_ring_enqueue(w.commands, cmd) != 0) {
+    delete cmd;
+    return {StatusCode::unavailable, timeout, who + ": its command ring is full"};
+  }
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg_.command_timeout_ms);
+  for (;;) {
+    const uint8_t st = cmd->state.load(std::memory_order_acquire);
+    if (st == Command::done) {
+      delete cmd;
+      return {};
+    }
+    if (st == Command::queued && w.stopped.load(std::memory_order_acquire)) {
       // The worker left after draining its ring but before our command
       // landed: it is ours to take back and run (callers are serialized).
       void* c;
-      while (rte_ring_dequeue(w.commands, &c) == 0) {
-        auto* other = static_cast<Command*>(c);
-        other->fn(w);
-        other->done.store(true, std::memory_order_release);
-      }
+      while (rte_ring_dequeue(w.commands, &c) == 0) run_command(w, static_cast<Command*>(c));
       continue;
     }
-    if (std::chrono::steady_clock::now() > deadline) {
-      // The command object must outlive the worker's use of it: wait for good.
-      spdlog::error("worker {} (lcore {}) did not answer a control command in 5 s; still waiting",
-                    idx, w.lcore);
-      while (!cmd.done.load(std::memory_order_acquire) &&
-             !w.stopped.load(std::memory_order_acquire))
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      continue;  // done, or the worker stopped (handled above)
+    if (st == Command::queued && std::chrono::steady_clock::now() > deadline) {
+      w.abandoned.fetch_add(1,
+                            std::memory_order_acq_rel);  // before the worker can see it cancelled
+      uint8_t expect = Command::queued;
+      if (cmd->state.compare_exchange_strong(expect, Command::cancelled,
+                                             std::memory_order_acq_rel)) {
+        spdlog::error("{} did not take a control command within {} ms; cancelled it", who,
+                      cfg_.command_timeout_ms);
+        return {StatusCode::unavailable, timeout,
+                who + " did not take the command within " +
+                    std::to_string(cfg_.command_timeout_ms) +
+                    " ms (cancelled: it will not run); the other workers are served"};
+      }
+      w.abandoned.fetch_sub(1, std::memory_order_acq_rel);  // it started: wait for it
+      continue;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-  return true;
 }
 
 }  // namespace netreduce::dataplane

@@ -52,8 +52,15 @@
 //
 // Control (ordering contract). The control thread never touches engine
 // state. Commands go to a worker through its command ring (SP/SC) and run
-// between bursts on that worker, which sets `done` (release) when finished;
-// the control thread waits for `done` (acquire). The link table is an
+// between bursts on that worker, which moves the command's `state` to done
+// (release) when finished; the caller waits for it (acquire) until
+// control.command_timeout_ms, then cancels the command (CAS queued ->
+// cancelled: it will never run, the worker frees it when it dequeues it) and
+// answers "unavailable" naming the worker and its lcore. Until that worker
+// has dequeued every cancelled command, requests needing it fail at once, so
+// one stuck worker costs the control socket one deadline, not one per
+// request; requests that need no worker (ping, status, set_mode) and the
+// other workers' traffic go on. The link table is an
 // immutable object published through `links` (release store). Workers load
 // it once per burst (acquire) and report an RCU quiescent state after every
 // burst; the control thread frees a replaced table only after
@@ -65,7 +72,8 @@
 // forgets the tombstone and the control thread drops the links (rings.cc).
 //
 // Counters are per worker, cache-aligned, written only by their worker and
-// read through commands, so they are never torn or shared.
+// read through commands, so they are never torn or shared. The data plane's
+// own drops are listed once in dataplane/reasons.h (WorkerStats::reasons).
 #pragma once
 
 #include <atomic>
@@ -80,6 +88,7 @@
 #include <vector>
 
 #include "dataplane/config.h"
+#include "dataplane/reasons.h"
 #include "engine/engine.h"
 
 struct rte_mempool;
@@ -99,22 +108,31 @@ struct LinkTable {
   static uint64_t key(uint32_t src, uint32_t dst) { return uint64_t{src} << 32 | dst; }
 };
 
-// A piece of control work run on a worker between bursts.
+// A piece of control work run on a worker between bursts. Allocated by the
+// caller (Dataplane::on_worker, control thread or telemetry); `state` says
+// who frees it:
+//   queued -> running -> done   the worker ran it; the waiting caller frees it
+//   queued -> cancelled         the caller gave up at its deadline and left;
+//                               whoever dequeues it next frees it without
+//                               running it (run_command)
+// A command that has started is always waited for, so `fn` may refer to the
+// caller's stack.
 struct Command {
+  enum State : uint8_t { queued, running, done, cancelled };
   std::function<void(struct Worker&)> fn;
-  std::atomic<bool> done{false};
+  std::atomic<uint8_t> state{queued};  // caller: queued->cancelled; worker: queued->running->done
 };
 
 struct alignas(64) WorkerStats {
-  uint64_t rx[2] = {};          // packets received per port (by this worker's queues)
-  uint64_t tx[2] = {};          // packets transmitted per port
-  uint64_t tx_dropped[2] = {};  // TX queue full
+  uint64_t rx[2] = {};  // packets received per port (by this worker's queues)
+  uint64_t tx[2] = {};  // packets transmitted per port
   uint64_t rx_bytes[2] = {};
   uint64_t tx_bytes[2] = {};
-  uint64_t dispatched = 0;        // handed to another worker
-  uint64_t dispatch_dropped = 0;  // that worker's inbox was full
-  uint64_t multi_segment = 0;     // forwarded untouched: not contiguous
-  uint64_t busy_cycles = 0;       // TSC cycles in bursts that moved packets
+  // The data plane's own drops and oddities per port slot (dataplane/reasons.h
+  // says which port each is counted under): reasons[slot][index(Reason)].
+  uint64_t reasons[2][kReasonCount] = {};
+  uint64_t dispatched = 0;   // handed to another worker
+  uint64_t busy_cycles = 0;  // TSC cycles in bursts that moved packets
   uint64_t total_cycles = 0;
   uint64_t busy_polls = 0;     // loop iterations that moved packets, TX handoff or a command
                                // (rx / busy_polls: about the mean RX burst)
@@ -135,6 +153,13 @@ struct alignas(64) Worker {
   rte_eth_dev_tx_buffer* txbuf[2] = {};
   rte_ring* inbox = nullptr;  // dispatched packets
   rte_ring* commands = nullptr;
+  // Commands a caller gave up on that are still in `commands` (control: +1
+  // before cancelling; whoever dequeues one: -1). Non-zero: the worker is not
+  // taking commands, and on_worker fails at once instead of waiting again.
+  std::atomic<uint32_t> abandoned{0};
+  // Test only (NETREDUCE_TEST_IGNORE_COMMANDS, set before start): the worker
+  // does not poll `commands` while running, as if stuck.
+  bool ignore_commands = false;
   WorkerStats stats;
   engine::Sink sink;  // what the engine releases per burst, reused
   uint64_t last_flush = 0;
@@ -180,8 +205,11 @@ class Dataplane {
   // One JSON request line -> one JSON reply line. Never throws.
   std::string handle_request(const std::string& line) noexcept;
 
-  // Runs fn on worker w between bursts; false if it did not answer in time.
-  bool on_worker(unsigned w, std::function<void(Worker&)> fn);
+  // Runs fn on worker w between bursts. Unavailable, naming the worker and
+  // its lcore, if the worker does not take the command within
+  // control.command_timeout_ms (the command is then cancelled: it never
+  // runs), or has not taken an earlier cancelled one yet (no waiting then).
+  Status on_worker(unsigned w, std::function<void(Worker&)> fn);
 
   const DataplaneConfig& config() const { return cfg_; }
   uint16_t port_id(unsigned slot) const { return port_ids_[slot]; }
@@ -189,6 +217,8 @@ class Dataplane {
 
   // Worker side.
   static int worker_main(void* arg);
+  // Runs a dequeued command, or frees it if its caller cancelled it.
+  static void run_command(Worker& w, Command* c);
   void worker_loop(Worker& w);
   // The idle rule (dataplane.h top): sleeps if the worker has been idle long
   // enough; `now` is this iteration's TSC.

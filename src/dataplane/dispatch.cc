@@ -49,7 +49,8 @@ unsigned dispatch(Dataplane& dp, Worker& w, engine::Frame* frames, unsigned n) {
                                                  reinterpret_cast<void**>(batch), nb, nullptr);
     w.stats.dispatched += sent;
     for (unsigned i = sent; i < nb; ++i) {
-      ++w.stats.dispatch_dropped;
+      const unsigned in_slot = batch[i]->port == dp.port_id(0) ? 0 : 1;
+      ++w.stats.reasons[in_slot][index(Reason::inbox_full)];
       rte_pktmbuf_free(batch[i]);
     }
   }

@@ -172,9 +172,8 @@ Status Dataplane::install_ring(const engine::RingSpec& spec) {
   unsigned owner = 0;
   if (Status s = place(spec, owner); !s) return s;
   Status result;
-  if (!on_worker(owner, [&](Worker& w) { result = w.engine->install_ring(spec); }))
-    return {StatusCode::unavailable, "",
-            "worker " + std::to_string(owner) + " did not take the command"};
+  if (Status s = on_worker(owner, [&](Worker& w) { result = w.engine->install_ring(spec); }); !s)
+    return s;  // nothing changed: the command was cancelled before it ran
   if (!result) return result;
   // The engine has the ring: now point its links at the owner.
   for (uint64_t key : links_of(spec)) {
@@ -205,14 +204,16 @@ Status Dataplane::remove_ring(uint32_t ring_id) {
   // The owner's engine retires the ring; its links stay (see the top).
   Status result;
   size_t released = 0;
-  if (!on_worker(e.owner, [&](Worker& w) {
-        std::vector<engine::Pkt> rel;
-        result = w.engine->remove_ring(ring_id, rte_rdtsc(), rel);
-        released = rel.size();
-        for (const auto& p : rel) rte_pktmbuf_free(static_cast<rte_mbuf*>(p.handle));
-      }))
-    return {StatusCode::unavailable, "",
-            "worker " + std::to_string(e.owner) + " did not take the command"};
+  if (Status s = on_worker(e.owner,
+                           [&](Worker& w) {
+                             std::vector<engine::Pkt> rel;
+                             result = w.engine->remove_ring(ring_id, rte_rdtsc(), rel);
+                             released = rel.size();
+                             for (const auto& p : rel)
+                               rte_pktmbuf_free(static_cast<rte_mbuf*>(p.handle));
+                           });
+      !s)
+    return s;  // nothing changed: the command was cancelled before it ran
   if (!result) return result;
   rings_.erase(it);
   retiring_.push_back({e.spec, e.owner,

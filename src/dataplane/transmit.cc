@@ -22,7 +22,7 @@ void transmit(Dataplane& dp, Worker& w, rte_mbuf* m, unsigned in_slot) {
     return;
   }
   if (rte_ring_enqueue(w.tx_handoff_to[out], m) != 0) {
-    ++w.stats.tx_dropped[out];
+    ++w.stats.reasons[out][index(Reason::tx_full)];
     rte_pktmbuf_free(m);
   }
 }

@@ -150,6 +150,18 @@ def metric(text, name, **labels):
     return None
 
 
+def dataplane_reasons():
+    """The data plane's own reasons, from the X-macro in src/dataplane/reasons.h (not from a
+    binary): each must reach /metrics as netreduce_dataplane_packets_total{reason=...}."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "dataplane", "reasons.h")
+    with open(path) as f:
+        text = f.read()
+    body = text[text.index("#define NETREDUCE_DATAPLANE_REASONS(X)"):]
+    names = re.findall(r"\bX\((\w+),", body[:body.index("enum class Reason")])
+    assert len(names) >= 3, names
+    return names
+
+
 def promtool_check(text):
     p = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
                        timeout=60)
@@ -592,7 +604,10 @@ def scenario_traffic(tmp):
                                                 "msg_len": ppm, "window": 4, "payload_bytes": pmtu,
                                                 "dtypes": ["fp32"], "ops": ["sum"]})
         assert st == 201 and body["ring"]["installed"] is True, body
-        before = d.metrics()
+        # The metrics cache may not have seen the data plane yet (refreshed every 200 ms).
+        before = wait_until("/metrics to see the data plane's ports",
+                            lambda: (lambda t: t if metric(t, "netreduce_port_received_packets_total",
+                                                           port="net_af_packet0") is not None else None)(d.metrics()))
         rx0 = metric(before, "netreduce_port_received_packets_total", port="net_af_packet0")
         code = ("from scapy.all import *\n"
                 "sendp(rdpcap(%r), iface='ncA1', verbose=False, inter=0.001)\n") % in_pcap
@@ -626,6 +641,9 @@ def scenario_traffic(tmp):
         for (name, labels), want in checks.items():
             got = metric(text, name, **dict(labels))
             assert got == want, "%s%s = %s, sent %s\n%s" % (name, dict(labels), got, want, text)
+        for name in dataplane_reasons():  # none happened; every one is exported
+            got = metric(text, "netreduce_dataplane_packets_total", reason=name)
+            assert got == 0, "netreduce_dataplane_packets_total{reason=%s} = %s\n%s" % (name, got, text)
         busy = metric(text, "netreduce_lcore_busy_ratio", lcore=1)
         assert busy is not None and 0 <= busy <= 1, busy
         rx_bytes = metric(text, "netreduce_port_received_bytes_total", port="net_af_packet0")

@@ -14,11 +14,12 @@
 #include <sstream>
 #include <thread>
 
+#include "common/dataplane_protocol.h"
 #include "common/ring_json.h"
 #include "control/config.h"
-#include "control/dataplane_client.h"
 #include "control/metrics.h"
 #include "control/state.h"
+#include "dataplane/reasons.h"
 
 using namespace netreduce;
 using namespace netreduce::control;
@@ -264,9 +265,16 @@ TEST_CASE("metrics follow the Prometheus naming conventions", "[control][metrics
   in.status = json::parse(R"({"memory": {"engine_reserved_bytes": 100, "engine_budget_bytes": 1000},
                               "mbufs": {"total": 8192, "in_use": 12}})");
   in.stats = json::parse(R"({"reasons": {"held": 36, "bad_icrc": 2},
-      "workers": [{"lcore": 1, "busy_ratio": 0.25, "tx_dropped": [1, 2], "memory_bytes": 5}],
+      "workers": [{"lcore": 1, "busy_ratio": 0.25, "memory_bytes": 5,
+                   "dataplane_reasons": {"tx_full": 3, "inbox_full": 6}}],
       "ports": [{"name": "p0", "rx_packets": 10, "tx_packets": 11, "rx_bytes": 1000, "tx_bytes": 1100,
-                 "rx_missed": 3, "rx_errors": 0, "tx_errors": 0, "link_up": true}]})");
+                 "rx_missed": 3, "rx_errors": 0, "tx_errors": 0, "link_up": true,
+                 "box_reasons": {"tx_full": 1}}]})");
+  // Every data plane reason in the stats: each must come out as its own series.
+  json dp_reasons = json::object();
+  for (size_t r = 0; r < dataplane::kReasonCount; ++r)
+    dp_reasons[std::string(dataplane::to_string(static_cast<dataplane::Reason>(r)))] = 100 + r;
+  in.stats["dataplane_reasons"] = dp_reasons;
   in.rings = json::parse(R"([{"spec": {"id": 9, "members": ["10.0.0.1", "10.0.0.2"]},
       "counters": {"packets_aggregated": 36, "bytes_aggregated": 36648, "messages_completed": 3,
                    "drops": {"duplicate": 4}}, "held_bytes": 77}])");
@@ -293,6 +301,17 @@ TEST_CASE("metrics follow the Prometheus naming conventions", "[control][metrics
   CHECK(text.find("netreduce_port_dropped_packets_total{port=\"p0\",reason=\"rx_missed\"} 3") !=
         std::string::npos);
   CHECK(text.find("netreduce_lcore_busy_ratio{lcore=\"1\"} 0.25") != std::string::npos);
+  CHECK(text.find("netreduce_lcore_dispatch_dropped_packets_total{lcore=\"1\"} 6") !=
+        std::string::npos);
+  for (size_t r = 0; r < dataplane::kReasonCount; ++r) {
+    const auto reason = static_cast<dataplane::Reason>(r);
+    const std::string fate = dataplane::fate_of(reason) == engine::Fate::drop ? "drop" : "forward";
+    const std::string series = "netreduce_dataplane_packets_total{fate=\"" + fate + "\",reason=\"" +
+                               std::string(dataplane::to_string(reason)) + "\"} " +
+                               std::to_string(100 + r);
+    INFO(series);
+    CHECK(text.find(series) != std::string::npos);
+  }
   CHECK(text.find("netreduce_packets_total{fate=\"drop\",reason=\"bad_icrc\"} 2") !=
         std::string::npos);
   CHECK(text.find("netreduce_cell_memory_held_bytes 77") != std::string::npos);
@@ -372,9 +391,9 @@ TEST_CASE("data plane client: a dead kept-open connection is retried once for re
     ScriptedPeer peer(sock, {"reply", "close", "reply"});
     DataplaneClient c(sock, std::chrono::milliseconds(2000));
     json r;
-    REQUIRE(c.call({{"cmd", "status"}}, r).ok());
+    REQUIRE(c.call(dpcmd::status(), r).ok());
     CHECK(r["n"] == 1);
-    const Status s = c.call({{"cmd", "stats"}}, r);
+    const Status s = c.call(dpcmd::stats(), r);
     INFO(s.to_string());
     REQUIRE(s.ok());
     CHECK(r["n"] == 3);
@@ -384,13 +403,13 @@ TEST_CASE("data plane client: a dead kept-open connection is retried once for re
     ScriptedPeer peer(sock, {"reply", "close", "reply"});
     DataplaneClient c(sock, std::chrono::milliseconds(2000));
     json r;
-    REQUIRE(c.call({{"cmd", "status"}}, r).ok());
-    const Status s = c.call({{"cmd", "remove_ring"}, {"id", 7}}, r);
+    REQUIRE(c.call(dpcmd::status(), r).ok());
+    const Status s = c.call(dpcmd::remove_ring(7), r);
     CHECK(s.code() == StatusCode::unavailable);
     CHECK(s.to_string().find("connection closed") != std::string::npos);
     CHECK(c.connects() == 1);
     // the next call connects again
-    REQUIRE(c.call({{"cmd", "status"}}, r).ok());
+    REQUIRE(c.call(dpcmd::status(), r).ok());
     CHECK(r["n"] == 3);
   }
   std::filesystem::remove_all(dir);

@@ -92,6 +92,8 @@ TEST_CASE("the example configuration loads", "[dataplane][config]") {
   CHECK(cfg.retire_grace_ms == 60000);
   CHECK(cfg.control_max_clients == 64);
   CHECK(cfg.control_group.empty());
+  CHECK(cfg.command_timeout_ms == 1000);
+  CHECK(cfg.command_timeout_ms == DataplaneConfig{}.command_timeout_ms);
 
   // parse_config on the same text gives the same result.
   DataplaneConfig again;
@@ -135,6 +137,7 @@ TEST_CASE("omitted keys keep the defaults of config.h", "[dataplane][config]") {
     CHECK(c.retire_grace_ms == def.retire_grace_ms);
     CHECK(c.control_max_clients == def.control_max_clients);
     CHECK(c.control_group == def.control_group);
+    CHECK(c.command_timeout_ms == def.command_timeout_ms);
   }
 }
 
@@ -169,6 +172,7 @@ control:
   socket: /var/run/nr.sock
   max_clients: 4096
   group: netreduce
+  command_timeout_ms: 600000
 )");
   INFO(p.status.to_string());
   REQUIRE(p.status.ok());
@@ -198,6 +202,7 @@ control:
   CHECK(c.retire_grace_ms == 86400000);
   CHECK(c.control_max_clients == 4096);
   CHECK(c.control_group == "netreduce");
+  CHECK(c.command_timeout_ms == 600000);
 
   // The other enumerators, and the range ends.
   const Parsed q = parse_with(
@@ -263,7 +268,9 @@ TEST_CASE("every rule names the dotted key and the problem", "[dataplane][config
       {"engine:\n  reduse_mode: deterministic\n", "engine.reduse_mode",
        "did you mean 'reduce_mode'"},
       {"memory:\n  pool: 5\n", "memory.pool", "unknown key (known: mbufs, mbuf_cache, engine)"},
-      {"control:\n  path: /x\n", "control.path", "unknown key (known: socket, max_clients, group)"},
+      {"control:\n  path: /x\n", "control.path",
+       "unknown key (known: socket, max_clients, group, command_timeout_ms)"},
+      {"control:\n  command_timeout_ms: 5\n", "control.command_timeout_ms", "10"},
       {"mtu: 4200\nmtu: 9000\n", "mtu", "given twice"},
       {"engine:\n  max_rings: 4\n  max_rings: 5\n", "engine.max_rings", "given twice"},
       {"[a]: 1\n", "", "keys must be plain names"},

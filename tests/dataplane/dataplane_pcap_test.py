@@ -25,6 +25,7 @@ unless in control.group, control.max_clients, a second box refused).
 import ctypes
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -207,7 +208,34 @@ def query_telemetry(prefix, cmd):
     return json.loads(s.recv(1 << 16))[cmd]
 
 
-def start_dataplane(tmp, in_pcap, rings, workers, loop=False, extra=None, umask=None):
+def dataplane_reasons():
+    """The data plane's own reasons, read from the X-macro in src/dataplane/reasons.h (not
+    from the binary): a reason missing from any surface fails check_reason_surfaces."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src", "dataplane", "reasons.h")
+    with open(path) as f:
+        text = f.read()
+    body = text[text.index("#define NETREDUCE_DATAPLANE_REASONS(X)"):]
+    body = body[:body.index("enum class Reason")]
+    names = re.findall(r"\bX\((\w+),", body)
+    assert len(names) >= 3, names
+    return names
+
+
+def check_reason_surfaces(stats, telemetry):
+    """Every data plane reason in the stats (summed, per worker, per port) and in DPDK
+    telemetry, and the sums agree."""
+    names = dataplane_reasons()
+    top = stats["dataplane_reasons"]
+    for name in names:
+        assert name in top, "stats lacks dataplane_reasons.%s: %s" % (name, top)
+        assert name in telemetry, "telemetry /netreduce/stats lacks %s: %s" % (name, telemetry)
+        per_worker = [w["dataplane_reasons"][name] for w in stats["workers"]]
+        per_port = [p["box_reasons"][name] for p in stats["ports"]]
+        assert sum(per_worker) == top[name] == sum(per_port), (name, top, per_worker, per_port)
+    assert sorted(top) == sorted(names), (sorted(top), names)
+
+
+def start_dataplane(tmp, in_pcap, rings, workers, loop=False, extra=None, umask=None, env=None):
     """Starts the binary on two net_pcap ports; returns (proc, control socket path).
     `extra` is merged into the configuration (top-level keys, one level deep)."""
     out0, out1 = os.path.join(tmp, "out0.pcap"), os.path.join(tmp, "out1.pcap")
@@ -242,14 +270,29 @@ def start_dataplane(tmp, in_pcap, rings, workers, loop=False, extra=None, umask=
         if umask is not None:
             os.umask(umask)
     proc = subprocess.Popen([sys.argv[1], "-c", cfg_path, "--rings", rings_path],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=pre)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=pre,
+                            env=dict(os.environ, **(env or {})))
     return proc, sock, out1
+
+
+def drive(proc, sock, body):
+    """Runs body(ctl) against a started box, then shuts it down; returns (body's
+    result, stdout, stderr). Any failure kills the box and shows its stderr."""
+    try:
+        ctl = Control(sock)
+        result = body(ctl)
+    except Exception:
+        proc.kill()
+        print(proc.communicate()[1][-3000:], file=sys.stderr)
+        raise
+    return (result,) + stop_by(proc, ctl)
 
 
 def run_dataplane(tmp, in_pcap, rings, workers, loop=False, during=None, extra=None):
     proc, sock, out1 = start_dataplane(tmp, in_pcap, rings, workers, loop, extra)
-    try:
-        ctl = Control(sock)
+
+    def body(ctl):
+        nonlocal during
         # Wait until the counters stop moving (the capture has been replayed).
         last, stable = None, 0
         t0 = time.time()
@@ -268,20 +311,12 @@ def run_dataplane(tmp, in_pcap, rings, workers, loop=False, during=None, extra=N
         status = ctl(cmd="status")
         assert status["instance"].split("-")[0] == str(proc.pid), status  # the daemon's restart detector
         telemetry = query_telemetry("nr%d" % os.getpid(), "/netreduce/stats")
-        rings_now = ctl(cmd="list_rings")
-        assert ctl(cmd="shutdown")["ok"]
-        out, err = proc.communicate(timeout=30)
-    except Exception:
-        proc.kill()
-        out, err = proc.communicate()
-        print(err[-3000:], file=sys.stderr)
-        raise
-    if proc.returncode != 0:
-        print(err[-3000:], file=sys.stderr)
-        raise SystemExit("dataplane exited with %d" % proc.returncode)
+        return status, telemetry, ctl(cmd="list_rings")
+    (status, telemetry, rings_now), out, err = drive(proc, sock, body)
     final = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
     frames = rdpcap(out1) if not loop and os.path.getsize(out1) > 24 else []
     run_dataplane.telemetry = telemetry
+    check_reason_surfaces(final, telemetry)
     return frames, final, status, rings_now
 
 
@@ -731,6 +766,56 @@ def idle_scenario(tmp, in_pcap, rng):
           "%d INA packets exact both times" % (sleeps, slept_ns / 1e9, secs, n))
 
 
+def stuck_worker_scenario(tmp, in_pcap):
+    """Command deadlines. Two workers (lcores 1 and 2); worker 1 stops polling its
+    command ring (the test-only NETREDUCE_TEST_IGNORE_COMMANDS). A stats request
+    gets an "unavailable" error naming worker 1 and lcore 2; ping and status still
+    answer; later requests needing worker 1 fail at once with the same names; a ring
+    placed on worker 0 installs, one placed on worker 1 fails and is not installed
+    (the cancelled command never runs); telemetry reports the error; worker 0 keeps
+    forwarding (every frame of the capture leaves port 1 byte-identical); shutdown
+    still stops the box cleanly."""
+    others = other_traffic(1)
+    wrpcap(in_pcap, others)
+    proc, sock, out1 = start_dataplane(tmp, in_pcap, [], 2, extra={"control": {"command_timeout_ms": 300}},
+                                       env={"NETREDUCE_TEST_IGNORE_COMMANDS": "1"})
+
+    def body(ctl):
+        assert ctl(cmd="ping") == {"ok": True}
+        st = ctl(cmd="status")
+        assert st["ok"] and [w["lcore"] for w in st["workers"]] == [1, 2], st
+
+        def refused(reply, words):
+            assert reply["ok"] is False, reply
+            err = reply["error"]
+            assert err["code"] == "unavailable" and err["field"] == "control.command_timeout_ms", reply
+            for w in ["worker 1 (lcore 2)"] + words:
+                assert w in err["message"], (w, reply)
+            return err["message"]
+
+        first = refused(ctl(cmd="stats"), ["did not take the command within 300 ms", "cancelled"])
+        assert ctl(cmd="ping") == {"ok": True}  # the control socket still answers
+        assert ctl(cmd="status")["ok"]
+        again = refused(ctl(cmd="stats"), ["has still not taken 1 earlier command"])
+        refused(ctl(cmd="list_rings"), [])
+        # Placement: ring 1 on worker 0 (installs), ring 2 on worker 1 (refused, not installed).
+        assert ctl(cmd="install_ring", ring=ring_spec(1, 2, 1, 4, 1024))["ok"]
+        refused(ctl(cmd="install_ring", ring=ring_spec(2, 2, 2, 4, 1024)), [])
+        assert ctl(cmd="status")["rings"] == 1
+        tel = query_telemetry("nr%d" % os.getpid(), "/netreduce/stats")
+        assert "worker 1 (lcore 2)" in tel.get("error", ""), tel
+        return first, again
+    (first, again), out, err = drive(proc, sock, body)
+    assert "TESTING: worker 1 (lcore 2) ignores its command ring" in out + err, (out + err)[-3000:]
+    final = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
+    assert [w["lcore"] for w in final["workers"]] == [1, 2], final
+    outs = {raw(f) for f in rdpcap(out1)}
+    for o in others:
+        assert raw(o) in outs, "worker 0 did not forward %s" % o.summary()
+    print("stuck_worker: %r; then %r; ping/status answered, ring on worker 0 installed, %d frames "
+          "forwarded by worker 0" % (first, again, len(others)))
+
+
 def idle_wake_scenario(tmp, rng):
     """A packet after a long idle still passes. Over net_af_packet, the box
     (default configuration) idles for 2 s, so its worker is at its longest
@@ -986,6 +1071,8 @@ def main():
             crash_report_scenario(tmp, in_pcap, rng)
         elif scenario == "modes":
             modes_scenario(tmp, in_pcap)
+        elif scenario == "stuck_worker":
+            stuck_worker_scenario(tmp, in_pcap)
         elif scenario == "idle_wake":
             idle_wake_scenario(tmp, rng)
         elif scenario == "remove_mid_message":

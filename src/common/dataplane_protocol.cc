@@ -1,4 +1,6 @@
-#include "control/dataplane_client.h"
+// The data plane's control protocol: names, builders and the client; the
+// theory of operation is in dataplane_protocol.h.
+#include "common/dataplane_protocol.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -8,15 +10,16 @@
 
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
-namespace netreduce::control {
+#include "common/ring_json.h"
+
+namespace netreduce {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-constexpr size_t kMaxReply = 16u << 20;
 
 int ms_left(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -36,7 +39,28 @@ bool wait_for(int fd, short events, Clock::time_point deadline) {
 
 }  // namespace
 
-StatusCode status_code_from_string(const std::string& name) {
+namespace dpcmd {
+
+bool is_read_only(std::string_view cmd) noexcept {
+  return cmd == kPing || cmd == kStatus || cmd == kStats || cmd == kListRings || cmd == kGetRing ||
+         cmd == kListCtt;
+}
+
+json ping() { return {{"cmd", kPing}}; }
+json status() { return {{"cmd", kStatus}}; }
+json stats() { return {{"cmd", kStats}}; }
+json list_rings() { return {{"cmd", kListRings}}; }
+json get_ring(uint32_t id) { return {{"cmd", kGetRing}, {"id", id}}; }
+json install_ring(const engine::RingSpec& spec) {
+  return {{"cmd", kInstallRing}, {"ring", ring_to_json(spec)}};
+}
+json remove_ring(uint32_t id) { return {{"cmd", kRemoveRing}, {"id", id}}; }
+json set_mode(std::string_view mode) { return {{"cmd", kSetMode}, {"mode", std::string(mode)}}; }
+json shutdown() { return {{"cmd", kShutdown}}; }
+
+}  // namespace dpcmd
+
+StatusCode status_code_from_string(std::string_view name) noexcept {
   for (StatusCode c :
        {StatusCode::ok, StatusCode::invalid_argument, StatusCode::not_found,
         StatusCode::already_exists, StatusCode::conflict, StatusCode::resource_exhausted,
@@ -101,15 +125,25 @@ Status DataplaneClient::call(const json& request, json& reply) {
   // request certainly did not reach the data plane, or when it changes
   // nothing (reads), whatever happened to it.
   if (!s && s.code() == StatusCode::unavailable && reused && fd_ < 0 &&
-      (!delivered || is_read_only(request)))
+      (!delivered || (request.contains("cmd") && request["cmd"].is_string() &&
+                      dpcmd::is_read_only(request["cmd"].get_ref<const std::string&>()))))
     s = attempt_locked(request, reply, deadline, delivered);
   return s;
 }
 
-bool DataplaneClient::is_read_only(const json& request) {
-  const std::string cmd = request.value("cmd", std::string());
-  return cmd == "ping" || cmd == "status" || cmd == "stats" || cmd == "list_rings" ||
-         cmd == "get_ring";
+Status DataplaneClient::wait_until_connected(std::chrono::milliseconds wait) {
+  const auto until = Clock::now() + wait;
+  for (;;) {
+    {
+      std::unique_lock lock(mu_, std::defer_lock);
+      if (!lock.try_lock_until(until))
+        return {StatusCode::unavailable, "", "data plane at " + path_ + ": busy"};
+      if (fd_ >= 0) return {};
+      const Status s = connect_locked(std::min(until, Clock::now() + timeout_));
+      if (s || Clock::now() >= until) return s;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 Status DataplaneClient::attempt_locked(const json& request, json& reply, Clock::time_point deadline,
@@ -166,4 +200,4 @@ Status DataplaneClient::attempt_locked(const json& request, json& reply, Clock::
   }
 }
 
-}  // namespace netreduce::control
+}  // namespace netreduce
