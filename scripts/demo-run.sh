@@ -119,7 +119,8 @@ wait_for "netreduced's link to the data plane" 15 "${pids[-1]}" \
 
 gen_args=(--mode ports --ring-id $ring --ranks $ranks --payloads $payload --dtypes fp32
   --msg-len $msg_len --window $window --seconds "$seconds" --latency-rounds 200 --quiet
-  --box-socket "$work/box.sock" --tx-port net_memif0 --rx-port net_memif1)
+  --box-socket "$work/box.sock" --tx-port net_memif0 --rx-port net_memif1
+  --pause-box-at-exit)  # the box must not poll memif while the generator detaches
 gen_eal=(-l 0 --no-huge -m 512 --no-pci --log-level lib.eal:warning
   --vdev "net_memif0,role=client,id=0,socket=$work/a.sock"
   --vdev "net_memif1,role=client,id=0,socket=$work/b.sock")

@@ -95,6 +95,7 @@ constexpr uint16_t kDataRoom = RTE_PKTMBUF_HEADROOM + 4352;
 
 struct Options {
   std::string mode = "inproc";
+  bool pause_box_at_exit = false;  // ports: resume the box's polling at start, pause it at exit
   std::vector<unsigned> ranks{2, 4, 8, 16};
   std::vector<unsigned> payloads{1024, 4096};
   std::vector<std::string> dtypes{"fp32", "bf16"};
@@ -545,6 +546,23 @@ json idle_phase(const Options& o, const Ports& ports, Box& box) {
 // The whole sweep; returns the report.
 json sweep(const Options& o, const Ports& ports) {
   Box box(o.box_socket);
+  // --pause-box-at-exit: the box polls its ports while this process runs and
+  // is paused (no worker inside a PMD call) before this process disconnects
+  // its memif ports, which can crash a box polling during the disconnect
+  // (dataplane.h, polling()).
+  struct PauseAtExit {
+    Box* box;
+    ~PauseAtExit() {
+      if (!box) return;
+      try {
+        box->call(netreduce::dpcmd::set_polling(false));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "netreduce-loopback: could not pause the box's polling: %s\n",
+                     e.what());
+      }
+    }
+  } pause_at_exit{o.pause_box_at_exit ? &box : nullptr};
+  if (o.pause_box_at_exit) box.call(netreduce::dpcmd::set_polling(true));
   json points = json::array();
   uint64_t next = 0;
   for (unsigned P : o.ranks)
@@ -748,6 +766,10 @@ int main(int argc, char** argv) {
   Options o;
   app.add_option("--mode", o.mode, "inproc (box in this process, net_ring ports) or ports")
       ->check(CLI::IsMember({"inproc", "ports"}));
+  app.add_flag("--pause-box-at-exit", o.pause_box_at_exit,
+               "ports: resume the box's port polling at start and pause it (set_polling) before "
+               "this process detaches its ports (memif: a box polling while its peer disconnects "
+               "can crash inside the PMD)");
   app.add_option("--ranks", o.ranks, "workers per ring (2..16), e.g. --ranks 2,4,8,16")
       ->delimiter(',');
   app.add_option("--payloads", o.payloads, "RoCE payload bytes per packet (256..4096)")

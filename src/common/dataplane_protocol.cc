@@ -56,6 +56,7 @@ json install_ring(const engine::RingSpec& spec) {
 }
 json remove_ring(uint32_t id) { return {{"cmd", kRemoveRing}, {"id", id}}; }
 json set_mode(std::string_view mode) { return {{"cmd", kSetMode}, {"mode", std::string(mode)}}; }
+json set_polling(bool enabled) { return {{"cmd", kSetPolling}, {"enabled", enabled}}; }
 json shutdown() { return {{"cmd", kShutdown}}; }
 
 }  // namespace dpcmd

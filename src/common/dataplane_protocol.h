@@ -48,6 +48,7 @@ inline constexpr char kRemoveRing[] = "remove_ring";
 inline constexpr char kListRings[] = "list_rings";
 inline constexpr char kGetRing[] = "get_ring";
 inline constexpr char kSetMode[] = "set_mode";
+inline constexpr char kSetPolling[] = "set_polling";
 inline constexpr char kShutdown[] = "shutdown";
 // Reserved for multi-rack connection translation: answered "unimplemented".
 inline constexpr char kInstallCtt[] = "install_ctt";
@@ -66,6 +67,7 @@ nlohmann::json get_ring(uint32_t id);
 nlohmann::json install_ring(const engine::RingSpec& spec);
 nlohmann::json remove_ring(uint32_t id);
 nlohmann::json set_mode(std::string_view mode);  // "aggregate" | "forward"
+nlohmann::json set_polling(bool enabled);
 nlohmann::json shutdown();
 }  // namespace dpcmd
 

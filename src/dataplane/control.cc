@@ -23,6 +23,12 @@
 //                                                     aggregate | forward (the benchmark baseline;
 //                                                     refused while rings are installed or
 //                                                     retiring)
+//   {"cmd": "set_polling", "enabled": false}         -> {"ok": true, "polling": ..., "previous":
+//   ...}
+//                                                     pauses (or resumes) every worker's port
+//                                                     polling; when it answers, no worker is
+//                                                     inside a PMD call (detach a memif peer
+//                                                     only while paused: dataplane.h)
 //   {"cmd": "shutdown"}
 // Errors: {"ok": false, "error": {"code": "...", "field": "...", "message": "..."}}.
 // Requests that run a command on workers (stats, list_rings, get_ring,
@@ -346,6 +352,7 @@ json Dataplane::answer(const std::string& line) {
       return json{{"ok", true},
                   {"instance", instance_id()},
                   {"mode", mode() == Mode::aggregate ? "aggregate" : "forward"},
+                  {"polling", polling()},
                   {"ports", {port_json(*this, 0), port_json(*this, 1)}},
                   {"workers", ws},
                   {"main_lcore", rte_get_main_lcore()},
@@ -368,6 +375,15 @@ json Dataplane::answer(const std::string& line) {
         return error_json(s);
       spdlog::info("mode {} (was {})", m, previous);
       return json{{"ok", true}, {"mode", m}, {"previous", previous}};
+    }
+    if (cmd == dpcmd::kSetPolling) {
+      const auto it = req.find("enabled");
+      if (it == req.end() || !it->is_boolean())
+        return error_json(Status::invalid("enabled", "must be true or false"));
+      const bool previous = polling();
+      set_polling(it->get<bool>());
+      if (previous != polling()) spdlog::info("port polling {}", polling() ? "resumed" : "paused");
+      return json{{"ok", true}, {"polling", polling()}, {"previous", previous}};
     }
     if (cmd == dpcmd::kInstallCtt || cmd == dpcmd::kRemoveCtt || cmd == dpcmd::kListCtt)
       return error_json({StatusCode::unimplemented, "cmd",

@@ -279,7 +279,10 @@ void Dataplane::worker_loop(Worker& w) {
     const bool agg = mode() == Mode::aggregate;
     unsigned moved = 0;
     bool drained = w.rxq.empty();  // some RX poll came back short: flush now (dataplane.h)
+    // Paused (set_polling): no RX, TX or inbox work at all, only commands.
+    const bool poll = polling();
     for (const auto& [slot, q] : w.rxq) {
+      if (!poll) break;
       const uint16_t n = rte_eth_rx_burst(port_ids_[slot], q, pkts, cfg_.burst);
       if (n < cfg_.burst) drained = true;
       if (!n) continue;
@@ -300,13 +303,15 @@ void Dataplane::worker_loop(Worker& w) {
       const unsigned k = dispatch(*this, w, frames, classify(*this, w, pkts, n, frames));
       aggregate(*this, w, frames, k, t0);
     }
-    const unsigned n =
-        rte_ring_dequeue_burst(w.inbox, reinterpret_cast<void**>(pkts), cfg_.burst, nullptr);
-    if (n) {
-      moved += n;
-      aggregate(*this, w, frames, classify(*this, w, pkts, n, frames), t0);
+    if (poll) {
+      const unsigned n =
+          rte_ring_dequeue_burst(w.inbox, reinterpret_cast<void**>(pkts), cfg_.burst, nullptr);
+      if (n) {
+        moved += n;
+        aggregate(*this, w, frames, classify(*this, w, pkts, n, frames), t0);
+      }
+      moved += flush(*this, w, drained, t0);  // TX handoff packets are work too (idle rule)
     }
-    moved += flush(*this, w, drained, t0);  // TX handoff packets are work too (idle rule)
     void* c;
     if (!w.ignore_commands && rte_ring_dequeue(w.commands, &c) == 0) {
       ++moved;  // a control command is work too: the next one is not paced by the idle sleep
@@ -325,8 +330,9 @@ void Dataplane::worker_loop(Worker& w) {
     w.stats.total_cycles += t2 - t0;
     t0 = t2;
   }
-  // Stopping: flush what is queued, release everything the engine holds.
-  flush(*this, w, true, rte_rdtsc());
+  // Stopping: flush what is queued (not while paused: the port's peer may be
+  // gone), release everything the engine holds.
+  if (polling()) flush(*this, w, true, rte_rdtsc());
   for (uint32_t id : w.engine->ring_ids()) {
     std::vector<engine::Pkt> rel;
     (void)w.engine->remove_ring(id, rte_rdtsc(), rel);

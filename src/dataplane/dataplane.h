@@ -198,6 +198,17 @@ class Dataplane {
   Mode mode() const { return mode_.load(std::memory_order_acquire); }
   Status set_mode(Mode m);
   bool quitting() const { return quit_.load(std::memory_order_relaxed); }
+  // Port polling (`set_polling`). While paused, workers make no RX or TX
+  // call on any port and leave their inboxes alone; they still run control
+  // commands. set_polling(false) stores the flag and waits for every worker
+  // to finish the iteration it is in (RCU synchronize), so when it returns no
+  // worker is inside a PMD burst call. That is what makes it safe to detach
+  // a port's peer: DPDK's memif PMD unmaps the peer's rings from its
+  // interrupt thread on disconnect, with no synchronisation with a worker
+  // inside rx_burst. Writer: the control thread; readers: workers, once per
+  // loop iteration (acquire).
+  bool polling() const { return polling_.load(std::memory_order_acquire); }
+  void set_polling(bool on);
 
   // Control operations (control thread only). JSON in/out, see control.cc.
   Status install_ring(const engine::RingSpec& spec);
@@ -249,6 +260,7 @@ class Dataplane {
   rte_rcu_qsbr* qsbr_ = nullptr;
   std::atomic<bool> quit_{false};
   std::atomic<Mode> mode_{Mode::aggregate};
+  std::atomic<bool> polling_{true};  // see polling()
   bool started_ = false;
   std::mutex on_worker_mu_;  // one control caller at a time (control thread, telemetry)
   long control_gid_ = -1;    // control.group resolved by setup(); -1: none

@@ -138,6 +138,13 @@ Status Dataplane::set_mode(Mode m) {
   return {};
 }
 
+void Dataplane::set_polling(bool on) {
+  polling_.store(on, std::memory_order_release);
+  // Every worker finishes the iteration it is in: none is inside a PMD call
+  // made before the store once this returns.
+  if (started_) rte_rcu_qsbr_synchronize(qsbr_, RTE_QSBR_THRID_INVALID);
+}
+
 Status Dataplane::install_ring(const engine::RingSpec& spec) {
   if (Status s = engine::validate(spec); !s) return s;
   if (mode() != Mode::aggregate)

@@ -924,6 +924,44 @@ def crash_report_scenario(tmp, in_pcap, rng):
     print("crash_report: %s; %d frames, e.g. %s" % (lines[0], len(lines) - 1, frames_shown[-1].strip()))
 
 
+def polling_scenario(tmp, in_pcap):
+    """set_polling: while paused no worker polls or transmits (the port
+    counters stand still under a looping input), status says so, commands
+    still run; resumed, traffic flows again; a bad request names its field."""
+    wrpcap(in_pcap, other_traffic(1))
+    proc, sock, _ = start_dataplane(tmp, in_pcap, [], 1, loop=True)
+    try:
+        ctl = Control(sock)
+
+        def rx():
+            return sum(w["rx_packets"][0] for w in ctl(cmd="stats")["workers"])
+        deadline = time.time() + 30
+        while rx() == 0:
+            assert time.time() < deadline, "no traffic from the looping input"
+            time.sleep(0.05)
+        r = ctl(cmd="set_polling", enabled=False)
+        assert r["ok"] and r["polling"] is False and r["previous"] is True, r
+        assert ctl(cmd="status")["polling"] is False
+        a = rx()
+        time.sleep(0.5)
+        b = rx()
+        assert a == b, "paused, the box still received %d packets" % (b - a)
+        r = ctl(cmd="set_polling", enabled=True)
+        assert r["ok"] and r["polling"] is True and r["previous"] is False, r
+        time.sleep(0.3)
+        c = rx()
+        assert c > b, "resumed, the box received nothing"
+        bad = ctl(cmd="set_polling", enabled="no")
+        assert not bad["ok"] and bad["error"]["field"] == "enabled", bad
+        assert ctl(cmd="set_polling", enabled=False)["ok"]  # and it stops cleanly while paused
+        stop_by(proc, ctl)
+    except Exception:
+        if proc.poll() is None:
+            proc.kill()
+        raise
+    print("polling: paused for 0.5 s: %d packets received (were moving before); resumed: %d more" % (b - a, c - b))
+
+
 def main():
     scenario = sys.argv[2]
     rng = np.random.default_rng(7)
@@ -1067,6 +1105,8 @@ def main():
                 print("  e.g. " + m)
         elif scenario == "idle":
             idle_scenario(tmp, in_pcap, rng)
+        elif scenario == "polling":
+            polling_scenario(tmp, in_pcap)
         elif scenario == "crash_report":
             crash_report_scenario(tmp, in_pcap, rng)
         elif scenario == "modes":
