@@ -115,6 +115,16 @@ engine::RingSpec spec(unsigned ranks, uint16_t pmtu) {
   return s;
 }
 
+// The engine's prefetch switches (EngineConfig) by number: 0 none, 1 tables
+// only, 2 tables and frames (the default), 3 frames only.
+void set_prefetch(engine::EngineConfig& cfg, int64_t v) {
+  cfg.prefetch_tables = v == 1 || v == 2;
+  cfg.prefetch_frames = v == 2 || v == 3;
+}
+const char* prefetch_name(int64_t v) {
+  return v == 0 ? "no prefetch" : v == 1 ? "tables" : v == 2 ? "tables+frames" : "frames";
+}
+
 void BM_Aggregate(benchmark::State& state) {
   const unsigned ranks = static_cast<unsigned>(state.range(0));
   const uint16_t pmtu = static_cast<uint16_t>(state.range(1));
@@ -128,6 +138,8 @@ void BM_Aggregate(benchmark::State& state) {
   cfg.retire_grace = 0;
   if (const char* isa = std::getenv("NETREDUCE_ISA"))
     cfg.isa = static_cast<reduce::Isa>(std::atoi(isa));
+  // NETREDUCE_PREFETCH=0..3: the prefetch switches as in BM_ColdTables (A/B only).
+  if (const char* pf = std::getenv("NETREDUCE_PREFETCH")) set_prefetch(cfg, std::atoi(pf));
   Frames fr = make_frames(ranks, pmtu, dt);
   engine::Sink sink;
   engine::Frame frames[kBurst];
@@ -154,6 +166,100 @@ void BM_Aggregate(benchmark::State& state) {
       static_cast<double>(packets), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   state.SetLabel(std::string(wire::to_string(dt)) +
                  (fix == engine::IcrcFixup::linear ? " linear" : " full"));
+}
+
+// Cold tables: G rings of 16 ranks (disjoint members), 2 messages of 8
+// packets each, 1 KB fp32, fed with the ring innermost (message, packet,
+// rank, ring), so consecutive packets of a burst belong to different rings
+// and each finds its CLT slot, history row, cell, held records and result
+// line where the previous visit to that ring left them, G - 1 packets ago:
+// with 64 rings (about 16 MB of frames and 1 MB of results between two
+// visits) they are cold, as on a box serving many jobs. Run with the
+// engine's prefetches off (0), tables only (1), tables and frames (2, the
+// box's setting) and frames only (3) to decide whether the prefetching pays.
+constexpr unsigned kColdRanks = 16;
+constexpr uint16_t kColdPmtu = 1024;
+constexpr uint32_t kColdMessages = 2;
+
+engine::RingSpec cold_spec(unsigned g) {
+  engine::RingSpec s;
+  s.ring_id = 1 + g;
+  for (unsigned r = 0; r < kColdRanks; ++r) s.members.push_back(0x0A000000u + (g << 8) + 1 + r);
+  s.msg_len = kMsgPackets;
+  s.window = 1;  // 2 message slots
+  s.payload_bytes = kColdPmtu;
+  return s;
+}
+
+Frames make_cold_frames(unsigned rings) {
+  Frames fr;
+  std::mt19937 rng(3);
+  const size_t bytes = wire::message_capacity(kMsgPackets, kColdPmtu);
+  std::vector<uint8_t> data(bytes);
+  for (uint32_t m = 0; m < kColdMessages; ++m)
+    for (uint32_t k = 0; k < kMsgPackets; ++k)
+      for (unsigned r = 0; r < kColdRanks; ++r)
+        for (unsigned g = 0; g < rings; ++g) {
+          for (size_t i = 0; i + 4 <= bytes; i += 4) {
+            const float v = static_cast<float>(rng() % 1000) / 8.0f;
+            std::memcpy(&data[i], &v, 4);
+          }
+          const engine::RingSpec s = cold_spec(g);
+          wire::InaMessage msg;
+          msg.base.src_ip = s.members[r];
+          msg.base.dst_ip = s.members[(r + 1) % kColdRanks];
+          msg.base.dest_qp = 0x100 + r;
+          msg.ina.dtype = static_cast<uint8_t>(wire::Dtype::fp32);
+          msg.ina.op = static_cast<uint8_t>(wire::ReduceOp::sum);
+          msg.ina.ring_id = s.ring_id;
+          msg.ina.rank = static_cast<uint16_t>(r);
+          msg.ina.msg_id = m;
+          msg.psn0 = wire::psn_add(r * 1000, m * kMsgPackets);
+          msg.data = data.data();
+          msg.data_bytes = bytes;
+          msg.pmtu = kColdPmtu;
+          std::vector<uint8_t> f(kColdPmtu + 128);
+          f.resize(wire::build_message_packet(msg, k, f.data(), f.size()));
+          fr.pristine.push_back(std::move(f));
+        }
+  fr.live = fr.pristine;
+  for (auto& f : fr.live) fr.order.push_back({f.data(), static_cast<uint16_t>(f.size()), &f});
+  return fr;
+}
+
+void BM_ColdTables(benchmark::State& state) {
+  const auto rings = static_cast<unsigned>(state.range(0));
+  const auto prefetch = state.range(1);
+  engine::EngineConfig cfg;
+  cfg.retire_grace = 0;
+  cfg.max_rings = std::max(64u, rings);
+  set_prefetch(cfg, prefetch);
+  Frames fr = make_cold_frames(rings);
+  engine::Sink sink;
+  engine::Frame frames[kBurst];
+  engine::Outcome outcomes[kBurst];
+  uint64_t packets = 0, released = 0;
+  engine::Engine e(cfg);
+  std::vector<engine::Pkt> leftover;
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (unsigned g = 0; g < rings; ++g) {
+      (void)e.remove_ring(1 + g, 0, leftover);
+      e.expire_retired(0);
+      if (!e.install_ring(cold_spec(g)).ok()) state.SkipWithError("install");
+    }
+    // Restored in feed order: the first frames fed are the coldest.
+    for (size_t i = 0; i < fr.live.size(); ++i)
+      std::memcpy(fr.live[i].data(), fr.pristine[i].data(), fr.live[i].size());
+    state.ResumeTiming();
+    released += run_bursts(e, fr.order, frames, outcomes, sink);
+    packets += fr.order.size();
+  }
+  if (released != packets) state.SkipWithError("not every packet was released");
+  state.SetItemsProcessed(static_cast<int64_t>(packets));
+  state.counters["ns/pkt"] = benchmark::Counter(
+      static_cast<double>(packets), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.SetLabel(prefetch_name(prefetch));
 }
 
 void BM_ForwardBaseline(benchmark::State& state) {
@@ -346,6 +452,10 @@ BENCHMARK(BM_Floor)->ArgNames({"P", "payload"})->ArgsProduct({{4}, {1024, 4096}}
 BENCHMARK(BM_Crc32)->Arg(1024)->Arg(4096);
 BENCHMARK(BM_ForwardBaseline);
 BENCHMARK(BM_BogusPsn)->ArgName("window")->Arg(8)->Arg(1024);  // S = 16 and S = 2048
+BENCHMARK(BM_ColdTables)
+    ->ArgNames({"rings", "prefetch"})
+    ->ArgsProduct({{4, 64}, {0, 1, 2, 3}})
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Aggregate)
     ->ArgNames({"P", "payload", "bf16", "linear"})
     ->ArgsProduct({{2, 4, 8, 16}, {1024, 4096}, {0, 1}, {0, 1}})

@@ -115,6 +115,9 @@ struct Options {
   size_t max_inflight = 0;     // 0: 4096 in process, 512 over ports
   double idle_seconds = 2;     // inproc: the idle phase (0: none)
   int idle_sleep_max_us = -1;  // inproc: the box's idle_sleep_max_us (-1: its default)
+  std::string reduce_mode = "deterministic";  // inproc: the box's engine.reduce_mode
+  unsigned workers = 1;                       // inproc: box workers
+  bool per_worker = false;                    // inproc: the per-worker phase instead of the sweep
 };
 
 struct Figures {
@@ -132,26 +135,30 @@ struct Figures {
 
 struct Ports {
   uint16_t tx = 0, rx = 0;
+  uint16_t q = 0;  // the queue (of both ports) this generator uses
   rte_mempool* pool = nullptr;
 };
 
 uint64_t g_hz = 0;
 
-std::string port_setup(uint16_t port, rte_mempool* pool) {
+std::string port_setup(uint16_t port, rte_mempool* pool, uint16_t nq = 1) {
   rte_eth_conf conf{};
   rte_eth_dev_info info{};
   if (rte_eth_dev_info_get(port, &info) != 0) return "device info failed";
   conf.rxmode.mtu = std::min<uint32_t>(
       {4200, info.max_mtu, info.max_rx_pktlen > 18 ? info.max_rx_pktlen - 18 : 0});
-  if (int rc = rte_eth_dev_configure(port, 1, 1, &conf); rc != 0)
+  if (int rc = rte_eth_dev_configure(port, nq, nq, &conf); rc != 0)
     return std::string("configure: ") + rte_strerror(-rc);
   uint16_t rxd = 2048, txd = 2048;
   rte_eth_dev_adjust_nb_rx_tx_desc(port, &rxd, &txd);
-  if (int rc = rte_eth_rx_queue_setup(port, 0, rxd, rte_eth_dev_socket_id(port), nullptr, pool);
-      rc != 0)
-    return std::string("rx queue: ") + rte_strerror(-rc);
-  if (int rc = rte_eth_tx_queue_setup(port, 0, txd, rte_eth_dev_socket_id(port), nullptr); rc != 0)
-    return std::string("tx queue: ") + rte_strerror(-rc);
+  for (uint16_t q = 0; q < nq; ++q) {
+    if (int rc = rte_eth_rx_queue_setup(port, q, rxd, rte_eth_dev_socket_id(port), nullptr, pool);
+        rc != 0)
+      return std::string("rx queue: ") + rte_strerror(-rc);
+    if (int rc = rte_eth_tx_queue_setup(port, q, txd, rte_eth_dev_socket_id(port), nullptr);
+        rc != 0)
+      return std::string("tx queue: ") + rte_strerror(-rc);
+  }
   if (int rc = rte_eth_dev_start(port); rc != 0) return std::string("start: ") + rte_strerror(-rc);
   rte_eth_promiscuous_enable(port);
   return "";
@@ -160,7 +167,7 @@ std::string port_setup(uint16_t port, rte_mempool* pool) {
 // The box's worker counters, summed: (busy cycles, packets received, per-worker busy).
 struct BoxSample {
   uint64_t busy = 0, packets = 0, busy_polls = 0;
-  std::vector<uint64_t> busy_w, total_w;
+  std::vector<uint64_t> busy_w, total_w, packets_w;
 };
 BoxSample sample(Box& box) {
   const json s = box.call(netreduce::dpcmd::stats());
@@ -170,7 +177,10 @@ BoxSample sample(Box& box) {
     b.busy_polls += w.value("busy_polls", uint64_t{0});
     b.busy_w.push_back(w.at("busy_cycles").get<uint64_t>());
     b.total_w.push_back(w.at("total_cycles").get<uint64_t>());
-    for (const auto& p : w.at("rx_packets")) b.packets += p.get<uint64_t>();
+    uint64_t rx = 0;
+    for (const auto& p : w.at("rx_packets")) rx += p.get<uint64_t>();
+    b.packets += rx;
+    b.packets_w.push_back(rx);
   }
   return b;
 }
@@ -219,7 +229,7 @@ class Generator {
     while (got < total) {
       if (sent < total && sent - got < max_inflight_)
         sent += rte_eth_tx_burst(
-            p_.tx, 0, out_.data() + sent,
+            p_.tx, p_.q, out_.data() + sent,
             static_cast<uint16_t>(std::min<size_t>(kBurst, (at_half_ ? cut : total) - sent)));
       if (at_half_ && sent == cut && got >= complete) {
         at_half_();
@@ -228,11 +238,11 @@ class Generator {
       }
       if (p_.tx != p_.rx) {  // nothing should come back the way it went: count and free it
         rte_mbuf* back[kBurst];
-        const uint16_t b = rte_eth_rx_burst(p_.tx, 0, back, kBurst);
+        const uint16_t b = rte_eth_rx_burst(p_.tx, p_.q, back, kBurst);
         f_.unknown += b;
         rte_pktmbuf_free_bulk(back, b);
       }
-      const uint16_t n = rte_eth_rx_burst(p_.rx, 0, in_.data() + got, kBurst);
+      const uint16_t n = rte_eth_rx_burst(p_.rx, p_.q, in_.data() + got, kBurst);
       const uint64_t now = rte_rdtsc();
       if (n) {
         if (latencies)
@@ -718,6 +728,178 @@ bool report_ok(const json& report, bool removed_mid_run) {
   return true;
 }
 
+// The per-worker phase (--per-worker; --workers 2 implies it). One ring per
+// box worker (ids ring_id + q: disjoint members, so the box places ring q on
+// worker q), each driven by its own generator thread on queue q of both
+// ports; the box's worker q polls queue q and transmits on its own queue q,
+// so the workers share no port queue, ring or engine (no dispatch: the
+// report's `dispatched` must stay 0). For every (P, payload, dtype) the
+// generators run aggregate rounds for --seconds at the same time. Per box
+// worker: packets received, busy TSC cycles per packet (with two workers on
+// one CPU a burst the kernel preempts also counts the other's time slice)
+// and the kernel's CPU time of its thread per packet (exact under
+// oversubscription; includes its empty polls, few while the generators keep
+// --max-inflight frames out).
+struct PhaseShared {
+  const Options* o = nullptr;
+  unsigned n = 1;  // generator threads = box workers
+  std::vector<Ports> ports;
+  std::atomic<unsigned> arrived{0};
+  std::vector<Figures> figs;
+  std::vector<std::string> errors;
+  json points = json::array();
+  std::atomic<bool> failed{false};
+  // Every thread calls it the same number of times; `gen` is the caller's count.
+  void barrier(unsigned& gen) {
+    ++gen;
+    arrived.fetch_add(1, std::memory_order_acq_rel);
+    while (arrived.load(std::memory_order_acquire) < gen * n)
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+};
+
+void per_worker_thread(PhaseShared& sh, unsigned q) {
+  const Options& o = *sh.o;
+  unsigned gen = 0;
+  std::optional<nb::BoxClient> box;
+  if (q == 0) box.emplace(o.box_socket, std::chrono::seconds(10));
+  std::set<std::string> names;
+  std::vector<unsigned> lcores;
+  if (q == 0) {
+    const json st = box->call({{"cmd", "stats"}});
+    for (const auto& w : st.at("workers")) {
+      lcores.push_back(w.value("lcore", 0u));
+      names.insert("rte-worker-" + std::to_string(lcores.back()));
+    }
+  }
+  for (unsigned P : o.ranks)
+    for (unsigned payload : o.payloads)
+      for (const std::string& dt : o.dtypes) {
+        nb::TrafficSpec s;
+        s.ring_id = o.ring_id + q;
+        s.ranks = P;
+        s.pmtu = static_cast<uint16_t>(payload);
+        s.msg_len = static_cast<uint16_t>(o.msg_len);
+        s.dtype = *wire::parse_dtype(dt);
+        s.window = static_cast<uint16_t>(o.window);
+        s.msg_id0 = 1;
+        const nb::Traffic t(s);
+        sh.barrier(gen);
+        if (q == 0)
+          for (unsigned r = 0; r < sh.n; ++r) {
+            nb::TrafficSpec sr = s;
+            sr.ring_id = o.ring_id + r;
+            box->call({{"cmd", "install_ring"},
+                       {"ring", netreduce::ring_to_json(ring_of(nb::Traffic(sr)))}});
+          }
+        sh.barrier(gen);
+        Figures& f = sh.figs[q];
+        f = Figures{};
+        Generator g(sh.ports[q], t, f, o.max_inflight);
+        const uint64_t per_round =
+            std::max<uint64_t>(1, kRoundPackets / (uint64_t{P} * t.packets_per_message()));
+        uint64_t next = 0;
+        bool ok = !sh.failed.load();
+        {  // warm-up, checked, not timed
+          Figures w;
+          Generator gw(sh.ports[q], t, w, o.max_inflight);
+          ok = ok && gw.round(next, per_round, true, false, nullptr);
+          next += per_round;
+          f.bad += w.bad;
+          f.unknown += w.unknown;
+          f.missing += w.missing;
+          f.duplicate += w.duplicate;
+        }
+        sh.barrier(gen);
+        BoxSample b0;
+        std::map<std::string, uint64_t> cpu0;
+        if (q == 0) {
+          b0 = sample(*box);
+          cpu0 = worker_cpu_ns(names);
+        }
+        sh.barrier(gen);
+        unsigned rounds = 0;
+        while (ok && (rounds < 2 || f.seconds(g_hz) < o.seconds) &&
+               f.bad + f.unknown + f.missing == 0) {
+          ok = g.round(next, per_round, true, true, nullptr);
+          next += per_round;
+          ++rounds;
+        }
+        if (!ok) sh.failed.store(true);
+        sh.barrier(gen);
+        if (q == 0) {
+          const BoxSample b1 = sample(*box);
+          const auto cpu1 = worker_cpu_ns(names);
+          const json st = box->call({{"cmd", "stats"}});
+          json workers = json::array();
+          for (size_t w = 0; w < b1.packets_w.size() && w < b0.packets_w.size(); ++w) {
+            const uint64_t pk = b1.packets_w[w] - b0.packets_w[w];
+            const std::string name = "rte-worker-" + std::to_string(lcores.at(w));
+            const uint64_t cpu =
+                cpu1.count(name) && cpu0.count(name) ? cpu1.at(name) - cpu0.at(name) : 0;
+            const Figures& gf = sh.figs.at(w);
+            workers.push_back(
+                {{"worker", w},
+                 {"packets", pk},
+                 {"busy_ns_per_packet",
+                  pk ? double(b1.busy_w[w] - b0.busy_w[w]) * 1e9 / double(g_hz) / double(pk) : 0.0},
+                 {"cpu_ns_per_packet", pk ? double(cpu) / double(pk) : 0.0},
+                 {"dispatched", st.at("workers").at(w).value("dispatched", uint64_t{0})},
+                 {"generator_mpps",
+                  gf.cycles ? double(gf.packets_in) / gf.seconds(g_hz) / 1e6 : 0.0},
+                 {"verified",
+                  {{"good", gf.good},
+                   {"bad", gf.bad},
+                   {"unknown", gf.unknown},
+                   {"duplicate", gf.duplicate},
+                   {"missing", gf.missing}}}});
+          }
+          sh.points.push_back({{"ranks", P},
+                               {"payload", payload},
+                               {"dtype", dt},
+                               {"crc_ns", crc_ns(payload)},
+                               {"workers", workers}});
+          for (unsigned r = 0; r < sh.n; ++r) {
+            box->call({{"cmd", "remove_ring"}, {"id", o.ring_id + r}});
+            wait_retired(*box, o.ring_id + r);
+          }
+          if (!o.quiet)
+            std::fprintf(stderr, "per-worker: P=%u payload=%u %s done\n", P, payload, dt.c_str());
+        }
+        sh.barrier(gen);
+      }
+}
+
+void print_per_worker(const json& points, unsigned n) {
+  std::printf("\nper-worker phase, %u box worker(s), one ring each, aggregate\n", n);
+  std::printf("%-3s %-7s %-5s | %-6s %10s %9s %9s %6s %10s | %s\n", "P", "payload", "dtype",
+              "worker", "packets", "busy ns", "cpu ns", "xCRC", "dispatched", "verified");
+  for (const auto& p : points)
+    for (const auto& w : p["workers"]) {
+      const json& v = w["verified"];
+      const bool ok = v["bad"] == 0 && v["unknown"] == 0 && v["duplicate"] == 0 &&
+                      v["missing"] == 0 && v["good"] != 0;
+      std::printf("%-3u %-7u %-5s | %-6u %10llu %9.1f %9.1f %6.1f %10llu | %s\n",
+                  p["ranks"].get<unsigned>(), p["payload"].get<unsigned>(),
+                  p["dtype"].get<std::string>().c_str(), w["worker"].get<unsigned>(),
+                  (unsigned long long)w["packets"].get<uint64_t>(),
+                  w["busy_ns_per_packet"].get<double>(), w["cpu_ns_per_packet"].get<double>(),
+                  w["cpu_ns_per_packet"].get<double>() / p["crc_ns"].get<double>(),
+                  (unsigned long long)w["dispatched"].get<uint64_t>(), ok ? "ok" : "ERRORS");
+    }
+}
+
+bool per_worker_ok(const json& points) {
+  for (const auto& p : points)
+    for (const auto& w : p["workers"]) {
+      const json& v = w["verified"];
+      if (v["bad"] != 0 || v["unknown"] != 0 || v["duplicate"] != 0 || v["missing"] != 0 ||
+          v["good"] == 0 || w["dispatched"] != 0)
+        return false;
+    }
+  return true;
+}
+
 struct InprocArgs {
   const Options* o;
   Ports ports;
@@ -725,10 +907,27 @@ struct InprocArgs {
   json idle;
   std::string error;
   netreduce::dataplane::Dataplane* dp;
+  PhaseShared* phase = nullptr;
+  unsigned q = 0;
 };
 
 int generator_lcore(void* arg) {
   auto* a = static_cast<InprocArgs*>(arg);
+  if (a->phase) {
+    try {
+      per_worker_thread(*a->phase, a->q);
+    } catch (const std::exception& e) {
+      a->error = e.what();
+      a->phase->failed.store(true);
+      // Other threads may wait in a barrier for this one: a failed phase
+      // exits the process after reporting.
+      std::fprintf(stderr, "netreduce-loopback: per-worker phase: %s\n", e.what());
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+    if (a->q == 0) a->dp->stop();
+    return 0;
+  }
   try {
     a->points = sweep(*a->o, a->ports);
     if (a->o->idle_seconds > 0 && !a->o->forward_only && !a->o->remove_mid_run) {
@@ -743,14 +942,19 @@ int generator_lcore(void* arg) {
 }
 
 // Creates a net_ring port pair: `a` receives what `b` sends and vice versa.
-std::string ring_pair(const std::string& a, const std::string& b, uint16_t& pa, uint16_t& pb) {
-  rte_ring* ab = rte_ring_create((a + "_to_" + b).c_str(), 16384, rte_socket_id(),
-                                 RING_F_SP_ENQ | RING_F_SC_DEQ);
-  rte_ring* ba = rte_ring_create((b + "_to_" + a).c_str(), 16384, rte_socket_id(),
-                                 RING_F_SP_ENQ | RING_F_SC_DEQ);
-  if (!ab || !ba) return "cannot create rings: " + std::string(rte_strerror(rte_errno));
-  const int ia = rte_eth_from_rings(a.c_str(), &ba, 1, &ab, 1, rte_socket_id());
-  const int ib = rte_eth_from_rings(b.c_str(), &ab, 1, &ba, 1, rte_socket_id());
+std::string ring_pair(const std::string& a, const std::string& b, uint16_t& pa, uint16_t& pb,
+                      unsigned nq = 1) {
+  std::vector<rte_ring*> ab(nq), ba(nq);
+  for (unsigned q = 0; q < nq; ++q) {
+    const std::string sfx = nq > 1 ? "_" + std::to_string(q) : "";
+    ab[q] = rte_ring_create((a + "_to_" + b + sfx).c_str(), 16384, rte_socket_id(),
+                            RING_F_SP_ENQ | RING_F_SC_DEQ);
+    ba[q] = rte_ring_create((b + "_to_" + a + sfx).c_str(), 16384, rte_socket_id(),
+                            RING_F_SP_ENQ | RING_F_SC_DEQ);
+    if (!ab[q] || !ba[q]) return "cannot create rings: " + std::string(rte_strerror(rte_errno));
+  }
+  const int ia = rte_eth_from_rings(a.c_str(), ba.data(), nq, ab.data(), nq, rte_socket_id());
+  const int ib = rte_eth_from_rings(b.c_str(), ab.data(), nq, ba.data(), nq, rte_socket_id());
   if (ia < 0 || ib < 0) return "cannot create ring ports: " + std::string(rte_strerror(rte_errno));
   pa = static_cast<uint16_t>(ia);
   pb = static_cast<uint16_t>(ib);
@@ -801,6 +1005,16 @@ int main(int argc, char** argv) {
   app.add_option("--idle-sleep-max-us", o.idle_sleep_max_us,
                  "inproc: the box's idle_sleep_max_us (default: the data plane's default)")
       ->check(CLI::Range(0, 100000));
+  app.add_option("--reduce-mode", o.reduce_mode,
+                 "inproc: the box's engine.reduce_mode (deterministic or accumulate)")
+      ->check(CLI::IsMember({"deterministic", "accumulate"}));
+  app.add_option("--workers", o.workers,
+                 "inproc: box workers (1 or 2; 2 runs the per-worker phase: one ring and one "
+                 "generator thread per worker, on lcores sharing the 2 CPUs)")
+      ->check(CLI::Range(1, 2));
+  app.add_flag("--per-worker", o.per_worker,
+               "inproc: the per-worker phase instead of the sweep (aggregate only; per box "
+               "worker: busy and CPU ns per packet), e.g. with --workers 1 as the baseline");
   app.add_option("--max-inflight", o.max_inflight,
                  "frames sent and not yet back (default 4096 in process, 512 over ports; must "
                  "exceed ranks x msg-len)");
@@ -818,6 +1032,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> extra = app.remaining();
   if (!extra.empty() && extra.front() == "--") extra.erase(extra.begin());
   const bool inproc = o.mode == "inproc";
+  if (o.workers > 1) o.per_worker = true;
+  if (o.per_worker && (!inproc || o.remove_mid_run || o.forward_only)) {
+    std::fprintf(stderr,
+                 "netreduce-loopback: --per-worker / --workers 2 is for inproc mode, without "
+                 "--remove-mid-run and --forward-only\n");
+    return 2;
+  }
   if (o.max_inflight == 0) o.max_inflight = inproc ? 4096 : 512;
   for (unsigned P : o.ranks)
     if (o.max_inflight <= size_t{P} * o.msg_len) {
@@ -856,7 +1077,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> eal = {"netreduce-loopback"};
   if (inproc) {
     o.box_socket = "/tmp/" + prefix + ".sock";
-    for (const char* a : {"--no-huge", "-m", "1536", "--lcores", "0@0,1@1,2@0", "--no-pci",
+    // lcore 0: the box's control loop, 1 (and 3): box workers, 2 (and 4):
+    // generators; CPU 0 takes the control loop and the generators.
+    for (const char* a : {"--no-huge", "-m", "1536", "--lcores",
+                          o.workers > 1 ? "0@0,1@1,2@0,3@1,4@0" : "0@0,1@1,2@0", "--no-pci",
                           "--log-level", "lib.eal:warning"})
       eal.push_back(a);
     eal.push_back("--file-prefix");
@@ -884,36 +1108,54 @@ int main(int argc, char** argv) {
                    {"online_cpus", std::thread::hardware_concurrency()},
                    {"tsc_hz", g_hz}}},
                  {"msg_len", o.msg_len},
-                 {"window", o.window}};
+                 {"window", o.window},
+                 {"reduce_mode", o.reduce_mode}};
   std::string error;
   int rc = 0;
   if (inproc) {
     uint16_t box_a, box_b;
-    std::string e = ring_pair("nrlb_gen_a", "nrlb_box_a", ports.tx, box_a);
-    if (e.empty()) e = ring_pair("nrlb_gen_b", "nrlb_box_b", ports.rx, box_b);
-    if (e.empty()) e = port_setup(ports.tx, ports.pool);
-    if (e.empty()) e = port_setup(ports.rx, ports.pool);
+    const auto nq = static_cast<uint16_t>(o.workers);
+    std::string e = ring_pair("nrlb_gen_a", "nrlb_box_a", ports.tx, box_a, nq);
+    if (e.empty()) e = ring_pair("nrlb_gen_b", "nrlb_box_b", ports.rx, box_b, nq);
+    if (e.empty()) e = port_setup(ports.tx, ports.pool, nq);
+    if (e.empty()) e = port_setup(ports.rx, ports.pool, nq);
     if (!e.empty()) {
       std::fprintf(stderr, "netreduce-loopback: %s\n", e.c_str());
       return 1;
     }
     netreduce::dataplane::DataplaneConfig cfg;
     cfg.ports = {{"net_ring_nrlb_box_a"}, {"net_ring_nrlb_box_b"}};  // the ring PMD prefixes names
-    cfg.workers = {1};
+    cfg.workers = o.workers > 1 ? std::vector<unsigned>{1, 3} : std::vector<unsigned>{1};
     cfg.mbufs = 8192;
     cfg.engine_memory = 512ull << 20;
     cfg.control_socket = o.box_socket;
     cfg.retire_grace_ms = 100;  // a removed ring is gone before the next point
     if (o.idle_sleep_max_us >= 0)
       cfg.idle_sleep_max_us = static_cast<uint32_t>(o.idle_sleep_max_us);
+    cfg.reduce_mode = o.reduce_mode == "accumulate" ? netreduce::engine::ReduceMode::accumulate
+                                                    : netreduce::engine::ReduceMode::deterministic;
     netreduce::dataplane::Dataplane dp(cfg);
     if (netreduce::Status s = dp.setup(); !s) {
       std::fprintf(stderr, "netreduce-loopback: box: %s\n", s.to_string().c_str());
       return 1;
     }
     InprocArgs args{&o, ports, {}, {}, {}, &dp};
-    if (rte_eal_remote_launch(generator_lcore, &args, 2) != 0) {
-      std::fprintf(stderr, "netreduce-loopback: cannot start the generator on lcore 2\n");
+    PhaseShared phase;
+    InprocArgs args1{&o, ports, {}, {}, {}, &dp};
+    if (o.per_worker) {
+      phase.o = &o;
+      phase.n = o.workers;
+      for (unsigned q = 0; q < o.workers; ++q) {
+        phase.ports.push_back(ports);
+        phase.ports.back().q = static_cast<uint16_t>(q);
+      }
+      phase.figs.resize(o.workers);
+      args.phase = args1.phase = &phase;
+      args1.q = 1;
+    }
+    if (rte_eal_remote_launch(generator_lcore, &args, 2) != 0 ||
+        (o.workers > 1 && rte_eal_remote_launch(generator_lcore, &args1, 4) != 0)) {
+      std::fprintf(stderr, "netreduce-loopback: cannot start the generator(s) on lcore 2 (4)\n");
       return 1;
     }
     // Returns when the generator stops it (or at once, if the box cannot
@@ -923,7 +1165,13 @@ int main(int argc, char** argv) {
       dp.stop();
     }
     rte_eal_wait_lcore(2);
-    report["points"] = args.points;
+    if (o.workers > 1) rte_eal_wait_lcore(4);
+    if (o.per_worker) {
+      report["per_worker"] = {{"workers", o.workers}, {"points", phase.points}};
+      report["points"] = json::array();
+    } else {
+      report["points"] = args.points;
+    }
     if (!args.idle.is_null()) report["idle"] = args.idle;
     error = args.error;
   } else {
@@ -952,7 +1200,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "netreduce-loopback: %s\n", error.c_str());
     rc = 1;
   } else {
-    print_table(report);
+    if (report.contains("per_worker"))
+      print_per_worker(report["per_worker"]["points"], o.workers);
+    else
+      print_table(report);
     if (o.remove_mid_run)
       for (const auto& p : report["points"]) {
         const json& v = p["aggregate"]["verified"];
@@ -984,7 +1235,8 @@ int main(int argc, char** argv) {
               ? "verified"
               : "ERRORS");
     }
-    if (!report_ok(report, o.remove_mid_run)) {
+    if (!report_ok(report, o.remove_mid_run) ||
+        (report.contains("per_worker") && !per_worker_ok(report["per_worker"]["points"]))) {
       std::fprintf(stderr, "netreduce-loopback: some released frames were wrong or missing\n");
       rc = 1;
     }

@@ -22,6 +22,13 @@
 
 #include "common/ring_json.h"
 
+// Rings between workers (inbox, TX handoff): the producer and consumer
+// head/tail pairs sit on separate cache lines, so the consumer (the owner)
+// and the producers (other workers) never write one line.
+static_assert(offsetof(rte_ring, cons) >= offsetof(rte_ring, prod) + RTE_CACHE_LINE_SIZE);
+static_assert(offsetof(rte_ring, prod) % RTE_CACHE_LINE_SIZE == 0 &&
+              offsetof(rte_ring, cons) % RTE_CACHE_LINE_SIZE == 0);
+
 namespace netreduce::dataplane {
 
 namespace {
@@ -195,8 +202,8 @@ Status Dataplane::setup() {
       if (i < nrxq[s]) w->rxq.emplace_back(s, i);
       if (i < ntxq[s]) {
         w->txq[s] = static_cast<int>(i);
-        w->txbuf[s] = static_cast<rte_eth_dev_tx_buffer*>(
-            rte_zmalloc_socket("nr_txbuf", RTE_ETH_TX_BUFFER_SIZE(kMaxBurst), 0, rte_socket_id()));
+        w->txbuf[s] = static_cast<rte_eth_dev_tx_buffer*>(rte_zmalloc_socket(
+            "nr_txbuf", RTE_ETH_TX_BUFFER_SIZE(kMaxBurst), RTE_CACHE_LINE_SIZE, rte_socket_id()));
         if (!w->txbuf[s])
           return {StatusCode::resource_exhausted, "memory", "cannot allocate TX buffers"};
         rte_eth_tx_buffer_init(w->txbuf[s], cfg_.burst);

@@ -78,6 +78,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -169,6 +170,14 @@ struct alignas(64) Worker {
   // ring; from then on control callers run commands themselves.
   std::atomic<bool> stopped{false};
 };
+
+// The hot-path layout (no line written by two workers): a Worker is
+// allocated alone on line boundaries (rte_zmalloc, RTE_CACHE_LINE_SIZE) and
+// is written only by its own worker thread, except `stopped` (set once at
+// exit); its WorkerStats start a line of their own.
+static_assert(alignof(Worker) == 64 && sizeof(Worker) % 64 == 0);
+static_assert(alignof(WorkerStats) == 64 && sizeof(WorkerStats) % 64 == 0);
+static_assert(offsetof(Worker, stats) % 64 == 0);
 
 class Dataplane {
  public:

@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/line_vector.h"
+
 namespace netreduce::engine::detail {
 
 struct ConnKey {
@@ -101,7 +103,7 @@ class OpenTable {
 
  private:
   size_t mask() const noexcept { return slots_.size() - 1; }
-  std::vector<Slot> slots_;
+  LineVector<Slot> slots_;
   size_t size_ = 0;
 };
 

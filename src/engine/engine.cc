@@ -22,6 +22,9 @@
 // Prefetches are hints computed from the tables as they are: processing
 // packet i may change them, which costs a wasted prefetch, never a wrong
 // lookup.
+// EngineConfig::prefetch_tables / prefetch_frames switch the two kinds; the
+// table prefetch is off by default (it did not pay in engine-bench's
+// BM_ColdTables, warm or cold: bench/README.md, issue #13).
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -77,7 +80,9 @@ bool verify(const uint8_t* f, const ParsedFrame& p, uint16_t data_off, uint32_t&
 
 }  // namespace
 
-struct Engine::Impl {
+// Line-aligned (and so a whole number of lines): the counters and table
+// headers written per packet share no line with another worker's engine.
+struct alignas(64) Engine::Impl {
   using BurstFn = unsigned (Impl::*)(const Frame*, unsigned, uint64_t, Outcome*, Sink&) noexcept;
   using OneFn = Outcome (Impl::*)(const Frame&, uint64_t, Sink&) noexcept;
 
@@ -184,14 +189,19 @@ void Engine::Impl::prefetch_cell(const Frame& f) noexcept {
 template <ReduceMode M, IcrcFixup F>
 unsigned Engine::Impl::run(const Frame* frames, unsigned n, uint64_t now, Outcome* outcomes,
                            Sink& out) noexcept {
-  for (unsigned j = 0; j < std::min(n, kAhead); ++j) prefetch_conn(frames[j]);
-  for (unsigned j = 0; j < std::min(n, kFrameAhead); ++j) prefetch_frame(frames[j]);
+  // Prefetch windows: 0 when the configuration turns a prefetch off, so the
+  // loop keeps one shape (a compare per packet, no branch on the mode).
+  const unsigned ahead = cfg.prefetch_tables ? kAhead : 0;
+  const unsigned frame_ahead = cfg.prefetch_frames ? kFrameAhead : 0;
+  const unsigned cell_ahead = cfg.prefetch_tables ? 1 : 0;
+  for (unsigned j = 0; j < std::min(n, ahead); ++j) prefetch_conn(frames[j]);
+  for (unsigned j = 0; j < std::min(n, frame_ahead); ++j) prefetch_frame(frames[j]);
   unsigned i = 0;
   for (; i < n; ++i) {
     if (Sink::kCapacity - out.ntx < kMaxRanks || Sink::kCapacity - out.ndrop < kMaxRanks) break;
-    if (i + kAhead < n) prefetch_conn(frames[i + kAhead]);
-    if (i + kFrameAhead < n) prefetch_frame(frames[i + kFrameAhead]);
-    if (i + 1 < n) prefetch_cell(frames[i + 1]);
+    if (ahead && i + ahead < n) prefetch_conn(frames[i + ahead]);
+    if (frame_ahead && i + frame_ahead < n) prefetch_frame(frames[i + frame_ahead]);
+    if (cell_ahead && i + 1 < n) prefetch_cell(frames[i + 1]);
     const uint16_t before = out.ntx;
     outcomes[i] = one<M, F>(frames[i], now, out);
     outcomes[i].released = static_cast<uint8_t>(out.ntx - before);

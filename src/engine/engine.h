@@ -8,8 +8,9 @@
 // across the pimpl per burst. The packet path behind it is a template on
 // ReduceMode and IcrcFixup, instantiated four times and chosen once at
 // construction, so no per-packet branch on configuration remains but ICRC
-// verification on/off. While packet i is processed, the CLT slot of packet
-// i + 4 and the history entry and cell of packet i + 1 are prefetched.
+// verification on/off. While packet i is processed, the frame bytes of
+// packet i + 2 are prefetched (and, if EngineConfig::prefetch_tables, the
+// CLT slot of packet i + 4 and the history entry and cell of packet i + 1).
 // process() (one packet, parsed here) runs the same template. The pieces
 // live in their own files: clt.h and pass_table.h (tables), history (message
 // lookup), cells (cell records and the five cases), icrc_fixup (released
@@ -180,6 +181,15 @@ struct EngineConfig {
   // retired for one grace period (the data plane sets start + retire_grace).
   // 0: no such period (tests, the in-process loopback).
   uint64_t claim_all_until = 0;
+  // The burst loop's software prefetches (engine.cc top): the CLT home slot,
+  // history entry, cell, held records and result of later packets
+  // (`prefetch_tables`), and the frame bytes two packets ahead
+  // (`prefetch_frames`). engine-bench's BM_ColdTables measures them
+  // (bench/README.md, issue #13): the table prefetch cost 10% with warm
+  // tables and 20% with cold ones, so it is off; the frame prefetch halved
+  // the loopback's cost per packet at 1 KB (frames arrive cold), so it is on.
+  bool prefetch_tables = false;
+  bool prefetch_frames = true;
 };
 
 // What the caller does with the input packet.

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/line_vector.h"
 #include "engine/ring.h"
 #include "wire/icrc.h"
 #include "wire/parse.h"
@@ -30,7 +31,7 @@ struct ShiftCache {
   static constexpr uint32_t kNone = UINT32_MAX;
   uint32_t lens[kEntries] = {kNone, kNone, kNone, kNone,
                              kNone, kNone, kNone, kNone};  // one line to scan
-  std::vector<wire::Crc32Shift> entries;  // kEntries, sized by the engine (linear only)
+  LineVector<wire::Crc32Shift> entries;  // kEntries, sized by the engine (linear only)
   unsigned next = 0;
   unsigned misses = 0;  // tables rebuilt
   const wire::Crc32Shift& get(uint32_t len) noexcept {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/clt.h"
+#include "engine/line_vector.h"
 #include "wire/psn.h"
 
 namespace netreduce::engine::detail {
@@ -102,7 +103,7 @@ class PassTable {
 
  private:
   size_t sets_;
-  std::vector<Entry> entries_;
+  LineVector<Entry> entries_;
   uint64_t clock_ = 0;
   uint64_t evictions_ = 0;
 };

@@ -24,6 +24,7 @@
 #include "engine/clt.h"
 #include "engine/engine.h"
 #include "engine/history.h"
+#include "engine/line_vector.h"
 
 namespace netreduce::engine::detail {
 
@@ -34,14 +35,14 @@ struct Ring {
   uint32_t slots = 0;      // S
   uint32_t msg_len = 0;
   uint64_t memory = 0;
-  std::vector<Cell> cells;      // S * msg_len
-  std::vector<MsgSlot> msgs;    // S
-  std::vector<HistEntry> hist;  // P rows of S
-  std::vector<RankConn> conns;  // P
-  std::vector<Held> held;       // deterministic: S * msg_len * P
-  std::vector<StoredHdr> hdrs;  // accumulate: S * msg_len * P
-  std::vector<uint8_t> acc;     // accumulate: S * msg_len * 2 * payload_bytes
-  std::vector<uint8_t> result;  // S * msg_len * payload_bytes
+  LineVector<Cell> cells;      // S * msg_len
+  LineVector<MsgSlot> msgs;    // S
+  LineVector<HistEntry> hist;  // P rows of S
+  LineVector<RankConn> conns;  // P
+  LineVector<Held> held;       // deterministic: S * msg_len * P
+  LineVector<StoredHdr> hdrs;  // accumulate: S * msg_len * P
+  LineVector<uint8_t> acc;     // accumulate: S * msg_len * 2 * payload_bytes
+  LineVector<uint8_t> result;  // S * msg_len * payload_bytes
   RingCounters counters;
   uint32_t held_packets = 0;
   uint64_t held_bytes = 0;
@@ -115,7 +116,7 @@ class RingTable {
   void purge(uint32_t tomb, Clt& clt) noexcept;
 
   const EngineConfig& cfg_;
-  std::vector<Ring> rings_;  // max_rings slots
+  LineVector<Ring> rings_;  // max_rings slots
   RingIndex by_id_;
   LinkTable links_;
   std::vector<Tombstone> tombs_;         // grows in remove; entries reused after expiry
