@@ -761,12 +761,12 @@ struct PhaseShared {
 void per_worker_thread(PhaseShared& sh, unsigned q) {
   const Options& o = *sh.o;
   unsigned gen = 0;
-  std::optional<nb::BoxClient> box;
-  if (q == 0) box.emplace(o.box_socket, std::chrono::seconds(10));
+  std::optional<Box> box;
+  if (q == 0) box.emplace(o.box_socket);
   std::set<std::string> names;
   std::vector<unsigned> lcores;
   if (q == 0) {
-    const json st = box->call({{"cmd", "stats"}});
+    const json st = box->call(netreduce::dpcmd::stats());
     for (const auto& w : st.at("workers")) {
       lcores.push_back(w.value("lcore", 0u));
       names.insert("rte-worker-" + std::to_string(lcores.back()));
@@ -789,8 +789,7 @@ void per_worker_thread(PhaseShared& sh, unsigned q) {
           for (unsigned r = 0; r < sh.n; ++r) {
             nb::TrafficSpec sr = s;
             sr.ring_id = o.ring_id + r;
-            box->call({{"cmd", "install_ring"},
-                       {"ring", netreduce::ring_to_json(ring_of(nb::Traffic(sr)))}});
+            box->call(netreduce::dpcmd::install_ring(ring_of(nb::Traffic(sr))));
           }
         sh.barrier(gen);
         Figures& f = sh.figs[q];
@@ -830,7 +829,7 @@ void per_worker_thread(PhaseShared& sh, unsigned q) {
         if (q == 0) {
           const BoxSample b1 = sample(*box);
           const auto cpu1 = worker_cpu_ns(names);
-          const json st = box->call({{"cmd", "stats"}});
+          const json st = box->call(netreduce::dpcmd::stats());
           json workers = json::array();
           for (size_t w = 0; w < b1.packets_w.size() && w < b0.packets_w.size(); ++w) {
             const uint64_t pk = b1.packets_w[w] - b0.packets_w[w];
@@ -860,7 +859,7 @@ void per_worker_thread(PhaseShared& sh, unsigned q) {
                                {"crc_ns", crc_ns(payload)},
                                {"workers", workers}});
           for (unsigned r = 0; r < sh.n; ++r) {
-            box->call({{"cmd", "remove_ring"}, {"id", o.ring_id + r}});
+            box->call(netreduce::dpcmd::remove_ring(o.ring_id + r));
             wait_retired(*box, o.ring_id + r);
           }
           if (!o.quiet)
