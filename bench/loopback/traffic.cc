@@ -20,7 +20,8 @@ void store_int(wire::Dtype d, unsigned v, uint8_t* out) {
       break;
     }
     case wire::Dtype::bf16: {  // the upper half of the fp32 pattern: exact for v < 256
-      const uint16_t b = static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(v)) >> 16);
+      const uint16_t b =
+          static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(v)) >> 16);
       std::memcpy(out, &b, 2);
       break;
     }
@@ -82,8 +83,7 @@ Traffic::Traffic(const TrafficSpec& spec) : spec_(spec) {
       for (unsigned r = 0; r < spec_.ranks; ++r) {
         const unsigned v = value(r, t, e);
         total += v;
-        store_int(spec_.dtype, v,
-                  &data_[(size_t{r} * kTemplates + t) * data_bytes_ + e * esize]);
+        store_int(spec_.dtype, v, &data_[(size_t{r} * kTemplates + t) * data_bytes_ + e * esize]);
       }
       store_int(spec_.dtype, total, &sum_[size_t{t} * data_bytes_ + e * esize]);
     }
@@ -99,9 +99,7 @@ std::vector<uint32_t> Traffic::members() const {
   return m;
 }
 
-uint32_t Traffic::psn0(unsigned rank) const {
-  return (0xFFFF00u + rank * 0x101u) & wire::kPsnMask;
-}
+uint32_t Traffic::psn0(unsigned rank) const { return (0xFFFF00u + rank * 0x101u) & wire::kPsnMask; }
 
 const uint8_t* Traffic::data_of(unsigned rank, uint64_t n) const {
   return &data_[(size_t{rank} * kTemplates + n % kTemplates) * data_bytes_];
@@ -111,8 +109,8 @@ const uint8_t* Traffic::sum_of(uint64_t n) const {
   return &sum_[size_t(n % kTemplates) * data_bytes_];
 }
 
-size_t Traffic::build_with(unsigned rank, uint64_t n, uint32_t k, const uint8_t* data,
-                           uint8_t* out, size_t cap) const {
+size_t Traffic::build_with(unsigned rank, uint64_t n, uint32_t k, const uint8_t* data, uint8_t* out,
+                           size_t cap) const {
   wire::InaMessage m;
   const unsigned succ = (rank + 1) % spec_.ranks;
   m.base.src_mac = {0x02, 0x4E, 0x52, 0x00, 0x00, static_cast<uint8_t>(rank + 1)};
@@ -156,8 +154,8 @@ Traffic::Verdict Traffic::check_frame(const uint8_t* frame, size_t len, bool agg
   psn = __builtin_bswap32(psn) & wire::kPsnMask;
   // PSN distance from packet 0 of message `base`: (n - base) * msg_len + k,
   // unambiguous while a check window spans less than 2^24 packets.
-  const uint32_t start = wire::psn_add(
-      psn0(id.rank), static_cast<uint32_t>((base * spec_.msg_len) & wire::kPsnMask));
+  const uint32_t start =
+      wire::psn_add(psn0(id.rank), static_cast<uint32_t>((base * spec_.msg_len) & wire::kPsnMask));
   const uint32_t d = (psn - start) & wire::kPsnMask;
   const uint64_t off = d / spec_.msg_len;
   id.k = d % spec_.msg_len;

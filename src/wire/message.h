@@ -22,13 +22,13 @@ uint32_t message_packets(size_t data_bytes, uint16_t pmtu) noexcept;
 size_t message_capacity(uint32_t packets, uint16_t pmtu) noexcept;
 
 struct InaMessage {
-  RoceFrameSpec base;   // addresses, ports, QPN, TOS...; opcode/psn/payload are set per packet
-  InaInfo ina;          // msg_len is filled in from the data size
+  RoceFrameSpec base;  // addresses, ports, QPN, TOS...; opcode/psn/payload are set per packet
+  InaInfo ina;         // msg_len is filled in from the data size
   uint32_t psn0 = 0;
   const uint8_t* data = nullptr;
   size_t data_bytes = 0;
   uint16_t pmtu = 1024;
-  uint64_t va = 0;      // RETH virtual address of the message
+  uint64_t va = 0;  // RETH virtual address of the message
   uint32_t rkey = 0;
   bool with_imm = true;  // LAST/ONLY carry ImmDt
   uint32_t imm = 0;

@@ -2,11 +2,12 @@
 // every frame the engine releases for model traffic must be judged good, and
 // a released frame with any byte changed, or an unreduced frame presented as
 // a result, must never be.
+#include "bench/loopback/traffic.h"
+
 #include <catch2/catch.hpp>
 #include <set>
 #include <tuple>
 
-#include "bench/loopback/traffic.h"
 #include "engine/box_harness.h"
 
 using namespace netreduce;

@@ -330,7 +330,8 @@ TEST_CASE("INA header round trip and magic check", "[wire][ina]") {
   CHECK_FALSE(is_valid_op(0));
 }
 
-TEST_CASE("CRC linearity: combined ICRC equals a full recompute for every opcode and size", "[wire][icrc]") {
+TEST_CASE("CRC linearity: combined ICRC equals a full recompute for every opcode and size",
+          "[wire][icrc]") {
   std::mt19937_64 rng(99);
   std::vector<uint8_t> payload;
   size_t checked = 0;
@@ -352,7 +353,8 @@ TEST_CASE("CRC linearity: combined ICRC equals a full recompute for every opcode
       const uint32_t head = icrc_head(f.data(), p, split);
       const uint32_t tail = crc32(0, f.data() + split, p.icrc() - split);
       CHECK(crc32_combine(head, tail, p.icrc() - split) == icrc_compute(f.data(), p));
-      CHECK(crc32_combine_shifted(head, tail, crc32_shift(p.icrc() - split)) == icrc_load(f.data(), p));
+      CHECK(crc32_combine_shifted(head, tail, crc32_shift(p.icrc() - split)) ==
+            icrc_load(f.data(), p));
       ++checked;
     }
   }

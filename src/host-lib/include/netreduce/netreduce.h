@@ -25,7 +25,14 @@ typedef enum {
   NR_IN_PROGRESS = 7 /* nr_test: not finished yet */
 } nr_status;
 
-typedef enum { NR_FP32 = 1, NR_FP16 = 2, NR_BF16 = 3, NR_INT32 = 4, NR_INT64 = 5, NR_FP64 = 6 } nr_dtype;
+typedef enum {
+  NR_FP32 = 1,
+  NR_FP16 = 2,
+  NR_BF16 = 3,
+  NR_INT32 = 4,
+  NR_INT64 = 5,
+  NR_FP64 = 6
+} nr_dtype;
 typedef enum { NR_SUM = 1, NR_MIN = 2, NR_MAX = 3 } nr_op;
 typedef enum { NR_PATH_INA = 0, NR_PATH_RING = 1 } nr_path;
 
@@ -39,7 +46,7 @@ typedef struct {
   uint16_t window; /* 0: bandwidth-delay estimate */
   double link_gbps;
   double rtt_us;
-  uint32_t ring_id; /* 0: derived */
+  uint32_t ring_id;   /* 0: derived */
   const char* daemon; /* NULL: NETREDUCE_DAEMON */
   const char* token;  /* NULL: NETREDUCE_TOKEN / NETREDUCE_TOKEN_FILE */
   int force_ring;
@@ -48,7 +55,7 @@ typedef struct {
   int op_timeout_ms;
   size_t ring_buffer_bytes;
   uint8_t port;
-  const char* ipv4; /* NULL: from the GID */
+  const char* ipv4;  /* NULL: from the GID */
   uint32_t lease_ms; /* ring lease at the daemon, renewed by rank 0; 0: none */
 } nr_options;
 
