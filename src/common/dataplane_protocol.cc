@@ -51,7 +51,7 @@ json status() { return {{"cmd", kStatus}}; }
 json stats() { return {{"cmd", kStats}}; }
 json list_rings() { return {{"cmd", kListRings}}; }
 json get_ring(uint32_t id) { return {{"cmd", kGetRing}, {"id", id}}; }
-json install_ring(const engine::RingSpec& spec) {
+json install_ring(const RingSpec& spec) {
   return {{"cmd", kInstallRing}, {"ring", ring_to_json(spec)}};
 }
 json remove_ring(uint32_t id) { return {{"cmd", kRemoveRing}, {"id", id}}; }

@@ -30,11 +30,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/ring_spec.h"
 #include "common/status.h"
-
-namespace netreduce::engine {
-struct RingSpec;
-}
 
 namespace netreduce {
 
@@ -64,7 +61,7 @@ nlohmann::json status();
 nlohmann::json stats();
 nlohmann::json list_rings();
 nlohmann::json get_ring(uint32_t id);
-nlohmann::json install_ring(const engine::RingSpec& spec);
+nlohmann::json install_ring(const RingSpec& spec);
 nlohmann::json remove_ring(uint32_t id);
 nlohmann::json set_mode(std::string_view mode);  // "aggregate" | "forward"
 nlohmann::json set_polling(bool enabled);

@@ -4,6 +4,8 @@
 
 #include <set>
 
+#include "wire/ina.h"
+
 namespace netreduce {
 
 using nlohmann::json;
@@ -38,7 +40,7 @@ bool ipv4_from_string(std::string_view s, uint32_t& addr) {
   return true;
 }
 
-json ring_to_json(const engine::RingSpec& s) {
+json ring_to_json(const RingSpec& s) {
   json members = json::array();
   for (uint32_t m : s.members) members.push_back(ipv4_to_string(m));
   json dtypes = json::array(), ops = json::array();
@@ -95,13 +97,13 @@ Status get_uint(const json& j, const char* key, T& out, bool required, uint64_t 
 }
 }  // namespace
 
-Status ring_from_json(const json& j, engine::RingSpec& out) {
+Status ring_from_json(const json& j, RingSpec& out) {
   if (!j.is_object()) return Status::invalid("", "a ring must be a JSON object");
   static const std::set<std::string> known = {
       "id", "members", "msg_len", "window", "payload_bytes", "dtypes", "ops", "memory_quota"};
   for (const auto& [k, v] : j.items())
     if (!known.count(k)) return Status::invalid(k, "unknown field");
-  engine::RingSpec s;
+  RingSpec s;
   if (Status st = get_uint(j, "id", s.ring_id, true, 0xFFFFFFFFu); !st) return st;
   if (Status st = get_uint(j, "msg_len", s.msg_len, true, 0xFFFF); !st) return st;
   if (Status st = get_uint(j, "window", s.window, true, 0xFFFF); !st) return st;
@@ -165,38 +167,9 @@ Status ring_from_json(const json& j, engine::RingSpec& out) {
   };
   if (Status st = mask_of("dtypes", s.dtype_mask, true); !st) return st;
   if (Status st = mask_of("ops", s.op_mask, false); !st) return st;
-  if (Status st = engine::validate(s); !st) return st;
+  if (Status st = validate_fields(s); !st) return st;
   out = std::move(s);
   return {};
-}
-
-json reasons_to_json(const engine::ReasonCounters& c) {
-  json j = json::object();
-  for (size_t i = 0; i < c.size(); ++i)
-    j[std::string(engine::to_string(static_cast<engine::Reason>(i)))] = c[i];
-  return j;
-}
-
-json ring_info_to_json(const engine::RingInfo& i) {
-  json drops = json::object();
-  for (size_t r = 0; r < i.counters.drops.size(); ++r)
-    if (engine::fate_of(static_cast<engine::Reason>(r)) == engine::Fate::drop)
-      drops[std::string(engine::to_string(static_cast<engine::Reason>(r)))] = i.counters.drops[r];
-  return {{"spec", ring_to_json(i.spec)},
-          {"counters",
-           {{"packets_aggregated", i.counters.packets_aggregated},
-            {"bytes_aggregated", i.counters.bytes_aggregated},
-            {"cells_completed", i.counters.cells_completed},
-            {"messages_completed", i.counters.messages_completed},
-            {"retransmissions_served", i.counters.retransmissions_served},
-            {"connections_rebound", i.counters.connections_rebound},
-            {"drops", drops}}},
-          {"slots", i.slots},
-          {"memory_bytes", i.memory_bytes},
-          {"held_packets", i.held_packets},
-          {"held_bytes", i.held_bytes},
-          {"open_cells", i.open_cells},
-          {"stalled_cells", i.stalled_cells}};
 }
 
 json status_to_json(const Status& s) {

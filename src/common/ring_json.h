@@ -1,5 +1,6 @@
-// JSON forms of a ring spec and of the engine's counters: one codec for the
-// data plane's control socket, the control daemon's HTTP API and the CLI.
+// JSON forms of a ring spec and of a Status: one codec for the data plane's
+// control socket, the control daemon's HTTP API, the CLI and the host
+// library. The engine's counters have theirs in engine/engine_json.h.
 //
 // A ring spec:
 //   {"id": 7, "members": ["10.0.0.1", "10.0.0.2", ...],     rank = index
@@ -8,15 +9,17 @@
 //    "memory_quota": 0}                                      optional, bytes
 // "members" may also be [{"rank": 0, "address": "10.0.0.1"}, ...] with every
 // rank 0..P-1 exactly once. Decoding validates types and names the field at
-// fault; engine::validate() then checks the values.
+// fault, and validate_fields (common/ring_spec.h) checks the values; the
+// memory quota against the ring's needs is the engine's check
+// (engine::validate), made where a ring is admitted (daemon, data plane).
 #pragma once
 
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
+#include "common/ring_spec.h"
 #include "common/status.h"
-#include "engine/engine.h"
 
 namespace netreduce {
 
@@ -28,12 +31,8 @@ std::string ipv4_to_string(uint32_t addr);
 // addr is in host order.
 bool ipv4_from_string(std::string_view s, uint32_t& addr);
 
-nlohmann::json ring_to_json(const engine::RingSpec& spec);
-Status ring_from_json(const nlohmann::json& j, engine::RingSpec& out);
-
-nlohmann::json reasons_to_json(
-    const engine::ReasonCounters& c);  // {"bad_icrc": 3, ...}, every reason
-nlohmann::json ring_info_to_json(const engine::RingInfo& info);  // spec + counters + state
+nlohmann::json ring_to_json(const RingSpec& spec);
+Status ring_from_json(const nlohmann::json& j, RingSpec& out);
 
 nlohmann::json status_to_json(const Status& s);  // {"code": ..., "field": ..., "message": ...}
 

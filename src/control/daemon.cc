@@ -312,6 +312,8 @@ Reply Daemon::create_ring(const json& body, const RingAuth& auth) {
   }
   engine::RingSpec spec;
   if (Status s = ring_from_json(ring_body, spec); !s) return error_reply(s);
+  // The memory quota against what the ring needs: the engine's sizes.
+  if (Status s = engine::validate(spec); !s) return error_reply(s);
   std::lock_guard lock(mu_);
   const auto now = SteadyClock::now();
   if (auto it = rings_.find(spec.ring_id); it != rings_.end()) {

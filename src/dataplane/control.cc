@@ -57,6 +57,7 @@
 #include "common/ring_json.h"
 #include "dataplane/control_socket.h"
 #include "dataplane/dataplane.h"
+#include "engine/engine_json.h"
 
 namespace netreduce::dataplane {
 

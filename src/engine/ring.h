@@ -1,27 +1,24 @@
-// A ring: one job's all-reduce group as the control plane installs it.
-//
-// P ranks, rank r at IPv4 address members[r]; each rank RDMA-WRITEs messages
-// of up to msg_len packets of up to payload_bytes each (the RoCE path MTU;
-// the first packet of a message carries the 24-byte INA header in that
-// budget) to its successor. window is the host window N of rule W
-// (DESIGN.md section 4): the box keeps S >= 2N message slots per ring (S is
-// 2N rounded up to a power of two so that msg_id mod S is wrap-safe).
+// A ring as the engine sees it: the specification (common/ring_spec.h, the
+// contract shared with the host library and the daemon) plus what depends on
+// the engine's records: the reduce modes, the ICRC fix-up methods, the memory
+// a ring needs and the check of its memory quota.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
-#include <vector>
 
+#include "common/ring_spec.h"
 #include "common/status.h"
 #include "wire/ina.h"
 
 namespace netreduce::engine {
 
-inline constexpr unsigned kMinRanks = 2;
-inline constexpr unsigned kMaxRanks = 64;
-inline constexpr unsigned kMaxMsgLen = 1024;  // packets per message
-inline constexpr unsigned kMaxWindow = 1024;  // messages
+using netreduce::kMaxMsgLen;
+using netreduce::kMaxRanks;
+using netreduce::kMaxWindow;
+using netreduce::kMinRanks;
+using netreduce::RingSpec;
+using netreduce::slots_for_window;
 inline constexpr size_t kInaHeaderBytes = sizeof(wire::InaHdr);
 
 enum class ReduceMode : uint8_t {
@@ -34,26 +31,8 @@ enum class IcrcFixup : uint8_t {
   linear,  // CRC linearity: one payload CRC per cell, O(header) per packet
 };
 
-struct RingSpec {
-  uint32_t ring_id = 0;
-  std::vector<uint32_t> members;  // rank -> IPv4 address (host order)
-  uint16_t msg_len = 0;           // packets per message (at most)
-  uint16_t window = 0;            // host window N
-  uint16_t payload_bytes = 0;     // RoCE path MTU: 256, 512, 1024, 2048 or 4096
-  uint8_t dtype_mask = 0;         // bit (1 << dtype) for each allowed wire::Dtype; 0 = all
-  uint8_t op_mask = 0;            // bit (1 << op) for each allowed wire::ReduceOp; 0 = all
-  uint64_t memory_quota = 0;      // bytes this ring may hold; 0 = no per-ring quota
-
-  unsigned ranks() const noexcept { return static_cast<unsigned>(members.size()); }
-  bool allows_dtype(uint8_t d) const noexcept { return dtype_mask == 0 || (dtype_mask >> d) & 1; }
-  bool allows_op(uint8_t o) const noexcept { return op_mask == 0 || (op_mask >> o) & 1; }
-  bool operator==(const RingSpec&) const = default;
-};
-
-// Message slots for a window: 2N rounded up to a power of two.
-uint32_t slots_for_window(uint32_t window) noexcept;
-
-// Checks every field; the Status names the first bad one.
+// validate_fields, then the memory quota against ring_memory_bytes in
+// deterministic mode; the Status names the first bad field.
 Status validate(const RingSpec& spec);
 
 // Bytes the engine needs for the ring in the given mode, counting the held

@@ -2,7 +2,6 @@
 #include <chrono>
 
 #include "host-lib/comm_impl.h"
-#include "host-lib/loopback.h"
 #include "wire/ina.h"
 
 namespace netreduce {
@@ -147,29 +146,4 @@ bool AllreduceHandle::test(Error* result) {
 
 Path AllreduceHandle::path() const noexcept { return state_ ? state_->path : Path::ring; }
 
-namespace host {
-
-Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Options& options,
-                                 std::unique_ptr<Communicator>& out) {
-  std::unique_ptr<Transport> t;
-  if (Error e = fabric.transport(rank, t)) return e;
-  CollectiveConfig cc;
-  const bool box = fabric.config().box && !options.force_ring;
-  cc.path = box ? Path::ina : Path::ring;
-  cc.reason = box ? "loopback box (engine::Engine in process)"
-                  : (fabric.config().box ? "ring forced by options" : "loopback without a box");
-  cc.ring_id = box ? fabric.config().ring.ring_id : 0;
-  cc.msg_len = box ? fabric.config().ring.msg_len : options.msg_len;
-  cc.pmtu = box ? fabric.config().ring.payload_bytes : options.payload_bytes;
-  cc.window = options.window != 0 ? options.window
-                                  : window_from_bdp(options.link_gbps, options.rtt_us,
-                                                    size_t{cc.msg_len} * cc.pmtu);
-  std::unique_ptr<Collective> c;
-  if (Error e = Collective::create(*t, cc, c)) return e;
-  out = std::make_unique<Communicator>(
-      std::make_unique<Communicator::Impl>(std::move(t), std::move(c), options));
-  return {};
-}
-
-}  // namespace host
 }  // namespace netreduce

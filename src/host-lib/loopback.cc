@@ -7,6 +7,8 @@
 #include <set>
 #include <vector>
 
+#include "host-lib/comm_impl.h"
+#include "host-lib/plan.h"
 #include "wire/message.h"
 #include "wire/parse.h"
 #include "wire/psn.h"
@@ -289,6 +291,29 @@ std::optional<engine::RingInfo> LoopbackFabric::box_ring() const {
   std::lock_guard lk(impl_->mu);
   if (!impl_->box) return std::nullopt;
   return impl_->box->ring_info(cfg_.ring.ring_id);
+}
+
+// A communicator over the loopback fabric (tests, allreduce-perf --loopback).
+Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Options& options,
+                                 std::unique_ptr<Communicator>& out) {
+  std::unique_ptr<Transport> t;
+  if (Error e = fabric.transport(rank, t)) return e;
+  CollectiveConfig cc;
+  const bool box = fabric.config().box && !options.force_ring;
+  cc.path = box ? Path::ina : Path::ring;
+  cc.reason = box ? "loopback box (engine::Engine in process)"
+                  : (fabric.config().box ? "ring forced by options" : "loopback without a box");
+  cc.ring_id = box ? fabric.config().ring.ring_id : 0;
+  cc.msg_len = box ? fabric.config().ring.msg_len : options.msg_len;
+  cc.pmtu = box ? fabric.config().ring.payload_bytes : options.payload_bytes;
+  cc.window = options.window != 0 ? options.window
+                                  : window_from_bdp(options.link_gbps, options.rtt_us,
+                                                    size_t{cc.msg_len} * cc.pmtu);
+  std::unique_ptr<Collective> c;
+  if (Error e = Collective::create(*t, cc, c)) return e;
+  out = std::make_unique<Communicator>(
+      std::make_unique<Communicator::Impl>(std::move(t), std::move(c), options));
+  return {};
 }
 
 }  // namespace netreduce::host

@@ -9,11 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "wire/ina.h"
+
 using namespace netreduce;
 using nlohmann::json;
 
 TEST_CASE("ring spec round trip through JSON", "[common][json]") {
-  engine::RingSpec s;
+  RingSpec s;
   s.ring_id = 4000000000u;
   s.members = {0x0A000001, 0xC0A80102, 0x01020304};
   s.msg_len = 64;
@@ -26,7 +28,7 @@ TEST_CASE("ring spec round trip through JSON", "[common][json]") {
   const json j = ring_to_json(s);
   CHECK(j["members"][1] == "192.168.1.2");
   CHECK(j["dtypes"] == json::array({"fp32", "bf16"}));
-  engine::RingSpec back;
+  RingSpec back;
   REQUIRE(ring_from_json(j, back).ok());
   CHECK(back == s);
 }
@@ -35,7 +37,7 @@ TEST_CASE("members as rank/address objects, in any order", "[common][json]") {
   const json j = json::parse(R"({"id": 1, "msg_len": 4, "window": 2, "payload_bytes": 1024,
     "members": [{"rank": 2, "address": "10.0.0.3"}, {"rank": 0, "address": "10.0.0.1"},
                 {"rank": 1, "address": "10.0.0.2"}]})");
-  engine::RingSpec s;
+  RingSpec s;
   REQUIRE(ring_from_json(j, s).ok());
   CHECK(s.members == std::vector<uint32_t>{0x0A000001, 0x0A000002, 0x0A000003});
   CHECK(s.dtype_mask == 0);  // omitted: all allowed
@@ -76,20 +78,21 @@ TEST_CASE("bad ring JSON names the field", "[common][json]") {
       {[](json& j) { j["dtypes"] = "fp32"; }, "dtypes"},
       {[](json& j) { j["ops"] = json::array(); }, "ops"},
       {[](json& j) { j["ops"] = json::array({"avg"}); }, "ops"},
-      {[](json& j) { j["memory_quota"] = 5; }, "memory_quota"},
+      {[](json& j) { j["memory_quota"] = -5; }, "memory_quota"},
+      {[](json& j) { j["memory_quota"] = "5"; }, "memory_quota"},
       {[](json& j) { j["extra"] = true; }, "extra"},
   };
   for (const Case& c : cases) {
     json j = good;
     c.edit(j);
-    engine::RingSpec s;
+    RingSpec s;
     const Status st = ring_from_json(j, s);
     INFO(j.dump() << " -> " << st.to_string());
     CHECK_FALSE(st.ok());
     CHECK(st.field() == c.field);
     CHECK(!st.message().empty());
   }
-  engine::RingSpec s;
+  RingSpec s;
   CHECK(ring_from_json(json::array(), s).field().empty());
   CHECK_FALSE(ring_from_json(json::array(), s).ok());
 }
@@ -112,7 +115,7 @@ TEST_CASE("random JSON never throws out of the decoder", "[common][json]") {
         j[k] = atoms[rng() % atoms.size()];
       }
     }
-    engine::RingSpec s;
+    RingSpec s;
     Status st;
     REQUIRE_NOTHROW(st = ring_from_json(j, s));
     if (!st.ok()) CHECK(!st.message().empty());
@@ -174,7 +177,7 @@ TEST_CASE("a member with a NUL and trailing bytes is refused, naming members[2]"
   const json j = json::parse(R"({"id": 1, "msg_len": 4, "window": 2, "payload_bytes": 1024,
     "members": ["10.1.0.3", "10.1.0.2", "10.1.0.1\u0000x"]})");
   REQUIRE(j["members"][2].get<std::string>().size() == 10);
-  engine::RingSpec s;
+  RingSpec s;
   const Status st = ring_from_json(j, s);
   CHECK_FALSE(st.ok());
   CHECK(st.field() == "members[2]");
