@@ -94,6 +94,7 @@ json error_json(const Status& s) { return {{"ok", false}, {"error", status_to_js
 std::string to_line(const json& j) { return dump_json(j); }
 
 struct Snapshot {
+  double age_ms = 0;  // how old the published figures are (0: fresh)
   WorkerStats stats;
   engine::ReasonCounters reasons{};
   std::vector<engine::RingInfo> rings;  // filled only when asked for
@@ -116,14 +117,27 @@ Snapshot snapshot_of(Worker& w, bool rings, uint64_t stall_cycles) {
   return s;
 }
 
-// Every worker's snapshot; the first worker that does not answer in time
-// fails it (Dataplane::on_worker names it).
+// Every worker's snapshot. Counters only (`rings` false): read from each
+// worker's publication, no command (a worker that does not publish in time
+// shows its last figures and their age). With the rings' details: a command
+// on each worker; the first that does not answer in time fails it
+// (Dataplane::on_worker names it).
 Status snapshots(Dataplane& dp, bool rings, std::vector<Snapshot>& out) {
   const uint64_t stall = rte_get_tsc_hz() / 1000 * dp.config().stall_timeout_ms;
   out.assign(dp.workers().size(), Snapshot{});
-  for (unsigned i = 0; i < dp.workers().size(); ++i)
-    if (Status s = dp.on_worker(i, [&](Worker& w) { out[i] = snapshot_of(w, rings, stall); }); !s)
-      return s;
+  for (unsigned i = 0; i < dp.workers().size(); ++i) {
+    if (rings) {
+      if (Status s = dp.on_worker(i, [&](Worker& w) { out[i] = snapshot_of(w, rings, stall); }); !s)
+        return s;
+      continue;
+    }
+    const Figures p = dp.read_published(i, out[i].age_ms);
+    out[i].stats = p.stats;
+    out[i].reasons = p.reasons;
+    out[i].memory = p.memory;
+    out[i].ring_count = p.rings;
+    out[i].retired_count = p.retired;
+  }
   return {};
 }
 
@@ -201,6 +215,7 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
     workers.push_back(
         {{"worker", i},
          {"lcore", dp.workers()[i]->lcore},
+         {"published_age_ms", s.age_ms},
          {"rx_packets", {ws.rx[0], ws.rx[1]}},
          {"tx_packets", {ws.tx[0], ws.tx[1]}},
          {"rx_bytes", {ws.rx_bytes[0], ws.rx_bytes[1]}},

@@ -177,6 +177,7 @@ Status Dataplane::setup() {
     ec.memory_budget = cfg_.engine_memory;
     // The engine's clock is the worker's TSC (`now` in worker_loop).
     ec.retire_grace = rte_get_tsc_hz() / 1000 * uint64_t{cfg_.retire_grace_ms};
+    publish_cycles_ = rte_get_tsc_hz() / 1000 * kPublishMs;
     // A restarted box does not know which rings it held: for one grace it
     // drops INA first packets off ring links instead of forwarding them, so
     // a job still running through it fails instead of getting raw data.
@@ -192,6 +193,7 @@ Status Dataplane::setup() {
                     },
                     pool_};
     w->engine = std::make_unique<engine::Engine>(ec);
+    publish(*w, rte_rdtsc());
     const std::string id = std::to_string(i);
     w->inbox = rte_ring_create(("nr_in" + id).c_str(), 4096, rte_socket_id(), RING_F_SC_DEQ);
     w->commands = rte_ring_create(("nr_cmd" + id).c_str(), 64, rte_socket_id(),
@@ -323,6 +325,7 @@ void Dataplane::worker_loop(Worker& w) {
     if (!w.ignore_commands && rte_ring_dequeue(w.commands, &c) == 0) {
       ++moved;  // a control command is work too: the next one is not paced by the idle sleep
       run_command(w, static_cast<Command*>(c));
+      publish(w, rte_rdtsc());  // what it changed (rings, memory) shows in the next read
     }
     // Retired rings whose grace has passed are forgotten (cheap when none is due).
     w.engine->expire_retired(t0);
@@ -332,6 +335,9 @@ void Dataplane::worker_loop(Worker& w) {
       w.stats.busy_cycles += t1 - t0;
       ++w.stats.busy_polls;
     }
+    if (w.asked.load(std::memory_order_relaxed) > w.published_at ||
+        t1 - w.published_at >= publish_cycles_)
+      publish(w, t1);
     idle(w, moved != 0, t1);
     const uint64_t t2 = rte_rdtsc();
     w.stats.total_cycles += t2 - t0;
@@ -352,9 +358,63 @@ void Dataplane::worker_loop(Worker& w) {
   // Answer whatever control work is queued, then let callers act directly.
   void* c;
   while (rte_ring_dequeue(w.commands, &c) == 0) run_command(w, static_cast<Command*>(c));
+  publish(w, rte_rdtsc());
   w.stopped.store(true, std::memory_order_release);
   rte_rcu_qsbr_thread_offline(qsbr_, w.index);
   rte_rcu_qsbr_thread_unregister(qsbr_, w.index);
+}
+
+void Dataplane::publish(Worker& w, uint64_t now) {
+  Published& p = w.pub;
+  const uint32_t s = p.seq.load(std::memory_order_relaxed);
+  p.seq.store(s + 1, std::memory_order_relaxed);  // odd: writing
+  std::atomic_thread_fence(std::memory_order_release);
+  p.f.tsc = now;
+  p.f.stats = w.stats;
+  p.f.reasons = w.engine->counters();
+  p.f.memory = w.engine->memory_in_use();
+  p.f.rings = static_cast<uint32_t>(w.engine->ring_count());
+  p.f.retired = static_cast<uint32_t>(w.engine->retired_count());
+  p.seq.store(s + 2, std::memory_order_release);  // even: done
+  w.published_at = now;
+}
+
+Figures Dataplane::read_published(unsigned idx, double& age_ms) {
+  Worker& w = *workers_[idx];
+  const uint64_t hz = rte_get_tsc_hz();
+  // Workers not running (before start, after stop) publish nothing more:
+  // the control thread publishes for them (nobody else writes then).
+  bool running = started_ && !w.stopped.load(std::memory_order_acquire);
+  if (!started_) {  // callers (control socket, telemetry) may race here: one publishes at a time
+    std::lock_guard<std::mutex> lock(on_worker_mu_);
+    publish(w, rte_rdtsc());
+  }
+  const uint64_t asked = rte_rdtsc();
+  if (running) {
+    uint64_t prev = w.asked.load(std::memory_order_relaxed);
+    while (prev < asked && !w.asked.compare_exchange_weak(prev, asked, std::memory_order_relaxed)) {
+    }
+  }
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg_.command_timeout_ms);
+  Figures out;
+  for (;;) {
+    const uint32_t s0 = w.pub.seq.load(std::memory_order_acquire);
+    if ((s0 & 1) == 0) {
+      out = w.pub.f;
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (w.pub.seq.load(std::memory_order_relaxed) == s0 &&
+          (!running || out.tsc >= asked || std::chrono::steady_clock::now() > deadline))
+        break;
+    }
+    if (running && w.stopped.load(std::memory_order_acquire)) {
+      running = false;  // it left: its last publication (at exit) is final
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  age_ms = out.tsc >= asked ? 0.0 : double(asked - out.tsc) * 1e3 / double(hz);
+  return out;
 }
 
 void Dataplane::idle(Worker& w, bool moved, uint64_t now) {

@@ -141,6 +141,31 @@ struct alignas(64) WorkerStats {
   uint64_t idle_sleep_ns = 0;  // and the time they took (TSC-measured, in ns)
 };
 
+// What a worker publishes for the control thread: its WorkerStats and the
+// engine's totals. Written only by the worker (Dataplane::publish), read by
+// the control thread (Dataplane::read_published) without a command, under a
+// sequence counter: the worker makes `seq` odd, copies, makes it even; a
+// reader copies and retries if `seq` was odd or moved. The worker never waits
+// for a reader, and a reader never stops the worker.
+//
+// When: every kPublishMs of TSC, after every control command it runs, when it
+// stops, and on request: a reader stores its TSC in `asked` and waits (up to
+// control.command_timeout_ms) until `tsc` passes it, so a stats reply counts
+// every packet handled before the request. A worker that does not answer in
+// time leaves its last publication, whose age the reply shows.
+struct Figures {
+  uint64_t tsc = 0;  // worker's TSC when it copied the rest
+  WorkerStats stats;
+  engine::ReasonCounters reasons{};
+  uint64_t memory = 0;
+  uint32_t rings = 0;
+  uint32_t retired = 0;
+};
+struct alignas(64) Published {
+  std::atomic<uint32_t> seq{0};  // worker writes; control reads
+  Figures f;                     // worker writes (seq odd); control copies (seq even, unchanged)
+};
+
 struct alignas(64) Worker {
   unsigned index = 0;  // 0..workers-1
   unsigned lcore = 0;
@@ -163,6 +188,12 @@ struct alignas(64) Worker {
   bool ignore_commands = false;
   WorkerStats stats;
   engine::Sink sink;  // what the engine releases per burst, reused
+  // Publication (Published above): the worker's copy, on lines of its own;
+  // `asked` on a line of its own too (control writes it, the worker reads it
+  // once per loop iteration).
+  Published pub;
+  alignas(64) std::atomic<uint64_t> asked{0};
+  uint64_t published_at = 0;  // worker only: TSC of its last publication
   uint64_t last_flush = 0;
   uint64_t last_busy = 0;  // TSC of the last iteration that moved packets (idle rule)
   uint32_t sleep_us = 0;   // the idle rule's current step; 0: not sleeping
@@ -178,6 +209,7 @@ struct alignas(64) Worker {
 static_assert(alignof(Worker) == 64 && sizeof(Worker) % 64 == 0);
 static_assert(alignof(WorkerStats) == 64 && sizeof(WorkerStats) % 64 == 0);
 static_assert(offsetof(Worker, stats) % 64 == 0);
+static_assert(offsetof(Worker, pub) % 64 == 0 && offsetof(Worker, asked) % 64 == 0);
 
 class Dataplane {
  public:
@@ -230,6 +262,12 @@ class Dataplane {
   // control.command_timeout_ms (the command is then cancelled: it never
   // runs), or has not taken an earlier cancelled one yet (no waiting then).
   Status on_worker(unsigned w, std::function<void(Worker&)> fn);
+  // Worker w's latest publication (Published), asking for a fresh one first
+  // and waiting for it up to control.command_timeout_ms; `age_ms` is how old
+  // the copy is (0 when fresh). No command: a worker stuck in a PMD call or
+  // not taking commands still has its last figures read. Control thread.
+  Figures read_published(unsigned w, double& age_ms);
+  static constexpr unsigned kPublishMs = 1;
 
   const DataplaneConfig& config() const { return cfg_; }
   uint16_t port_id(unsigned slot) const { return port_ids_[slot]; }
@@ -243,6 +281,7 @@ class Dataplane {
   // The idle rule (dataplane.h top): sleeps if the worker has been idle long
   // enough; `now` is this iteration's TSC.
   void idle(Worker& w, bool moved, uint64_t now);
+  static void publish(Worker& w, uint64_t now);  // the worker's side of Published
   const LinkTable* links() const { return links_.load(std::memory_order_acquire); }
   rte_rcu_qsbr* qsbr() const { return qsbr_; }
   rte_mempool* pool() const { return pool_; }
@@ -271,8 +310,9 @@ class Dataplane {
   std::atomic<Mode> mode_{Mode::aggregate};
   std::atomic<bool> polling_{true};  // see polling()
   bool started_ = false;
-  std::mutex on_worker_mu_;  // one control caller at a time (control thread, telemetry)
-  long control_gid_ = -1;    // control.group resolved by setup(); -1: none
+  uint64_t publish_cycles_ = 0;  // kPublishMs in TSC cycles (setup)
+  std::mutex on_worker_mu_;      // one control caller at a time (control thread, telemetry)
+  long control_gid_ = -1;        // control.group resolved by setup(); -1: none
   class ControlSocket* control_ = nullptr;  // while run() serves it (control thread)
 
   struct RingEntry {
