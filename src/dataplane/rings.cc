@@ -34,6 +34,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -178,8 +179,24 @@ Status Dataplane::install_ring(const engine::RingSpec& spec) {
             "window/msg_len"};
   unsigned owner = 0;
   if (Status s = place(spec, owner); !s) return s;
+  // The ring's state is built here, on the control thread (allocation and
+  // zero-fill: milliseconds for a large ring); the worker only attaches it.
+  // Whatever the worker does not take is freed here too.
+  const auto t0 = std::chrono::steady_clock::now();
+  engine::PreparedRing prepared;
+  if (Status s = engine::Engine::prepare_ring(workers_[owner]->engine->config(), spec, prepared);
+      !s)
+    return s;
+  const auto t1 = std::chrono::steady_clock::now();
   Status result;
-  if (Status s = on_worker(owner, [&](Worker& w) { result = w.engine->install_ring(spec); }); !s)
+  uint64_t attach_cycles = 0;
+  if (Status s = on_worker(owner,
+                           [&](Worker& w) {
+                             const uint64_t c0 = rte_rdtsc();
+                             result = w.engine->install_ring(prepared);
+                             attach_cycles = rte_rdtsc() - c0;
+                           });
+      !s)
     return s;  // nothing changed: the command was cancelled before it ran
   if (!result) return result;
   // The engine has the ring: now point its links at the owner.
@@ -192,8 +209,12 @@ Status Dataplane::install_ring(const engine::RingSpec& spec) {
   rings_[spec.ring_id] = {spec, owner, need, held_max};
   memory_reserved_ += need;
   mbufs_reserved_ += held_max;
-  spdlog::info("ring {} installed on worker {} ({} ranks, {} bytes reserved)", spec.ring_id, owner,
-               spec.ranks(), need);
+  spdlog::info(
+      "ring {} installed on worker {} ({} ranks, {} bytes reserved; built in {:.2f} ms on the "
+      "control thread, attached in {:.2f} us on the worker)",
+      spec.ring_id, owner, spec.ranks(), need,
+      std::chrono::duration<double, std::milli>(t1 - t0).count(),
+      double(attach_cycles) * 1e6 / double(rte_get_tsc_hz()));
   return {};
 }
 
@@ -209,18 +230,19 @@ Status Dataplane::remove_ring(uint32_t ring_id) {
   }
   const RingEntry e = it->second;
   // The owner's engine retires the ring; its links stay (see the top).
+  // The worker detaches the ring and hands its held packets back; both are
+  // freed here, on the control thread.
   Status result;
-  size_t released = 0;
-  if (Status s = on_worker(e.owner,
-                           [&](Worker& w) {
-                             std::vector<engine::Pkt> rel;
-                             result = w.engine->remove_ring(ring_id, rte_rdtsc(), rel);
-                             released = rel.size();
-                             for (const auto& p : rel)
-                               rte_pktmbuf_free(static_cast<rte_mbuf*>(p.handle));
-                           });
+  std::vector<engine::Pkt> rel;
+  engine::PreparedRing detached;
+  if (Status s = on_worker(
+          e.owner,
+          [&](Worker& w) { result = w.engine->remove_ring(ring_id, rte_rdtsc(), rel, &detached); });
       !s)
     return s;  // nothing changed: the command was cancelled before it ran
+  const size_t released = rel.size();
+  for (const auto& p : rel) rte_pktmbuf_free(static_cast<rte_mbuf*>(p.handle));
+  detached.reset();
   if (!result) return result;
   rings_.erase(it);
   retiring_.push_back({e.spec, e.owner,

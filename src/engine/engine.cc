@@ -515,10 +515,21 @@ void Engine::Impl::reset_cell(Ring& ring, size_t ci, Cell& cell, uint32_t tag, S
 Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>(config)) {}
 Engine::~Engine() = default;
 
-Status Engine::install_ring(const RingSpec& spec) { return impl_->rings.install(spec); }
+Status Engine::install_ring(const RingSpec& spec) {
+  PreparedRing r;
+  if (Status s = prepare_ring(impl_->cfg, spec, r); !s) return s;
+  return install_ring(r);
+}
 
-Status Engine::remove_ring(uint32_t ring_id, uint64_t now, std::vector<Pkt>& released) {
-  return impl_->rings.remove(ring_id, now, impl_->clt, released, impl_->counters);
+Status Engine::prepare_ring(const EngineConfig& cfg, const RingSpec& spec, PreparedRing& out) {
+  return detail::RingTable::prepare(cfg, spec, out);
+}
+
+Status Engine::install_ring(PreparedRing& ring) { return impl_->rings.install(ring); }
+
+Status Engine::remove_ring(uint32_t ring_id, uint64_t now, std::vector<Pkt>& released,
+                           PreparedRing* detached) {
+  return impl_->rings.remove(ring_id, now, impl_->clt, released, impl_->counters, detached);
 }
 
 unsigned Engine::expire_retired(uint64_t now) noexcept {

@@ -247,6 +247,21 @@ struct RetiredRing {
   uint32_t connections = 0;         // its connections still retired (not re-bound since)
 };
 
+namespace detail {
+struct Ring;
+struct RingDeleter {
+  void operator()(Ring* r) const noexcept;
+};
+}  // namespace detail
+
+// One ring's whole state (cells, histories, held records, results), built
+// off the packet path by Engine::prepare_ring and attached by install_ring:
+// the thread that prepares it (the data plane's control thread) allocates
+// and zero-fills, the engine's thread only moves the pointer in. A ring
+// detached by remove_ring comes back the same way, to be freed off the
+// packet path too.
+using PreparedRing = std::unique_ptr<detail::Ring, detail::RingDeleter>;
+
 class Engine {
  public:
   explicit Engine(const EngineConfig& config);
@@ -257,13 +272,25 @@ class Engine {
   // Installs a ring. The same spec again is a no-op (ok); a different spec
   // under an installed id is a conflict. Refused, with the field named, when
   // invalid, over its quota, or over the engine's memory budget.
+  // Both steps on the calling thread: prepare_ring, then install_ring(ring).
   Status install_ring(const RingSpec& spec);
-  // Removes a ring: its cells, memory and slot are freed at once and its
-  // held packets handed back for the caller to free (counted ring_removed).
-  // Its bound connections and its links stay known as a tombstone until
-  // `now + retire_grace`: see "Ring lifecycle" above. not_found if no such
-  // ring. Control path (allocates).
-  Status remove_ring(uint32_t ring_id, uint64_t now, std::vector<Pkt>& released);
+  // Builds a ring's state for `cfg` (validated, within its quota; accumulate
+  // mode needs cfg.allocator). Any thread: touches no engine.
+  static Status prepare_ring(const EngineConfig& cfg, const RingSpec& spec, PreparedRing& out);
+  // Attaches a prepared ring (O(P): its links and id): taken from `ring` on
+  // success; left there for the caller to free on any refusal and when the
+  // same spec is installed already (ok). Refused, with the field named, for
+  // a different spec under the same id, over the memory budget, with every
+  // ring slot or the link table full. Engine's thread, no zero-filling.
+  Status install_ring(PreparedRing& ring);
+  // Removes a ring: its held packets handed back for the caller to free
+  // (counted ring_removed) and its slot freed at once. Its state is freed
+  // here, or moved into `*detached` when given (to free off the packet
+  // path). Its bound connections and its links stay known as a tombstone
+  // until `now + retire_grace`: see "Ring lifecycle" above. not_found if no
+  // such ring. Control work (allocates its tombstone).
+  Status remove_ring(uint32_t ring_id, uint64_t now, std::vector<Pkt>& released,
+                     PreparedRing* detached = nullptr);
   // Forgets the tombstones whose expiry is at or before `now`: erases their
   // CLT entries still retired and their links no installed ring uses.
   // Returns how many. One compare when none is due, so the data plane may

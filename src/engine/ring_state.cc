@@ -12,27 +12,51 @@ RingTable::RingTable(const EngineConfig& cfg)
       by_id_(cfg.max_rings),
       links_(std::max(cfg.link_capacity, 2 * kMaxRanks)) {}
 
-Status RingTable::install(const RingSpec& spec) {
-  if (Status s = validate(spec); !s) return s;
+void RingDeleter::operator()(Ring* r) const noexcept { delete r; }
+
+Status RingTable::prepare(const EngineConfig& cfg, const RingSpec& spec, PreparedRing& out) {
+  if (Status s = validate(spec); !s) return s;  // fields and the quota
+  if (cfg.mode == ReduceMode::accumulate && !cfg.allocator.alloc)
+    return {StatusCode::internal, "allocator", "accumulate mode needs a packet allocator"};
+  PreparedRing ring(new Ring);
+  Ring& r = *ring;
+  r.spec = spec;
+  r.p = spec.ranks();
+  r.all_ranks = r.p == 64 ? ~uint64_t{0} : (uint64_t{1} << r.p) - 1;
+  r.slots = slots_for_window(spec.window);
+  r.msg_len = spec.msg_len;
+  r.memory = ring_memory_bytes(spec, cfg.mode);
+  const size_t cells = size_t{r.slots} * r.msg_len;
+  r.cells.assign(cells, Cell{});
+  r.msgs.assign(r.slots, MsgSlot{});
+  r.hist.assign(size_t{r.p} * r.slots, HistEntry{});
+  r.conns.assign(r.p, RankConn{});
+  r.result.assign(cells * spec.payload_bytes, 0);
+  if (cfg.mode == ReduceMode::deterministic)
+    r.held.assign(cells * r.p, Held{});
+  else {
+    r.hdrs.resize(cells * r.p);
+    r.acc.assign(cells * 2 * spec.payload_bytes, 0);
+  }
+  out = std::move(ring);
+  return {};
+}
+
+Status RingTable::install(PreparedRing& ring) {
+  if (!ring) return {StatusCode::internal, "ring", "no prepared ring"};
+  const RingSpec& spec = ring->spec;
   if (const int at = find(spec.ring_id); at >= 0) {
-    if (rings_[at].spec == spec) return {};
+    if (rings_[at]->spec == spec) return {};  // the caller frees the copy it prepared
     return {StatusCode::conflict, "ring_id",
             "ring " + std::to_string(spec.ring_id) + " is installed with a different spec"};
   }
-  const uint64_t need = ring_memory_bytes(spec, cfg_.mode);
-  if (spec.memory_quota && need > spec.memory_quota)
-    return {StatusCode::resource_exhausted, "memory_quota",
-            "ring needs " + std::to_string(need) + " bytes, quota is " +
-                std::to_string(spec.memory_quota)};
+  const uint64_t need = ring->memory;
   if (memory_ + need > cfg_.memory_budget)
     return {StatusCode::resource_exhausted, "memory",
             "ring needs " + std::to_string(need) + " bytes, " +
                 std::to_string(cfg_.memory_budget - memory_) + " of " +
                 std::to_string(cfg_.memory_budget) + " free"};
-  if (cfg_.mode == ReduceMode::accumulate && !cfg_.allocator.alloc)
-    return {StatusCode::internal, "allocator", "accumulate mode needs a packet allocator"};
-  auto free_slot =
-      std::find_if(rings_.begin(), rings_.end(), [](const Ring& r) { return !r.active; });
+  auto free_slot = std::find(rings_.begin(), rings_.end(), nullptr);
   if (free_slot == rings_.end())
     return {StatusCode::resource_exhausted, "ring_id",
             "all " + std::to_string(cfg_.max_rings) + " ring slots are in use"};
@@ -43,40 +67,19 @@ Status RingTable::install(const RingSpec& spec) {
     return {StatusCode::resource_exhausted, "members",
             "the link table is full (" + std::to_string(links_.capacity()) +
                 " links of installed and retired rings)"};
-
-  Ring& r = *free_slot;
-  r = Ring{};
-  r.spec = spec;
-  r.p = p;
-  r.all_ranks = p == 64 ? ~uint64_t{0} : (uint64_t{1} << p) - 1;
-  r.slots = slots_for_window(spec.window);
-  r.msg_len = spec.msg_len;
-  r.memory = need;
-  const size_t cells = size_t{r.slots} * r.msg_len;
-  r.cells.assign(cells, Cell{});
-  r.msgs.assign(r.slots, MsgSlot{});
-  r.hist.assign(size_t{r.p} * r.slots, HistEntry{});
-  r.conns.assign(r.p, RankConn{});
-  r.result.assign(cells * spec.payload_bytes, 0);
-  if (cfg_.mode == ReduceMode::deterministic)
-    r.held.assign(cells * r.p, Held{});
-  else {
-    r.hdrs.resize(cells * r.p);
-    r.acc.assign(cells * 2 * spec.payload_bytes, 0);
-  }
-  r.active = true;
   for (unsigned k = 0; k < p; ++k)
     ++links_.insert(link_key(spec.members[k], spec.members[(k + 1) % p]))->live;
   by_id_.insert(spec.ring_id)->index = static_cast<uint16_t>(free_slot - rings_.begin());
   memory_ += need;
+  *free_slot = std::move(ring);
   return {};
 }
 
 Status RingTable::remove(uint32_t ring_id, uint64_t now, Clt& clt, std::vector<Pkt>& released,
-                         ReasonCounters& counters) {
+                         ReasonCounters& counters, PreparedRing* detached) {
   const int at = find(ring_id);
   if (at < 0) return {StatusCode::not_found, "ring_id", "no ring " + std::to_string(ring_id)};
-  Ring& r = rings_[at];
+  Ring& r = *rings_[at];
   // The tombstone first (the only allocation): a removal never half happens.
   auto tomb_it =
       std::find_if(tombs_.begin(), tombs_.end(), [](const Tombstone& t) { return !t.used; });
@@ -115,7 +118,11 @@ Status RingTable::remove(uint32_t ring_id, uint64_t now, Clt& clt, std::vector<P
   }
   release_all(r, released, counters);
   memory_ -= r.memory;
-  r = Ring{};  // the ring slot is free now: no CLT entry points into it
+  // The ring slot is free now: no CLT entry points into it.
+  if (detached)
+    *detached = std::move(rings_[at]);
+  else
+    rings_[at].reset();
   by_id_.erase(ring_id);
   return {};
 }
@@ -167,6 +174,7 @@ void RingTable::unbind(Ring& ring, unsigned rank, Clt& clt) noexcept {
 
 void RingTable::release_all(Ring& ring, std::vector<Pkt>& released,
                             ReasonCounters& counters) noexcept {
+  if (ring.held_packets == 0) return;  // nothing to scan for (an idle ring's removal is O(P))
   for (Held& h : ring.held) {
     if (!h.pkt.data) continue;
     released.push_back(h.pkt);
@@ -181,7 +189,7 @@ std::optional<RingInfo> RingTable::info(uint32_t ring_id, uint64_t now_ns,
                                         uint64_t stall_ns) const {
   const int at = find(ring_id);
   if (at < 0) return std::nullopt;
-  const Ring& r = rings_[at];
+  const Ring& r = *rings_[at];
   RingInfo info;
   info.spec = r.spec;
   info.counters = r.counters;
@@ -216,8 +224,8 @@ std::vector<RetiredRing> RingTable::retired_rings(const Clt& clt) const {
 
 std::vector<uint32_t> RingTable::ids() const {
   std::vector<uint32_t> ids;
-  for (const Ring& r : rings_)
-    if (r.active) ids.push_back(r.spec.ring_id);
+  for (const PreparedRing& r : rings_)
+    if (r) ids.push_back(r->spec.ring_id);
   std::sort(ids.begin(), ids.end());
   return ids;
 }

@@ -8,8 +8,10 @@
 // RingTable: the fixed array of max_rings ring slots, the ring id index and
 // the link table (every ring link of an installed ring or a tombstone, with
 // how many of each use it), and the tombstones of removed rings.
-// install/remove/expire/purge/info are control work run on the engine's
-// thread between bursts (remove allocates its tombstone); the packet path
+// prepare builds a Ring on any thread (allocation and zero-fill); install
+// (attach: O(P)), remove, expire, purge and info are control work run on the
+// engine's thread between bursts (remove allocates its tombstone, and hands
+// the detached Ring back to be freed elsewhere when asked); the packet path
 // only reads find(), link() and at(), and unbind()s a rank that re-binds.
 // A tombstone is written by remove and expire only; the packet path sees it
 // only through the CLT entries (state retired) and the link counts.
@@ -46,7 +48,6 @@ struct Ring {
   RingCounters counters;
   uint32_t held_packets = 0;
   uint64_t held_bytes = 0;
-  bool active = false;
 
   size_t cell_index(uint32_t msg_id, uint32_t k) const noexcept {
     return size_t{msg_id & (slots - 1)} * msg_len + k;
@@ -85,10 +86,11 @@ class RingTable {
  public:
   explicit RingTable(const EngineConfig& cfg);
 
-  // Engine::install_ring / remove_ring / expire_retired (engine.h).
-  Status install(const RingSpec& spec);
+  // Engine::prepare_ring / install_ring / remove_ring / expire_retired (engine.h).
+  static Status prepare(const EngineConfig& cfg, const RingSpec& spec, PreparedRing& out);
+  Status install(PreparedRing& ring);
   Status remove(uint32_t ring_id, uint64_t now, Clt& clt, std::vector<Pkt>& released,
-                ReasonCounters& counters);
+                ReasonCounters& counters, PreparedRing* detached);
   unsigned expire(uint64_t now, Clt& clt) noexcept;
 
   // Forgets rank's connection (its CLT entry) and history.
@@ -99,7 +101,7 @@ class RingTable {
     const RingIndex::Slot* s = by_id_.find(ring_id);
     return s ? s->index : -1;
   }
-  Ring& at(uint32_t slot) noexcept { return rings_[slot]; }
+  Ring& at(uint32_t slot) noexcept { return *rings_[slot]; }
   const LinkUse* link(uint32_t src, uint32_t dst) const noexcept {
     return links_.find(link_key(src, dst));
   }
@@ -116,7 +118,7 @@ class RingTable {
   void purge(uint32_t tomb, Clt& clt) noexcept;
 
   const EngineConfig& cfg_;
-  LineVector<Ring> rings_;  // max_rings slots
+  LineVector<PreparedRing> rings_;  // max_rings slots; null: free
   RingIndex by_id_;
   LinkTable links_;
   std::vector<Tombstone> tombs_;         // grows in remove; entries reused after expiry
