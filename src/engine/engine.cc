@@ -376,6 +376,7 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
     cell.op = msg.op;
     cell.first_ns = now;
     cell.state = CellState::collecting;
+    ++ring.open_cells;
     MsgSlot& ms = ring.msgs[msg.msg_id & (ring.slots - 1)];
     if (!ms.valid || ms.tag != msg.msg_id) ms = MsgSlot{msg.msg_id, msg.len, 0, true};
   }
@@ -483,6 +484,7 @@ void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
     ++out.ntx;
   }
   cell.state = CellState::complete;
+  --ring.open_cells;
   ++ring.counters.cells_completed;
   MsgSlot& ms = ring.msgs[cell.tag & (ring.slots - 1)];
   if (ms.valid && ms.tag == cell.tag && ++ms.cells_done == ms.len)
@@ -492,6 +494,7 @@ void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
 template <ReduceMode M>
 void Engine::Impl::reset_cell(Ring& ring, size_t ci, Cell& cell, uint32_t tag, Sink& out) noexcept {
   if (cell.state == CellState::collecting) {
+    --ring.open_cells;
     // Only a worker that broke rule W reuses a cell others still wait on.
     for (unsigned r = 0; r < ring.p; ++r) {
       if (!(cell.arrived >> r & 1)) continue;

@@ -197,9 +197,14 @@ std::optional<RingInfo> RingTable::info(uint32_t ring_id, uint64_t now_ns,
   info.memory_bytes = r.memory;
   info.held_packets = r.held_packets;
   info.held_bytes = r.held_bytes;
-  for (const Cell& c : r.cells) {
+  info.open_cells = r.open_cells;
+  // Stalled cells: only the open ones are looked at, and the scan stops at
+  // the last of them (none open, the common case between messages: no scan).
+  uint32_t seen = 0;
+  for (size_t i = 0; i < r.cells.size() && seen < r.open_cells; ++i) {
+    const Cell& c = r.cells[i];
     if (c.state != CellState::collecting) continue;
-    ++info.open_cells;
+    ++seen;
     if (stall_ns && now_ns > c.first_ns && now_ns - c.first_ns > stall_ns) ++info.stalled_cells;
   }
   return info;

@@ -48,6 +48,10 @@ struct Ring {
   RingCounters counters;
   uint32_t held_packets = 0;
   uint64_t held_bytes = 0;
+  // Cells collecting, kept by the cell state machine (engine.cc: +1 when a
+  // cell starts collecting, -1 when it completes or is reset while
+  // collecting), so a report finds them without looking at idle cells.
+  uint32_t open_cells = 0;
 
   size_t cell_index(uint32_t msg_id, uint32_t k) const noexcept {
     return size_t{msg_id & (slots - 1)} * msg_len + k;

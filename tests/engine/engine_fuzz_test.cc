@@ -245,6 +245,14 @@ void run(engine::ReduceMode mode, uint64_t iterations, std::mt19937_64& rng) {
       auto info = e.ring_info(d.id);
       ENSURE(info && info->held_bytes <= info->memory_bytes);
       held_total += info->held_packets;
+      // The open-cell count the state machine keeps: in deterministic mode
+      // every arrival but a cell's last is held, so a ring has open cells
+      // exactly when it holds packets, at least one and at most P - 1 per cell.
+      if (mode == engine::ReduceMode::deterministic) {
+        ENSURE((info->open_cells == 0) == (info->held_packets == 0));
+        ENSURE(info->open_cells <= info->held_packets);
+        ENSURE(info->held_packets <= uint64_t{info->open_cells} * (d.ranks - 1));
+      }
     }
     ENSURE(held_total == st.held.size());
   }
