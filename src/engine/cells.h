@@ -34,7 +34,7 @@ enum class CellState : uint8_t { empty, collecting, complete };
 
 struct Cell {
   uint64_t arrived = 0;   // bitmap over ranks
-  uint64_t first_ns = 0;  // first arrival, for stall reporting
+  uint64_t first_at = 0;  // first arrival (process()'s clock), for stall reporting
   uint32_t tag = 0;       // msg_id
   uint16_t data_len = 0;  // data bytes per packet (excludes the INA header)
   uint8_t dtype = 0;

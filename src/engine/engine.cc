@@ -374,7 +374,7 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
     cell.data_len = data_len;
     cell.dtype = msg.dtype;
     cell.op = msg.op;
-    cell.first_ns = now;
+    cell.first_at = now;
     cell.state = CellState::collecting;
     ++ring.open_cells;
     MsgSlot& ms = ring.msgs[msg.msg_id & (ring.slots - 1)];
@@ -545,10 +545,10 @@ std::vector<RetiredRing> Engine::retired_rings() const {
   return impl_->rings.retired_rings(impl_->clt);
 }
 
-Outcome Engine::process(Pkt pkt, uint64_t now_ns, Sink& out) noexcept {
+Outcome Engine::process(Pkt pkt, uint64_t now, Sink& out) noexcept {
   Frame f;
   classify(pkt, f);
-  return (impl_.get()->*impl_->one_fn)(f, now_ns, out);
+  return (impl_.get()->*impl_->one_fn)(f, now, out);
 }
 
 void Engine::classify(Pkt pkt, Frame& f) noexcept {
@@ -556,16 +556,15 @@ void Engine::classify(Pkt pkt, Frame& f) noexcept {
   f.st = wire::parse_frame(pkt.data, pkt.len, f.p);
 }
 
-unsigned Engine::process_burst(const Frame* frames, unsigned n, uint64_t now_ns, Outcome* outcomes,
+unsigned Engine::process_burst(const Frame* frames, unsigned n, uint64_t now, Outcome* outcomes,
                                Sink& out) noexcept {
-  return (impl_.get()->*impl_->burst_fn)(frames, n, now_ns, outcomes, out);
+  return (impl_.get()->*impl_->burst_fn)(frames, n, now, outcomes, out);
 }
 
 std::vector<uint32_t> Engine::ring_ids() const { return impl_->rings.ids(); }
 size_t Engine::ring_count() const noexcept { return impl_->rings.count(); }
-std::optional<RingInfo> Engine::ring_info(uint32_t ring_id, uint64_t now_ns,
-                                          uint64_t stall_ns) const {
-  return impl_->rings.info(ring_id, now_ns, stall_ns);
+std::optional<RingInfo> Engine::ring_info(uint32_t ring_id, uint64_t now, uint64_t stall) const {
+  return impl_->rings.info(ring_id, now, stall);
 }
 const ReasonCounters& Engine::counters() const noexcept { return impl_->counters; }
 TableStats Engine::table_stats() const noexcept {

@@ -119,7 +119,8 @@ struct Pkt {
   uint8_t* data = nullptr;
   uint16_t len = 0;
   void* handle = nullptr;
-  uint16_t meta = 0;  // the caller's tag (the data plane: RX port); carried onto rebuilt packets
+  uint16_t meta = 0;  // the caller's tag (the data plane: the RX port's slot, 0 or 1); carried onto
+                      // rebuilt packets
 };
 
 // One frame of a burst, classified once by the caller (the data plane's
@@ -300,8 +301,10 @@ class Engine {
   // Tombstones by expiry, earliest first (control path: allocates).
   std::vector<RetiredRing> retired_rings() const;
 
-  // The hot path. `now_ns` is any monotonic clock (stall accounting).
-  Outcome process(Pkt pkt, uint64_t now_ns, Sink& out) noexcept;
+  // The hot path. `now` is the caller's monotonic clock, in the units of
+  // EngineConfig::retire_grace (the data plane: TSC cycles); it stamps cells
+  // for stall reporting and dates removals.
+  Outcome process(Pkt pkt, uint64_t now, Sink& out) noexcept;
   // Parses the frame into f (what the classify stage does for a burst).
   static void classify(Pkt pkt, Frame& f) noexcept;
   // The burst entry: frames[0..n) in order, each frame's verdict in
@@ -309,13 +312,14 @@ class Engine {
   // cleared). Stops before a frame when `out` has fewer than kMaxRanks free
   // tx or drop entries and returns how many frames it processed; the caller
   // drains `out` and calls again with the rest.
-  unsigned process_burst(const Frame* frames, unsigned n, uint64_t now_ns, Outcome* outcomes,
+  unsigned process_burst(const Frame* frames, unsigned n, uint64_t now, Outcome* outcomes,
                          Sink& out) noexcept;
 
   std::vector<uint32_t> ring_ids() const;
   size_t ring_count() const noexcept;
-  std::optional<RingInfo> ring_info(uint32_t ring_id, uint64_t now_ns = 0,
-                                    uint64_t stall_ns = 0) const;
+  // A ring's report; a cell open for longer than `stall` at `now` (both in
+  // the clock of process()) counts as stalled; stall 0: none counted.
+  std::optional<RingInfo> ring_info(uint32_t ring_id, uint64_t now = 0, uint64_t stall = 0) const;
   const ReasonCounters& counters() const noexcept;
   TableStats table_stats() const noexcept;
   uint64_t memory_in_use() const noexcept;

@@ -185,8 +185,7 @@ void RingTable::release_all(Ring& ring, std::vector<Pkt>& released,
   ring.held_bytes = 0;
 }
 
-std::optional<RingInfo> RingTable::info(uint32_t ring_id, uint64_t now_ns,
-                                        uint64_t stall_ns) const {
+std::optional<RingInfo> RingTable::info(uint32_t ring_id, uint64_t now, uint64_t stall) const {
   const int at = find(ring_id);
   if (at < 0) return std::nullopt;
   const Ring& r = *rings_[at];
@@ -205,7 +204,7 @@ std::optional<RingInfo> RingTable::info(uint32_t ring_id, uint64_t now_ns,
     const Cell& c = r.cells[i];
     if (c.state != CellState::collecting) continue;
     ++seen;
-    if (stall_ns && now_ns > c.first_ns && now_ns - c.first_ns > stall_ns) ++info.stalled_cells;
+    if (stall && now > c.first_at && now - c.first_at > stall) ++info.stalled_cells;
   }
   return info;
 }

@@ -110,7 +110,7 @@ class RingTable {
     return links_.find(link_key(src, dst));
   }
 
-  std::optional<RingInfo> info(uint32_t ring_id, uint64_t now_ns, uint64_t stall_ns) const;
+  std::optional<RingInfo> info(uint32_t ring_id, uint64_t now, uint64_t stall) const;
   std::vector<RetiredRing> retired_rings(const Clt& clt) const;
   std::vector<uint32_t> ids() const;
   size_t count() const noexcept { return by_id_.size(); }
