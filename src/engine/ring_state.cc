@@ -15,7 +15,14 @@ RingTable::RingTable(const EngineConfig& cfg)
 void RingDeleter::operator()(Ring* r) const noexcept { delete r; }
 
 Status RingTable::prepare(const EngineConfig& cfg, const RingSpec& spec, PreparedRing& out) {
-  if (Status s = validate(spec); !s) return s;  // fields and the quota
+  if (Status s = validate(spec); !s) return s;  // fields, and the quota in deterministic terms
+  // The quota against this engine's mode too (accumulate needs more than
+  // deterministic at P = 2: three payloads per cell against one held packet).
+  const uint64_t need = ring_memory_bytes(spec, cfg.mode);
+  if (spec.memory_quota && need > spec.memory_quota)
+    return {StatusCode::resource_exhausted, "memory_quota",
+            "ring needs " + std::to_string(need) + " bytes, quota is " +
+                std::to_string(spec.memory_quota)};
   if (cfg.mode == ReduceMode::accumulate && !cfg.allocator.alloc)
     return {StatusCode::internal, "allocator", "accumulate mode needs a packet allocator"};
   PreparedRing ring(new Ring);
@@ -25,7 +32,7 @@ Status RingTable::prepare(const EngineConfig& cfg, const RingSpec& spec, Prepare
   r.all_ranks = r.p == 64 ? ~uint64_t{0} : (uint64_t{1} << r.p) - 1;
   r.slots = slots_for_window(spec.window);
   r.msg_len = spec.msg_len;
-  r.memory = ring_memory_bytes(spec, cfg.mode);
+  r.memory = need;
   const size_t cells = size_t{r.slots} * r.msg_len;
   r.cells.assign(cells, Cell{});
   r.msgs.assign(r.slots, MsgSlot{});
@@ -47,7 +54,7 @@ Status RingTable::install(PreparedRing& ring) {
   const RingSpec& spec = ring->spec;
   if (const int at = find(spec.ring_id); at >= 0) {
     if (rings_[at]->spec == spec) return {};  // the caller frees the copy it prepared
-    return {StatusCode::conflict, "ring_id",
+    return {StatusCode::conflict, "id",
             "ring " + std::to_string(spec.ring_id) + " is installed with a different spec"};
   }
   const uint64_t need = ring->memory;
@@ -58,7 +65,7 @@ Status RingTable::install(PreparedRing& ring) {
                 std::to_string(cfg_.memory_budget) + " free"};
   auto free_slot = std::find(rings_.begin(), rings_.end(), nullptr);
   if (free_slot == rings_.end())
-    return {StatusCode::resource_exhausted, "ring_id",
+    return {StatusCode::resource_exhausted, "id",
             "all " + std::to_string(cfg_.max_rings) + " ring slots are in use"};
   const unsigned p = spec.ranks();
   size_t new_links = 0;
@@ -78,7 +85,7 @@ Status RingTable::install(PreparedRing& ring) {
 Status RingTable::remove(uint32_t ring_id, uint64_t now, Clt& clt, std::vector<Pkt>& released,
                          ReasonCounters& counters, PreparedRing* detached) {
   const int at = find(ring_id);
-  if (at < 0) return {StatusCode::not_found, "ring_id", "no ring " + std::to_string(ring_id)};
+  if (at < 0) return {StatusCode::not_found, "id", "no ring " + std::to_string(ring_id)};
   Ring& r = *rings_[at];
   // The tombstone first (the only allocation): a removal never half happens.
   auto tomb_it =

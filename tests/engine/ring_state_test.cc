@@ -169,3 +169,28 @@ TEST_CASE("a ring is built by prepare and only attached by install; remove detac
   CHECK(t.install(b).ok());
   CHECK(t.find(2) >= 0);
 }
+
+TEST_CASE("a ring's memory quota holds in the engine's own mode", "[ring_state]") {
+  // At P = 2 accumulate mode needs more than deterministic (three payloads per
+  // cell against one held packet): a quota that covers the deterministic need
+  // passes the field checks but not an accumulate engine.
+  RingSpec s = ring_spec(1, 2, 4, 4, 4096);
+  const uint64_t det = ring_memory_bytes(s, ReduceMode::deterministic);
+  const uint64_t acc = ring_memory_bytes(s, ReduceMode::accumulate);
+  REQUIRE(acc > det);
+  s.memory_quota = det;
+  REQUIRE(validate(s).ok());
+  EngineConfig cfg;
+  cfg.mode = ReduceMode::accumulate;
+  cfg.allocator.alloc = [](void*, uint16_t) { return Pkt{}; };
+  PreparedRing r;
+  const Status st = RingTable::prepare(cfg, s, r);
+  CHECK(st.code() == StatusCode::resource_exhausted);
+  CHECK(st.field() == "memory_quota");
+  CHECK_FALSE(r);
+  s.memory_quota = acc;
+  CHECK(RingTable::prepare(cfg, s, r).ok());
+  cfg.mode = ReduceMode::deterministic;
+  s.memory_quota = det;
+  CHECK(RingTable::prepare(cfg, s, r).ok());
+}
