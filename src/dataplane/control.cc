@@ -448,12 +448,8 @@ Status Dataplane::run() {
     return s;
   spdlog::info("control socket {} (mode 0660{})", cfg_.control_socket,
                control_gid_ >= 0 ? ", group " + cfg_.control_group : "");
-  for (unsigned s = 0; s < 2; ++s) {
-    if (int rc = rte_eth_dev_start(port_ids_[s]); rc != 0)
-      return {StatusCode::unavailable, "ports[" + std::to_string(s) + "]",
-              "cannot start port " + cfg_.ports[s].name + ": " + rte_strerror(-rc)};
-    rte_eth_promiscuous_enable(port_ids_[s]);  // a bump in the wire passes every MAC
-  }
+  for (unsigned s = 0; s < 2; ++s)
+    if (Status st = start_port(port_setup(s)); !st) return st;
   std::vector<std::pair<Dataplane*, Worker*>> args;
   args.reserve(workers_.size());
   for (Worker* w : workers_) args.emplace_back(this, w);

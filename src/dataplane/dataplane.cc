@@ -31,9 +31,7 @@ static_assert(offsetof(rte_ring, prod) % RTE_CACHE_LINE_SIZE == 0 &&
 
 namespace netreduce::dataplane {
 
-namespace {
-std::string dpdk_error(int rc) { return std::string(rte_strerror(rc < 0 ? -rc : rc)); }
-}  // namespace
+namespace {}  // namespace
 
 Dataplane::Dataplane(DataplaneConfig cfg) : cfg_(std::move(cfg)) { mode_.store(cfg_.mode); }
 
@@ -47,6 +45,18 @@ Dataplane::~Dataplane() {
     rte_free(w);
   }
   rte_free(qsbr_);
+}
+
+PortSetup Dataplane::port_setup(unsigned s) const {
+  PortSetup p;
+  p.port = port_ids_[s];
+  p.name = cfg_.ports[s].name;
+  p.field = "ports[" + std::to_string(s) + "]";
+  p.rx_desc = cfg_.rx_desc;
+  p.tx_desc = cfg_.tx_desc;
+  p.mtu = cfg_.mtu;
+  p.pool = pool_;
+  return p;
 }
 
 Status Dataplane::setup() {
@@ -127,39 +137,13 @@ Status Dataplane::setup() {
   const unsigned nw = static_cast<unsigned>(lcores.size());
   uint16_t nrxq[2], ntxq[2];
   for (unsigned s = 0; s < 2; ++s) {
-    rte_eth_dev_info info{};
-    if (int rc = rte_eth_dev_info_get(port_ids_[s], &info); rc != 0)
-      return {StatusCode::internal, "ports", "device info: " + dpdk_error(rc)};
-    nrxq[s] = static_cast<uint16_t>(std::min<unsigned>(nw, info.max_rx_queues));
-    ntxq[s] = static_cast<uint16_t>(std::min<unsigned>(nw, info.max_tx_queues));
-    // ethdev checks the frame (MTU + Ethernet header + FCS) against the
-    // device's largest receive frame as well as the MTU limit.
-    const uint32_t max_mtu =
-        std::min<uint32_t>(info.max_mtu, info.max_rx_pktlen > 18 ? info.max_rx_pktlen - 18 : 0);
-    if (cfg_.mtu > max_mtu)
-      return Status::invalid("mtu", "port " + cfg_.ports[s].name + " supports an MTU of at most " +
-                                        std::to_string(max_mtu));
-    rte_eth_conf conf{};
-    conf.rxmode.mtu = cfg_.mtu;
-    if (int rc = rte_eth_dev_configure(port_ids_[s], nrxq[s], ntxq[s], &conf); rc != 0)
-      return {StatusCode::internal, "ports[" + std::to_string(s) + "]",
-              "configure: " + dpdk_error(rc)};
-    uint16_t rxd = cfg_.rx_desc, txd = cfg_.tx_desc;
-    rte_eth_dev_adjust_nb_rx_tx_desc(port_ids_[s], &rxd, &txd);
-    for (uint16_t q = 0; q < nrxq[s]; ++q)
-      if (int rc = rte_eth_rx_queue_setup(port_ids_[s], q, rxd, rte_eth_dev_socket_id(port_ids_[s]),
-                                          nullptr, pool_);
-          rc != 0)
-        return {StatusCode::internal, "ports[" + std::to_string(s) + "]",
-                "RX queue setup on " + cfg_.ports[s].name + ": " + dpdk_error(rc) +
-                    " (see the driver's message above)"};
-    for (uint16_t q = 0; q < ntxq[s]; ++q)
-      if (int rc = rte_eth_tx_queue_setup(port_ids_[s], q, txd, rte_eth_dev_socket_id(port_ids_[s]),
-                                          nullptr);
-          rc != 0)
-        return {StatusCode::internal, "ports[" + std::to_string(s) + "]",
-                "TX queue setup on " + cfg_.ports[s].name + ": " + dpdk_error(rc) +
-                    " (see the driver's message above)"};
+    PortSetup ps = port_setup(s);
+    port_max_queues(port_ids_[s], nrxq[s], ntxq[s]);
+    if (nrxq[s] == 0 || ntxq[s] == 0)
+      return {StatusCode::internal, ps.field, "cannot read the queue limits of " + ps.name};
+    ps.rx_queues = nrxq[s] = static_cast<uint16_t>(std::min<unsigned>(nw, nrxq[s]));
+    ps.tx_queues = ntxq[s] = static_cast<uint16_t>(std::min<unsigned>(nw, ntxq[s]));
+    if (Status st = configure_port(ps); !st) return st;
   }
 
   for (unsigned i = 0; i < nw; ++i) {

@@ -89,6 +89,7 @@
 #include <vector>
 
 #include "dataplane/config.h"
+#include "dataplane/ports.h"
 #include "dataplane/reasons.h"
 #include "engine/engine.h"
 
@@ -262,6 +263,8 @@ class Dataplane {
   // control.command_timeout_ms (the command is then cancelled: it never
   // runs), or has not taken an earlier cancelled one yet (no waiting then).
   Status on_worker(unsigned w, std::function<void(Worker&)> fn);
+  // Port slot s (0: A, 1: B) as ports.h configures and starts it.
+  PortSetup port_setup(unsigned s) const;
   // Worker w's latest publication (Published), asking for a fresh one first
   // and waiting for it up to control.command_timeout_ms; `age_ms` is how old
   // the copy is (0 when fresh). No command: a worker stuck in a PMD call or
