@@ -42,6 +42,33 @@ constexpr uint32_t kMessages = 16;  // window 8: 16 slots; a round of 128*P fram
 struct Frames {
   std::vector<std::vector<uint8_t>> pristine, live;  // [m][k][r] flattened
   std::vector<engine::Pkt> order;                    // feed order
+
+  // Appends packet k of message m of rank r (src -> dst, QP 0x100 + r, PSNs
+  // from r * 1000) of ring `ring` carrying `data`.
+  void add(uint32_t ring, unsigned r, uint32_t src, uint32_t dst, wire::Dtype dt, uint32_t m,
+           uint32_t k, const std::vector<uint8_t>& data, uint16_t pmtu) {
+    wire::InaMessage msg;
+    msg.base.src_ip = src;
+    msg.base.dst_ip = dst;
+    msg.base.dest_qp = 0x100 + r;
+    msg.ina.dtype = static_cast<uint8_t>(dt);
+    msg.ina.op = static_cast<uint8_t>(wire::ReduceOp::sum);
+    msg.ina.ring_id = ring;
+    msg.ina.rank = static_cast<uint16_t>(r);
+    msg.ina.msg_id = m;
+    msg.psn0 = wire::psn_add(r * 1000, m * kMsgPackets);
+    msg.data = data.data();
+    msg.data_bytes = data.size();
+    msg.pmtu = pmtu;
+    std::vector<uint8_t> f(pmtu + 128);
+    f.resize(wire::build_message_packet(msg, k, f.data(), f.size()));
+    pristine.push_back(std::move(f));
+  }
+  // The working copies and the feed order, once every packet is added.
+  void seal() {
+    live = pristine;
+    for (auto& f : live) order.push_back({f.data(), static_cast<uint16_t>(f.size()), &f});
+  }
 };
 
 Frames make_frames(unsigned ranks, uint16_t pmtu, wire::Dtype dt) {
@@ -64,25 +91,9 @@ Frames make_frames(unsigned ranks, uint16_t pmtu, wire::Dtype dt) {
             std::memcpy(&data[i + 2], &h, 2);
           }
         }
-        wire::InaMessage msg;
-        msg.base.src_ip = 0x0A000001u + r;
-        msg.base.dst_ip = 0x0A000001u + (r + 1) % ranks;
-        msg.base.dest_qp = 0x100 + r;
-        msg.ina.dtype = static_cast<uint8_t>(dt);
-        msg.ina.op = static_cast<uint8_t>(wire::ReduceOp::sum);
-        msg.ina.ring_id = 1;
-        msg.ina.rank = static_cast<uint16_t>(r);
-        msg.ina.msg_id = m;
-        msg.psn0 = wire::psn_add(r * 1000, m * kMsgPackets);
-        msg.data = data.data();
-        msg.data_bytes = bytes;
-        msg.pmtu = pmtu;
-        std::vector<uint8_t> f(pmtu + 128);
-        f.resize(wire::build_message_packet(msg, k, f.data(), f.size()));
-        fr.pristine.push_back(f);
+        fr.add(1, r, 0x0A000001u + r, 0x0A000001u + (r + 1) % ranks, dt, m, k, data, pmtu);
       }
-  fr.live = fr.pristine;
-  for (auto& f : fr.live) fr.order.push_back({f.data(), static_cast<uint16_t>(f.size()), &f});
+  fr.seal();
   return fr;
 }
 
@@ -205,25 +216,10 @@ Frames make_cold_frames(unsigned rings) {
             std::memcpy(&data[i], &v, 4);
           }
           const engine::RingSpec s = cold_spec(g);
-          wire::InaMessage msg;
-          msg.base.src_ip = s.members[r];
-          msg.base.dst_ip = s.members[(r + 1) % kColdRanks];
-          msg.base.dest_qp = 0x100 + r;
-          msg.ina.dtype = static_cast<uint8_t>(wire::Dtype::fp32);
-          msg.ina.op = static_cast<uint8_t>(wire::ReduceOp::sum);
-          msg.ina.ring_id = s.ring_id;
-          msg.ina.rank = static_cast<uint16_t>(r);
-          msg.ina.msg_id = m;
-          msg.psn0 = wire::psn_add(r * 1000, m * kMsgPackets);
-          msg.data = data.data();
-          msg.data_bytes = bytes;
-          msg.pmtu = kColdPmtu;
-          std::vector<uint8_t> f(kColdPmtu + 128);
-          f.resize(wire::build_message_packet(msg, k, f.data(), f.size()));
-          fr.pristine.push_back(std::move(f));
+          fr.add(s.ring_id, r, s.members[r], s.members[(r + 1) % kColdRanks], wire::Dtype::fp32, m,
+                 k, data, kColdPmtu);
         }
-  fr.live = fr.pristine;
-  for (auto& f : fr.live) fr.order.push_back({f.data(), static_cast<uint16_t>(f.size()), &f});
+  fr.seal();
   return fr;
 }
 
