@@ -28,51 +28,6 @@ namespace netreduce::dataplane {
     "multi-segment mbuf: not contiguous, forwarded untouched without classification "      \
     "(counted under the port it came in on)")
 
-enum class Reason : unsigned char {
-#define NETREDUCE_X(name, fate, desc) name,
-  NETREDUCE_DATAPLANE_REASONS(NETREDUCE_X)
-#undef NETREDUCE_X
-};
-
-inline constexpr size_t kReasonCount = 0
-#define NETREDUCE_X(name, fate, desc) +1
-    NETREDUCE_DATAPLANE_REASONS(NETREDUCE_X)
-#undef NETREDUCE_X
-    ;
-
-constexpr size_t index(Reason r) noexcept { return static_cast<size_t>(r); }
-
-constexpr std::string_view to_string(Reason r) noexcept {
-  switch (r) {
-#define NETREDUCE_X(name, fate, desc) \
-  case Reason::name:                  \
-    return #name;
-    NETREDUCE_DATAPLANE_REASONS(NETREDUCE_X)
-#undef NETREDUCE_X
-  }
-  return "invalid";
-}
-
-constexpr std::string_view describe(Reason r) noexcept {
-  switch (r) {
-#define NETREDUCE_X(name, fate, desc) \
-  case Reason::name:                  \
-    return desc;
-    NETREDUCE_DATAPLANE_REASONS(NETREDUCE_X)
-#undef NETREDUCE_X
-  }
-  return "invalid";
-}
-
-constexpr engine::Fate fate_of(Reason r) noexcept {
-  switch (r) {
-#define NETREDUCE_X(name, fate, desc) \
-  case Reason::name:                  \
-    return engine::Fate::fate;
-    NETREDUCE_DATAPLANE_REASONS(NETREDUCE_X)
-#undef NETREDUCE_X
-  }
-  return engine::Fate::drop;
-}
+NETREDUCE_DEFINE_REASONS(NETREDUCE_DATAPLANE_REASONS)
 
 }  // namespace netreduce::dataplane

@@ -48,50 +48,39 @@ enum class Fate : uint8_t { forward, aggregate, drop };
   X(clt_full, drop, "connection table full: a new INA connection cannot be tracked")         \
   X(alloc_failed, drop, "no buffer to build a released packet (accumulate mode)")
 
-enum class Reason : uint8_t {
-#define NETREDUCE_X(name, fate, desc) name,
-  NETREDUCE_REASONS(NETREDUCE_X)
-#undef NETREDUCE_X
-};
-
-inline constexpr size_t kReasonCount = 0
-#define NETREDUCE_X(name, fate, desc) +1
-    NETREDUCE_REASONS(NETREDUCE_X)
-#undef NETREDUCE_X
-    ;
-
-constexpr std::string_view to_string(Reason r) noexcept {
-  switch (r) {
-#define NETREDUCE_X(name, fate, desc) \
-  case Reason::name:                  \
+// Defines, in the enclosing namespace, everything a reason list gives from
+// an X-macro LIST(X) with X(name, fate, description): enum class Reason,
+// kReasonCount, index(), to_string(), describe() and fate_of(). The engine's
+// list (above) and the data plane's (dataplane/reasons.h) both use it.
+#define NETREDUCE_REASON_ENUM_(name, fate, desc) name,
+#define NETREDUCE_REASON_COUNT_(name, fate, desc) +1
+#define NETREDUCE_REASON_NAME_(name, fate, desc) \
+  case Reason::name:                             \
     return #name;
-    NETREDUCE_REASONS(NETREDUCE_X)
-#undef NETREDUCE_X
-  }
-  return "invalid";
-}
-
-constexpr std::string_view describe(Reason r) noexcept {
-  switch (r) {
-#define NETREDUCE_X(name, fate, desc) \
-  case Reason::name:                  \
+#define NETREDUCE_REASON_DESC_(name, fate, desc) \
+  case Reason::name:                             \
     return desc;
-    NETREDUCE_REASONS(NETREDUCE_X)
-#undef NETREDUCE_X
+#define NETREDUCE_REASON_FATE_(name, fate, desc) \
+  case Reason::name:                             \
+    return ::netreduce::engine::Fate::fate;
+#define NETREDUCE_DEFINE_REASONS(LIST)                                         \
+  enum class Reason : uint8_t { LIST(NETREDUCE_REASON_ENUM_) };                \
+  inline constexpr size_t kReasonCount = 0 LIST(NETREDUCE_REASON_COUNT_);      \
+  constexpr size_t index(Reason r) noexcept { return static_cast<size_t>(r); } \
+  constexpr std::string_view to_string(Reason r) noexcept {                    \
+    switch (r) { LIST(NETREDUCE_REASON_NAME_) }                                \
+    return "invalid";                                                          \
+  }                                                                            \
+  constexpr std::string_view describe(Reason r) noexcept {                     \
+    switch (r) { LIST(NETREDUCE_REASON_DESC_) }                                \
+    return "invalid";                                                          \
+  }                                                                            \
+  constexpr ::netreduce::engine::Fate fate_of(Reason r) noexcept {             \
+    switch (r) { LIST(NETREDUCE_REASON_FATE_) }                                \
+    return ::netreduce::engine::Fate::drop;                                    \
   }
-  return "invalid";
-}
 
-constexpr Fate fate_of(Reason r) noexcept {
-  switch (r) {
-#define NETREDUCE_X(name, fate, desc) \
-  case Reason::name:                  \
-    return Fate::fate;
-    NETREDUCE_REASONS(NETREDUCE_X)
-#undef NETREDUCE_X
-  }
-  return Fate::drop;
-}
+NETREDUCE_DEFINE_REASONS(NETREDUCE_REASONS)
 
 using ReasonCounters = std::array<uint64_t, kReasonCount>;
 

@@ -157,7 +157,7 @@ def dataplane_reasons():
     with open(path) as f:
         text = f.read()
     body = text[text.index("#define NETREDUCE_DATAPLANE_REASONS(X)"):]
-    names = re.findall(r"\bX\((\w+),", body[:body.index("enum class Reason")])
+    names = re.findall(r"\bX\((\w+),", body[:body.index("NETREDUCE_DEFINE_REASONS(")])
     assert len(names) >= 3, names
     return names
 

@@ -215,7 +215,7 @@ def dataplane_reasons():
     with open(path) as f:
         text = f.read()
     body = text[text.index("#define NETREDUCE_DATAPLANE_REASONS(X)"):]
-    body = body[:body.index("enum class Reason")]
+    body = body[:body.index("NETREDUCE_DEFINE_REASONS(")]
     names = re.findall(r"\bX\((\w+),", body)
     assert len(names) >= 3, names
     return names
