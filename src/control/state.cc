@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/ring_json.h"
+#include "engine/ring.h"
 
 namespace netreduce::control {
 
@@ -127,6 +128,11 @@ Status StateFile::load(RingMap& out) const {
       }
     }
     if (Status s = ring_from_json(r, rec.spec); !s)
+      return Status::invalid(s.field(), where + s.to_string());
+    // The memory quota against what the ring needs (the engine's sizes), as
+    // at registration: a ring the data plane would refuse forever is not
+    // restored.
+    if (Status s = engine::validate(rec.spec); !s)
       return Status::invalid(s.field(), where + s.to_string());
     const uint32_t id = rec.spec.ring_id;
     if (!rings.emplace(id, std::move(rec)).second)

@@ -30,7 +30,9 @@
 
 namespace netreduce::engine::detail {
 
-struct Ring {
+// Line-aligned: built by operator new on the control thread, its per-packet
+// counters share no line with another ring (maybe another worker's).
+struct alignas(64) Ring {
   RingSpec spec;
   unsigned p = 0;
   uint64_t all_ranks = 0;  // Cell::arrived when every rank has

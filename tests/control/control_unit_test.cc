@@ -228,6 +228,14 @@ TEST_CASE("state file: round trip, atomic replace, refusals", "[control][state]"
   Status s = st.load(back);
   CHECK(s.field() == "members");
   CHECK(s.message().find("rings[0]") != std::string::npos);
+  // A memory quota below what the ring needs: refused at load, as at registration
+  // (before, decoding checked it; the data plane would refuse the ring forever).
+  json small = ring_to_json(a);
+  small["memory_quota"] = 10;
+  write("{\"version\": 2, \"rings\": [" + small.dump() + "]}");
+  s = st.load(back);
+  CHECK(s.field() == "memory_quota");
+  CHECK(s.message().find("rings[0]") != std::string::npos);
   write("[]");
   CHECK_FALSE(st.load(back).ok());
   // Version 1 (before rings had owners): loads, no credential, no lease.
