@@ -25,7 +25,14 @@ typedef enum {
   NR_IN_PROGRESS = 7 /* nr_test: not finished yet */
 } nr_status;
 
-typedef enum { NR_FP32 = 1, NR_FP16 = 2, NR_BF16 = 3, NR_INT32 = 4, NR_INT64 = 5, NR_FP64 = 6 } nr_dtype;
+typedef enum {
+  NR_FP32 = 1,
+  NR_FP16 = 2,
+  NR_BF16 = 3,
+  NR_INT32 = 4,
+  NR_INT64 = 5,
+  NR_FP64 = 6
+} nr_dtype;
 typedef enum { NR_SUM = 1, NR_MIN = 2, NR_MAX = 3 } nr_op;
 typedef enum { NR_PATH_INA = 0, NR_PATH_RING = 1 } nr_path;
 
@@ -39,7 +46,7 @@ typedef struct {
   uint16_t window; /* 0: bandwidth-delay estimate */
   double link_gbps;
   double rtt_us;
-  uint32_t ring_id; /* 0: derived */
+  uint32_t ring_id;   /* 0: derived */
   const char* daemon; /* NULL: NETREDUCE_DAEMON */
   const char* token;  /* NULL: NETREDUCE_TOKEN / NETREDUCE_TOKEN_FILE */
   int force_ring;
@@ -48,8 +55,11 @@ typedef struct {
   int op_timeout_ms;
   size_t ring_buffer_bytes;
   uint8_t port;
-  const char* ipv4; /* NULL: from the GID */
+  const char* ipv4;  /* NULL: from the GID */
   uint32_t lease_ms; /* ring lease at the daemon, renewed by rank 0; 0: none */
+  /* Added after 0.1.0 (bindings: append only). */
+  uint8_t qp_timeout;       /* RC retransmission timeout exponent (4.096 us x 2^n) */
+  int delete_ring_at_close; /* 0: rank 0 leaves its ring to its lease at close */
 } nr_options;
 
 void nr_options_init(nr_options* o);
@@ -74,6 +84,8 @@ void nr_request_free(nr_request* req);
 nr_status nr_comm_path(const nr_comm* comm, nr_path* path, const char** reason);
 int nr_comm_rank(const nr_comm* comm);
 int nr_comm_world(const nr_comm* comm);
+/* The ring id registered with the daemon (0 for a null comm). */
+uint32_t nr_comm_ring_id(const nr_comm* comm);
 
 const char* nr_last_error(void);
 const char* nr_status_string(nr_status s);
