@@ -40,6 +40,7 @@ import os
 import queue
 import socket
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -126,29 +127,42 @@ def rendezvous(store, rank, world, device=None, gid_index=-1, use_ring=False, **
 
 
 class _Completer:
-    """One thread completing futures in the order their requests were started."""
+    """One thread completing futures in the order their requests were started.
+    Counts what it completed: calls, data bytes and busy seconds (the union
+    of the calls' start-to-completion intervals; calls run in order)."""
 
     def __init__(self):
         self.q = queue.Queue()
+        self.calls = 0
+        self.bytes = 0
+        self.busy_seconds = 0.0
+        self._last_done = 0.0
         self.t = threading.Thread(target=self._run, name="netreduce-completer", daemon=True)
         self.t.start()
 
-    def submit(self, req, fut, value, after=None):
-        self.q.put((req, fut, value, after))
+    def submit(self, req, fut, value, nbytes):
+        self.q.put((req, fut, value, nbytes, time.monotonic()))
 
     def _run(self):
         while True:
             item = self.q.get()
             if item is None:
                 return
-            req, fut, value, after = item
+            req, fut, value, nbytes, start = item
             try:
                 req.wait()
-                if after is not None:
-                    after()
+                done = time.monotonic()
+                self.busy_seconds += done - max(start, self._last_done)
+                self._last_done = done
+                self.calls += 1
+                self.bytes += nbytes
                 fut.set_result(value)
             except BaseException as e:  # delivered to whoever waits on the future
                 fut.set_exception(e)
+
+    def stats(self):
+        """{"calls", "bytes", "busy_seconds"} completed so far."""
+        return {"calls": self.calls, "bytes": self.bytes, "busy_seconds": self.busy_seconds}
 
     def stop(self):
         self.q.put(None)
@@ -179,6 +193,11 @@ class HookState:
         """"ina", "ring" (the library's ring) or "fallback" (the group's all_reduce)."""
         return self.comm.path if self.comm is not None else "fallback"
 
+    def stats(self):
+        """Buckets all-reduced through netreduce: calls, bytes, busy_seconds."""
+        return self._completer.stats() if self._completer is not None else {"calls": 0, "bytes": 0,
+                                                                             "busy_seconds": 0.0}
+
     def close(self):
         if self._completer is not None:
             self._completer.stop()
@@ -201,7 +220,7 @@ def allreduce_hook(state, bucket):
         return work.get_future().then(lambda f: f.value()[0])
     fut = torch.futures.Future()
     req = state.comm.allreduce_async(buf, "sum")
-    state._completer.submit(req, fut, buf)
+    state._completer.submit(req, fut, buf, buf.numel() * buf.element_size())
     return fut
 
 
@@ -252,7 +271,13 @@ class ProcessGroupNetreduce(ProcessGroup):
 
     @property
     def path(self):
+        """"ina", "ring" (the library's ring) or "fallback" (Gloo's all_reduce)."""
         return self.comm.path if self.comm is not None else "fallback"
+
+    def stats(self):
+        """all_reduce tensors through netreduce: calls, bytes, busy_seconds."""
+        return self._completer.stats() if self._completer is not None else {"calls": 0, "bytes": 0,
+                                                                             "busy_seconds": 0.0}
 
     def getBackendName(self):
         return BACKEND
@@ -270,9 +295,9 @@ class ProcessGroupNetreduce(ProcessGroup):
         elif self._usable(tensors, op):
             fut = torch.futures.Future()
             reqs = [self.comm.allreduce_async(t, _OPS[op]) for t in tensors]
-            for r in reqs[:-1]:
-                self._completer.submit(r, torch.futures.Future(), None)
-            self._completer.submit(reqs[-1], fut, tensors)
+            for r, t in zip(reqs[:-1], tensors):
+                self._completer.submit(r, torch.futures.Future(), None, t.numel() * t.element_size())
+            self._completer.submit(reqs[-1], fut, tensors, tensors[-1].numel() * tensors[-1].element_size())
             self.netreduce_calls += 1
             return _create_work_from_future(fut)
         self.delegated_calls += 1
