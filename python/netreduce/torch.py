@@ -169,11 +169,41 @@ class _Completer:
         self.t.join()
 
 
+class _CommOwner:
+    """What HookState and the backend share: the communicator (or None: the
+    fallback, with .reason) and its completion thread."""
+
+    def _own(self, comm, reason):
+        self.comm, self.reason = comm, reason
+        self._completer = _Completer() if comm is not None else None
+
+    @property
+    def path(self):
+        """"ina", "ring" (the library's ring) or "fallback" (the group's own all_reduce)."""
+        return self.comm.path if self.comm is not None else "fallback"
+
+    def stats(self):
+        """What went through netreduce: calls, bytes, busy_seconds."""
+        if self._completer is None:
+            return {"calls": 0, "bytes": 0, "busy_seconds": 0.0}
+        return self._completer.stats()
+
+    def close(self):
+        """Stops the completion thread and closes the communicator (a barrier
+        with the other ranks). Idempotent."""
+        if self._completer is not None:
+            self._completer.stop()
+            self._completer = None
+        if self.comm is not None:
+            self.comm.close()
+            self.comm = None
+
+
 # ---------------------------------------------------------------------------
 # DDP communication hook
 
 
-class HookState:
+class HookState(_CommOwner):
     """State of allreduce_hook. process_group None: the default group (its
     rank, size and store). use_ring: keep the library's RDMA ring when there
     is no box (default: fall back to the group's own all_reduce). Other
@@ -184,27 +214,8 @@ class HookState:
         self.rank = dist.get_rank(self.process_group)
         self.world = dist.get_world_size(self.process_group)
         store = dist.distributed_c10d._get_default_store()
-        self.comm, self.reason = rendezvous(dist.PrefixStore("hook", store), self.rank, self.world, device,
-                                            gid_index, use_ring, **options)
-        self._completer = _Completer() if self.comm is not None else None
-
-    @property
-    def path(self):
-        """"ina", "ring" (the library's ring) or "fallback" (the group's all_reduce)."""
-        return self.comm.path if self.comm is not None else "fallback"
-
-    def stats(self):
-        """Buckets all-reduced through netreduce: calls, bytes, busy_seconds."""
-        return self._completer.stats() if self._completer is not None else {"calls": 0, "bytes": 0,
-                                                                             "busy_seconds": 0.0}
-
-    def close(self):
-        if self._completer is not None:
-            self._completer.stop()
-            self._completer = None
-        if self.comm is not None:
-            self.comm.close()
-            self.comm = None
+        self._own(*rendezvous(dist.PrefixStore("hook", store), self.rank, self.world, device, gid_index,
+                              use_ring, **options))
 
     def __getstate__(self):
         raise TypeError("netreduce.torch.HookState cannot be pickled")
@@ -257,27 +268,16 @@ for _n in ("SUM", "MIN", "MAX"):
 _DTYPES = {getattr(torch, n) for n in netreduce.DTYPES}
 
 
-class ProcessGroupNetreduce(ProcessGroup):
+class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
     """The "netreduce" c10d backend (see the module documentation)."""
 
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
         self._gloo = ProcessGroupGloo(store, rank, size, timeout=timeout)
         o = _env_options()
-        self.comm, self.reason = rendezvous(dist.PrefixStore("netreduce", store), rank, size, **o)
-        self._completer = _Completer() if self.comm is not None else None
+        self._own(*rendezvous(dist.PrefixStore("netreduce", store), rank, size, **o))
         self.netreduce_calls = 0  # all_reduce calls that went through netreduce
         self.delegated_calls = 0  # all_reduce calls Gloo served
-
-    @property
-    def path(self):
-        """"ina", "ring" (the library's ring) or "fallback" (Gloo's all_reduce)."""
-        return self.comm.path if self.comm is not None else "fallback"
-
-    def stats(self):
-        """all_reduce tensors through netreduce: calls, bytes, busy_seconds."""
-        return self._completer.stats() if self._completer is not None else {"calls": 0, "bytes": 0,
-                                                                             "busy_seconds": 0.0}
 
     def getBackendName(self):
         return BACKEND
@@ -303,13 +303,6 @@ class ProcessGroupNetreduce(ProcessGroup):
         self.delegated_calls += 1
         return self._gloo.allreduce(tensors, opts)
 
-    def close(self):
-        if self._completer is not None:
-            self._completer.stop()
-            self._completer = None
-        if self.comm is not None:
-            self.comm.close()
-            self.comm = None
 
 
 def _delegate(name):
