@@ -16,6 +16,8 @@ PACKAGES=(
   libspdlog-dev libfmt-dev libcli11-dev
   # tests and benchmarks
   catch2 libbenchmark-dev python3 python3-scapy iproute2 python3-numpy python3-matplotlib prometheus
+  # the Python package (python/netreduce) and its tests: PyTorch (CPU, Gloo)
+  python3-torch
   # system tests: the Soft-RoCE lab (QEMU guests on Debian's kernel, rdma_rxe)
   qemu-system-x86 linux-image-amd64 busybox-static kmod cpio ibverbs-utils
   perftest tcpdump

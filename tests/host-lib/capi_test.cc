@@ -6,6 +6,7 @@
 #include <string>
 
 #include "netreduce/netreduce.h"
+#include "netreduce/netreduce.hpp"
 
 namespace {
 bool have_rdma_device() {
@@ -40,6 +41,13 @@ TEST_CASE("C API: bad arguments are status codes with messages", "[hostlib][capi
   nr_options_init(&o);
   CHECK(o.msg_len == 4);
   CHECK(o.payload_bytes == 1024);
+  // The fields appended after 0.1.0 carry the C++ defaults.
+  const netreduce::Options d;
+  CHECK(o.qp_timeout == d.qp_timeout);
+  CHECK(o.qp_timeout == 14);
+  CHECK(o.delete_ring_at_close == 1);
+  CHECK(o.lease_ms == d.lease_ms);
+  CHECK(nr_comm_ring_id(nullptr) == 0);
 }
 
 TEST_CASE("C API: no RDMA device", "[hostlib][capi]") {

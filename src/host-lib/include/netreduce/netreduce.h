@@ -57,6 +57,9 @@ typedef struct {
   uint8_t port;
   const char* ipv4;  /* NULL: from the GID */
   uint32_t lease_ms; /* ring lease at the daemon, renewed by rank 0; 0: none */
+  /* Added after 0.1.0 (bindings: append only). */
+  uint8_t qp_timeout;       /* RC retransmission timeout exponent (4.096 us x 2^n) */
+  int delete_ring_at_close; /* 0: rank 0 leaves its ring to its lease at close */
 } nr_options;
 
 void nr_options_init(nr_options* o);
@@ -81,6 +84,8 @@ void nr_request_free(nr_request* req);
 nr_status nr_comm_path(const nr_comm* comm, nr_path* path, const char** reason);
 int nr_comm_rank(const nr_comm* comm);
 int nr_comm_world(const nr_comm* comm);
+/* The ring id registered with the daemon (0 for a null comm). */
+uint32_t nr_comm_ring_id(const nr_comm* comm);
 
 const char* nr_last_error(void);
 const char* nr_status_string(nr_status s);

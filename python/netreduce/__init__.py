@@ -1,0 +1,304 @@
+"""netreduce: in-network all-reduce for data-parallel training, from Python.
+
+Theory of operation
+-------------------
+A thin ctypes binding of libnetreduce's C API (netreduce.h): no compiled
+extension, so the package needs no Python headers, no pybind11 and no
+rebuild per Python or torch version; the one native piece is the library
+itself, which already has a C API for bindings. ctypes releases the GIL during
+every call into the library, so a blocking all-reduce does not stall other
+threads (the DDP hook's completion thread relies on it).
+
+    Communicator(rank, world, device=None, bootstrap="host:port", **options)
+        one per process and job; `options` are the fields of nr_options
+        (netreduce.OPTIONS), e.g. daemon=..., force_ring=True,
+        op_timeout_ms=5000. Rank 0 listens at `bootstrap`.
+    .allreduce(buf, op="sum")        in place, blocking
+    .allreduce_async(buf, op="sum")  -> Request (.wait(), .test())
+    .path ("ina" or "ring"), .path_reason, .ring_id, .rank, .world
+    .close() / with-statement
+
+Buffers: numpy arrays and torch tensors (CPU), C-contiguous, writable, of
+float32, float16, bfloat16 (torch only), int32, int64, float64. Anything else
+raises TypeError or ValueError before the library sees it; the library's own
+errors raise NetreduceError subclasses carrying nr_last_error().
+
+`netreduce.torch` (imported separately) adds the DDP communication hook and
+the c10d backend "netreduce".
+"""
+import ctypes
+
+from . import _lib
+
+__all__ = ["Communicator", "Request", "NetreduceError", "InvalidArgumentError", "NoDeviceError",
+           "TimeoutError", "TransportError", "BootstrapError", "InternalError", "OPTIONS", "DTYPES", "OPS"]
+__version__ = "0.1.0"
+
+OPS = {"sum": _lib.SUM, "min": _lib.MIN, "max": _lib.MAX}
+# dtype name (numpy's and torch's spelling) -> nr_dtype
+DTYPES = {"float32": _lib.FP32, "float16": _lib.FP16, "bfloat16": _lib.BF16, "int32": _lib.INT32,
+          "int64": _lib.INT64, "float64": _lib.FP64}
+# Options accepted as keyword arguments: the fields of nr_options.
+OPTIONS = tuple(name for name, _ in _lib.Options._fields_)
+_STRING_OPTIONS = ("daemon", "token", "ipv4")
+
+
+class NetreduceError(RuntimeError):
+    """An error the library reported: .status (nr_status), .status_name and
+    .message (nr_last_error())."""
+
+    def __init__(self, status, message, what=""):
+        self.status = status
+        self.status_name = _status_name(status)
+        self.message = message
+        super().__init__("%s%s: %s" % (what + ": " if what else "", self.status_name, message))
+
+
+class InvalidArgumentError(NetreduceError, ValueError):
+    pass
+
+
+class NoDeviceError(NetreduceError):
+    pass
+
+
+class TimeoutError(NetreduceError):  # noqa: A001 (the library's timeout, not the builtin)
+    pass
+
+
+class TransportError(NetreduceError):
+    pass
+
+
+class BootstrapError(NetreduceError):
+    pass
+
+
+class InternalError(NetreduceError):
+    pass
+
+
+_ERRORS = {_lib.ERR_INVALID_ARGUMENT: InvalidArgumentError, _lib.ERR_NO_DEVICE: NoDeviceError,
+           _lib.ERR_TIMEOUT: TimeoutError, _lib.ERR_TRANSPORT: TransportError,
+           _lib.ERR_BOOTSTRAP: BootstrapError, _lib.ERR_INTERNAL: InternalError}
+
+
+def _status_name(status):
+    return _lib.lib().nr_status_string(status).decode()
+
+
+def _check(status, what):
+    """Raises the exception for a failed call; the message is read at once
+    (nr_last_error is per thread and valid until the next call)."""
+    if status == _lib.OK:
+        return
+    msg = _lib.lib().nr_last_error().decode(errors="replace")
+    raise _ERRORS.get(status, NetreduceError)(status, msg, what)
+
+
+def _buffer(buf):
+    """(address, element count, nr_dtype) of an in-place buffer, or raises."""
+    mod = type(buf).__module__.split(".")[0]
+    if mod == "torch":
+        if str(buf.layout) != "torch.strided":
+            raise ValueError("netreduce: %s tensors are not supported (dense CPU tensors only)" % buf.layout)
+        if buf.device.type != "cpu":
+            raise ValueError("netreduce: tensor on %s: only CPU tensors are supported" % buf.device)
+        name = str(buf.dtype).replace("torch.", "")
+        if name not in DTYPES:
+            raise TypeError("netreduce: tensor dtype %s is not supported (supported: %s)" %
+                            (buf.dtype, ", ".join(DTYPES)))
+        if not buf.is_contiguous():
+            raise ValueError("netreduce: tensor is not contiguous (call .contiguous() and copy back)")
+        if buf.requires_grad and buf.is_leaf:
+            raise ValueError("netreduce: in-place all-reduce of a leaf tensor that requires grad "
+                             "(use tensor.data or torch.no_grad())")
+        return buf.data_ptr(), buf.numel(), DTYPES[name]
+    if mod == "numpy":
+        import numpy as np
+        if not isinstance(buf, np.ndarray):
+            raise TypeError("netreduce: expected a numpy array, got %s" % type(buf).__name__)
+        name = buf.dtype.name
+        if name not in DTYPES or buf.dtype.byteorder not in ("=", "|", "<"):
+            raise TypeError("netreduce: array dtype %s is not supported (supported: %s; bfloat16 through torch)" %
+                            (buf.dtype, ", ".join(d for d in DTYPES if d != "bfloat16")))
+        if not buf.flags.c_contiguous:
+            raise ValueError("netreduce: array is not C-contiguous (use numpy.ascontiguousarray and copy back)")
+        if not buf.flags.writeable:
+            raise ValueError("netreduce: array is read-only (the all-reduce is in place)")
+        return buf.ctypes.data, buf.size, DTYPES[name]
+    raise TypeError("netreduce: expected a numpy array or a torch tensor, got %s" % type(buf).__name__)
+
+
+def _op(op):
+    if not isinstance(op, str) or op.lower() not in OPS:
+        raise ValueError("netreduce: op %r is not supported (supported: %s)" % (op, ", ".join(OPS)))
+    return OPS[op.lower()]
+
+
+def make_options(options):
+    """nr_options from keyword arguments (unknown names and bad types raise
+    TypeError). Returns (struct, keep-alive list for its strings)."""
+    L = _lib.lib()
+    o = _lib.Options()
+    L.nr_options_init(ctypes.byref(o))
+    keep = []
+    for k, v in options.items():
+        if k not in OPTIONS:
+            raise TypeError("netreduce: unknown option %r (known: %s)" % (k, ", ".join(OPTIONS)))
+        if v is None:
+            continue
+        if k in _STRING_OPTIONS:
+            if not isinstance(v, str):
+                raise TypeError("netreduce: option %s must be a string, got %r" % (k, v))
+            b = v.encode()
+            keep.append(b)
+            setattr(o, k, b)
+            continue
+        if isinstance(v, bool):
+            v = int(v)
+        if isinstance(v, float) and k not in ("link_gbps", "rtt_us"):
+            raise TypeError("netreduce: option %s must be an integer, got %r" % (k, v))
+        if not isinstance(v, (int, float)):
+            raise TypeError("netreduce: option %s must be a number, got %r" % (k, v))
+        ctype = dict(_lib.Options._fields_)[k]
+        if ctype not in (ctypes.c_double,) and (v < 0 and ctype is not ctypes.c_int or
+                                                  v >= 1 << (8 * ctypes.sizeof(ctype))):
+            raise ValueError("netreduce: option %s = %r is out of range" % (k, v))
+        setattr(o, k, v)
+    return o, keep
+
+
+class Request:
+    """One asynchronous all-reduce. Keeps its buffer alive until it finished."""
+
+    def __init__(self, comm, handle, buf):
+        self._comm, self._h, self._buf = comm, handle, buf
+        self._done = False
+
+    def wait(self, timeout_ms=-1):
+        """Blocks until done (timeout_ms < 0) or raises TimeoutError after
+        timeout_ms with the operation still running."""
+        if self._done:
+            return self._buf
+        st = _lib.lib().nr_wait(self._h, int(timeout_ms))
+        if st == _lib.ERR_TIMEOUT and _lib.lib().nr_test(self._h) == _lib.IN_PROGRESS:
+            _check(st, "wait")
+        self._finish(st)
+        return self._buf
+
+    def test(self):
+        """True once done (raises if it failed)."""
+        if self._done:
+            return True
+        st = _lib.lib().nr_test(self._h)
+        if st == _lib.IN_PROGRESS:
+            return False
+        self._finish(st)
+        return True
+
+    def _finish(self, st):
+        self._done = True
+        h, self._h = self._h, None
+        try:
+            _check(st, "all-reduce")
+        finally:
+            _lib.lib().nr_request_free(h)
+            self._buf = self._buf if st == _lib.OK else None
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            _lib.lib().nr_request_free(self._h)  # waits for a running one
+            self._h = None
+
+
+class Communicator:
+    """A libnetreduce communicator (see the module documentation)."""
+
+    def __init__(self, rank, world, device=None, bootstrap=None, gid_index=-1, **options):
+        for name, v in (("rank", rank), ("world", world), ("gid_index", gid_index)):
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError("netreduce: %s must be an int, got %r" % (name, v))
+        if not isinstance(bootstrap, str) or not bootstrap:
+            raise TypeError("netreduce: bootstrap must be \"host:port\" (rank 0 listens there), got %r" % (bootstrap,))
+        if device is not None and not isinstance(device, str):
+            raise TypeError("netreduce: device must be a string or None, got %r" % (device,))
+        opts, keep = make_options(options)
+        L = _lib.lib()
+        h = ctypes.c_void_p()
+        st = L.nr_comm_create(rank, world, (device or "").encode(), gid_index, bootstrap.encode(),
+                              ctypes.byref(opts), ctypes.byref(h))
+        del keep
+        self._h = None
+        _check(st, "rank %d of %d: communicator" % (rank, world))
+        self._h = h.value
+        self.rank, self.world = rank, world
+
+    def _handle(self):
+        if not self._h:
+            raise ValueError("netreduce: the communicator is closed")
+        return self._h
+
+    @property
+    def path(self):
+        """"ina" (through the box) or "ring" (the library's ring all-reduce)."""
+        return self._path()[0]
+
+    @property
+    def path_reason(self):
+        return self._path()[1]
+
+    def _path(self):
+        p, r = ctypes.c_int(), ctypes.c_char_p()
+        _check(_lib.lib().nr_comm_path(self._handle(), ctypes.byref(p), ctypes.byref(r)), "path")
+        return ("ina" if p.value == _lib.PATH_INA else "ring"), (r.value or b"").decode()
+
+    @property
+    def ring_id(self):
+        return int(_lib.lib().nr_comm_ring_id(self._handle()))
+
+    @property
+    def closed(self):
+        return not self._h
+
+    def allreduce(self, buf, op="sum", timeout_ms=-1):
+        """All-reduces buf in place across the ranks; returns buf. Every rank
+        must call with the same element count, dtype and op."""
+        h = self._handle()
+        addr, count, dt = _buffer(buf)
+        o = _op(op)
+        if count:
+            _check(_lib.lib().nr_allreduce(h, addr, addr, count, dt, o, int(timeout_ms)), "all-reduce")
+        return buf
+
+    def allreduce_async(self, buf, op="sum", timeout_ms=-1):
+        """Starts an in-place all-reduce; buf must not be touched until the
+        returned Request's wait() returned. Calls run in order."""
+        h = self._handle()
+        addr, count, dt = _buffer(buf)
+        o = _op(op)
+        r = ctypes.c_void_p()
+        _check(_lib.lib().nr_allreduce_async(h, addr, addr, max(count, 0), dt, o, int(timeout_ms),
+                                             ctypes.byref(r)), "all-reduce")
+        return Request(self, r.value, buf)
+
+    def close(self):
+        """Destroys the communicator (a barrier with the other ranks). Idempotent."""
+        h, self._h = self._h, None
+        if h:
+            _lib.lib().nr_comm_destroy(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            self.close()
+
+    def __repr__(self):
+        if self.closed:
+            return "<netreduce.Communicator closed>"
+        return "<netreduce.Communicator rank %d of %d, path %s>" % (self.rank, self.world, self.path)

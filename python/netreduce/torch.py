@@ -1,0 +1,329 @@
+"""netreduce from PyTorch: a DDP communication hook and a c10d backend.
+
+Theory of operation
+-------------------
+Rendezvous (rendezvous()): every communicator is built from a PyTorch store
+(the default process group's, or the one c10d hands a backend), so there is
+no second address to configure. Under a per-communicator key prefix:
+  1. each rank publishes whether it has an RDMA device (sysfs
+     /sys/class/infiniband, the named device if one was asked for) and reads
+     everyone's: if any rank has none, every rank falls back together;
+  2. rank 0 picks a free TCP port on its address towards MASTER_ADDR
+     (NETREDUCE_BOOTSTRAP_HOST overrides) and publishes "host:port"; the
+     others read it and all create the libnetreduce communicator;
+  3. if the library chose its ring path (no box: NETREDUCE_DAEMON unset, the
+     daemon unreachable or refusing the ring) the collectives fall back too,
+     unless use_ring=True (then the library's RDMA ring all-reduce is used).
+The path is the library's, announced by rank 0, so all ranks agree. A
+fallback is said once per process (logging, logger "netreduce", WARNING:
+stderr unless the application configured logging), with the reason.
+
+DDP hook (allreduce_hook, HookState): divides the bucket by the world size
+(as DDP's default), starts nr_allreduce_async on it and returns a
+torch.futures.Future that a completion thread (one per HookState) completes
+when the library finishes: buckets overlap with the backward pass and with
+each other (the library runs calls in order, so one FIFO thread suffices;
+ctypes drops the GIL while it waits).
+
+c10d backend "netreduce" (registered on import): a Python subclass of
+torch.distributed.ProcessGroup (torch 1.13's PyProcessGroup trampoline, so
+DDP's C++ reducer calls it too). all_reduce with SUM/MIN/MAX of dense
+contiguous CPU tensors of a supported dtype goes through netreduce (Work from
+a Future, completed by the same completion thread); everything else
+(broadcast, barrier, all_gather, reduce_scatter, PRODUCT/AVG, unsupported
+dtypes, ...) is delegated to an internal Gloo group built on the same store.
+Options come from set_backend_options() or NETREDUCE_* environment variables,
+because init_process_group() has no place for them in 1.13.
+"""
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup, ProcessGroupGloo, _create_work_from_future
+
+import netreduce
+
+__all__ = ["allreduce_hook", "HookState", "ProcessGroupNetreduce", "rendezvous", "set_backend_options",
+           "BACKEND"]
+
+BACKEND = "netreduce"
+log = logging.getLogger("netreduce")
+
+_said = set()
+_said_lock = threading.Lock()
+fallback_messages = []  # every fallback said in this process (tests read it)
+
+
+def _say_once(key, msg):
+    with _said_lock:
+        if key in _said:
+            return
+        _said.add(key)
+        fallback_messages.append(msg)
+    log.warning("netreduce: %s", msg)  # no handler configured: logging prints it on stderr
+
+
+def rdma_devices():
+    try:
+        return sorted(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return []
+
+
+def _local_address():
+    """This host's address as the other ranks reach it."""
+    host = os.environ.get("NETREDUCE_BOOTSTRAP_HOST")
+    if host:
+        return host
+    master = os.environ.get("MASTER_ADDR")
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))
+                return s.getsockname()[0]
+        except OSError:
+            pass
+    return "127.0.0.1"
+
+
+def _free_port(host):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+_counter = [0]
+
+
+def rendezvous(store, rank, world, device=None, gid_index=-1, use_ring=False, **options):
+    """(Communicator or None, reason). Collective: every rank of the group
+    calls it in the same order with the same store."""
+    _counter[0] += 1
+    pre = "netreduce/%d/" % _counter[0]
+    devs = rdma_devices()
+    mine = "1" if (devs and (not device or device in devs)) else "0"
+    store.set(pre + "dev/%d" % rank, mine)
+    missing = [r for r in range(world) if store.get(pre + "dev/%d" % r).decode() != "1"]
+    if missing:
+        what = ("no RDMA device %r" % device) if device else "no RDMA device"
+        return None, "%s on rank%s %s" % (what, "s" if len(missing) > 1 else "", ", ".join(map(str, missing)))
+    if rank == 0:
+        host = _local_address()
+        addr = "%s:%d" % (host, _free_port(host))
+        store.set(pre + "addr", addr)
+    else:
+        addr = store.get(pre + "addr").decode()
+    comm = netreduce.Communicator(rank, world, device=device, bootstrap=addr, gid_index=gid_index, **options)
+    if comm.path == "ring" and not use_ring:
+        reason = "no box (%s)" % comm.path_reason
+        comm.close()
+        return None, reason
+    return comm, comm.path_reason
+
+
+class _Completer:
+    """One thread completing futures in the order their requests were started.
+    Counts what it completed: calls, data bytes and busy seconds (the union
+    of the calls' start-to-completion intervals; calls run in order)."""
+
+    def __init__(self):
+        self.q = queue.Queue()
+        self.calls = 0
+        self.bytes = 0
+        self.busy_seconds = 0.0
+        self._last_done = 0.0
+        self.t = threading.Thread(target=self._run, name="netreduce-completer", daemon=True)
+        self.t.start()
+
+    def submit(self, req, fut, value, nbytes):
+        self.q.put((req, fut, value, nbytes, time.monotonic()))
+
+    def _run(self):
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            req, fut, value, nbytes, start = item
+            try:
+                req.wait()
+                done = time.monotonic()
+                self.busy_seconds += done - max(start, self._last_done)
+                self._last_done = done
+                self.calls += 1
+                self.bytes += nbytes
+                fut.set_result(value)
+            except BaseException as e:  # delivered to whoever waits on the future
+                fut.set_exception(e)
+
+    def stats(self):
+        """{"calls", "bytes", "busy_seconds"} completed so far."""
+        return {"calls": self.calls, "bytes": self.bytes, "busy_seconds": self.busy_seconds}
+
+    def stop(self):
+        self.q.put(None)
+        self.t.join()
+
+
+class _CommOwner:
+    """What HookState and the backend share: the communicator (or None: the
+    fallback, with .reason) and its completion thread."""
+
+    def _own(self, comm, reason):
+        self.comm, self.reason = comm, reason
+        self._completer = _Completer() if comm is not None else None
+
+    @property
+    def path(self):
+        """"ina", "ring" (the library's ring) or "fallback" (the group's own all_reduce)."""
+        return self.comm.path if self.comm is not None else "fallback"
+
+    def stats(self):
+        """What went through netreduce: calls, bytes, busy_seconds."""
+        if self._completer is None:
+            return {"calls": 0, "bytes": 0, "busy_seconds": 0.0}
+        return self._completer.stats()
+
+    def close(self):
+        """Stops the completion thread and closes the communicator (a barrier
+        with the other ranks). Idempotent."""
+        if self._completer is not None:
+            self._completer.stop()
+            self._completer = None
+        if self.comm is not None:
+            self.comm.close()
+            self.comm = None
+
+
+# ---------------------------------------------------------------------------
+# DDP communication hook
+
+
+class HookState(_CommOwner):
+    """State of allreduce_hook. process_group None: the default group (its
+    rank, size and store). use_ring: keep the library's RDMA ring when there
+    is no box (default: fall back to the group's own all_reduce). Other
+    keyword arguments: device, gid_index and the Communicator options."""
+
+    def __init__(self, process_group=None, device=None, gid_index=-1, use_ring=False, **options):
+        self.process_group = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
+        self.rank = dist.get_rank(self.process_group)
+        self.world = dist.get_world_size(self.process_group)
+        store = dist.distributed_c10d._get_default_store()
+        self._own(*rendezvous(dist.PrefixStore("hook", store), self.rank, self.world, device, gid_index,
+                              use_ring, **options))
+
+    def __getstate__(self):
+        raise TypeError("netreduce.torch.HookState cannot be pickled")
+
+
+def allreduce_hook(state, bucket):
+    """DDP communication hook: averages the bucket through netreduce."""
+    buf = bucket.buffer()
+    buf.div_(state.world)
+    if state.comm is None:
+        _say_once(("hook", state.reason), "DDP hook falls back to the process group's all_reduce: " + state.reason)
+        work = dist.all_reduce(buf, group=state.process_group, async_op=True)
+        return work.get_future().then(lambda f: f.value()[0])
+    fut = torch.futures.Future()
+    req = state.comm.allreduce_async(buf, "sum")
+    state._completer.submit(req, fut, buf, buf.numel() * buf.element_size())
+    return fut
+
+
+# ---------------------------------------------------------------------------
+# c10d backend
+
+_backend_options = {}
+
+
+def set_backend_options(**options):
+    """Options of the next backend process groups: device, gid_index,
+    use_ring and the Communicator options. Environment variables give
+    defaults: NETREDUCE_DEVICE, NETREDUCE_GID_INDEX, NETREDUCE_USE_RING=1."""
+    netreduce.make_options({k: v for k, v in options.items() if k not in ("device", "gid_index", "use_ring")})
+    _backend_options.clear()
+    _backend_options.update(options)
+
+
+def _env_options():
+    o = {}
+    if os.environ.get("NETREDUCE_DEVICE"):
+        o["device"] = os.environ["NETREDUCE_DEVICE"]
+    if os.environ.get("NETREDUCE_GID_INDEX"):
+        o["gid_index"] = int(os.environ["NETREDUCE_GID_INDEX"])
+    if os.environ.get("NETREDUCE_USE_RING"):
+        o["use_ring"] = os.environ["NETREDUCE_USE_RING"] not in ("0", "")
+    o.update(_backend_options)
+    return o
+
+
+_OPS = {}
+for _n in ("SUM", "MIN", "MAX"):
+    _OPS[getattr(dist.ReduceOp, _n)] = _n.lower()
+_DTYPES = {getattr(torch, n) for n in netreduce.DTYPES}
+
+
+class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
+    """The "netreduce" c10d backend (see the module documentation)."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        self._gloo = ProcessGroupGloo(store, rank, size, timeout=timeout)
+        o = _env_options()
+        self._own(*rendezvous(dist.PrefixStore("netreduce", store), rank, size, **o))
+        self.netreduce_calls = 0  # all_reduce calls that went through netreduce
+        self.delegated_calls = 0  # all_reduce calls Gloo served
+
+    def getBackendName(self):
+        return BACKEND
+
+    def _usable(self, tensors, op):
+        return (op in _OPS and all(t.device.type == "cpu" and t.dtype in _DTYPES and t.is_contiguous()
+                                   and t.layout == torch.strided for t in tensors))
+
+    def allreduce(self, tensors, opts=None):
+        if opts is None:
+            opts = dist.AllreduceOptions()
+        op = opts.reduceOp
+        if self.comm is None:
+            _say_once(("backend", self.reason), "backend falls back to Gloo's all_reduce: " + self.reason)
+        elif self._usable(tensors, op):
+            fut = torch.futures.Future()
+            reqs = [self.comm.allreduce_async(t, _OPS[op]) for t in tensors]
+            for r, t in zip(reqs[:-1], tensors):
+                self._completer.submit(r, torch.futures.Future(), None, t.numel() * t.element_size())
+            self._completer.submit(reqs[-1], fut, tensors, tensors[-1].numel() * tensors[-1].element_size())
+            self.netreduce_calls += 1
+            return _create_work_from_future(fut)
+        self.delegated_calls += 1
+        return self._gloo.allreduce(tensors, opts)
+
+
+
+def _delegate(name):
+    def f(self, *args, **kwargs):
+        return getattr(self._gloo, name)(*args, **kwargs)
+
+    f.__name__ = name
+    f.__doc__ = "Delegated to the internal Gloo group."
+    return f
+
+
+for _name in ("allgather", "_allgather_base", "allgather_coalesced", "allreduce_coalesced", "alltoall",
+              "alltoall_base", "barrier", "broadcast", "gather", "monitored_barrier", "recv", "recv_anysource",
+              "reduce", "reduce_scatter", "_reduce_scatter_base", "scatter", "send"):
+    if hasattr(ProcessGroupGloo, _name):
+        setattr(ProcessGroupNetreduce, _name, _delegate(_name))
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroupNetreduce(store, rank, size, timeout)
+
+
+if BACKEND.upper() not in dist.Backend._plugins:
+    dist.Backend.register_backend(BACKEND, _create)

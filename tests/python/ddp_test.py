@@ -1,0 +1,189 @@
+#!/usr/bin/python3
+"""netreduce.torch without RDMA: a 3-process DDP training (torch.multiprocessing,
+CPU, a small MLP on synthetic data, fixed seeds) with
+  default   Gloo, DDP's built-in all-reduce (the baseline)
+  torchhook Gloo + torch's own default hook (ddp_comm_hooks.default_hooks.
+            allreduce_hook: divides by P first, as netreduce's hook does)
+  hook      Gloo + netreduce.torch.allreduce_hook
+  backend   init_process_group("netreduce"), DDP's built-in all-reduce
+  both      the netreduce backend and the netreduce hook
+On a machine without RDMA devices the hook and the backend fall back to the
+group's (Gloo's) all_reduce, saying so once per process. Every variant must
+end with parameters identical on all ranks and bit-identical to the Gloo
+training with the same arithmetic (backend: DDP's built-in reduction, as
+default; hook and both: divide then sum, as torchhook), and close (fp
+tolerance) to default and to an independent single-process training on the
+concatenated batches. The backend also serves the other collectives through
+its Gloo group, checked against known values."""
+import os
+import sys
+import tempfile
+import unittest
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+P = 3
+STEPS = 40
+BATCH = 8  # per rank
+IN, HID, OUT = 10, 16, 3
+LR = 0.1
+
+
+def model():
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(torch.nn.Linear(IN, HID), torch.nn.Tanh(), torch.nn.Linear(HID, OUT))
+
+
+TEACHER = torch.randn(IN, OUT, generator=torch.Generator().manual_seed(7))
+
+
+def batch(step, rank):
+    """Synthetic regression data: a fixed linear teacher plus noise."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(BATCH, IN, generator=g)
+    y = x @ TEACHER + 0.1 * torch.randn(BATCH, OUT, generator=g)
+    return x, y
+
+
+def worker(rank, variant, init, out_dir):
+    import netreduce.torch as nrt
+    backend = "netreduce" if variant in ("backend", "both") else "gloo"
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=P)
+    assert dist.get_backend() == backend, dist.get_backend()
+    ddp = torch.nn.parallel.DistributedDataParallel(model())
+    state = None
+    if variant == "torchhook":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    if variant in ("hook", "both"):
+        state = nrt.HookState()
+        ddp.register_comm_hook(state, nrt.allreduce_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    losses = []
+    for s in range(STEPS):
+        x, y = batch(s, rank)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    extra = {}
+    if backend == "netreduce":
+        pg = dist.distributed_c10d._get_default_group()
+        extra["path"] = pg.path
+        extra["delegated"] = pg.delegated_calls
+        extra["netreduce_calls"] = pg.netreduce_calls
+        # Everything else goes to Gloo: known results.
+        t = torch.tensor([float(rank + 1)] * 3)
+        dist.all_reduce(t, op=dist.ReduceOp.PRODUCT)
+        extra["product"] = t.tolist()
+        t = torch.tensor([rank], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        extra["max"] = t.item()
+        b = torch.tensor([rank * 10.0])
+        dist.broadcast(b, src=2)
+        extra["broadcast"] = b.item()
+        gl = [torch.zeros(1) for _ in range(P)]
+        dist.all_gather(gl, torch.tensor([rank * 1.0]))
+        extra["all_gather"] = [v.item() for v in gl]
+        r = torch.tensor([rank + 1.0])
+        dist.reduce(r, dst=0)
+        if rank == 0:
+            extra["reduce"] = r.item()
+        dist.barrier()
+    if state is not None:
+        extra["hook_path"] = state.path
+    extra["fallback_messages"] = list(nrt.fallback_messages)
+    torch.save({"params": [p.detach().clone() for p in ddp.module.parameters()], "losses": losses,
+                "extra": extra}, os.path.join(out_dir, "%s-%d.pt" % (variant, rank)))
+    dist.destroy_process_group()
+
+
+def reference():
+    """One process, the concatenated batches of all ranks each step."""
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=LR)
+    for s in range(STEPS):
+        xs, ys = zip(*(batch(s, r) for r in range(P)))
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(m(torch.cat(xs)), torch.cat(ys)).backward()
+        opt.step()
+    return [p.detach() for p in m.parameters()]
+
+
+def have_rdma():
+    try:
+        return bool(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return False
+
+
+class DDP(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="netreduce-ddp-")
+        cls.results = {}
+        for variant in ("default", "torchhook", "hook", "backend", "both"):
+            init = "file://" + os.path.join(cls.tmp.name, "store-" + variant)
+            mp.spawn(worker, args=(variant, init, cls.tmp.name), nprocs=P, join=True)
+            cls.results[variant] = [torch.load(os.path.join(cls.tmp.name, "%s-%d.pt" % (variant, r)))
+                                    for r in range(P)]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_identical_across_ranks(self):
+        for variant, res in self.results.items():
+            for r in range(1, P):
+                for a, b in zip(res[0]["params"], res[r]["params"]):
+                    self.assertTrue(torch.equal(a, b), "%s: rank %d differs from rank 0" % (variant, r))
+
+    def test_equal_to_default(self):
+        for variant, same in (("hook", "torchhook"), ("both", "torchhook"), ("backend", "default")):
+            for a, b in zip(self.results[same][0]["params"], self.results[variant][0]["params"]):
+                self.assertTrue(torch.equal(a, b), "%s: max difference %g to %s" %
+                                (variant, (a - b).abs().max().item(), same))
+            for a, b in zip(self.results["default"][0]["params"], self.results[variant][0]["params"]):
+                self.assertTrue(torch.allclose(a, b, rtol=1e-5, atol=1e-6), "%s: max difference %g to default" %
+                                (variant, (a - b).abs().max().item()))
+
+    def test_against_single_process_reference(self):
+        ref = reference()
+        for a, b in zip(ref, self.results["default"][0]["params"]):
+            self.assertTrue(torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max().item())
+        first = sum(self.results["default"][r]["losses"][0] for r in range(P))
+        last = sum(self.results["default"][r]["losses"][-1] for r in range(P))
+        self.assertLess(last, first)
+
+    @unittest.skipIf(have_rdma(), "this machine has an RDMA device: no fallback")
+    def test_fallback_said_once(self):
+        for variant, want in (("default", 0), ("torchhook", 0), ("hook", 1), ("backend", 1), ("both", 2)):
+            for r, res in enumerate(self.results[variant]):
+                msgs = res["extra"]["fallback_messages"]
+                self.assertEqual(len(msgs), want, "%s rank %d: %s" % (variant, r, msgs))
+                for m in msgs:
+                    self.assertRegex(m, r"falls back to .*all_reduce: no RDMA device on ranks 0, 1, 2")
+        for variant in ("hook", "both"):
+            self.assertEqual(self.results[variant][0]["extra"]["hook_path"], "fallback")
+
+    def test_backend_collectives(self):
+        for variant in ("backend", "both"):
+            for r, res in enumerate(self.results[variant]):
+                e = res["extra"]
+                self.assertEqual(e["product"], [6.0] * 3)
+                self.assertEqual(e["max"], P - 1)
+                self.assertEqual(e["broadcast"], 20.0)
+                self.assertEqual(e["all_gather"], [0.0, 1.0, 2.0])
+                if r == 0:
+                    self.assertEqual(e["reduce"], 6.0)
+                if not have_rdma():
+                    self.assertEqual(e["path"], "fallback")
+                    self.assertEqual(e["netreduce_calls"], 0)
+                    self.assertGreaterEqual(e["delegated"], STEPS)
+
+
+if __name__ == "__main__":
+    sys.exit(unittest.main(verbosity=2))

@@ -1,0 +1,153 @@
+#!/usr/bin/python3
+"""The netreduce package without RDMA: it imports (from the build tree through
+PYTHONPATH=build/python), bad arguments raise clear Python errors before the
+library sees them, the library's own errors arrive as NetreduceError
+subclasses carrying nr_last_error(), and the missing device is NoDeviceError.
+Round trips with data need RDMA: the Soft-RoCE lab (system torch) does them."""
+import ctypes
+import os
+import sys
+import unittest
+
+import numpy as np
+
+import netreduce
+from netreduce import _lib
+
+
+def have_rdma():
+    try:
+        return bool(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return False
+
+
+def closed_communicator():
+    """A Communicator object whose handle is gone: what close() leaves (no
+    communicator can be created without RDMA)."""
+    c = object.__new__(netreduce.Communicator)
+    c._h, c.rank, c.world = None, 0, 2
+    return c
+
+
+class Package(unittest.TestCase):
+    def test_import_and_library(self):
+        self.assertEqual(netreduce.__version__, "0.1.0")
+        L = _lib.lib()
+        self.assertEqual(L.nr_status_string(3), b"timeout")
+        # The struct matches the C header's defaults (nr_options_init).
+        o, _ = netreduce.make_options({})
+        self.assertEqual((o.msg_len, o.payload_bytes, o.qp_timeout, o.delete_ring_at_close, o.lease_ms),
+                         (4, 1024, 14, 1, 30000))
+        self.assertIn("op_timeout_ms", netreduce.OPTIONS)
+
+    def test_options(self):
+        o, keep = netreduce.make_options({"daemon": "http://10.0.0.1:7470", "force_ring": True,
+                                          "op_timeout_ms": 5000, "link_gbps": 100.0, "qp_timeout": 17,
+                                          "delete_ring_at_close": False})
+        self.assertEqual(o.daemon, b"http://10.0.0.1:7470")
+        self.assertEqual((o.force_ring, o.op_timeout_ms, o.link_gbps, o.qp_timeout, o.delete_ring_at_close),
+                         (1, 5000, 100.0, 17, 0))
+        with self.assertRaisesRegex(TypeError, "unknown option 'timeout'.*op_timeout_ms"):
+            netreduce.make_options({"timeout": 3})
+        with self.assertRaisesRegex(TypeError, "daemon must be a string"):
+            netreduce.make_options({"daemon": 7470})
+        with self.assertRaisesRegex(TypeError, "msg_len must be an integer"):
+            netreduce.make_options({"msg_len": 2.5})
+        with self.assertRaisesRegex(ValueError, "msg_len = 70000 is out of range"):
+            netreduce.make_options({"msg_len": 70000})
+        with self.assertRaisesRegex(ValueError, "out of range"):
+            netreduce.make_options({"ring_id": -1})
+        with self.assertRaisesRegex(TypeError, "unknown option"):
+            netreduce.Communicator(0, 2, bootstrap="127.0.0.1:1", bogus=1)
+
+    def test_constructor_arguments(self):
+        with self.assertRaisesRegex(TypeError, "bootstrap must be"):
+            netreduce.Communicator(0, 2)
+        with self.assertRaisesRegex(TypeError, "rank must be an int"):
+            netreduce.Communicator("0", 2, bootstrap="127.0.0.1:1")
+        with self.assertRaisesRegex(TypeError, "device must be a string"):
+            netreduce.Communicator(0, 2, device=3, bootstrap="127.0.0.1:1")
+        # The library's checks, as exceptions carrying its message.
+        with self.assertRaises(netreduce.InvalidArgumentError) as cm:
+            netreduce.Communicator(5, 2, bootstrap="127.0.0.1:1")
+        self.assertEqual(cm.exception.status, _lib.ERR_INVALID_ARGUMENT)
+        self.assertEqual(cm.exception.status_name, "invalid_argument")
+        self.assertIn("rank: 5 is outside 0..1", cm.exception.message)
+        self.assertIsInstance(cm.exception, ValueError)
+        with self.assertRaisesRegex(netreduce.InvalidArgumentError, "'nohostport' is not host:port"):
+            netreduce.Communicator(0, 2, bootstrap="nohostport")
+
+    @unittest.skipIf(have_rdma(), "this machine has an RDMA device")
+    def test_no_device(self):
+        for dev in (None, "mlx5_404"):
+            with self.assertRaises(netreduce.NoDeviceError) as cm:
+                netreduce.Communicator(0, 2, device=dev, bootstrap="127.0.0.1:29531", connect_timeout_ms=500)
+            self.assertEqual(cm.exception.status, _lib.ERR_NO_DEVICE)
+            self.assertIn("no RDMA device", str(cm.exception))
+            self.assertIn("rank 0 of 2", str(cm.exception))
+
+    def test_buffers(self):
+        ok = [np.zeros(4, d) for d in ("float32", "float16", "int32", "int64", "float64")]
+        for a in ok:
+            addr, n, dt = netreduce._buffer(a)
+            self.assertEqual((addr, n), (a.ctypes.data, 4))
+            self.assertEqual(dt, netreduce.DTYPES[a.dtype.name])
+        self.assertEqual(netreduce._buffer(np.zeros((2, 3), np.float32))[1], 6)
+        for bad, exc, msg in (
+                (np.zeros(4, np.uint8), TypeError, "dtype uint8 is not supported"),
+                (np.zeros(4, np.complex64), TypeError, "not supported"),
+                (np.zeros(4, ">f4"), TypeError, "not supported"),
+                (np.zeros((4, 4), np.float32)[:, 1], ValueError, "not C-contiguous"),
+                (np.zeros((4, 4), np.float32).T, ValueError, "not C-contiguous"),
+                ([1.0, 2.0], TypeError, "expected a numpy array or a torch tensor, got list"),
+                (b"1234", TypeError, "got bytes")):
+            with self.assertRaisesRegex(exc, msg):
+                netreduce._buffer(bad)
+        ro = np.zeros(4, np.float32)
+        ro.flags.writeable = False
+        with self.assertRaisesRegex(ValueError, "read-only"):
+            netreduce._buffer(ro)
+
+    def test_torch_buffers(self):
+        import torch
+        for d in (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.float64):
+            t = torch.zeros(5, dtype=d)
+            self.assertEqual(netreduce._buffer(t), (t.data_ptr(), 5, netreduce.DTYPES[str(d)[6:]]))
+        for bad, exc, msg in (
+                (torch.zeros(4, dtype=torch.uint8), TypeError, "dtype torch.uint8 is not supported"),
+                (torch.zeros(4, dtype=torch.complex64), TypeError, "not supported"),
+                (torch.zeros(4, 4)[:, 1], ValueError, "not contiguous"),
+                (torch.zeros(4, 4).t(), ValueError, "not contiguous"),
+                (torch.zeros(4, requires_grad=True), ValueError, "requires grad"),
+                (torch.zeros(4, 4).to_sparse(), ValueError, "sparse_coo tensors are not supported")):
+            with self.assertRaisesRegex(exc, msg):
+                netreduce._buffer(bad)
+
+    def test_ops_and_closed(self):
+        c = closed_communicator()
+        a = np.zeros(4, np.float32)
+        self.assertTrue(c.closed)
+        self.assertEqual(repr(c), "<netreduce.Communicator closed>")
+        for call in (lambda: c.allreduce(a), lambda: c.allreduce_async(a), lambda: c.path, lambda: c.ring_id):
+            with self.assertRaisesRegex(ValueError, "the communicator is closed"):
+                call()
+        c.close()  # idempotent
+        with c:
+            pass
+        self.assertEqual(netreduce._op("SUM"), _lib.SUM)
+        for bad in ("prod", "avg", 1, None):
+            with self.assertRaisesRegex(ValueError, "op .* is not supported"):
+                netreduce._op(bad)
+
+    def test_null_handles_in_the_library(self):
+        # The library rejects a null communicator with its own message.
+        L = _lib.lib()
+        x = ctypes.c_float(1)
+        st = L.nr_allreduce(None, ctypes.addressof(x), ctypes.addressof(x), 1, _lib.FP32, _lib.SUM, 10)
+        with self.assertRaisesRegex(netreduce.InvalidArgumentError, "all-reduce: invalid_argument: comm: null"):
+            netreduce._check(st, "all-reduce")
+
+
+if __name__ == "__main__":
+    sys.exit(unittest.main(verbosity=2))

@@ -1,0 +1,342 @@
+#!/usr/bin/python3
+"""System scenario: PyTorch DDP training through the box (issue 17).
+
+Three guests (rank r in guest g<r>) run this file in worker mode: one Python
+process each (importing torch in a TCG guest costs minutes, so it is paid
+once), with the netreduce c10d backend as the default process group
+(dist.init_process_group("netreduce"), rendezvous from the TCP store at g0),
+netreduced host-side (as in scenario_allreduce.py) and the box aggregating.
+Phases, in order, the same small MLP (fixed seeds) trained STEPS steps on
+synthetic regression data (a fixed linear teacher plus noise; rank r's batch
+of step s seeded by (s, r)):
+  checks   netreduce.Communicator round trips on the backend's communicator
+           (INA path): numpy float32/float16/int32/int64/float64 and torch
+           bfloat16/float32, sum/min/max, blocking and async, against values
+           computed here (small integers: exact in every dtype);
+  ina      DDP over the netreduce backend, DDP's built-in gradient reduction;
+  hook     DDP with netreduce.torch.allreduce_hook (its own communicator and
+           ring, INA), buckets all-reduced asynchronously;
+  ring     DDP over a second netreduce process group with force_ring and
+           use_ring: the library's RDMA ring all-reduce (no box), for the
+           byte comparison.
+Checked on the host: every rank exited 0; each phase ran on its path; each
+phase's parameters are identical on every rank and equal (fp tolerance) to a
+single-process training on the concatenated batches computed here with torch;
+the loss falls; the box's ring counters (netreduced GET /v1/rings/{id}) show
+every byte the ranks all-reduced aggregated: P x (the bytes each rank passed
+to netreduce + the library's 4-byte probe), nothing left open. Reported per
+phase: ms per step split into all-reduce (the backend's/hook's busy time:
+start to completion of its calls) and the rest (compute), the compute-only
+time of the same model without DDP, and eth0 bytes sent per worker per step.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+P = 3
+STEPS = 200
+BATCH = 16
+IN, HID, OUT = 32, 64, 10
+LR = 0.05
+STORE_PORT = 29500
+QP_TIMEOUT = 17  # as scenario_allreduce: TCG ACKs are slow
+GUEST_MEM_MB = 1024  # torch: ~180 MiB resident, plus its libraries in the page cache
+WORKER_TIMEOUT = 1500  # import torch in a cold TCG guest: 3-4 minutes; three phases of STEPS
+CHECK_N = 1000
+
+
+# ----------------------------------------------------------------------------
+# The training, shared by the workers and the host's reference
+
+
+def model():
+    import torch
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(torch.nn.Linear(IN, HID), torch.nn.Tanh(), torch.nn.Linear(HID, OUT))
+
+
+def batch(step, rank):
+    import torch
+    teacher = torch.randn(IN, OUT, generator=torch.Generator().manual_seed(7))
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(BATCH, IN, generator=g)
+    return x, x @ teacher + 0.1 * torch.randn(BATCH, OUT, generator=g)
+
+
+def reference():
+    """One process, the concatenated batches of all ranks at every step."""
+    import torch
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=LR)
+    for s in range(STEPS):
+        xs, ys = zip(*(batch(s, r) for r in range(P)))
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(m(torch.cat(xs)), torch.cat(ys)).backward()
+        opt.step()
+    return [p.detach() for p in m.parameters()]
+
+
+# ----------------------------------------------------------------------------
+# Worker (in a guest)
+
+
+def tx_bytes():
+    with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
+        return int(f.read())
+
+
+def check_round_trips(comm, rank):
+    """Exact round trips on comm; returns the data bytes all-reduced."""
+    import numpy as np
+    import torch
+    nbytes = 0
+    i = np.arange(CHECK_N) % 7
+    want = {"sum": P * i + sum(range(P)), "min": i, "max": i + P - 1}
+    for dt in ("float32", "float16", "int32", "int64", "float64"):
+        for op in ("sum", "min", "max"):
+            a = (i + rank).astype(dt)
+            comm.allreduce(a, op)
+            assert np.array_equal(a, want[op].astype(dt)), (dt, op, a[:10])
+            nbytes += a.nbytes
+    for dt in (torch.bfloat16, torch.float32):
+        for op in ("sum", "max"):
+            t = torch.from_numpy(i + rank).to(dt)
+            comm.allreduce(t, op)
+            assert torch.equal(t, torch.from_numpy(want[op]).to(dt)), (dt, op, t[:10])
+            nbytes += t.numel() * t.element_size()
+    # Async: two in flight, completed in order.
+    a, b = (i + rank).astype("float32"), (i * rank).astype("int64")
+    ra, rb = comm.allreduce_async(a, "sum"), comm.allreduce_async(b, "max")
+    rb.wait()
+    ra.wait()
+    assert np.array_equal(a, want["sum"].astype("float32")) and np.array_equal(b, (i * (P - 1)).astype("int64"))
+    nbytes += a.nbytes + b.nbytes
+    return nbytes
+
+
+def compute_only(steps=50):
+    """ms per step of the same model and batch size without DDP."""
+    import torch
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=LR)
+    t = time.monotonic()
+    for s in range(steps):
+        x, y = batch(s, 0)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(m(x), y).backward()
+        opt.step()
+    return (time.monotonic() - t) / steps * 1000
+
+
+def train(ddp, rank, stats):
+    import torch
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    losses = []
+    s0, tx0, t0 = dict(stats()), tx_bytes(), time.monotonic()
+    for s in range(STEPS):
+        x, y = batch(s, rank)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    secs, tx1, s1 = time.monotonic() - t0, tx_bytes(), stats()
+    return {"params": [p.detach().clone() for p in ddp.module.parameters()], "losses": losses,
+            "ms_per_step": secs / STEPS * 1000,
+            "allreduce_ms_per_step": (s1["busy_seconds"] - s0["busy_seconds"]) / STEPS * 1000,
+            "allreduce_calls": s1["calls"] - s0["calls"], "allreduce_bytes": s1["bytes"] - s0["bytes"],
+            "tx_bytes_per_step": (tx1 - tx0) / STEPS}
+
+
+def worker(a):
+    t = time.monotonic()
+    import torch
+    import torch.distributed as dist
+    import netreduce.torch as nrt
+    out = {"import_seconds": time.monotonic() - t}
+    rank = a.rank
+    common = dict(device="rxe0", gid_index=a.gid_index, qp_timeout=QP_TIMEOUT, delete_ring_at_close=False,
+                  lease_ms=600000, op_timeout_ms=60000, connect_timeout_ms=120000)
+    nrt.set_backend_options(**common)
+    dist.init_process_group("netreduce", init_method="tcp://%s:%d" % (a.master, STORE_PORT), rank=rank,
+                            world_size=P)
+    pg = dist.distributed_c10d._get_default_group()
+    out["backend"] = dist.get_backend()
+    out["compute_only_ms_per_step"] = compute_only()
+    res = {}
+    # checks and ina: the default group's communicator (one ring at the box)
+    res["checks"] = {"path": pg.path, "reason": pg.reason, "ring": pg.comm.ring_id if pg.comm else 0,
+                     "bytes": check_round_trips(pg.comm, rank) if pg.comm else 0}
+    r = train(torch.nn.parallel.DistributedDataParallel(model()), rank, pg.stats)
+    r.update(path=pg.path, reason=pg.reason, ring=pg.comm.ring_id if pg.comm else 0)
+    res["ina"] = r
+    # hook: its own communicator (a second ring)
+    hs = nrt.HookState(**common)
+    ddp = torch.nn.parallel.DistributedDataParallel(model())
+    ddp.register_comm_hook(hs, nrt.allreduce_hook)
+    r = train(ddp, rank, hs.stats)
+    r.update(path=hs.path, reason=hs.reason, ring=hs.comm.ring_id if hs.comm else 0)
+    res["hook"] = r
+    # ring: the library's own ring all-reduce (no box), a second process group
+    nrt.set_backend_options(force_ring=True, use_ring=True, **common)
+    ring_pg = dist.new_group(backend="netreduce")
+    r = train(torch.nn.parallel.DistributedDataParallel(model(), process_group=ring_pg), rank, ring_pg.stats)
+    r.update(path=ring_pg.path, reason=ring_pg.reason, ring=0)
+    res["ring"] = r
+    out["phases"] = res
+    # Everything each communicator carried (DDP may all-reduce outside train()).
+    out["comm_bytes"] = {"ina": res["checks"]["bytes"] + pg.stats()["bytes"], "hook": hs.stats()["bytes"]}
+    out["fallback_messages"] = list(nrt.fallback_messages)
+    dist.barrier()
+    torch.save(out, os.path.join("/nrlab", "torch-result-%d.pt" % rank))
+    print(json.dumps({k: v for k, v in out.items() if k != "phases"}))
+    # Leave without tearing down communicators one by one: exit closes them
+    # (each close is a barrier with the peers, bounded by op_timeout_ms).
+    hs.close()
+    ring_pg.close()
+    pg.close()
+    return 0
+
+
+# ----------------------------------------------------------------------------
+# Host side
+
+
+def run_scenario(a):
+    import nrlab
+    import scenario_allreduce
+    import torch
+    expect, Failed = nrlab.expect, nrlab.Failed
+    t0 = time.monotonic()
+    report, ok = None, False
+    try:
+        with nrlab.Lab(guests=P, dataplane=a.dataplane, workdir=a.workdir, box_mode="aggregate",
+                       mem_mb=GUEST_MEM_MB) as lab:
+            report = nrlab.Report("torch", lab.run_dir)
+            report.figure("lab setup, 3 guests (boot to rxe0 ready)", "%.1f" % lab.setup_seconds, "s")
+            daemon = scenario_allreduce.Daemon(lab, a.daemon)
+            g0 = lab.guests[0]
+            env = {"PYTHONPATH": a.pythonpath, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
+                   "MASTER_ADDR": g0.ip, "MASTER_PORT": STORE_PORT,
+                   "NETREDUCE_DAEMON": daemon.url, "NETREDUCE_TOKEN_FILE": daemon.token_file}
+            t = time.monotonic()
+            jobs = [g.spawn(["/usr/bin/python3", os.path.abspath(__file__), "--worker", "--rank", r,
+                             "--master", g0.ip, "--gid-index", g.gid_index], env=env)
+                    for r, g in enumerate(lab.guests)]
+            results = [j.wait(WORKER_TIMEOUT) for j in jobs]
+            report.figure("training job wall time (import torch included)", "%.1f" % (time.monotonic() - t), "s")
+            if any(x.rc != 0 for x in results):
+                raise Failed("ranks exited %s\n%s" % ([x.rc for x in results], "\n".join(
+                    "--- rank %d stderr\n%s\n--- stdout\n%s" % (r, x.err[-3000:], x.out[-1000:])
+                    for r, x in enumerate(results))))
+            outs = [torch.load(os.path.join(g.dir, "torch-result-%d.pt" % r)) for r, g in enumerate(lab.guests)]
+            rings = {}
+            for name in ("checks", "ina", "hook"):  # counters while the rings are still leased
+                rid = outs[0]["phases"][name]["ring"]
+                if rid and rid not in rings:
+                    rings[rid] = daemon.ring(rid)
+        report.figure("import torch in a guest (per rank)", ", ".join("%.1f" % o["import_seconds"] for o in outs),
+                      "s")
+        report.figure("backend", outs[0]["backend"])
+        expect(all(o["backend"] == "netreduce" for o in outs), "backend %s" % [o["backend"] for o in outs])
+        expect(not any(o["fallback_messages"] for o in outs), "fallbacks: %s" % [o["fallback_messages"] for o in outs])
+        ph = [o["phases"] for o in outs]
+        report.figure("round trips (numpy 5 dtypes x 3 ops, torch bf16/fp32, async): path / bytes per rank",
+                      "%s / %d" % (ph[0]["checks"]["path"], ph[0]["checks"]["bytes"]))
+        expect(all(p["checks"]["path"] == "ina" for p in ph), "checks not on INA: %s" %
+               [(p["checks"]["path"], p["checks"]["reason"]) for p in ph])
+        ref = reference()
+        nparams = sum(p.numel() for p in ref)
+        report.line("MLP %d-%d-%d (%d fp32 parameters, %d bytes of gradient per step), %d steps, batch %d per "
+                    "rank, SGD lr %g" % (IN, HID, OUT, nparams, 4 * nparams, STEPS, BATCH, LR))
+        report.figure("compute only (same model, no DDP), ms per step per rank",
+                      ", ".join("%.1f" % o["compute_only_ms_per_step"] for o in outs))
+        want_path = {"ina": "ina", "hook": "ina", "ring": "ring"}
+        for name in ("ina", "hook", "ring"):
+            rs = [p[name] for p in ph]
+            expect(all(r["path"] == want_path[name] for r in rs), "%s: paths %s" %
+                   (name, [(r["path"], r["reason"]) for r in rs]))
+            for r in range(1, P):
+                for x, y in zip(rs[0]["params"], rs[r]["params"]):
+                    expect(torch.equal(x, y), "%s: rank %d's parameters differ from rank 0's (max %g)" %
+                           (name, r, (x - y).abs().max().item()))
+            diff = max((x - y).abs().max().item() for x, y in zip(ref, rs[0]["params"]))
+            expect(all(torch.allclose(x, y, rtol=1e-4, atol=1e-5) for x, y in zip(ref, rs[0]["params"])),
+                   "%s: parameters differ from the single-process reference by up to %g" % (name, diff))
+            first = sum(sum(r["losses"][:10]) for r in rs) / (10 * P)
+            last = sum(sum(r["losses"][-10:]) for r in rs) / (10 * P)
+            expect(last < 0.5 * first, "%s: loss did not fall: %.4f -> %.4f" % (name, first, last))
+            expect(all(r["allreduce_bytes"] == 4 * nparams * STEPS for r in rs),
+                   "%s: all-reduced %s bytes, expected %d (every gradient through netreduce)" %
+                   (name, [r["allreduce_bytes"] for r in rs], 4 * nparams * STEPS))
+            report.line("%s (path %s: %s):" % (name, rs[0]["path"], rs[0]["reason"]))
+            report.figure("  identical on every rank; max |difference| to the single-process reference", "%.2e" % diff)
+            report.figure("  loss, mean of the first / last 10 steps", "%.4f / %.4f" % (first, last))
+            report.figure("  ms per step (g0, g1, g2)", ", ".join("%.1f" % r["ms_per_step"] for r in rs))
+            report.figure("  of which all-reduce (busy)", ", ".join("%.1f" % r["allreduce_ms_per_step"] for r in rs))
+            report.figure("  of which the rest (compute, DDP)", ", ".join(
+                "%.1f" % (r["ms_per_step"] - r["allreduce_ms_per_step"]) for r in rs))
+            report.figure("  all-reduce calls / data bytes per worker per step", "%d / %d" % (
+                rs[0]["allreduce_calls"] // STEPS, rs[0]["allreduce_bytes"] // STEPS))
+            report.figure("  eth0 bytes sent per worker per step", ", ".join("%d" % r["tx_bytes_per_step"] for r in rs))
+        # The box aggregated every byte: P x (what each rank all-reduced + the probe).
+        for name, phases in (("ina", ("checks", "ina")), ("hook", ("hook",))):
+            rid = ph[0][name]["ring"]
+            c = rings[rid]["counters"]
+            per_rank = [o["comm_bytes"][name] + 4 for o in outs]
+            expect(len(set(per_rank)) == 1, "ranks all-reduced different byte counts: %s" % per_rank)
+            want = P * per_rank[0]
+            report.figure("box ring %d (%s): data bytes aggregated (expected P x %d)" % (rid, "+".join(phases),
+                                                                                      per_rank[0]),
+                          "%d (%d)" % (c["bytes_aggregated"], want))
+            report.figure("  messages completed / retransmissions served / drops", "%d / %d / %s" % (
+                c["messages_completed"], c["retransmissions_served"], {k: v for k, v in c["drops"].items() if v}))
+            expect(c["bytes_aggregated"] == want, "ring %d aggregated %d bytes, expected %d" %
+                   (rid, c["bytes_aggregated"], want))
+            expect(rings[rid]["open_cells"] == 0 and rings[rid]["held_packets"] == 0,
+                   "ring %d has cells open: %s" % (rid, rings[rid]))
+        ina_tx = [r["tx_bytes_per_step"] for r in (p["ina"] for p in ph)]
+        ring_tx = [r["tx_bytes_per_step"] for r in (p["ring"] for p in ph)]
+        report.figure("eth0 bytes per step INA / ring per worker (ideal P/(2(P-1)) = %.3f)" % (P / (2 * (P - 1))),
+                      ", ".join("%.3f" % (i / r) for i, r in zip(ina_tx, ring_tx)))
+        expect(all(i < r for i, r in zip(ina_tx, ring_tx)), "INA sent no fewer bytes than the ring: %s vs %s" %
+               (ina_tx, ring_tx))
+        ok = True
+    except (nrlab.Failed, nrlab.LabError) as e:
+        print("FAILED: %s" % e, file=sys.stderr)
+        if report is not None:
+            report.line("FAILED: %s" % str(e).splitlines()[0])
+    if report is not None:
+        report.figure("scenario wall time", "%.1f" % (time.monotonic() - t0), "s")
+        report.save(ok)
+    print("scenario wall time %.1f s" % (time.monotonic() - t0), flush=True)
+    return 0 if ok else 1
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", action="store_true", help="(in a guest) one rank of the training")
+    ap.add_argument("--rank", type=int)
+    ap.add_argument("--master")
+    ap.add_argument("--gid-index", type=int, default=-1)
+    ap.add_argument("--dataplane")
+    ap.add_argument("--daemon", help="netreduced")
+    ap.add_argument("--pythonpath", help="the build tree's python directory (PYTHONPATH of the workers)")
+    ap.add_argument("--workdir")
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a)
+    for k in ("dataplane", "daemon", "pythonpath"):
+        if not getattr(a, k):
+            ap.error("--%s is required" % k)
+        setattr(a, k, os.path.abspath(getattr(a, k)))
+    return run_scenario(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
