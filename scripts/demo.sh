@@ -25,7 +25,7 @@ case "${1:-}" in
   *) echo "usage: $0 [--keep]" >&2; exit 2 ;;
 esac
 
-./scripts/install-deps.sh
+./scripts/install-deps.sh demo
 # Same build type as scripts/test.sh, so the two commands share one build.
 if [ -f build/build.ninja ]; then meson setup --reconfigure build --buildtype=debugoptimized >/dev/null; else meson setup build --buildtype=debugoptimized >/dev/null; fi
 meson compile -C build >/dev/null

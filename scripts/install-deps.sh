@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package netreduce needs to build, test and run its
-# demo. Idempotent: packages already present are not touched, so a second run
-# costs one dpkg query. Used by scripts/demo.sh, scripts/test.sh and .ci/run.
+# Installs the Debian 12 packages netreduce needs, by profile:
+#
+#   scripts/install-deps.sh demo   build and run the demo (scripts/demo.sh)
+#   scripts/install-deps.sh test   everything: the demo's, plus the test
+#                                  suite's tools, the Soft-RoCE lab (QEMU, a
+#                                  kernel image) and the packaging tools
+#                                  (scripts/test.sh, .ci/run; the default)
+#
+# Idempotent: packages already present are not touched, so a second run
+# costs one dpkg query.
 set -euo pipefail
 
-PACKAGES=(
-  # toolchain and build
-  g++ meson ninja-build pkg-config clang-format
+profile=${1:-test}
+
+DEMO=(
+  # toolchain and build (Catch2: the tree configures its tests by default)
+  g++ meson ninja-build pkg-config catch2
   # data plane and wire layer
   libdpdk-dev dpdk libisal-dev
   # host library
@@ -14,14 +23,27 @@ PACKAGES=(
   # control plane
   libyaml-cpp-dev prometheus-cpp-dev nlohmann-json3-dev libcpp-httplib-dev
   libspdlog-dev libfmt-dev libcli11-dev
+  # the demo's report
+  python3
+)
+TEST=(
   # tests and benchmarks
-  catch2 libbenchmark-dev python3 python3-scapy iproute2 python3-numpy python3-matplotlib prometheus
+  clang-format libbenchmark-dev python3-scapy iproute2 python3-numpy python3-matplotlib prometheus
   # the Python package (python/netreduce) and its tests: PyTorch (CPU, Gloo)
   python3-torch
   # system tests: the Soft-RoCE lab (QEMU guests on Debian's kernel, rdma_rxe)
   qemu-system-x86 linux-image-amd64 busybox-static kmod cpio ibverbs-utils
   perftest tcpdump
+  # Debian packages and deployment (suite deploy): build, lint, unit files,
+  # netreduce-setup (python3-yaml), promtool (prometheus, above)
+  debhelper dpkg-dev fakeroot lintian systemd python3-yaml
 )
+
+case "$profile" in
+  demo) PACKAGES=("${DEMO[@]}") ;;
+  test) PACKAGES=("${DEMO[@]}" "${TEST[@]}") ;;
+  *) echo "usage: $0 [demo|test]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -31,7 +53,7 @@ for p in "${PACKAGES[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  echo "install-deps ($profile): all ${#PACKAGES[@]} packages present"
   exit 0
 fi
 
@@ -43,7 +65,7 @@ if [ "$(id -u)" -ne 0 ]; then
   fi
 fi
 
-echo "install-deps: installing ${missing[*]}"
+echo "install-deps ($profile): installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 "${SUDO[@]}" apt-get update -qq
 "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

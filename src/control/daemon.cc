@@ -181,6 +181,7 @@ void Daemon::reconciler_main() {
           pending = false;
           ++counters_.reconciles;
         } else {
+          ++counters_.reconcile_failures;
           spdlog::warn("reconcile: {}", r.to_string());
         }
       }
@@ -584,6 +585,7 @@ std::string Daemon::metrics(const HttpStats& http) {
   in.max_memory = cfg_.max_memory;
   in.connects = dp_.connects();
   in.reconciles = counters_.reconciles.load();
+  in.reconcile_failures = counters_.reconcile_failures.load();
   in.rings_pushed = counters_.rings_pushed.load();
   in.rings_pruned = counters_.rings_pruned.load();
   in.restarts_seen = counters_.restarts_seen.load();

@@ -91,11 +91,12 @@ inline constexpr const char* kCredentialHeader = "X-Netreduce-Ring-Credential";
 bool same_secret(const std::string& given, const std::string& want) noexcept;
 
 struct DaemonCounters {
-  std::atomic<uint64_t> reconciles{0};     // completed reconcile passes
-  std::atomic<uint64_t> rings_pushed{0};   // install_ring sent by the reconciler
-  std::atomic<uint64_t> rings_pruned{0};   // remove_ring sent by the reconciler
-  std::atomic<uint64_t> restarts_seen{0};  // data plane instance changes observed
-  std::atomic<uint64_t> rings_expired{0};  // leased rings removed for want of renewal
+  std::atomic<uint64_t> reconciles{0};          // completed reconcile passes
+  std::atomic<uint64_t> reconcile_failures{0};  // passes that failed (retried next interval)
+  std::atomic<uint64_t> rings_pushed{0};        // install_ring sent by the reconciler
+  std::atomic<uint64_t> rings_pruned{0};        // remove_ring sent by the reconciler
+  std::atomic<uint64_t> restarts_seen{0};       // data plane instance changes observed
+  std::atomic<uint64_t> rings_expired{0};       // leased rings removed for want of renewal
 };
 
 class Daemon {

@@ -75,6 +75,9 @@ std::string render_metrics(const MetricsInput& in) {
   set(b.counter("netreduce_reconciles_total",
                 "completed passes making the data plane's rings equal to the daemon's state"),
       {}, static_cast<double>(in.reconciles));
+  set(b.counter("netreduce_reconcile_failures_total",
+                "reconcile passes that failed (a ring refused, the data plane lost; retried)"),
+      {}, static_cast<double>(in.reconcile_failures));
   set(b.counter("netreduce_reconcile_ring_installs_total",
                 "rings the reconciler (re)installed on the data plane"),
       {}, static_cast<double>(in.rings_pushed));

@@ -35,6 +35,7 @@ struct MetricsInput {
   uint64_t max_memory = 0;
   uint64_t connects = 0;
   uint64_t reconciles = 0;
+  uint64_t reconcile_failures = 0;
   uint64_t rings_pushed = 0;
   uint64_t rings_pruned = 0;
   uint64_t restarts_seen = 0;

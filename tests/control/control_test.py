@@ -14,7 +14,10 @@ Scenarios:
   traffic            a ring created through the API, RoCE traffic from scapy over veth pairs
                      (net_af_packet), the counters read back through /metrics equal what was sent
   prometheus         the real Prometheus server scrapes the daemon; a netreduce series is read
-                     back through Prometheus' /api/v1/query
+                     back through Prometheus' /api/v1/query; the same server loads
+                     deploy/alerts.yml (every rule evaluates without error, every series it names
+                     exists, none fires on this healthy box) and runs every PromQL expression of
+                     deploy/grafana/netreduce.json (panels and variables): each returns data
 
 Every wait has a deadline; every process started here is killed at the end.
 Ports, paths and DPDK file prefixes are unique per run.
@@ -34,6 +37,7 @@ import urllib.parse
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(HERE, "..", "dataplane"))
 
 DAEMON, CTL, DATAPLANE = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -668,6 +672,7 @@ def scenario_prometheus(tmp):
     cfg = os.path.join(tmp, "prometheus.yml")
     with open(cfg, "w") as f:
         f.write("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                "rule_files: [%s]\n" % json.dumps(os.path.join(REPO, "deploy", "alerts.yml")) +
                 "scrape_configs:\n  - job_name: netreduce\n    scrape_interval: 1s\n    scrape_timeout: 900ms\n"
                 "    static_configs: [{targets: ['127.0.0.1:%d']}]\n" % d.port)
     p = subprocess.run(["promtool", "check", "config", cfg], capture_output=True, text=True, timeout=60)
@@ -701,13 +706,78 @@ def scenario_prometheus(tmp):
     with urllib.request.urlopen("http://127.0.0.1:%d/api/v1/targets" % prom_port, timeout=5) as r:
         targets = json.load(r)["data"]["activeTargets"]
     assert targets and targets[0]["health"] == "up" and not targets[0]["lastError"], targets
+    n_rules, n_exprs = check_monitoring(query, prom_port, "127.0.0.1:%d" % d.port)
     prom.terminate()
     prom.wait(timeout=30)
     dp.ask(cmd="shutdown")
     dp.proc.wait(timeout=30)
     d.stop()
     print("prometheus: the real server scraped the daemon; netreduce_ring_ranks{ring=\"5\"} = 4 and "
-          "netreduce_dataplane_up = 1 read back through /api/v1/query")
+          "netreduce_dataplane_up = 1 read back through /api/v1/query; %d alert rules evaluated, none "
+          "firing; %d dashboard expressions returned data" % (n_rules, n_exprs))
+
+
+def dashboard_exprs(dash):
+    """Every PromQL expression of a Grafana dashboard: panel targets (rows' nested panels
+    included) and query variables (label_values(EXPR, LABEL) becomes EXPR)."""
+    exprs = []
+
+    def walk(panels):
+        for p in panels:
+            for t in p.get("targets", []):
+                exprs.append(("panel %r" % p["title"], t["expr"]))
+            walk(p.get("panels", []))
+    walk(dash["panels"])
+    for v in dash.get("templating", {}).get("list", []):
+        if v.get("type") == "query":
+            q = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+            m = re.match(r"^label_values\((.*),\s*(\w+)\)$", q)
+            assert m, "variable %s: only label_values(expr, label) is checked: %s" % (v["name"], q)
+            exprs.append(("variable %s" % v["name"], m.group(1)))
+    return exprs
+
+
+def check_monitoring(query, prom_port, instance):
+    """deploy/alerts.yml and deploy/grafana/netreduce.json against the real Prometheus
+    (which loaded the rules) and the box it scrapes. Returns (rules, expressions) checked."""
+    def api(path):
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (prom_port, path), timeout=5) as r:
+            body = json.load(r)
+        assert body["status"] == "success", body
+        return body["data"]
+
+    # Alert rules: loaded, evaluated at least once without error, none firing or pending.
+    def evaluated():
+        rules = [r for g in api("/api/v1/rules")["groups"] for r in g["rules"]]
+        return rules if rules and all(r.get("lastEvaluation", "").rstrip("Z") > "0001-01-01T00:00:00" for r in rules) \
+            else None
+    rules = wait_until("Prometheus to evaluate deploy/alerts.yml", evaluated, timeout=60, interval=0.5)
+    with open(os.path.join(REPO, "deploy", "alerts.yml")) as f:
+        alert_text = f.read()
+    want = re.findall(r"^\s*- alert: (\w+)$", alert_text, re.M)
+    assert sorted(r["name"] for r in rules) == sorted(want), ([r["name"] for r in rules], want)
+    for r in rules:
+        assert r["health"] == "ok" and not r.get("lastError"), r
+    # Every series an alert names exists (a renamed metric would silence its alert for ever).
+    names = set(re.findall(r"\b(netreduce_\w+)", "\n".join(r["query"] for r in rules)))
+    assert len(names) >= 9, names
+    for name in sorted(names):
+        assert query("count(%s)" % name), "alert rules name %s, which the box does not export" % name
+    alerts = api("/api/v1/alerts")["alerts"]
+    assert not alerts, "alerts on a healthy box: %s" % alerts
+
+    # Dashboard: every expression, with Grafana's variables given this box's values, returns data.
+    with open(os.path.join(REPO, "deploy", "grafana", "netreduce.json")) as f:
+        exprs = dashboard_exprs(json.load(f))
+    assert len(exprs) >= 20, exprs
+    subst = {"$__rate_interval": "10s", "$instance": instance, "$job": "netreduce"}
+    for where, expr in exprs:
+        q = expr
+        for k, v in subst.items():
+            q = q.replace(k, v)
+        assert "$" not in q, "%s: an unknown variable in %s" % (where, expr)
+        wait_until("%s: %s to return data" % (where, q), lambda: query(q), timeout=60, interval=0.5)
+    return len(rules), len(exprs)
 
 
 def run_scenario(namespace):
