@@ -32,7 +32,10 @@ from . import _lib
 
 __all__ = ["Communicator", "Request", "NetreduceError", "InvalidArgumentError", "NoDeviceError",
            "TimeoutError", "TransportError", "BootstrapError", "InternalError", "OPTIONS", "DTYPES", "OPS"]
-__version__ = "0.1.0"
+try:
+    from ._config import VERSION as __version__  # meson's project() version, the only place it is written
+except ImportError:
+    __version__ = "unknown"
 
 OPS = {"sum": _lib.SUM, "min": _lib.MIN, "max": _lib.MAX}
 # dtype name (numpy's and torch's spelling) -> nr_dtype

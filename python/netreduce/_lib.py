@@ -3,7 +3,7 @@
 The library is found, in this order, at: $NETREDUCE_LIBRARY (a path), the path
 meson wrote into _config.py (the build tree's libnetreduce.so for the build
 tree's copy of the package, the installed one for the installed copy), then
-the dynamic loader's search (libnetreduce.so.0). Loaded once, on first use.
+the dynamic loader's search for its soname (_config.SONAME). Loaded once, on first use.
 
 ctypes releases the GIL for the duration of every foreign call, so a blocking
 nr_allreduce or nr_wait lets other Python threads run.
@@ -61,14 +61,11 @@ def _candidates():
     env = os.environ.get("NETREDUCE_LIBRARY")
     if env:
         return [env]
-    out = []
     try:
         from . import _config
-        out.append(_config.LIBRARY)
+        return [_config.LIBRARY, _config.SONAME]
     except ImportError:
-        pass
-    out += ["libnetreduce.so.0", "libnetreduce.so"]
-    return out
+        return ["libnetreduce.so"]
 
 
 def lib():

@@ -32,6 +32,7 @@ import time
 SRC = os.path.abspath(sys.argv[1])
 KEEP = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--keep" else None
 ARCH_LIB = "usr/lib/x86_64-linux-gnu"
+PY_DIR = "usr/lib/python3/dist-packages"
 
 # What each package must hold (paths relative to /); a missing one fails.
 EXPECT = {
@@ -46,6 +47,7 @@ EXPECT = {
     "libnetreduce1": [ARCH_LIB + "/libnetreduce.so.1"],
     "libnetreduce-dev": ["usr/include/netreduce/netreduce.h", "usr/include/netreduce/netreduce.hpp",
                          ARCH_LIB + "/libnetreduce.so", ARCH_LIB + "/pkgconfig/netreduce.pc"],
+    "python3-netreduce": [PY_DIR + "/netreduce/" + f for f in ("__init__.py", "_lib.py", "_config.py", "torch.py")],
 }
 CONFFILES = {"netreduce-box": {"/etc/netreduce/dataplane.yaml", "/etc/netreduce/netreduced.yaml"}}
 
@@ -195,7 +197,7 @@ def check_packages(debs, root):
     return n_elf, n_needed
 
 
-def check_unpacked(root, tmp):
+def check_unpacked(root, tmp, version):
     env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(root, ARCH_LIB))
     etc = os.path.join(root, "etc", "netreduce")
     out = must([os.path.join(root, "usr/bin/netreduce-dataplane"), "--check", "-c", os.path.join(etc, "dataplane.yaml")],
@@ -243,6 +245,19 @@ def check_unpacked(root, tmp):
     assert os.path.join(root, ARCH_LIB, "libnetreduce.so.1") in libs, libs
     print("  C program built with pkg-config --cflags --libs netreduce, ran against the packaged libnetreduce.so.1")
 
+    # The Python package as installed: its _config.py names the packaged
+    # library, and it loads that library (here from the unpacked root).
+    py_env = dict(os.environ, PYTHONPATH=os.path.join(root, PY_DIR),
+                  NETREDUCE_LIBRARY=os.path.join(root, ARCH_LIB, "libnetreduce.so.1"))
+    out = must(["/usr/bin/python3", "-c", "import netreduce, netreduce._config as c, netreduce._lib as l; "
+                "print(netreduce.__file__); print(c.LIBRARY); l.lib(); print('loaded'); print(netreduce.__version__)"],
+               "python3 -c 'import netreduce' from the packaged tree", env=py_env).split()
+    assert out[0].startswith(os.path.join(root, PY_DIR)), out
+    assert out[1] == "/" + ARCH_LIB + "/libnetreduce.so.1", "python3-netreduce's _config.py names %s" % out[1]
+    assert out[2] == "loaded", out
+    assert out[3] == version, "python3-netreduce says version %s, meson.build %s" % (out[3], version)
+    print("  python3-netreduce: imports from the unpacked tree, names %s, loads the packaged library" % out[1])
+
     units = sorted(glob.glob(os.path.join(root, "lib/systemd/system/*.service")))
     out = run(["systemd-analyze", "verify", "--root=" + root, "--recursive-errors=no"] +
               [os.path.join("/lib/systemd/system", os.path.basename(u)) for u in units])
@@ -288,7 +303,7 @@ def main():
         n_elf, n_needed = check_packages(debs, root)
         print("contents: every expected file and conffile present; %d ELF files, %d NEEDED entries, each "
               "provided by the package or its Depends" % (n_elf, n_needed))
-        check_unpacked(root, tmp)
+        check_unpacked(root, tmp, version)
         changes = glob.glob(os.path.join(tmp, "*.changes"))
         assert len(changes) == 1, changes
         t0 = time.monotonic()

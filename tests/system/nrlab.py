@@ -912,6 +912,16 @@ class Report:
         self.figures[key] = value
         self.lines.append("  %-40s %s %s" % (key, value, unit))
 
+    def failed(self, e, detail=12):
+        """The failure's first line and up to `detail` of the lines after it
+        (the report is what CI logs keep: the cause must be in it)."""
+        lines = [l for l in str(e).splitlines() if l.strip()] or [repr(e)]
+        self.lines.append("FAILED: %s" % lines[0])
+        for l in lines[1:1 + detail]:
+            self.lines.append("  | %s" % l[:240])
+        if len(lines) > 1 + detail:
+            self.lines.append("  | ... (%d more lines in the scenario's stderr)" % (len(lines) - 1 - detail))
+
     def save(self, ok):
         head = "=== system test: %s: %s ===" % (self.name, "PASSED" if ok else "FAILED")
         text = "\n".join([head] + self.lines) + "\n"

@@ -61,10 +61,12 @@ P = 3
 DAEMON_PORT = 7470
 BOOT_PORT = 29500
 MSG_LEN, PAYLOAD = 4, 1024  # the library's defaults: 4 packets of 1024 bytes per message
-# RC retransmission timeout 4.096 us x 2^17 = 0.54 s: under TCG an ACK often
+# RC retransmission timeout 4.096 us x 2^18 = 1.07 s: under TCG an ACK often
 # takes longer than the default 67 ms, and spurious go-back-N retransmissions
-# would inflate the transmitted bytes this test compares.
-QP_TIMEOUT = 17
+# would inflate the transmitted bytes this test compares. With rxe's 7 tries
+# a QP survives about 7.5 s without an ACK: three TCG guests on two shared
+# cores have stalled longer than 0.54 s x 7 (2^17; one CI run's ring step).
+QP_TIMEOUT = 18
 INA_HEADER = 24
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "int32": 4, "int64": 8, "fp64": 8}
 OPS = ["sum", "min", "max"]
@@ -239,9 +241,12 @@ class Job:
                     guests.append("%s:\n%s" % (g.name, r.out.strip()))
                 except nrlab.LabError as e:
                     guests.append("%s: %s" % (g.name, e))
-            raise Failed("%s: ranks exited %s\n--- stderr of each rank\n%s\n--- box (whole run)\n%s\n"
+            # The last line each rank wrote (its error) right after the first.
+            last = ["rank %d: %s" % (r, (res.err.strip().splitlines() or ["(no stderr)"])[-1])
+                    for r, res in enumerate(results)]
+            raise Failed("%s: ranks exited %s\n%s\n--- stderr of each rank\n%s\n--- box (whole run)\n%s\n"
                          "--- guests\n%s\n--- rank 0 stdout\n%s" % (
-                             self.tag, [res.rc for res in results],
+                             self.tag, [res.rc for res in results], "\n".join(last),
                              "\n".join("rank %d: %s" % (r, res.err.strip()[-1500:]) for r, res in enumerate(results)),
                              box, "\n".join(guests), results[0].out[-2000:]))
         out = results[0].out
@@ -597,7 +602,7 @@ def step4(lab, a, daemon, reports):
     # ends the call first: both errors name the peer and the message.
     kill_mid_job(lab, a, daemon, rep, FAIL_DEADLINE_MS, DEADLINE_OR_QP_ERROR, "short deadline")
     # With a long deadline (60 s) the QP's retry count must end it: 7
-    # retransmission timeouts of 0.54 s without an ACK, then the write fails
+    # retransmission timeouts of 1.07 s without an ACK, then the write fails
     # with IBV_WC_RETRY_EXC_ERR. (retry_cnt 7 would retry forever on rxe.)
     restart_box(lab, daemon)
     rx0, rx1 = kill_mid_job(lab, a, daemon, rep, 60000, QP_RETRY_ERROR, "long deadline")
@@ -661,7 +666,7 @@ def main():
     except (Failed, nrlab.LabError) as e:
         print("FAILED (%s): %s" % (failed, e), file=sys.stderr)
         if failed in reports:
-            reports[failed].line("FAILED: %s" % str(e).splitlines()[0])
+            reports[failed].failed(e)
             if failed == "allreduce-ina" and "box-icrc" in reports:
                 reports["box-icrc"].line("not reached or failed with step 2: %s" % str(e).splitlines()[0])
     for n, r in reports.items():

@@ -132,7 +132,7 @@ def main():
     except (Failed, nrlab.LabError) as e:
         print("FAILED: %s" % e, file=sys.stderr)
         if report:
-            report.line("FAILED: %s" % str(e).splitlines()[0])
+            report.failed(e)
     if report:
         report.save(ok)
     return 0 if ok else 1
