@@ -24,6 +24,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from training import Task  # noqa: E402
+
 P = 3
 STEPS = 40
 BATCH = 8  # per rank
@@ -31,20 +34,8 @@ IN, HID, OUT = 10, 16, 3
 LR = 0.1
 
 
-def model():
-    torch.manual_seed(1234)
-    return torch.nn.Sequential(torch.nn.Linear(IN, HID), torch.nn.Tanh(), torch.nn.Linear(HID, OUT))
-
-
-TEACHER = torch.randn(IN, OUT, generator=torch.Generator().manual_seed(7))
-
-
-def batch(step, rank):
-    """Synthetic regression data: a fixed linear teacher plus noise."""
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    x = torch.randn(BATCH, IN, generator=g)
-    y = x @ TEACHER + 0.1 * torch.randn(BATCH, OUT, generator=g)
-    return x, y
+TASK = Task((IN, HID, OUT), BATCH, LR, P)
+model, batch = TASK.model, TASK.batch
 
 
 def worker(rank, variant, init, out_dir):
@@ -60,7 +51,7 @@ def worker(rank, variant, init, out_dir):
     if variant in ("hook", "both"):
         state = nrt.HookState()
         ddp.register_comm_hook(state, nrt.allreduce_hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    opt = TASK.optimizer(ddp.parameters())
     losses = []
     for s in range(STEPS):
         x, y = batch(s, rank)
@@ -101,18 +92,6 @@ def worker(rank, variant, init, out_dir):
     dist.destroy_process_group()
 
 
-def reference():
-    """One process, the concatenated batches of all ranks each step."""
-    m = model()
-    opt = torch.optim.SGD(m.parameters(), lr=LR)
-    for s in range(STEPS):
-        xs, ys = zip(*(batch(s, r) for r in range(P)))
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(m(torch.cat(xs)), torch.cat(ys)).backward()
-        opt.step()
-    return [p.detach() for p in m.parameters()]
-
-
 def have_rdma():
     try:
         return bool(os.listdir("/sys/class/infiniband"))
@@ -151,7 +130,7 @@ class DDP(unittest.TestCase):
                                 (variant, (a - b).abs().max().item()))
 
     def test_against_single_process_reference(self):
-        ref = reference()
+        ref = TASK.reference(STEPS)
         for a, b in zip(ref, self.results["default"][0]["params"]):
             self.assertTrue(torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max().item())
         first = sum(self.results["default"][r]["losses"][0] for r in range(P))

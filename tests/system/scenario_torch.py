@@ -30,6 +30,7 @@ start to completion of its calls) and the rest (compute), the compute-only
 time of the same model without DDP, and eth0 bytes sent per worker per step.
 """
 import argparse
+import functools
 import json
 import os
 import sys
@@ -58,31 +59,21 @@ CHECK_N = 1000
 # The training, shared by the workers and the host's reference
 
 
+@functools.lru_cache(None)
+def task():
+    """The training task (tests/python/training.py; torch is imported only
+    when it is first needed)."""
+    sys.path.insert(0, os.path.join(HERE, "..", "python"))
+    from training import Task
+    return Task((IN, HID, OUT), BATCH, LR, P)
+
+
 def model():
-    import torch
-    torch.manual_seed(1234)
-    return torch.nn.Sequential(torch.nn.Linear(IN, HID), torch.nn.Tanh(), torch.nn.Linear(HID, OUT))
+    return task().model()
 
 
 def batch(step, rank):
-    import torch
-    teacher = torch.randn(IN, OUT, generator=torch.Generator().manual_seed(7))
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    x = torch.randn(BATCH, IN, generator=g)
-    return x, x @ teacher + 0.1 * torch.randn(BATCH, OUT, generator=g)
-
-
-def reference():
-    """One process, the concatenated batches of all ranks at every step."""
-    import torch
-    m = model()
-    opt = torch.optim.SGD(m.parameters(), lr=LR)
-    for s in range(STEPS):
-        xs, ys = zip(*(batch(s, r) for r in range(P)))
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(m(torch.cat(xs)), torch.cat(ys)).backward()
-        opt.step()
-    return [p.detach() for p in m.parameters()]
+    return task().batch(step, rank)
 
 
 # ----------------------------------------------------------------------------
@@ -127,7 +118,7 @@ def compute_only(steps=50):
     """ms per step of the same model and batch size without DDP."""
     import torch
     m = model()
-    opt = torch.optim.SGD(m.parameters(), lr=LR)
+    opt = task().optimizer(m.parameters())
     t = time.monotonic()
     for s in range(steps):
         x, y = batch(s, 0)
@@ -139,7 +130,7 @@ def compute_only(steps=50):
 
 def train(ddp, rank, stats):
     import torch
-    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    opt = task().optimizer(ddp.parameters())
     losses = []
     s0, tx0, t0 = dict(stats()), tx_bytes(), time.monotonic()
     for s in range(STEPS):
@@ -256,7 +247,7 @@ def run_scenario(a):
                       "%s / %d" % (ph[0]["checks"]["path"], ph[0]["checks"]["bytes"]))
         expect(all(p["checks"]["path"] == "ina" for p in ph), "checks not on INA: %s" %
                [(p["checks"]["path"], p["checks"]["reason"]) for p in ph])
-        ref = reference()
+        ref = task().reference(STEPS)
         nparams = sum(p.numel() for p in ref)
         report.line("MLP %d-%d-%d (%d fp32 parameters, %d bytes of gradient per step), %d steps, batch %d per "
                     "rank, SGD lr %g" % (IN, HID, OUT, nparams, 4 * nparams, STEPS, BATCH, LR))
