@@ -15,6 +15,8 @@ default; hook and both: divide then sum, as torchhook), and close (fp
 tolerance) to default and to an independent single-process training on the
 concatenated batches. The backend also serves the other collectives through
 its Gloo group, checked against known values."""
+import faulthandler
+import gc
 import os
 import sys
 import tempfile
@@ -38,7 +40,14 @@ TASK = Task((IN, HID, OUT), BATCH, LR, P)
 model, batch = TASK.model, TASK.batch
 
 
+# A rank that makes no progress for this long prints every thread's stack
+# and exits, so a hang fails loudly within the test's timeout (alone, a
+# variant takes 1-2 s; under a fully loaded 2-core machine 10-20x that).
+WORKER_DEADLINE_S = 150
+
+
 def worker(rank, variant, init, out_dir):
+    faulthandler.dump_traceback_later(WORKER_DEADLINE_S, exit=True)
     import netreduce.torch as nrt
     backend = "netreduce" if variant in ("backend", "both") else "gloo"
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=P)
@@ -89,6 +98,15 @@ def worker(rank, variant, init, out_dir):
     extra["fallback_messages"] = list(nrt.fallback_messages)
     torch.save({"params": [p.detach().clone() for p in ddp.module.parameters()], "losses": losses,
                 "extra": extra}, os.path.join(out_dir, "%s-%d.pt" % (variant, rank)))
+    # Teardown order matters with torch 1.13: the model (its Reducer) goes
+    # while the group still lives, then the group. The other way round, the
+    # Reducer drops the group's last reference and ~ProcessGroupGloo joins
+    # Gloo's threads with the GIL held, while one of them may still be
+    # finishing a hook's Python callback and waits for the GIL: a deadlock
+    # (seen with torch's own default hook as often as with ours, under load).
+    del ddp, state
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 
