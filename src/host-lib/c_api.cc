@@ -68,6 +68,7 @@ void nr_options_init(nr_options* o) {
   o->port = d.port;
   o->ipv4 = nullptr;
   o->lease_ms = d.lease_ms;
+  o->rings = d.rings;
 }
 
 nr_status nr_comm_create(int rank, int world, const char* device, int gid_index,
@@ -94,6 +95,7 @@ nr_status nr_comm_create(int rank, int world, const char* device, int gid_index,
       o.port = opts->port;
       o.ipv4 = opts->ipv4 ? opts->ipv4 : "";
       o.lease_ms = opts->lease_ms;
+      o.rings = opts->rings;
     }
     auto c = std::make_unique<nr_comm>();
     const Error e = netreduce::Communicator::create(rank, world, device ? device : "", gid_index,
@@ -171,6 +173,7 @@ nr_status nr_comm_path(const nr_comm* comm, nr_path* path, const char** reason) 
 
 int nr_comm_rank(const nr_comm* comm) { return comm && comm->c ? comm->c->rank() : -1; }
 int nr_comm_world(const nr_comm* comm) { return comm && comm->c ? comm->c->world() : -1; }
+int nr_comm_rings(const nr_comm* comm) { return comm && comm->c ? comm->c->rings() : -1; }
 
 const char* nr_last_error(void) { return g_last_error.c_str(); }
 

@@ -645,7 +645,7 @@ TEST_CASE("probe: the INA path is trusted only when the box is on the path", "[h
     std::vector<std::unique_ptr<Collective>> cs(P);
     CollectiveConfig cc;
     cc.path = Path::ina;  // what a daemon that accepted the ring would make us use
-    cc.ring_id = 7;
+    cc.ring_ids = {7};
     cc.msg_len = 4;
     cc.pmtu = 256;
     cc.window = 2;

@@ -57,6 +57,8 @@ typedef struct {
   uint8_t port;
   const char* ipv4;  /* NULL: from the GID */
   uint32_t lease_ms; /* ring lease at the daemon, renewed by rank 0; 0: none */
+  /* Appended fields (the layout of those above never changes). */
+  uint32_t rings; /* rings side by side (striping), 1..8; 0: the box's worker count, or 1 */
 } nr_options;
 
 void nr_options_init(nr_options* o);
@@ -79,6 +81,8 @@ nr_status nr_test(nr_request* req);
 void nr_request_free(nr_request* req);
 
 nr_status nr_comm_path(const nr_comm* comm, nr_path* path, const char** reason);
+/* Rings (stripes) the communicator runs; -1 for a null comm. */
+int nr_comm_rings(const nr_comm* comm);
 int nr_comm_rank(const nr_comm* comm);
 int nr_comm_world(const nr_comm* comm);
 
