@@ -136,6 +136,10 @@ std::string Collective::ring_name(unsigned i, const StripeRange& s, size_t esize
          std::to_string((s.first + s.count) * esize) + "))";
 }
 
+std::string Collective::ring_tag(unsigned i, const StripeRange& s, size_t esize) const {
+  return rings() > 1 ? ring_name(i, s, esize) + ": " : std::string();
+}
+
 Error Collective::allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
                             Clock::time_point deadline) {
   return cfg_.path == Path::ina ? ina_allreduce(send, recv, count, t, op, deadline)
@@ -226,11 +230,20 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
           miss += std::string(miss.empty() ? "" : "; ") + "write of message id " +
                   std::to_string(id) + " to successor rank " + std::to_string(t_.successor()) +
                   " not acknowledged";
-        what += std::string(what.empty() ? "" : "; ") + ring_name(g, k.s, es) + " at message " +
-                std::to_string(i) + " of " + std::to_string(k.plan.messages) + ": " + miss;
+        const std::string at =
+            "at message " + std::to_string(i) + " of " + std::to_string(k.plan.messages) + ": ";
+        what += R == 1 ? at + miss
+                       : std::string(what.empty() ? "" : "; ") + ring_name(g, k.s, es) + " " + at +
+                             miss;
       }
-      return fail(Error::make(ErrorCode::timeout, who + "all-reduce (ina path) timed out after " +
-                                                      ms_since(start) + " ms: " + what));
+      // One ring: "(ina path, ring <id>) ... at message i of n: ...", as before striping.
+      return fail(Error::make(ErrorCode::timeout,
+                              who + "all-reduce (ina path, " +
+                                  (R == 1 ? "ring " + std::to_string(cfg_.ring_id(0)) +
+                                                ") timed out after " + ms_since(start) + " ms "
+                                          : std::to_string(R) + " rings) timed out after " +
+                                                ms_since(start) + " ms: ") +
+                                  what));
     }
     for (unsigned c_i = 0; c_i < n; ++c_i) {
       const Completion& c = comps[c_i];
@@ -239,18 +252,18 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
                                 who + "completion of lane " + std::to_string(c.lane) +
                                     " of a communicator with " + std::to_string(R) + " rings"));
       Stripe& k = st[c.lane];
-      const std::string ring = ring_name(c.lane, k.s, es);
+      const std::string ring = ring_tag(c.lane, k.s, es);
       if (c.kind == Completion::Kind::write_done) {
         if (!c.ok)
           return fail(Error::make(ErrorCode::transport,
-                                  who + ring + ": write of message id " +
+                                  who + ring + "write of message id " +
                                       std::to_string(k.base + static_cast<uint32_t>(c.wr_id)) +
                                       " to successor rank " + std::to_string(t_.successor()) +
                                       " failed (" + c.what + ", status " +
                                       std::to_string(c.vendor_status) + ")"));
         if (!k.w.write_completed(c.wr_id))
           return fail(Error::make(ErrorCode::internal,
-                                  who + ring + ": write completion out of order (work request " +
+                                  who + ring + "write completion out of order (work request " +
                                       std::to_string(c.wr_id) + ")"));
         continue;
       }
@@ -258,14 +271,14 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
       const uint32_t id = k.base + static_cast<uint32_t>(i);
       if (!c.ok)
         return fail(Error::make(ErrorCode::transport,
-                                who + ring + ": receive of message id " + std::to_string(id) +
+                                who + ring + "receive of message id " + std::to_string(id) +
                                     " from predecessor rank " + std::to_string(t_.predecessor()) +
                                     " failed (" + c.what + ", status " +
                                     std::to_string(c.vendor_status) + ")"));
       if (c.imm != id || i >= k.w.next_send())
         return fail(Error::make(
             ErrorCode::transport,
-            who + ring + ": from predecessor rank " + std::to_string(t_.predecessor()) +
+            who + ring + "from predecessor rank " + std::to_string(t_.predecessor()) +
                 ": immediate " + std::to_string(c.imm) + " where message id " + std::to_string(id) +
                 " was expected" + (i >= k.w.next_send() ? " (not sent yet by this rank)" : "")));
       const uint8_t* r = t_.recv_region(c.lane).addr + (i % N) * slot;
@@ -276,7 +289,7 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
           hdr->ring_id != cfg_.ring_id(c.lane))
         return fail(Error::make(
             ErrorCode::transport,
-            who + ring + ": message id " + std::to_string(id) + " from predecessor rank " +
+            who + ring + "message id " + std::to_string(id) + " from predecessor rank " +
                 std::to_string(t_.predecessor()) + " has a wrong INA header or length (" +
                 std::to_string(c.byte_len) + " bytes, expected " + std::to_string(want) + ")"));
       std::memcpy(dst + (k.s.first + k.plan.first_elem(i)) * es, r + kInaHeaderBytes,
@@ -346,7 +359,7 @@ Error Collective::ring_allreduce(const void* send, void* recv, size_t count, Dat
     const ChunkRange rc = ring_chunk(k.n, P, rs.recv_chunk);
     if (c.imm != k.imm() || c.byte_len != rc.count * es)
       return Error::make(ErrorCode::transport,
-                         who + ring_name(g, k.s, es) + ": from predecessor rank " +
+                         who + ring_tag(g, k.s, es) + "from predecessor rank " +
                              std::to_string(t_.predecessor()) + ": immediate " + hex(c.imm) +
                              " with " + std::to_string(c.byte_len) + " bytes where " + where(k) +
                              " with " + std::to_string(rc.count * es) + " bytes was expected");
@@ -427,11 +440,17 @@ Error Collective::ring_allreduce(const void* send, void* recv, size_t count, Dat
           miss += std::string(miss.empty() ? "" : "; ") + "write of chunk " +
                   std::to_string(rs.send_chunk) + " to successor rank " +
                   std::to_string(t_.successor()) + " not acknowledged";
-        what += std::string(what.empty() ? "" : "; ") + ring_name(g, k.s, es) + " at " + where(k) +
-                ": " + miss;
+        what += R == 1 ? "at " + where(k) + ": " + miss
+                       : std::string(what.empty() ? "" : "; ") + ring_name(g, k.s, es) + " at " +
+                             where(k) + ": " + miss;
       }
-      return fail(Error::make(ErrorCode::timeout, who + "all-reduce (ring path) timed out after " +
-                                                      ms_since(start) + " ms: " + what));
+      // One ring: "(ring path) ... at message id ...: ...", as before striping.
+      return fail(Error::make(ErrorCode::timeout,
+                              who + "all-reduce (ring path" +
+                                  (R == 1 ? ") timed out after " + ms_since(start) + " ms "
+                                          : ", " + std::to_string(R) + " rings) timed out after " +
+                                                ms_since(start) + " ms: ") +
+                                  what));
     }
     for (unsigned c_i = 0; c_i < n; ++c_i) {
       const Completion& c = comps[c_i];
@@ -444,11 +463,11 @@ Error Collective::ring_allreduce(const void* send, void* recv, size_t count, Dat
         rings_[c.lane].early.push_back(c);  // the predecessor is ahead: keep it for its step
         continue;
       }
-      const std::string ring = ring_name(c.lane, k.s, es);
+      const std::string ring = ring_tag(c.lane, k.s, es);
       if (!c.ok)
         return fail(Error::make(
             ErrorCode::transport,
-            who + ring + ": " +
+            who + ring +
                 (c.kind == Completion::Kind::write_done
                      ? "write to successor rank " + std::to_string(t_.successor())
                      : "receive from predecessor rank " + std::to_string(t_.predecessor())) +
@@ -457,7 +476,7 @@ Error Collective::ring_allreduce(const void* send, void* recv, size_t count, Dat
       if (c.kind == Completion::Kind::write_done) {
         if (k.done || c.wr_id != k.imm() || k.wrote)
           return fail(
-              Error::make(ErrorCode::internal, who + ring + ": unexpected write completion" +
+              Error::make(ErrorCode::internal, who + ring + "unexpected write completion" +
                                                    (k.done ? std::string() : " at " + where(k))));
         k.wrote = true;
       } else if (Error e = receive(k, c.lane, c)) {

@@ -13,6 +13,7 @@
 //     integers and min/max that is also the rank order and the unstriped
 //     result.
 #include <catch2/catch.hpp>
+#include <regex>
 #include <set>
 #include <thread>
 
@@ -240,6 +241,8 @@ TEST_CASE("striped: all rings in flight at once, window N per ring", "[hostlib][
   for (unsigned r : {0u, 1u}) {
     INFO(errs[r].message);
     REQUIRE(errs[r].code == ErrorCode::timeout);
+    CHECK(errs[r].message.find("rank " + std::to_string(r) +
+                               ": all-reduce (ina path, 3 rings) timed out after") == 0);
     const size_t b = count / R * 4;
     CHECK(errs[r].message.find("ring 0 of 3 (id 7, stripe bytes [0, " + std::to_string(b) +
                                ")) at message 0 of 10: result of message id 0 not received") !=
@@ -263,7 +266,7 @@ TEST_CASE("striped ring path: a silent rank is named per ring", "[hostlib][strip
   const auto errs = job.run(in, out, count, DataType::int64, Op::sum, 300, {0, 1});
   INFO(errs[0].message);
   REQUIRE(errs[0].code == ErrorCode::timeout);
-  CHECK(errs[0].message.find("rank 0: all-reduce (ring path) timed out after") == 0);
+  CHECK(errs[0].message.find("rank 0: all-reduce (ring path, 2 rings) timed out after") == 0);
   CHECK(errs[0].message.find("ring 0 of 2 (stripe bytes [0, 4008)) at message id 0x0 (segment 0, "
                              "step 0 of 4, reduce-scatter): chunk 2 not received from "
                              "predecessor rank 2") != std::string::npos);
@@ -338,4 +341,27 @@ TEST_CASE("striped: rings out of range or disagreeing are named", "[hostlib][str
   CHECK(nr_comm_create(0, 2, "", 0, "127.0.0.1:1", &co, &cc) == NR_ERR_INVALID_ARGUMENT);
   CHECK(std::string(nr_last_error()).find("rings: 9 is outside 1..8") == 0);
   CHECK(nr_comm_rings(nullptr) == -1);
+}
+
+TEST_CASE("one ring: errors read as before striping", "[hostlib][stripe]") {
+  // The system test (tests/system/scenario_allreduce.py) matches these.
+  std::mt19937_64 rng(1606);
+  const unsigned P = 3;
+  for (bool box : {true, false}) {
+    Options o;
+    o.window = kWindow;
+    Job job(box ? striped_box(P, 1) : ring_fabric(P, 1 << 14), o);
+    std::vector<std::vector<uint8_t>> in, out;
+    for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::fp32, 3000, false));
+    const auto errs = job.run(in, out, 3000, DataType::fp32, Op::sum, 300, {0, 1});
+    INFO(errs[0].message);
+    const std::regex want(
+        box ? R"(rank 0: all-reduce \(ina path, ring 7\) timed out after \d+ ms at message \d+ of )"
+              R"(\d+: .*predecessor rank 2.*)"
+            : R"(rank 0: all-reduce \(ring path\) timed out after \d+ ms at message id 0x0 )"
+              R"(\(segment 0, step 0 of 4, reduce-scatter\): chunk 2 not received from )"
+              R"(predecessor rank 2)");
+    CHECK(std::regex_match(errs[0].message, want));
+    CHECK(errs[0].message.find("stripe") == std::string::npos);
+  }
 }
