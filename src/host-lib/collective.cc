@@ -252,18 +252,18 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
                                 who + "completion of lane " + std::to_string(c.lane) +
                                     " of a communicator with " + std::to_string(R) + " rings"));
       Stripe& k = st[c.lane];
-      const std::string ring = ring_tag(c.lane, k.s, es);
+      const auto ring = [&] { return ring_tag(c.lane, k.s, es); };  // errors only
       if (c.kind == Completion::Kind::write_done) {
         if (!c.ok)
           return fail(Error::make(ErrorCode::transport,
-                                  who + ring + "write of message id " +
+                                  who + ring() + "write of message id " +
                                       std::to_string(k.base + static_cast<uint32_t>(c.wr_id)) +
                                       " to successor rank " + std::to_string(t_.successor()) +
                                       " failed (" + c.what + ", status " +
                                       std::to_string(c.vendor_status) + ")"));
         if (!k.w.write_completed(c.wr_id))
           return fail(Error::make(ErrorCode::internal,
-                                  who + ring + "write completion out of order (work request " +
+                                  who + ring() + "write completion out of order (work request " +
                                       std::to_string(c.wr_id) + ")"));
         continue;
       }
@@ -271,14 +271,14 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
       const uint32_t id = k.base + static_cast<uint32_t>(i);
       if (!c.ok)
         return fail(Error::make(ErrorCode::transport,
-                                who + ring + "receive of message id " + std::to_string(id) +
+                                who + ring() + "receive of message id " + std::to_string(id) +
                                     " from predecessor rank " + std::to_string(t_.predecessor()) +
                                     " failed (" + c.what + ", status " +
                                     std::to_string(c.vendor_status) + ")"));
       if (c.imm != id || i >= k.w.next_send())
         return fail(Error::make(
             ErrorCode::transport,
-            who + ring + "from predecessor rank " + std::to_string(t_.predecessor()) +
+            who + ring() + "from predecessor rank " + std::to_string(t_.predecessor()) +
                 ": immediate " + std::to_string(c.imm) + " where message id " + std::to_string(id) +
                 " was expected" + (i >= k.w.next_send() ? " (not sent yet by this rank)" : "")));
       const uint8_t* r = t_.recv_region(c.lane).addr + (i % N) * slot;
@@ -289,7 +289,7 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
           hdr->ring_id != cfg_.ring_id(c.lane))
         return fail(Error::make(
             ErrorCode::transport,
-            who + ring + "message id " + std::to_string(id) + " from predecessor rank " +
+            who + ring() + "message id " + std::to_string(id) + " from predecessor rank " +
                 std::to_string(t_.predecessor()) + " has a wrong INA header or length (" +
                 std::to_string(c.byte_len) + " bytes, expected " + std::to_string(want) + ")"));
       std::memcpy(dst + (k.s.first + k.plan.first_elem(i)) * es, r + kInaHeaderBytes,
@@ -463,11 +463,11 @@ Error Collective::ring_allreduce(const void* send, void* recv, size_t count, Dat
         rings_[c.lane].early.push_back(c);  // the predecessor is ahead: keep it for its step
         continue;
       }
-      const std::string ring = ring_tag(c.lane, k.s, es);
+      const auto ring = [&] { return ring_tag(c.lane, k.s, es); };  // errors only
       if (!c.ok)
         return fail(Error::make(
             ErrorCode::transport,
-            who + ring +
+            who + ring() +
                 (c.kind == Completion::Kind::write_done
                      ? "write to successor rank " + std::to_string(t_.successor())
                      : "receive from predecessor rank " + std::to_string(t_.predecessor())) +
@@ -476,7 +476,7 @@ Error Collective::ring_allreduce(const void* send, void* recv, size_t count, Dat
       if (c.kind == Completion::Kind::write_done) {
         if (k.done || c.wr_id != k.imm() || k.wrote)
           return fail(
-              Error::make(ErrorCode::internal, who + ring + "unexpected write completion" +
+              Error::make(ErrorCode::internal, who + ring() + "unexpected write completion" +
                                                    (k.done ? std::string() : " at " + where(k))));
         k.wrote = true;
       } else if (Error e = receive(k, c.lane, c)) {
