@@ -26,6 +26,15 @@ std::string hex(uint32_t v) {
   return b;
 }
 
+// A completion must belong to one of the communicator's rings (a transport
+// that says otherwise is broken).
+Error check_lane(const Completion& c, unsigned rings, const std::string& who) {
+  if (c.lane < rings) return {};
+  return Error::make(ErrorCode::internal, who + "completion of lane " + std::to_string(c.lane) +
+                                              " of a communicator with " + std::to_string(rings) +
+                                              " rings");
+}
+
 }  // namespace
 
 struct Collective::Buffer {
@@ -247,10 +256,7 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
     }
     for (unsigned c_i = 0; c_i < n; ++c_i) {
       const Completion& c = comps[c_i];
-      if (c.lane >= R)
-        return fail(Error::make(ErrorCode::internal,
-                                who + "completion of lane " + std::to_string(c.lane) +
-                                    " of a communicator with " + std::to_string(R) + " rings"));
+      if (Error e = check_lane(c, R, who)) return fail(e);
       Stripe& k = st[c.lane];
       const auto ring = [&] { return ring_tag(c.lane, k.s, es); };  // errors only
       if (c.kind == Completion::Kind::write_done) {
@@ -454,10 +460,7 @@ Error Collective::ring_allreduce(const void* send, void* recv, size_t count, Dat
     }
     for (unsigned c_i = 0; c_i < n; ++c_i) {
       const Completion& c = comps[c_i];
-      if (c.lane >= R)
-        return fail(Error::make(ErrorCode::internal,
-                                who + "completion of lane " + std::to_string(c.lane) +
-                                    " of a communicator with " + std::to_string(R) + " rings"));
+      if (Error e = check_lane(c, R, who)) return fail(e);
       Stripe& k = st[c.lane];
       if (c.ok && c.kind == Completion::Kind::recv_imm && (k.done || k.got)) {
         rings_[c.lane].early.push_back(c);  // the predecessor is ahead: keep it for its step

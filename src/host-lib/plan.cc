@@ -47,11 +47,8 @@ Error check_rings(unsigned rings) {
 }
 
 StripeRange stripe(size_t count, unsigned rings, unsigned i) noexcept {
-  const size_t base = count / rings, extra = count % rings;
-  StripeRange s;
-  s.first = i * base + std::min<size_t>(i, extra);
-  s.count = base + (i < extra ? 1 : 0);
-  return s;
+  const ChunkRange c = ring_chunk(count, rings, i);  // the same even split
+  return {c.first, c.count};
 }
 
 void Window::reset(size_t messages) {
