@@ -5,11 +5,17 @@
 //       [--device rxe0] [--gid-index -1] [-b 8] [-e 32M] [-f 2] [-d fp32]
 //       [-o sum] [-n 20] [-w 5] [-c 1] [--msg-len 4] [--payload 1024]
 //       [--window 0] [--timeout-ms 30000] [--qp-timeout 14] [--force-ring]
+//       [--rings 0]
 //   netreduce-allreduce-perf --loopback [--loopback-box] --world P ...
 //       (self-test without RDMA: P ranks as threads of this process)
 //
 // -d and -o take one name, a comma-separated list or "all": the sweep runs
 // for every data type x op in turn, on one communicator.
+// --rings R stripes every tensor over R rings (Options::rings; 0: the box's
+// worker count as the daemon reports it, 1 without a daemon or with
+// --loopback). At the end rank 0 reports the bytes each ring carried (its
+// stripes of every call, this rank's data) and the total; with
+// --loopback-box also each ring's bytes as the box counted them (all ranks).
 // For each size: warm-up calls, then n timed calls; time is the mean per call.
 // algbw = bytes / time; busbw = algbw * 2 (P - 1) / P (nccl-tests' convention
 // for all-reduce, so ring and INA compare on the same scale). With -c 1 every
@@ -140,8 +146,36 @@ struct SweepParams {
   bool check;
 };
 
+// Bytes of this rank's data each ring carried: the stripes of a call of
+// `bytes` bytes (plan.h's rule, in elements), added per call.
+void add_stripes(std::vector<uint64_t>& per_ring, size_t count, size_t esize) {
+  const unsigned R = static_cast<unsigned>(per_ring.size());
+  for (unsigned g = 0; g < R; ++g) per_ring[g] += host::stripe(count, R, g).count * esize;
+}
+
+void print_ring_bytes(const Communicator& comm, const std::vector<uint64_t>& per_ring,
+                      const std::vector<uint64_t>& box_bytes) {
+  std::printf("# %4s %10s %16s%s\n", "ring", "id", "bytes",
+              box_bytes.empty() ? "" : "        box bytes");
+  uint64_t total = 0, box_total = 0;
+  for (size_t g = 0; g < per_ring.size(); ++g) {
+    total += per_ring[g];
+    std::printf("# %4zu %10u %16llu", g, comm.ring_id(static_cast<int>(g)),
+                static_cast<unsigned long long>(per_ring[g]));
+    if (g < box_bytes.size()) {
+      box_total += box_bytes[g];
+      std::printf(" %16llu", static_cast<unsigned long long>(box_bytes[g]));
+    }
+    std::printf("\n");
+  }
+  std::printf("# %4s %10s %16llu", "all", "", static_cast<unsigned long long>(total));
+  if (!box_bytes.empty()) std::printf(" %16llu", static_cast<unsigned long long>(box_total));
+  std::printf("\n");
+}
+
 // The size sweep of one rank; rank 0 prints. Returns the exit status.
-int sweep(Communicator& comm, const SweepParams& p) {
+// ring_bytes: this rank's bytes per ring, over every call (see add_stripes).
+int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_bytes) {
   const int rank = comm.rank(), world = comm.world();
   const size_t min_bytes = p.min_bytes, max_bytes = p.max_bytes;
   const double factor = p.factor;
@@ -149,12 +183,16 @@ int sweep(Communicator& comm, const SweepParams& p) {
   if (rank == 0) {
     std::printf("# netreduce-allreduce-perf: world %d, path %s (%s), ring %u, window %u\n", world,
                 to_string(comm.path()), comm.path_reason().c_str(), comm.ring_id(), comm.window());
+    std::printf("# rings %d (ids", comm.rings());
+    for (int g = 0; g < comm.rings(); ++g) std::printf(" %u", comm.ring_id(g));
+    std::printf("): each tensor cut into %d stripes\n", comm.rings());
     std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s\n", "size(B)", "count", "type", "op",
                 "path", "time(us)", "algbw", "busbw", "errors");
     std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s\n", "", "(elements)", "", "", "", "",
                 "(GB/s)", "(GB/s)", "");
   }
   std::vector<uint8_t> in(std::max<size_t>(max_bytes, 8)), out(in.size());
+  ring_bytes.assign(static_cast<size_t>(comm.rings()), 0);
   size_t total_errors = 0;
   int status = 0;
   for (size_t sweep_i = 0; status == 0 && sweep_i < p.types.size() * p.ops.size(); ++sweep_i) {
@@ -165,11 +203,14 @@ int sweep(Communicator& comm, const SweepParams& p) {
       const size_t count = bytes / es;
       fill(t, in, count, rank);
       Error err;
-      for (int i = 0; i < warmup && err.ok(); ++i)
+      for (int i = 0; i < warmup && err.ok(); ++i) {
         err = comm.allreduce(in.data(), out.data(), count, t, o);
+        add_stripes(ring_bytes, count, es);
+      }
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < iters && err.ok(); ++i)
         err = comm.allreduce(in.data(), out.data(), count, t, o);
+      for (int i = 0; i < iters; ++i) add_stripes(ring_bytes, count, es);
       const double us =
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
           iters;
@@ -177,6 +218,7 @@ int sweep(Communicator& comm, const SweepParams& p) {
       if (err.ok() && check_on) {
         std::memset(out.data(), 0xA5, count * es);
         err = comm.allreduce(in.data(), out.data(), count, t, o);
+        add_stripes(ring_bytes, count, es);
         if (err.ok()) errors = check(t, o, out, count, world);
       }
       if (!err.ok()) {
@@ -246,6 +288,10 @@ int main(int argc, char** argv) {
                  "RC retransmission timeout exponent: 4.096 us x 2^N (default 14)")
       ->check(CLI::Range(1, 31));
   app.add_flag("--force-ring", opt.force_ring, "never use the box");
+  app.add_option("--rings", opt.rings,
+                 "rings side by side, each tensor striped over them (1..8; 0: the box's worker "
+                 "count from the daemon, or 1)")
+      ->check(CLI::Range(0u, host::kMaxRings));
   bool loopback = false, loopback_box = false;
   app.add_flag("--loopback", loopback,
                "self-test without RDMA: all --world ranks as threads over the loopback transport");
@@ -294,13 +340,17 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "netreduce-allreduce-perf: rank %d: %s\n", rank, e.message.c_str());
       return e.code == ErrorCode::no_device ? 2 : 1;
     }
-    return sweep(*comm, sp);
+    std::vector<uint64_t> ring_bytes;
+    const int status = sweep(*comm, sp, ring_bytes);
+    if (rank == 0) print_ring_bytes(*comm, ring_bytes, {});
+    return status;
   }
   // Self-test without RDMA: every rank a thread of this process over the
   // loopback transport, through an in-process engine (--loopback-box).
   host::LoopbackConfig lc;
   lc.world = static_cast<unsigned>(world);
   lc.box = loopback_box;
+  lc.rings = opt.rings ? opt.rings : 1;
   lc.ring.ring_id = 1;
   lc.ring.msg_len = opt.msg_len;
   lc.ring.payload_bytes = opt.payload_bytes;
@@ -320,9 +370,18 @@ int main(int argc, char** argv) {
       return 1;
     }
   std::vector<int> rc(static_cast<size_t>(world));
+  std::vector<std::vector<uint64_t>> ring_bytes(static_cast<size_t>(world));
   std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { rc[r] = sweep(*comms[r], sp); });
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] { rc[r] = sweep(*comms[r], sp, ring_bytes[r]); });
   for (auto& t : threads) t.join();
+  // The box's own count per ring: data bytes aggregated, all ranks' copies.
+  std::vector<uint64_t> box_bytes;
+  for (unsigned g = 0; loopback_box && g < lc.rings; ++g) {
+    const auto info = fabric.box_ring(g);
+    box_bytes.push_back(info ? info->counters.bytes_aggregated : 0);
+  }
+  print_ring_bytes(*comms[0], ring_bytes[0], box_bytes);
   for (int r : rc)
     if (r != 0) return r;
   return 0;

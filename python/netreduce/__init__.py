@@ -15,7 +15,7 @@ threads (the DDP hook's completion thread relies on it).
         op_timeout_ms=5000. Rank 0 listens at `bootstrap`.
     .allreduce(buf, op="sum")        in place, blocking
     .allreduce_async(buf, op="sum")  -> Request (.wait(), .test())
-    .path ("ina" or "ring"), .path_reason, .ring_id, .rank, .world
+    .path ("ina" or "ring"), .path_reason, .ring_id, .rings, .rank, .world
     .close() / with-statement
 
 Buffers: numpy arrays and torch tensors (CPU), C-contiguous, writable, of
@@ -258,7 +258,13 @@ class Communicator:
 
     @property
     def ring_id(self):
+        """Ring 0's id at the box (0 on the ring path)."""
         return int(_lib.lib().nr_comm_ring_id(self._handle()))
+
+    @property
+    def rings(self):
+        """How many rings (stripes) the communicator runs side by side."""
+        return int(_lib.lib().nr_comm_rings(self._handle()))
 
     @property
     def closed(self):

@@ -50,6 +50,7 @@ class Options(ctypes.Structure):
         ("lease_ms", ctypes.c_uint32),
         ("qp_timeout", ctypes.c_uint8),
         ("delete_ring_at_close", ctypes.c_int),
+        ("rings", ctypes.c_uint32),
     ]
 
 
@@ -99,6 +100,7 @@ def lib():
             "nr_comm_rank": (I, [P]),
             "nr_comm_world": (I, [P]),
             "nr_comm_ring_id": (U32, [P]),
+            "nr_comm_rings": (I, [P]),
             "nr_last_error": (ctypes.c_char_p, []),
             "nr_status_string": (ctypes.c_char_p, [I]),
         }

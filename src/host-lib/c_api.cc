@@ -70,6 +70,7 @@ void nr_options_init(nr_options* o) {
   o->lease_ms = d.lease_ms;
   o->qp_timeout = d.qp_timeout;
   o->delete_ring_at_close = d.delete_ring_at_close ? 1 : 0;
+  o->rings = d.rings;
 }
 
 nr_status nr_comm_create(int rank, int world, const char* device, int gid_index,
@@ -98,6 +99,7 @@ nr_status nr_comm_create(int rank, int world, const char* device, int gid_index,
       o.lease_ms = opts->lease_ms;
       o.qp_timeout = opts->qp_timeout;
       o.delete_ring_at_close = opts->delete_ring_at_close != 0;
+      o.rings = opts->rings;
     }
     auto c = std::make_unique<nr_comm>();
     const Error e = netreduce::Communicator::create(rank, world, device ? device : "", gid_index,
@@ -176,6 +178,7 @@ nr_status nr_comm_path(const nr_comm* comm, nr_path* path, const char** reason) 
 int nr_comm_rank(const nr_comm* comm) { return comm && comm->c ? comm->c->rank() : -1; }
 int nr_comm_world(const nr_comm* comm) { return comm && comm->c ? comm->c->world() : -1; }
 uint32_t nr_comm_ring_id(const nr_comm* comm) { return comm && comm->c ? comm->c->ring_id() : 0; }
+int nr_comm_rings(const nr_comm* comm) { return comm && comm->c ? comm->c->rings() : -1; }
 
 const char* nr_last_error(void) { return g_last_error.c_str(); }
 

@@ -1,6 +1,7 @@
 #include "host-lib/collective.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -23,6 +24,15 @@ std::string hex(uint32_t v) {
   char b[16];
   std::snprintf(b, sizeof b, "0x%x", v);
   return b;
+}
+
+// A completion must belong to one of the communicator's rings (a transport
+// that says otherwise is broken).
+Error check_lane(const Completion& c, unsigned rings, const std::string& who) {
+  if (c.lane < rings) return {};
+  return Error::make(ErrorCode::internal, who + "completion of lane " + std::to_string(c.lane) +
+                                              " of a communicator with " + std::to_string(rings) +
+                                              " rings");
 }
 
 }  // namespace
@@ -55,9 +65,15 @@ Error Collective::create(Transport& transport, const CollectiveConfig& cfg,
   if (cfg.window < 1 || cfg.window > 1024)
     return Error::make(ErrorCode::invalid_argument,
                        "window: " + std::to_string(cfg.window) + " is outside 1..1024");
+  const unsigned R = transport.lanes();
+  if (Error e = check_rings(R)) return e;
+  if (cfg.path == Path::ina && cfg.ring_ids.size() != R)
+    return Error::make(ErrorCode::invalid_argument,
+                       "rings: " + std::to_string(cfg.ring_ids.size()) + " ring ids for " +
+                           std::to_string(R) + " rings");
   const unsigned P = transport.world();
   const size_t slot = probe.slot_bytes();
-  const size_t local = transport.recv_region().len, remote = transport.successor_recv_bytes();
+  const size_t local = transport.recv_region(0).len, remote = transport.successor_recv_bytes();
   if (local != remote)
     return Error::make(ErrorCode::invalid_argument,
                        "ring_buffer_bytes: this rank's receive region (" + std::to_string(local) +
@@ -76,8 +92,11 @@ Error Collective::create(Transport& transport, const CollectiveConfig& cfg,
                              std::to_string(P) + " ranks (needs at least " +
                              std::to_string(256 * (P - 1)) + ")");
   }
-  c->send_buf_ = std::make_unique<Buffer>(size_t{cfg.window} * slot);
-  c->work_buf_ = std::make_unique<Buffer>(size_t{P} * std::max<size_t>(c->ring_stride_, 64));
+  c->rings_.resize(R);
+  c->send_ring_bytes_ = size_t{cfg.window} * slot;
+  c->work_ring_bytes_ = size_t{P} * std::max<size_t>(c->ring_stride_, 64);
+  c->send_buf_ = std::make_unique<Buffer>(R * c->send_ring_bytes_);
+  c->work_buf_ = std::make_unique<Buffer>(R * c->work_ring_bytes_);
   if (!c->send_buf_->data || !c->work_buf_->data)
     return Error::make(ErrorCode::internal, "out of memory for the send buffers");
   if (Error e = transport.register_memory(c->send_buf_->data, c->send_buf_->len, c->send_mr_))
@@ -119,6 +138,17 @@ Error Collective::fail(Error e) {
   return e;
 }
 
+std::string Collective::ring_name(unsigned i, const StripeRange& s, size_t esize) const {
+  std::string n = "ring " + std::to_string(i) + " of " + std::to_string(rings()) + " (";
+  if (cfg_.ring_id(i) != 0) n += "id " + std::to_string(cfg_.ring_id(i)) + ", ";
+  return n + "stripe bytes [" + std::to_string(s.first * esize) + ", " +
+         std::to_string((s.first + s.count) * esize) + "))";
+}
+
+std::string Collective::ring_tag(unsigned i, const StripeRange& s, size_t esize) const {
+  return rings() > 1 ? ring_name(i, s, esize) + ": " : std::string();
+}
+
 Error Collective::allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
                             Clock::time_point deadline) {
   return cfg_.path == Path::ina ? ina_allreduce(send, recv, count, t, op, deadline)
@@ -132,108 +162,147 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
   if (!failed_.ok())
     return Error::make(failed_.code, "communicator unusable after: " + failed_.message);
   if (Error e = check_args(send, recv, count, t, op)) return e;
-  MessagePlan plan;
-  if (Error e = make_plan(count, t, cfg_.msg_len, cfg_.pmtu, plan)) return e;
-  if (plan.messages == 0) return {};
+  const unsigned R = rings();
+  const size_t es = element_size(t);
+  // One stripe per ring: its plan, window and first message id.
+  struct Stripe {
+    StripeRange s;
+    MessagePlan plan;
+    Window w;
+    uint32_t base = 0;
+  };
+  std::array<Stripe, kMaxRings> st;
+  size_t total = 0;
+  for (unsigned g = 0; g < R; ++g) {
+    Stripe& k = st[g];
+    k.s = stripe(count, R, g);
+    if (Error e = make_plan(k.s.count, t, cfg_.msg_len, cfg_.pmtu, k.plan)) return e;
+    k.w = Window(cfg_.window);
+    k.w.reset(k.plan.messages);
+    k.base = rings_[g].next_msg_id;
+    rings_[g].next_msg_id += static_cast<uint32_t>(k.plan.messages);  // every rank alike
+    total += k.plan.messages;
+  }
+  if (total == 0) return {};
 
   const Clock::time_point start = Clock::now();
   const unsigned N = cfg_.window;
-  const size_t slot = plan.slot_bytes();
-  const uint32_t base = next_msg_id_;
-  next_msg_id_ += static_cast<uint32_t>(plan.messages);  // every rank advances alike
+  const size_t slot = st[0].plan.slot_bytes();
   const auto* src = static_cast<const uint8_t*>(send);
   auto* dst = static_cast<uint8_t*>(recv);
-  const Region& rr = t_.recv_region();
   const std::string who = "rank " + std::to_string(t_.rank()) + ": ";
 
-  Window w(N);
-  w.reset(plan.messages);
   Completion comps[kPollBatch];
-  while (!w.finished()) {
-    while (w.can_send(w.next_send())) {
-      const size_t i = w.next_send();
-      const size_t off = (i % N) * slot;
-      uint8_t* s = send_buf_->data + off;
-      wire::InaInfo info;
-      info.dtype = static_cast<uint8_t>(t);
-      info.op = static_cast<uint8_t>(op);
-      info.ring_id = cfg_.ring_id;
-      info.rank = static_cast<uint16_t>(t_.rank());
-      info.msg_len = plan.packets(i);
-      info.msg_id = base + static_cast<uint32_t>(i);
-      wire::ina_encode(info, s);
-      std::memcpy(s + kInaHeaderBytes, src + plan.first_elem(i) * plan.esize, plan.data_bytes(i));
-      if (Error e = t_.post_write_imm(send_mr_, off, kInaHeaderBytes + plan.data_bytes(i), off,
-                                      info.msg_id, i))
-        return fail(e);
-      (void)w.sent(i);
+  for (;;) {
+    bool finished = true;
+    for (unsigned g = 0; g < R; ++g) {
+      Stripe& k = st[g];
+      while (k.w.can_send(k.w.next_send())) {
+        const size_t i = k.w.next_send();
+        const size_t remote = (i % N) * slot;
+        const size_t off = g * send_ring_bytes_ + remote;
+        uint8_t* s = send_buf_->data + off;
+        wire::InaInfo info;
+        info.dtype = static_cast<uint8_t>(t);
+        info.op = static_cast<uint8_t>(op);
+        info.ring_id = cfg_.ring_id(g);
+        info.rank = static_cast<uint16_t>(t_.rank());
+        info.msg_len = k.plan.packets(i);
+        info.msg_id = k.base + static_cast<uint32_t>(i);
+        wire::ina_encode(info, s);
+        std::memcpy(s + kInaHeaderBytes, src + (k.s.first + k.plan.first_elem(i)) * es,
+                    k.plan.data_bytes(i));
+        if (Error e = t_.post_write_imm(g, send_mr_, off, kInaHeaderBytes + k.plan.data_bytes(i),
+                                        remote, info.msg_id, i))
+          return fail(e);
+        (void)k.w.sent(i);
+      }
+      finished = finished && k.w.finished();
     }
+    if (finished) return {};
     unsigned n = 0;
     if (Error e = t_.poll(comps, kPollBatch, n, deadline)) return fail(e);
     if (n == 0) {
-      const size_t i = w.done();
-      const uint32_t id = base + static_cast<uint32_t>(i);
       std::string what;
-      if (w.results_received() <= i)
-        what = "result of message id " + std::to_string(id) +
-               " not received from predecessor rank " + std::to_string(t_.predecessor()) +
-               " (through the box: some rank's message " + std::to_string(id) +
-               " has not reached it)";
-      if (w.writes_completed() <= i)
-        what += std::string(what.empty() ? "" : "; ") + "write of message id " +
-                std::to_string(id) + " to successor rank " + std::to_string(t_.successor()) +
-                " not acknowledged";
+      for (unsigned g = 0; g < R; ++g) {
+        const Stripe& k = st[g];
+        if (k.w.finished()) continue;
+        const size_t i = k.w.done();
+        const uint32_t id = k.base + static_cast<uint32_t>(i);
+        std::string miss;
+        if (k.w.results_received() <= i)
+          miss = "result of message id " + std::to_string(id) +
+                 " not received from predecessor rank " + std::to_string(t_.predecessor()) +
+                 " (through the box: some rank's message " + std::to_string(id) +
+                 " has not reached it)";
+        if (k.w.writes_completed() <= i)
+          miss += std::string(miss.empty() ? "" : "; ") + "write of message id " +
+                  std::to_string(id) + " to successor rank " + std::to_string(t_.successor()) +
+                  " not acknowledged";
+        const std::string at =
+            "at message " + std::to_string(i) + " of " + std::to_string(k.plan.messages) + ": ";
+        what += R == 1 ? at + miss
+                       : std::string(what.empty() ? "" : "; ") + ring_name(g, k.s, es) + " " + at +
+                             miss;
+      }
+      // One ring: "(ina path, ring <id>) ... at message i of n: ...", as before striping.
       return fail(Error::make(ErrorCode::timeout,
-                              who + "all-reduce (ina path, ring " + std::to_string(cfg_.ring_id) +
-                                  ") timed out after " + ms_since(start) + " ms at message " +
-                                  std::to_string(i) + " of " + std::to_string(plan.messages) +
-                                  ": " + what));
+                              who + "all-reduce (ina path, " +
+                                  (R == 1 ? "ring " + std::to_string(cfg_.ring_id(0)) +
+                                                ") timed out after " + ms_since(start) + " ms "
+                                          : std::to_string(R) + " rings) timed out after " +
+                                                ms_since(start) + " ms: ") +
+                                  what));
     }
-    for (unsigned k = 0; k < n; ++k) {
-      const Completion& c = comps[k];
+    for (unsigned c_i = 0; c_i < n; ++c_i) {
+      const Completion& c = comps[c_i];
+      if (Error e = check_lane(c, R, who)) return fail(e);
+      Stripe& k = st[c.lane];
+      const auto ring = [&] { return ring_tag(c.lane, k.s, es); };  // errors only
       if (c.kind == Completion::Kind::write_done) {
         if (!c.ok)
-          return fail(Error::make(
-              ErrorCode::transport,
-              who + "write of message id " + std::to_string(base + static_cast<uint32_t>(c.wr_id)) +
-                  " to successor rank " + std::to_string(t_.successor()) + " failed (" + c.what +
-                  ", status " + std::to_string(c.vendor_status) + ")"));
-        if (!w.write_completed(c.wr_id))
+          return fail(Error::make(ErrorCode::transport,
+                                  who + ring() + "write of message id " +
+                                      std::to_string(k.base + static_cast<uint32_t>(c.wr_id)) +
+                                      " to successor rank " + std::to_string(t_.successor()) +
+                                      " failed (" + c.what + ", status " +
+                                      std::to_string(c.vendor_status) + ")"));
+        if (!k.w.write_completed(c.wr_id))
           return fail(Error::make(ErrorCode::internal,
-                                  who + "write completion out of order (work request " +
+                                  who + ring() + "write completion out of order (work request " +
                                       std::to_string(c.wr_id) + ")"));
         continue;
       }
-      const size_t i = w.results_received();
-      const uint32_t id = base + static_cast<uint32_t>(i);
+      const size_t i = k.w.results_received();
+      const uint32_t id = k.base + static_cast<uint32_t>(i);
       if (!c.ok)
         return fail(Error::make(ErrorCode::transport,
-                                who + "receive of message id " + std::to_string(id) +
+                                who + ring() + "receive of message id " + std::to_string(id) +
                                     " from predecessor rank " + std::to_string(t_.predecessor()) +
                                     " failed (" + c.what + ", status " +
                                     std::to_string(c.vendor_status) + ")"));
-      if (c.imm != id || i >= w.next_send())
-        return fail(Error::make(ErrorCode::transport,
-                                who + "from predecessor rank " + std::to_string(t_.predecessor()) +
-                                    ": immediate " + std::to_string(c.imm) + " where message id " +
-                                    std::to_string(id) + " was expected" +
-                                    (i >= w.next_send() ? " (not sent yet by this rank)" : "")));
-      const uint8_t* r = rr.addr + (i % N) * slot;
-      const size_t want = kInaHeaderBytes + plan.data_bytes(i);
+      if (c.imm != id || i >= k.w.next_send())
+        return fail(Error::make(
+            ErrorCode::transport,
+            who + ring() + "from predecessor rank " + std::to_string(t_.predecessor()) +
+                ": immediate " + std::to_string(c.imm) + " where message id " + std::to_string(id) +
+                " was expected" + (i >= k.w.next_send() ? " (not sent yet by this rank)" : "")));
+      const uint8_t* r = t_.recv_region(c.lane).addr + (i % N) * slot;
+      const size_t want = kInaHeaderBytes + k.plan.data_bytes(i);
       const auto hdr = wire::ina_decode(r, c.byte_len);
       if (c.byte_len != want || !hdr || hdr->msg_id != id ||
           hdr->dtype != static_cast<uint8_t>(t) || hdr->op != static_cast<uint8_t>(op) ||
-          hdr->ring_id != cfg_.ring_id)
+          hdr->ring_id != cfg_.ring_id(c.lane))
         return fail(Error::make(
             ErrorCode::transport,
-            who + "message id " + std::to_string(id) + " from predecessor rank " +
+            who + ring() + "message id " + std::to_string(id) + " from predecessor rank " +
                 std::to_string(t_.predecessor()) + " has a wrong INA header or length (" +
                 std::to_string(c.byte_len) + " bytes, expected " + std::to_string(want) + ")"));
-      std::memcpy(dst + plan.first_elem(i) * plan.esize, r + kInaHeaderBytes, plan.data_bytes(i));
-      (void)w.result_received(i);
+      std::memcpy(dst + (k.s.first + k.plan.first_elem(i)) * es, r + kInaHeaderBytes,
+                  k.plan.data_bytes(i));
+      (void)k.w.result_received(i);
     }
   }
-  return {};
 }
 
 // --------------------------------------------------------------- ring path
@@ -244,7 +313,7 @@ Error Collective::ring_allreduce(const void* send, void* recv, size_t count, Dat
     return Error::make(failed_.code, "communicator unusable after: " + failed_.message);
   if (Error e = check_args(send, recv, count, t, op)) return e;
   const size_t es = element_size(t);
-  const unsigned P = t_.world(), r = t_.rank();
+  const unsigned P = t_.world(), r = t_.rank(), R = rings();
   if (count == 0) return {};
   if (P == 1) {
     std::memmove(recv, send, count * es);
@@ -256,107 +325,191 @@ Error Collective::ring_allreduce(const void* send, void* recv, size_t count, Dat
           .reduce;
   const Clock::time_point start = Clock::now();
   const unsigned steps = ring_steps(P);
-  const size_t chunk_max = ring_stride_ / es;
-  const size_t seg_max = size_t{P} * chunk_max;
+  const size_t seg_max = size_t{P} * (ring_stride_ / es);
   const auto* src = static_cast<const uint8_t*>(send);
   auto* dst = static_cast<uint8_t*>(recv);
-  uint8_t* work = work_buf_->data;
   const std::string who = "rank " + std::to_string(r) + ": ";
 
-  for (size_t seg_first = 0; seg_first < count;) {
-    const size_t n = std::min(count - seg_first, seg_max);
-    std::memcpy(work, src + seg_first * es, n * es);
-    const uint32_t tag = seg_seq_ & 0xFFFFFF;
-    const size_t half = (seg_seq_ & 1) * steps;
-    for (unsigned s = 0; s < steps; ++s) {
-      const RingStep st = ring_step(r, P, s);
-      const ChunkRange sc = ring_chunk(n, P, st.send_chunk);
-      const ChunkRange rc = ring_chunk(n, P, st.recv_chunk);
-      const uint32_t imm = tag << 8 | s;
-      if (Error e = t_.post_write_imm(work_mr_, sc.first * es, sc.count * es,
-                                      (half + s) * ring_stride_, imm, imm))
-        return fail(e);
-      bool wrote = false, got = false;
-      while (!wrote || !got) {
-        Completion c;
-        unsigned nc = 1;
-        if (!got && !early_.empty()) {  // the predecessor's write arrived while we waited
-          c = early_.front();
-          early_.pop_front();
-        } else if (Error e = t_.poll(&c, 1, nc, deadline)) {
-          return fail(e);
-        }
-        if (nc == 1 && c.ok && c.kind == Completion::Kind::recv_imm && got) {
-          early_.push_back(c);  // the predecessor is a step ahead: keep it for the next step
-          continue;
-        }
-        const std::string where = "message id " + hex(imm) + " (segment " + std::to_string(tag) +
-                                  ", step " + std::to_string(s) + " of " + std::to_string(steps) +
-                                  (st.reduce ? ", reduce-scatter" : ", all-gather") + ")";
-        if (nc == 0) {
-          std::string what;
-          if (!got)
-            what = "chunk " + std::to_string(st.recv_chunk) +
-                   " not received from predecessor rank " + std::to_string(t_.predecessor());
-          if (!wrote)
-            what += std::string(what.empty() ? "" : "; ") + "write of chunk " +
-                    std::to_string(st.send_chunk) + " to successor rank " +
-                    std::to_string(t_.successor()) + " not acknowledged";
-          return fail(Error::make(ErrorCode::timeout,
-                                  who + "all-reduce (ring path) timed out after " +
-                                      ms_since(start) + " ms at " + where + ": " + what));
-        }
-        if (!c.ok)
-          return fail(Error::make(
-              ErrorCode::transport,
-              who +
-                  (c.kind == Completion::Kind::write_done
-                       ? "write to successor rank " + std::to_string(t_.successor())
-                       : "receive from predecessor rank " + std::to_string(t_.predecessor())) +
-                  " failed at " + where + " (" + c.what + ", status " +
-                  std::to_string(c.vendor_status) + ")"));
-        if (c.kind == Completion::Kind::write_done) {
-          if (c.wr_id != imm || wrote)
-            return fail(
-                Error::make(ErrorCode::internal, who + "unexpected write completion at " + where));
-          wrote = true;
-          continue;
-        }
-        if (c.imm != imm || got || c.byte_len != rc.count * es)
-          return fail(Error::make(
-              ErrorCode::transport,
-              who + "from predecessor rank " + std::to_string(t_.predecessor()) + ": immediate " +
-                  hex(c.imm) + " with " + std::to_string(c.byte_len) + " bytes where " + where +
-                  " with " + std::to_string(rc.count * es) + " bytes was expected"));
-        got = true;
-        const uint8_t* in = t_.recv_region().addr + (half + s) * ring_stride_;
-        uint8_t* own = work + rc.first * es;
-        if (st.reduce) {
-          const uint8_t* srcs[2] = {in, own};  // op(received, own): the ring order
-          reduce_fn(srcs, 2, own, rc.count);
-        } else if (rc.count > 0) {
-          std::memcpy(own, in, rc.count * es);
-        }
-      }
+  // Each ring's place in its stripe: the segment, the step, and which of the
+  // step's two completions (own write, predecessor's write) it has.
+  struct Stripe {
+    StripeRange s;
+    uint8_t* work = nullptr;
+    size_t work_off = 0;   // of `work` in work_mr_
+    size_t seg_first = 0;  // element offset of the segment in the stripe
+    size_t n = 0;          // elements in the segment
+    uint32_t tag = 0;
+    size_t half = 0;
+    unsigned step = 0;
+    bool wrote = false, got = false, done = false;
+    uint32_t imm() const noexcept { return tag << 8 | step; }
+  };
+  std::array<Stripe, kMaxRings> st;
+
+  const auto where = [&](const Stripe& k) {
+    const RingStep rs = ring_step(r, P, k.step);
+    return "message id " + hex(k.imm()) + " (segment " + std::to_string(k.tag) + ", step " +
+           std::to_string(k.step) + " of " + std::to_string(steps) +
+           (rs.reduce ? ", reduce-scatter" : ", all-gather") + ")";
+  };
+  const auto start_segment = [&](Stripe& k, unsigned g) {
+    k.n = std::min(k.s.count - k.seg_first, seg_max);
+    std::memcpy(k.work, src + (k.s.first + k.seg_first) * es, k.n * es);
+    k.tag = rings_[g].seg_seq & 0xFFFFFF;
+    k.half = (rings_[g].seg_seq & 1) * steps;
+    k.step = 0;
+  };
+  // The predecessor's write of the current step: check it, reduce or store.
+  const auto receive = [&](Stripe& k, unsigned g, const Completion& c) -> Error {
+    const RingStep rs = ring_step(r, P, k.step);
+    const ChunkRange rc = ring_chunk(k.n, P, rs.recv_chunk);
+    if (c.imm != k.imm() || c.byte_len != rc.count * es)
+      return Error::make(ErrorCode::transport,
+                         who + ring_tag(g, k.s, es) + "from predecessor rank " +
+                             std::to_string(t_.predecessor()) + ": immediate " + hex(c.imm) +
+                             " with " + std::to_string(c.byte_len) + " bytes where " + where(k) +
+                             " with " + std::to_string(rc.count * es) + " bytes was expected");
+    k.got = true;
+    const uint8_t* in = t_.recv_region(g).addr + (k.half + k.step) * ring_stride_;
+    uint8_t* own = k.work + rc.first * es;
+    if (rs.reduce) {
+      const uint8_t* srcs[2] = {in, own};  // op(received, own): the ring order
+      reduce_fn(srcs, 2, own, rc.count);
+    } else if (rc.count > 0) {
+      std::memcpy(own, in, rc.count * es);
     }
-    std::memcpy(dst + seg_first * es, work, n * es);
-    seg_first += n;
-    ++seg_seq_;
+    return {};
+  };
+  // Posts the current step's write, and takes its receive if it came early.
+  const auto begin_step = [&](Stripe& k, unsigned g) -> Error {
+    const RingStep rs = ring_step(r, P, k.step);
+    const ChunkRange sc = ring_chunk(k.n, P, rs.send_chunk);
+    k.wrote = k.got = false;
+    if (Error e = t_.post_write_imm(g, work_mr_, k.work_off + sc.first * es, sc.count * es,
+                                    (k.half + k.step) * ring_stride_, k.imm(), k.imm()))
+      return e;
+    auto& early = rings_[g].early;
+    if (early.empty()) return {};
+    const Completion c = early.front();
+    early.pop_front();
+    return receive(k, g, c);
+  };
+  // After a completion: while the step has both, move on (next step, next
+  // segment, or the stripe is done).
+  const auto advance = [&](Stripe& k, unsigned g) -> Error {
+    while (!k.done && k.wrote && k.got) {
+      if (++k.step == steps) {
+        std::memcpy(dst + (k.s.first + k.seg_first) * es, k.work, k.n * es);
+        k.seg_first += k.n;
+        ++rings_[g].seg_seq;
+        if (k.seg_first >= k.s.count) {
+          k.done = true;
+          break;
+        }
+        start_segment(k, g);
+      }
+      if (Error e = begin_step(k, g)) return e;
+    }
+    return {};
+  };
+
+  for (unsigned g = 0; g < R; ++g) {
+    Stripe& k = st[g];
+    k.s = stripe(count, R, g);
+    k.work_off = g * work_ring_bytes_;
+    k.work = work_buf_->data + k.work_off;
+    if (k.s.count == 0) {
+      k.done = true;
+      continue;
+    }
+    start_segment(k, g);
+    if (Error e = begin_step(k, g)) return fail(e);
   }
-  return {};
+  Completion comps[kPollBatch];
+  for (;;) {
+    bool finished = true;
+    for (unsigned g = 0; g < R; ++g) finished = finished && st[g].done;
+    if (finished) return {};
+    unsigned n = 0;
+    if (Error e = t_.poll(comps, kPollBatch, n, deadline)) return fail(e);
+    if (n == 0) {
+      std::string what;
+      for (unsigned g = 0; g < R; ++g) {
+        const Stripe& k = st[g];
+        if (k.done) continue;
+        const RingStep rs = ring_step(r, P, k.step);
+        std::string miss;
+        if (!k.got)
+          miss = "chunk " + std::to_string(rs.recv_chunk) + " not received from predecessor rank " +
+                 std::to_string(t_.predecessor());
+        if (!k.wrote)
+          miss += std::string(miss.empty() ? "" : "; ") + "write of chunk " +
+                  std::to_string(rs.send_chunk) + " to successor rank " +
+                  std::to_string(t_.successor()) + " not acknowledged";
+        what += R == 1 ? "at " + where(k) + ": " + miss
+                       : std::string(what.empty() ? "" : "; ") + ring_name(g, k.s, es) + " at " +
+                             where(k) + ": " + miss;
+      }
+      // One ring: "(ring path) ... at message id ...: ...", as before striping.
+      return fail(Error::make(ErrorCode::timeout,
+                              who + "all-reduce (ring path" +
+                                  (R == 1 ? ") timed out after " + ms_since(start) + " ms "
+                                          : ", " + std::to_string(R) + " rings) timed out after " +
+                                                ms_since(start) + " ms: ") +
+                                  what));
+    }
+    for (unsigned c_i = 0; c_i < n; ++c_i) {
+      const Completion& c = comps[c_i];
+      if (Error e = check_lane(c, R, who)) return fail(e);
+      Stripe& k = st[c.lane];
+      if (c.ok && c.kind == Completion::Kind::recv_imm && (k.done || k.got)) {
+        rings_[c.lane].early.push_back(c);  // the predecessor is ahead: keep it for its step
+        continue;
+      }
+      const auto ring = [&] { return ring_tag(c.lane, k.s, es); };  // errors only
+      if (!c.ok)
+        return fail(Error::make(
+            ErrorCode::transport,
+            who + ring() +
+                (c.kind == Completion::Kind::write_done
+                     ? "write to successor rank " + std::to_string(t_.successor())
+                     : "receive from predecessor rank " + std::to_string(t_.predecessor())) +
+                " failed" + (k.done ? std::string() : " at " + where(k)) + " (" + c.what +
+                ", status " + std::to_string(c.vendor_status) + ")"));
+      if (c.kind == Completion::Kind::write_done) {
+        if (k.done || c.wr_id != k.imm() || k.wrote)
+          return fail(
+              Error::make(ErrorCode::internal, who + ring() + "unexpected write completion" +
+                                                   (k.done ? std::string() : " at " + where(k))));
+        k.wrote = true;
+      } else if (Error e = receive(k, c.lane, c)) {
+        return fail(e);
+      }
+      if (Error e = advance(k, c.lane)) return fail(e);
+    }
+  }
 }
 
 Error probe_box(Collective& c, unsigned rank, unsigned world, Clock::time_point deadline,
                 bool& confirmed, std::string& reason) {
   confirmed = false;
-  const int32_t mine = static_cast<int32_t>(rank) + 1;
-  int32_t got = 0;
-  if (Error e = c.ina_allreduce(&mine, &got, 1, DataType::int32, Op::sum, deadline)) return e;
+  const unsigned R = c.rings();
+  std::array<int32_t, kMaxRings> mine{}, got{};
+  mine.fill(static_cast<int32_t>(rank) + 1);
+  if (Error e = c.ina_allreduce(mine.data(), got.data(), R, DataType::int32, Op::sum, deadline))
+    return e;
   const int32_t want = static_cast<int32_t>(world * (world + 1) / 2);
-  confirmed = got == want;
-  if (!confirmed)
-    reason = "probe all-reduce gave " + std::to_string(got) + " instead of " +
-             std::to_string(want) + ": the box is not on the path between the ranks";
+  for (unsigned g = 0; g < R; ++g) {
+    if (got[g] == want) continue;
+    reason = "probe all-reduce gave " + std::to_string(got[g]) + " instead of " +
+             std::to_string(want) +
+             (R > 1 ? " on ring " + std::to_string(g) + " (id " +
+                          std::to_string(c.config().ring_id(g)) + ")"
+                    : std::string()) +
+             ": the box is not on the path between the ranks";
+    return {};
+  }
+  confirmed = true;
   return {};
 }
 

@@ -7,6 +7,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "host-lib/collective.h"
 #include "host-lib/daemon.h"
@@ -36,10 +37,10 @@ struct Communicator::Impl {
   std::shared_ptr<void> keepalive;
   std::unique_ptr<host::Transport> transport;
   std::unique_ptr<host::Collective> collective;
-  // Rank 0 of an INA communicator: its ring at the daemon (lease renewals;
-  // deleted with its credential once the queued calls are done). Null
-  // otherwise.
-  std::unique_ptr<host::OwnedRing> owned_ring;
+  // Rank 0 of an INA communicator: its rings at the daemon, one per stripe
+  // (lease renewals; deleted with their credentials once the queued calls
+  // are done). Empty otherwise.
+  std::vector<std::unique_ptr<host::OwnedRing>> owned_rings;
   // Verbs communicators: a barrier over the bootstrap connection, run at
   // close before the QPs (and rank 0's ring) go. Without it a rank that has
   // finished destroys its QPs while its predecessor's last write may still

@@ -51,7 +51,7 @@ Communicator::Impl::~Impl() {
   cv_.notify_all();
   thread_.join();                      // queued calls finish first; each has a deadline
   if (close_barrier) close_barrier();  // every rank done: no write of a peer still needs our QPs
-  owned_ring.reset();                  // then the ring is deleted: nothing of ours is in flight
+  owned_rings.clear();                 // then the rings are deleted: nothing of ours is in flight
   collective.reset();
   transport.reset();
 }
@@ -117,7 +117,11 @@ Path Communicator::path() const noexcept { return impl_->collective->config().pa
 const std::string& Communicator::path_reason() const noexcept {
   return impl_->collective->config().reason;
 }
-uint32_t Communicator::ring_id() const noexcept { return impl_->collective->config().ring_id; }
+uint32_t Communicator::ring_id() const noexcept { return impl_->collective->config().ring_id(0); }
+int Communicator::rings() const noexcept { return static_cast<int>(impl_->collective->rings()); }
+uint32_t Communicator::ring_id(int ring) const noexcept {
+  return ring < 0 ? 0 : impl_->collective->config().ring_id(static_cast<unsigned>(ring));
+}
 uint16_t Communicator::window() const noexcept { return impl_->collective->config().window; }
 
 Error AllreduceHandle::wait(int timeout_ms) {

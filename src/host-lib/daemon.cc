@@ -240,6 +240,68 @@ Registration setup_ring(const Options& options, const std::string& bootstrap, en
   return reg;
 }
 
+Registration setup_rings(const Options& options, const std::string& bootstrap,
+                         const engine::RingSpec& spec, unsigned rings,
+                         std::vector<std::unique_ptr<OwnedRing>>& owned) {
+  owned.clear();
+  Registration all;
+  std::string ids;
+  for (unsigned g = 0; g < rings; ++g) {
+    Options o = options;
+    if (o.ring_id) o.ring_id = options.ring_id + g;  // the caller checked it does not wrap
+    std::unique_ptr<OwnedRing> one;
+    Registration reg = setup_ring(o, bootstrap, spec, one);
+    if (rings == 1) {
+      reg.ring_ids = {reg.ring_id};
+      if (reg.installed) owned.push_back(std::move(one));
+      return reg;
+    }
+    if (!reg.installed) {
+      for (auto& r : owned) r->release();
+      owned.clear();
+      reg.reason = "ring " + std::to_string(g) + " of " + std::to_string(rings) + " (id " +
+                   std::to_string(reg.ring_id) + "): " + reg.reason;
+      return reg;
+    }
+    all.ring_ids.push_back(reg.ring_id);
+    ids += (ids.empty() ? "" : ", ") + std::to_string(reg.ring_id);
+    owned.push_back(std::move(one));
+  }
+  all.installed = true;
+  all.ring_id = all.ring_ids.front();
+  all.lease_ms = options.lease_ms;
+  all.reason = std::to_string(rings) + " rings (ids " + ids + ") installed by the daemon at " +
+               daemon_target(options).url;
+  return all;
+}
+
+unsigned box_workers(const DaemonTarget& target, int timeout_ms, std::string& why) {
+  if (target.url.empty()) {
+    why = "no box configured (NETREDUCE_DAEMON unset)";
+    return 0;
+  }
+  try {
+    auto cli = client(target, timeout_ms, why);
+    if (!cli) return 0;
+    auto res = cli->Get("/v1/status");
+    if (!res || res->status != 200) {
+      why = "daemon at " + target.url + " status: " + describe_error(res);
+      return 0;
+    }
+    const auto j = nlohmann::json::parse(res->body);
+    const auto dp = j.value("dataplane", nlohmann::json::object());
+    const auto w = dp.value("workers", nlohmann::json::array());
+    if (!w.is_array() || w.empty()) {
+      why = "daemon at " + target.url + " reports no data plane workers (data plane down?)";
+      return 0;
+    }
+    return static_cast<unsigned>(w.size());
+  } catch (const std::exception& e) {
+    why = std::string("daemon status: ") + e.what();
+  }
+  return 0;
+}
+
 // ---- OwnedRing ------------------------------------------------------------
 
 OwnedRing::OwnedRing(DaemonTarget target, uint32_t ring_id, std::string credential,

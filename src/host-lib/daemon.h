@@ -67,6 +67,7 @@ struct Registration {
   uint32_t ring_id = 0;    // the id registered (or the last one tried)
   std::string credential;  // the daemon's credential for it (installed only)
   uint32_t lease_ms = 0;
+  std::vector<uint32_t> ring_ids;  // setup_rings, installed: every ring's id, in ring order
 };
 
 // spec.ring_id is the first id tried. fresh_id empty: an explicit id (one
@@ -83,6 +84,20 @@ class OwnedRing;
 // DELETE at the end).
 Registration setup_ring(const Options& options, const std::string& bootstrap, engine::RingSpec spec,
                         std::unique_ptr<OwnedRing>& owned);
+
+// Rank 0's registration of a striped communicator's `rings` rings, all with
+// the same spec: ring i as setup_ring with id Options::ring_id + i when that
+// is given, else derived (fresh per ring). All or nothing: when ring i is not
+// installed, the rings before it are released (deleted) and the reason
+// names ring i; `owned` is then empty. rings = 1 is setup_ring exactly.
+Registration setup_rings(const Options& options, const std::string& bootstrap,
+                         const engine::RingSpec& spec, unsigned rings,
+                         std::vector<std::unique_ptr<OwnedRing>>& owned);
+
+// The box's worker count as the daemon reports it (GET /v1/status: the
+// length of dataplane.workers), for Options::rings 0. 0, with `why`, when
+// the daemon does not answer or reports no workers (data plane down).
+unsigned box_workers(const DaemonTarget& target, int timeout_ms, std::string& why);
 
 class OwnedRing {
  public:

@@ -18,7 +18,7 @@ namespace netreduce::host {
 namespace {
 
 struct WriteRec {
-  unsigned sender = 0, receiver = 0;
+  unsigned sender = 0, receiver = 0, lane = 0;
   uint64_t wr_id = 0;
   uint32_t imm = 0;
   uint32_t bytes = 0;
@@ -34,18 +34,22 @@ struct FrameRec {
 }  // namespace
 
 struct LoopbackFabric::Impl {
-  struct RankState {
+  // One lane of a rank: its receive region and its connection to the successor.
+  struct Lane {
     std::vector<uint8_t> recv;
     Region recv_region{};
-    std::deque<Completion> cq;
-    std::condition_variable cv;
-    bool taken = false;
     uint32_t psn = 0;
-    // This rank's connection to its successor lost a packet. RC would
+    // This lane's connection to the successor lost a packet. RC would
     // retransmit from there; the loopback does not, and, like an RC
     // receiver discarding everything after a PSN gap, delivers nothing more
     // on it. Completions thus stay in order and the writer times out.
     bool stalled = false;
+  };
+  struct RankState {
+    std::vector<Lane> lanes;
+    std::deque<Completion> cq;  // every lane's completions
+    std::condition_variable cv;
+    bool taken = false;
   };
   mutable std::mutex mu;
   std::vector<std::unique_ptr<RankState>> ranks;
@@ -55,6 +59,7 @@ struct LoopbackFabric::Impl {
   std::set<WriteRec*> writes;  // writes not fully delivered
   uint64_t into_box = 0, dropped = 0;
   uint16_t pmtu = 1024;
+  unsigned installed = 0;  // rings installed in the box (ids ring.ring_id + 0..installed-1)
 
   ~Impl() {
     for (FrameRec* f : frames) delete f;
@@ -72,10 +77,12 @@ struct LoopbackFabric::Impl {
     rc.kind = Completion::Kind::recv_imm;
     rc.imm = w->imm;
     rc.byte_len = w->bytes;
+    rc.lane = w->lane;
     complete(w->receiver, rc);
     Completion wc;
     wc.kind = Completion::Kind::write_done;
     wc.wr_id = w->wr_id;
+    wc.lane = w->lane;
     complete(w->sender, wc);
     writes.erase(w);
     delete w;
@@ -85,12 +92,12 @@ struct LoopbackFabric::Impl {
   void deliver(FrameRec* f, const uint8_t* data, size_t len) {
     wire::ParsedFrame p;
     WriteRec* w = f->write;
-    if (ranks[w->sender]->stalled) {
+    if (ranks[w->sender]->lanes[w->lane].stalled) {
       lose(f);
       return;
     }
     if (wire::parse_frame(data, len, p) == wire::ParseStatus::ok) {
-      RankState& rx = *ranks[w->receiver];
+      Lane& rx = ranks[w->receiver]->lanes[w->lane];
       if (f->remote_off + p.payload_len <= rx.recv.size())
         std::memcpy(rx.recv.data() + f->remote_off, data + p.payload, p.payload_len);
       if (--w->remaining == 0) finish_write(w);
@@ -103,32 +110,33 @@ struct LoopbackFabric::Impl {
 
   void lose(FrameRec* f) {
     ++dropped;
-    ranks[f->write->sender]->stalled = true;
+    ranks[f->write->sender]->lanes[f->write->lane].stalled = true;
     frames.erase(f);
     delete f;
   }
 
-  Error through_box(unsigned sender, const uint8_t* msg, size_t len, size_t remote_off,
-                    uint32_t imm, uint64_t wr_id, const wire::InaInfo& ina) {
+  Error through_box(unsigned sender, unsigned lane, const uint8_t* msg, size_t len,
+                    size_t remote_off, uint32_t imm, uint64_t wr_id, const wire::InaInfo& ina) {
     const unsigned P = static_cast<unsigned>(ranks.size());
     const unsigned receiver = (sender + 1) % P;
+    Lane& tx = ranks[sender]->lanes[lane];
     wire::InaMessage m;
     m.base.src_ip = LoopbackFabric::rank_ip(sender);
     m.base.dst_ip = LoopbackFabric::rank_ip(receiver);
-    m.base.dest_qp = 0x100 + receiver;
-    m.base.udp_src_port = static_cast<uint16_t>(0xC000 + sender);
+    m.base.dest_qp = 0x100 + 64 * lane + receiver;
+    m.base.udp_src_port = static_cast<uint16_t>(0xC000 + 64 * lane + sender);
     m.ina = ina;
-    m.psn0 = ranks[sender]->psn;
+    m.psn0 = tx.psn;
     m.data = msg + sizeof(wire::InaHdr);
     m.data_bytes = len - sizeof(wire::InaHdr);
     m.pmtu = pmtu;
-    m.va = reinterpret_cast<uintptr_t>(ranks[receiver]->recv.data()) + remote_off;
-    m.rkey = 0x1000 + receiver;
+    m.va = reinterpret_cast<uintptr_t>(ranks[receiver]->lanes[lane].recv.data()) + remote_off;
+    m.rkey = 0x1000 + 64 * lane + receiver;
     m.with_imm = true;
     m.imm = imm;
     const uint32_t packets = wire::message_packets(m.data_bytes, pmtu);
-    ranks[sender]->psn = wire::psn_add(m.psn0, packets);
-    auto* w = new WriteRec{sender, receiver, wr_id, imm, static_cast<uint32_t>(len), packets};
+    tx.psn = wire::psn_add(m.psn0, packets);
+    auto* w = new WriteRec{sender, receiver, lane, wr_id, imm, static_cast<uint32_t>(len), packets};
     writes.insert(w);
     const uint64_t now = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
     for (uint32_t k = 0; k < packets; ++k) {
@@ -181,6 +189,9 @@ class LoopbackTransport final : public Transport {
   LoopbackTransport(LoopbackFabric::Impl& f, unsigned rank) : f_(f), rank_(rank) {}
   unsigned rank() const noexcept override { return rank_; }
   unsigned world() const noexcept override { return static_cast<unsigned>(f_.ranks.size()); }
+  unsigned lanes() const noexcept override {
+    return static_cast<unsigned>(f_.ranks[rank_]->lanes.size());
+  }
 
   Error register_memory(void* addr, size_t len, Region& out) override {
     if (addr == nullptr || len == 0)
@@ -188,17 +199,23 @@ class LoopbackTransport final : public Transport {
     out = {static_cast<uint8_t*>(addr), len, 1, 1};
     return {};
   }
-  const Region& recv_region() const noexcept override { return f_.ranks[rank_]->recv_region; }
+  const Region& recv_region(unsigned lane) const noexcept override {
+    return f_.ranks[rank_]->lanes[lane].recv_region;
+  }
   size_t successor_recv_bytes() const noexcept override {
-    return f_.ranks[successor()]->recv.size();
+    return f_.ranks[successor()]->lanes[0].recv.size();
   }
   unsigned max_outstanding_writes() const noexcept override { return 1024; }
 
-  Error post_write_imm(const Region& src, size_t off, size_t len, size_t remote_off, uint32_t imm,
-                       uint64_t wr_id) override {
+  Error post_write_imm(unsigned lane, const Region& src, size_t off, size_t len, size_t remote_off,
+                       uint32_t imm, uint64_t wr_id) override {
     std::lock_guard lk(f_.mu);
     const unsigned succ = successor();
-    auto& rx = *f_.ranks[succ];
+    if (lane >= lanes())
+      return Error::make(ErrorCode::internal, "rank " + std::to_string(rank_) + ": lane " +
+                                                  std::to_string(lane) + " of " +
+                                                  std::to_string(lanes()));
+    auto& rx = f_.ranks[succ]->lanes[lane];
     if (off + len > src.len || remote_off + len > rx.recv.size())
       return Error::make(ErrorCode::transport,
                          "rank " + std::to_string(rank_) + ": write of " + std::to_string(len) +
@@ -206,13 +223,13 @@ class LoopbackTransport final : public Transport {
                              " is outside successor rank " + std::to_string(succ) +
                              "'s receive region");
     const uint8_t* msg = src.addr + off;
-    if (f_.ranks[rank_]->stalled) return {};  // accepted, never delivered (see RankState)
+    if (f_.ranks[rank_]->lanes[lane].stalled) return {};  // accepted, never delivered (see Lane)
     if (f_.box && len >= sizeof(wire::InaHdr)) {
       if (auto ina = wire::ina_decode(msg, len))
-        return f_.through_box(rank_, msg, len, remote_off, imm, wr_id, *ina);
+        return f_.through_box(rank_, lane, msg, len, remote_off, imm, wr_id, *ina);
     }
     if (len > 0) std::memcpy(rx.recv.data() + remote_off, msg, len);
-    auto* w = new WriteRec{rank_, succ, wr_id, imm, static_cast<uint32_t>(len), 0};
+    auto* w = new WriteRec{rank_, succ, lane, wr_id, imm, static_cast<uint32_t>(len), 0};
     f_.writes.insert(w);
     f_.finish_write(w);
     return {};
@@ -238,29 +255,46 @@ class LoopbackTransport final : public Transport {
 }  // namespace
 
 LoopbackFabric::LoopbackFabric(const LoopbackConfig& cfg) : cfg_(cfg), impl_(new Impl) {
+  if (Error e = check_rings(cfg.rings)) {
+    impl_->box_error = e;
+    cfg_.rings = 1;
+  }
   for (unsigned r = 0; r < cfg.world; ++r) {
     auto s = std::make_unique<Impl::RankState>();
-    s->recv.assign(cfg.recv_bytes, 0);
-    s->recv_region = {s->recv.data(), s->recv.size(), 2, 2};
-    s->psn = wire::psn_add(0xFFFFF0u, 7919u * r);  // near the 2^24 wrap on purpose
+    s->lanes.resize(cfg_.rings);
+    for (unsigned g = 0; g < cfg_.rings; ++g) {
+      Impl::Lane& l = s->lanes[g];
+      l.recv.assign(cfg.recv_bytes, 0);
+      l.recv_region = {l.recv.data(), l.recv.size(), 2, 2};
+      // Near the 2^24 wrap on purpose.
+      l.psn = wire::psn_add(0xFFFFF0u, 7919u * r + 104729u * g);
+    }
     impl_->ranks.push_back(std::move(s));
   }
-  if (cfg.box) {
+  if (cfg.box && impl_->box_error.ok()) {
     cfg_.ring.members.clear();
     for (unsigned r = 0; r < cfg.world; ++r) cfg_.ring.members.push_back(rank_ip(r));
     impl_->pmtu = cfg_.ring.payload_bytes;
     impl_->box = std::make_unique<engine::Engine>(cfg_.engine);
-    const Status st = impl_->box->install_ring(cfg_.ring);
-    if (!st.ok())
-      impl_->box_error = Error::make(ErrorCode::invalid_argument,
-                                     "loopback box refused the ring: " + st.to_string());
+    for (unsigned g = 0; g < cfg_.rings && impl_->box_error.ok(); ++g) {
+      engine::RingSpec spec = cfg_.ring;
+      spec.ring_id += g;
+      const Status st = impl_->box->install_ring(spec);
+      if (!st.ok())
+        impl_->box_error = Error::make(ErrorCode::invalid_argument,
+                                       "loopback box refused ring " + std::to_string(g) + " (id " +
+                                           std::to_string(spec.ring_id) + "): " + st.to_string());
+      else
+        impl_->installed = g + 1;
+    }
   }
 }
 
 LoopbackFabric::~LoopbackFabric() {
   if (impl_->box) {
     std::vector<engine::Pkt> held;
-    (void)impl_->box->remove_ring(cfg_.ring.ring_id, 0, held);  // its packets are in impl_->frames
+    for (unsigned g = 0; g < impl_->installed; ++g)  // their packets are in impl_->frames
+      (void)impl_->box->remove_ring(cfg_.ring.ring_id + g, 0, held);
   }
 }
 
@@ -287,15 +321,24 @@ uint64_t LoopbackFabric::packets_dropped_by_box() const {
   std::lock_guard lk(impl_->mu);
   return impl_->dropped;
 }
-std::optional<engine::RingInfo> LoopbackFabric::box_ring() const {
+std::optional<engine::RingInfo> LoopbackFabric::box_ring(unsigned g) const {
   std::lock_guard lk(impl_->mu);
-  if (!impl_->box) return std::nullopt;
-  return impl_->box->ring_info(cfg_.ring.ring_id);
+  if (!impl_->box || g >= impl_->installed) return std::nullopt;
+  return impl_->box->ring_info(cfg_.ring.ring_id + g);
 }
 
 // A communicator over the loopback fabric (tests, allreduce-perf --loopback).
 Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Options& options,
                                  std::unique_ptr<Communicator>& out) {
+  const unsigned R = fabric.config().rings;
+  if (options.rings != 0) {
+    if (Error e = check_rings(options.rings)) return e;
+    if (options.rings != R)
+      return Error::make(ErrorCode::invalid_argument, "rings: " + std::to_string(options.rings) +
+                                                          " where the loopback fabric has " +
+                                                          std::to_string(R) + " (give 0 or " +
+                                                          std::to_string(R) + ")");
+  }
   std::unique_ptr<Transport> t;
   if (Error e = fabric.transport(rank, t)) return e;
   CollectiveConfig cc;
@@ -303,7 +346,8 @@ Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Op
   cc.path = box ? Path::ina : Path::ring;
   cc.reason = box ? "loopback box (engine::Engine in process)"
                   : (fabric.config().box ? "ring forced by options" : "loopback without a box");
-  cc.ring_id = box ? fabric.config().ring.ring_id : 0;
+  if (box)
+    for (unsigned g = 0; g < R; ++g) cc.ring_ids.push_back(fabric.config().ring.ring_id + g);
   cc.msg_len = box ? fabric.config().ring.msg_len : options.msg_len;
   cc.pmtu = box ? fabric.config().ring.payload_bytes : options.payload_bytes;
   cc.window = options.window != 0 ? options.window

@@ -17,6 +17,13 @@
 // here): the writer then times out, which is how tests see them. Writes
 // without the INA magic are delivered directly (the engine would forward
 // them untouched).
+//
+// Rings. With `rings` = R every rank's transport has R lanes (transport.h),
+// each with its own receive region of recv_bytes, PSN sequence and
+// connection: lane g of rank r writes to destination QPN 0x100 + 64 g +
+// (r + 1) mod P from UDP source port 0xC000 + 64 g + r, so the engine's CLT
+// tells the rings apart as it would real QPs. With a box, ring g is
+// installed with id ring.ring_id + g. Lane 0 is exactly the one-ring fabric.
 #pragma once
 
 #include <memory>
@@ -30,7 +37,9 @@ struct LoopbackConfig {
   unsigned world = 2;
   size_t recv_bytes = 1u << 20;
   bool box = false;
-  // Ring installed in the box (members are filled in: rank r = 10.0.0.1 + r).
+  unsigned rings = 1;  // lanes per rank (1..kMaxRings of plan.h)
+  // Ring installed in the box (members are filled in: rank r = 10.0.0.1 + r);
+  // with rings > 1, ring g is this spec with id ring.ring_id + g.
   engine::RingSpec ring{};
   engine::EngineConfig engine{};
 };
@@ -52,7 +61,8 @@ class LoopbackFabric {
   // Box statistics (zero without a box).
   uint64_t packets_into_box() const;
   uint64_t packets_dropped_by_box() const;
-  std::optional<engine::RingInfo> box_ring() const;
+  // Ring g's state at the box (its counters).
+  std::optional<engine::RingInfo> box_ring(unsigned g = 0) const;
 
   struct Impl;
 
@@ -62,7 +72,8 @@ class LoopbackFabric {
 };
 
 // A Communicator over the fabric: path ina when the fabric has a box (and
-// options do not force the ring), ring otherwise.
+// options do not force the ring), ring otherwise. It runs the fabric's
+// rings; Options::rings must be 0 (the fabric's) or that number.
 Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Options& options,
                                  std::unique_ptr<Communicator>& out);
 

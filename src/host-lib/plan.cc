@@ -38,6 +38,19 @@ Error make_plan(size_t count, DataType t, uint16_t msg_len, uint16_t pmtu, Messa
   return {};
 }
 
+Error check_rings(unsigned rings) {
+  if (rings < 1 || rings > kMaxRings)
+    return Error::make(ErrorCode::invalid_argument,
+                       "rings: " + std::to_string(rings) + " is outside 1.." +
+                           std::to_string(kMaxRings) + " (0 = the box's worker count)");
+  return {};
+}
+
+StripeRange stripe(size_t count, unsigned rings, unsigned i) noexcept {
+  const ChunkRange c = ring_chunk(count, rings, i);  // the same even split
+  return {c.first, c.count};
+}
+
 void Window::reset(size_t messages) {
   messages_ = messages;
   sent_ = writes_ = results_ = done_ = 0;

@@ -20,6 +20,14 @@
 // chunk r + 1 - t, receive chunk r - t and store it (indices mod P). After
 // the reduce-scatter rank r holds chunk r + 1 reduced in the ring order
 // x[c], x[c+1], ..., x[c-1] (c the chunk; see README for the reference).
+//
+// Stripes (Options::rings = R). A tensor of `count` elements is cut into R
+// stripes, element-aligned: stripe i holds count / R elements plus one if
+// i < count % R (so the first count % R stripes get the ceiling, the rest
+// the floor), in order: stripe i starts where stripe i - 1 ends. Stripe i
+// runs on ring i with its own plan, window and message ids (INA path) or its
+// own segments (ring path); a stripe of 0 elements sends nothing. R = 1 is
+// the whole tensor on one ring.
 #pragma once
 
 #include <cstddef>
@@ -31,6 +39,23 @@
 namespace netreduce::host {
 
 inline constexpr size_t kInaHeaderBytes = 24;
+
+// Rings one communicator may run side by side (Options::rings). A ring is
+// one box worker's throughput; each costs every rank two QPs and a receive
+// region of ring_buffer_bytes, and the box a ring (its memory quota): 8
+// covers the boxes this is built for (up to 8 workers per job) while
+// bounding a rank's receive memory at 8 x ring_buffer_bytes.
+inline constexpr unsigned kMaxRings = 8;
+
+// Checks Options::rings once resolved (1..kMaxRings); the error names the field.
+Error check_rings(unsigned rings);
+
+struct StripeRange {
+  size_t first = 0;  // element offset in the tensor
+  size_t count = 0;
+};
+// Stripe i of R over `count` elements (see the top of this file).
+StripeRange stripe(size_t count, unsigned rings, unsigned i) noexcept;
 
 struct MessagePlan {
   size_t count = 0;          // elements

@@ -1,19 +1,26 @@
 // VerbsTransport (rdma-core) and Communicator::create.
 //
-// Each rank opens the device, makes one PD and one CQ, and two RC QPs: qp_s
-// sends to the successor, qp_p receives from the predecessor (P = 2 gives
-// two QPs between the same pair, one per direction). The receive region is
-// registered with remote write access; its address, rkey and size, each
-// QP's number and initial PSN, the GID, the port's active MTU and the
-// options that must agree travel through the bootstrap's allgather. Then
-// qp_s is brought to RTS against the successor's qp_p and qp_p against the
-// predecessor's qp_s (RoCEv2: a GRH with the peer's GID, path MTU =
-// payload_bytes, so the NIC cuts messages exactly where the box expects),
-// a second allgather makes sure every QP is ready before anything is sent,
-// and rank 0 registers the ring and broadcasts the path.
+// Each rank opens the device (port, GID, PD) and joins the bootstrap; rank 0
+// decides the number of rings R (Options::rings, or the box's worker count
+// from the daemon) and broadcasts it. Then each rank makes one CQ and, per
+// ring (a lane of transport.h), two RC QPs: qp_s[g] sends to the successor,
+// qp_p[g] receives from the predecessor (P = 2 gives two QPs between the
+// same pair, one per direction), and one receive region of R equal parts,
+// part g for lane g, registered with remote write access. Its address,
+// rkey and part size, each QP's number and initial PSN, the GID, the port's
+// active MTU and the options that must agree travel through the bootstrap's
+// allgather. Then qp_s[g] is brought to RTS against the successor's
+// qp_p[g] and qp_p[g] against the predecessor's qp_s[g] (RoCEv2: a GRH with
+// the peer's GID, path MTU = payload_bytes, so the NIC cuts messages exactly
+// where the box expects), a second allgather makes sure every QP is ready
+// before anything is sent, and rank 0 registers the R rings and broadcasts
+// the path and their ids. Distinct QPs per ring mean distinct QPNs, hence
+// distinct UDP source ports (RoCEv2 derives them from the QPN), which is
+// what lets NIC RSS and the box tell the rings apart.
 //
-// Receives: WRITE WITH IMM consumes a receive WQE; qp_p keeps its receive
-// queue full (zero-SGE WQEs, re-posted as completions are polled). Memory
+// Receives: WRITE WITH IMM consumes a receive WQE; each qp_p keeps its
+// receive queue full (zero-SGE WQEs, re-posted as completions are polled).
+// A completion's lane is found from its QP number. Memory
 // registrations are cached by address range and released with the
 // transport. Polling spins with yields, then sleeps 20 us per empty poll,
 // until the deadline.
@@ -56,15 +63,17 @@ ibv_mtu mtu_enum(uint16_t bytes) {
 unsigned mtu_bytes(int e) { return 128u << e; }  // IBV_MTU_256 = 1
 
 // The per-rank information every other rank needs (fixed layout, host order;
-// all ranks run the same build).
+// all ranks run the same build). Lane g's entries are at index g.
 struct PeerInfo {
   uint32_t magic = 0x4E52494E;
   uint32_t world = 0;
-  uint32_t qpn_s = 0, psn_s = 0;  // QP to the successor
-  uint32_t qpn_p = 0, psn_p = 0;  // QP from the predecessor
+  uint32_t rings = 0;                                     // lanes (as rank 0 decided)
+  uint32_t rings_option = 0;                              // Options::rings as given (must agree)
+  uint32_t qpn_s[kMaxRings] = {}, psn_s[kMaxRings] = {};  // QPs to the successor
+  uint32_t qpn_p[kMaxRings] = {}, psn_p[kMaxRings] = {};  // QPs from the predecessor
   uint8_t gid[16] = {};
-  uint64_t recv_addr = 0;
-  uint64_t recv_len = 0;
+  uint64_t recv_addr = 0;  // lane g's region at recv_addr + g * recv_len
+  uint64_t recv_len = 0;   // one lane's
   uint32_t recv_rkey = 0;
   uint32_t ipv4 = 0;  // host order; 0 = unknown
   uint32_t active_mtu = 0;
@@ -74,8 +83,10 @@ struct PeerInfo {
 class VerbsTransport final : public Transport {
  public:
   ~VerbsTransport() override {
-    if (qp_s_) ibv_destroy_qp(qp_s_);
-    if (qp_p_) ibv_destroy_qp(qp_p_);
+    for (ibv_qp* q : qp_s_)
+      if (q) ibv_destroy_qp(q);
+    for (ibv_qp* q : qp_p_)
+      if (q) ibv_destroy_qp(q);
     for (auto& [addr, e] : mrs_) ibv_dereg_mr(e.mr);
     if (recv_mr_) ibv_dereg_mr(recv_mr_);
     if (cq_) ibv_destroy_cq(cq_);
@@ -86,7 +97,8 @@ class VerbsTransport final : public Transport {
 
   unsigned rank() const noexcept override { return rank_; }
   unsigned world() const noexcept override { return world_; }
-  const Region& recv_region() const noexcept override { return recv_; }
+  unsigned lanes() const noexcept override { return static_cast<unsigned>(recv_.size()); }
+  const Region& recv_region(unsigned lane) const noexcept override { return recv_[lane]; }
   size_t successor_recv_bytes() const noexcept override { return succ_.recv_len; }
   unsigned max_outstanding_writes() const noexcept override { return kQueueDepth; }
 
@@ -110,11 +122,12 @@ class VerbsTransport final : public Transport {
     return {};
   }
 
-  Error post_write_imm(const Region& src, size_t off, size_t len, size_t remote_off, uint32_t imm,
-                       uint64_t wr_id) override {
-    if (off + len > src.len || remote_off + len > succ_.recv_len)
+  Error post_write_imm(unsigned lane, const Region& src, size_t off, size_t len, size_t remote_off,
+                       uint32_t imm, uint64_t wr_id) override {
+    if (lane >= qp_s_.size() || off + len > src.len || remote_off + len > succ_.recv_len)
       return Error::make(ErrorCode::invalid_argument, "write of " + std::to_string(len) +
-                                                          " bytes outside the registered regions");
+                                                          " bytes on lane " + std::to_string(lane) +
+                                                          " outside the registered regions");
     ibv_sge sge{};
     sge.addr = reinterpret_cast<uintptr_t>(src.addr + off);
     sge.length = static_cast<uint32_t>(len);
@@ -126,12 +139,13 @@ class VerbsTransport final : public Transport {
     wr.num_sge = len ? 1 : 0;
     wr.send_flags = IBV_SEND_SIGNALED;
     wr.imm_data = htonl(imm);
-    wr.wr.rdma.remote_addr = succ_.recv_addr + remote_off;
+    wr.wr.rdma.remote_addr = succ_.recv_addr + lane * succ_.recv_len + remote_off;
     wr.wr.rdma.rkey = succ_.recv_rkey;
     ibv_send_wr* bad = nullptr;
-    if (const int rc = ibv_post_send(qp_s_, &wr, &bad))
+    if (const int rc = ibv_post_send(qp_s_[lane], &wr, &bad))
       return verr("rank " + std::to_string(rank_) + ": ibv_post_send to successor rank " +
-                  std::to_string(successor()) + " failed: " + std::strerror(rc));
+                  std::to_string(successor()) + " (ring " + std::to_string(lane) +
+                  ") failed: " + std::strerror(rc));
     return {};
   }
 
@@ -149,15 +163,24 @@ class VerbsTransport final : public Transport {
         c.vendor_status = wc[i].status;
         c.what = ibv_wc_status_str(wc[i].status);
         c.wr_id = wc[i].wr_id;
-        if (qp_p_ && wc[i].qp_num == qp_p_->qp_num) {
-          c.kind = Completion::Kind::recv_imm;
+        c.kind = Completion::Kind::write_done;
+        for (unsigned g = 0; g < qp_p_.size(); ++g) {
+          if (wc[i].qp_num == qp_p_[g]->qp_num) {
+            c.kind = Completion::Kind::recv_imm;
+            c.lane = g;
+            break;
+          }
+          if (wc[i].qp_num == qp_s_[g]->qp_num) {
+            c.lane = g;
+            break;
+          }
+        }
+        if (c.kind == Completion::Kind::recv_imm) {
           c.imm = ntohl(wc[i].imm_data);
           c.byte_len = wc[i].byte_len;
           if (c.ok) {
-            if (Error e = post_recvs(1)) return e;
+            if (Error e = post_recvs(c.lane, 1)) return e;
           }
-        } else {
-          c.kind = Completion::Kind::write_done;
         }
       }
       if (n > 0) return {};
@@ -170,21 +193,22 @@ class VerbsTransport final : public Transport {
     }
   }
 
-  Error post_recvs(int count) {
+  Error post_recvs(unsigned lane, int count) {
     for (int i = 0; i < count; ++i) {
       ibv_recv_wr wr{};
       ibv_recv_wr* bad = nullptr;
-      if (const int rc = ibv_post_recv(qp_p_, &wr, &bad))
+      if (const int rc = ibv_post_recv(qp_p_[lane], &wr, &bad))
         return verr("rank " + std::to_string(rank_) +
                     ": ibv_post_recv failed: " + std::strerror(rc));
     }
     return {};
   }
 
-  // Opens the device and creates everything local. gid_index < 0: the first
-  // RoCEv2 IPv4-mapped GID.
+  // Opens the device: port, GID and PD. gid_index < 0: the first RoCEv2
+  // IPv4-mapped GID. The lanes come later (create_lanes), once the number
+  // of rings is known.
   Error open(unsigned rank, unsigned world, const std::string& device, int gid_index, uint8_t port,
-             size_t recv_bytes, uint8_t qp_timeout) {
+             uint8_t qp_timeout) {
     if (qp_timeout < 1 || qp_timeout > 31)
       return Error::make(ErrorCode::invalid_argument,
                          "qp_timeout: " + std::to_string(qp_timeout) + " is outside 1..31");
@@ -213,16 +237,16 @@ class VerbsTransport final : public Transport {
                          "no RDMA device named '" + device + "' (present: " + names + ")");
     }
     ctx_ = ibv_open_device(dev);
-    const std::string devname = ibv_get_device_name(dev);
+    devname_ = ibv_get_device_name(dev);
     ibv_free_device_list(list);
     if (!ctx_)
       return Error::make(ErrorCode::no_device,
-                         "cannot open RDMA device " + devname + ": " + std::strerror(errno));
+                         "cannot open RDMA device " + devname_ + ": " + std::strerror(errno));
     ibv_port_attr pa{};
     if (ibv_query_port(ctx_, port_, &pa) != 0)
-      return Error::make(ErrorCode::no_device, devname + ": no port " + std::to_string(port_));
+      return Error::make(ErrorCode::no_device, devname_ + ": no port " + std::to_string(port_));
     if (pa.state != IBV_PORT_ACTIVE)
-      return verr(devname + " port " + std::to_string(port_) + " is not active");
+      return verr(devname_ + " port " + std::to_string(port_) + " is not active");
     active_mtu_ = pa.active_mtu;
     if (gid_index < 0) {
       for (int i = 0; i < pa.gid_tbl_len; ++i) {
@@ -237,28 +261,40 @@ class VerbsTransport final : public Transport {
         }
       }
       if (gid_index < 0)
-        return verr(devname + " port " + std::to_string(port_) +
+        return verr(devname_ + " port " + std::to_string(port_) +
                     ": no RoCEv2 GID with an IPv4 address (give --gid-index)");
     }
     gid_index_ = gid_index;
     if (ibv_query_gid(ctx_, port_, gid_index_, &gid_) != 0)
-      return verr(devname + ": no GID at index " + std::to_string(gid_index_));
+      return verr(devname_ + ": no GID at index " + std::to_string(gid_index_));
     pd_ = ibv_alloc_pd(ctx_);
-    cq_ = pd_ ? ibv_create_cq(ctx_, 4 * kQueueDepth, nullptr, nullptr, 0) : nullptr;
-    if (!pd_ || !cq_) return verr(devname + ": cannot create PD/CQ: " + std::strerror(errno));
-    recv_buf_ = static_cast<uint8_t*>(std::aligned_alloc(4096, (recv_bytes + 4095) / 4096 * 4096));
+    if (!pd_) return verr(devname_ + ": cannot create a PD: " + std::strerror(errno));
+    return {};
+  }
+
+  // The CQ, the receive region (`lanes` parts of recv_bytes) and each lane's
+  // two QPs, in INIT with their receive queues full.
+  Error create_lanes(unsigned lanes, size_t recv_bytes) {
+    ibv_device_attr da{};
+    ibv_query_device(ctx_, &da);
+    const int depth = std::min(kQueueDepth, da.max_qp_wr > 0 ? da.max_qp_wr : kQueueDepth);
+    int cqe = static_cast<int>(lanes) * 4 * kQueueDepth;
+    if (da.max_cqe > 0) cqe = std::min(cqe, da.max_cqe);
+    cq_ = ibv_create_cq(ctx_, cqe, nullptr, nullptr, 0);
+    if (!cq_) return verr(devname_ + ": cannot create a CQ: " + std::strerror(errno));
+    const size_t total = lanes * recv_bytes;
+    recv_buf_ = static_cast<uint8_t*>(std::aligned_alloc(4096, (total + 4095) / 4096 * 4096));
     if (!recv_buf_) return Error::make(ErrorCode::internal, "out of memory for the receive region");
-    std::memset(recv_buf_, 0, recv_bytes);
-    recv_mr_ =
-        ibv_reg_mr(pd_, recv_buf_, recv_bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    std::memset(recv_buf_, 0, total);
+    recv_mr_ = ibv_reg_mr(pd_, recv_buf_, total, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     if (!recv_mr_)
-      return verr(devname + ": cannot register the receive region: " + std::strerror(errno));
-    recv_ = {recv_buf_, recv_bytes, recv_mr_->lkey, recv_mr_->rkey};
-    if (world_ > 1) {
-      ibv_device_attr da{};
-      ibv_query_device(ctx_, &da);
-      const int depth = std::min(kQueueDepth, da.max_qp_wr > 0 ? da.max_qp_wr : kQueueDepth);
-      for (ibv_qp** q : {&qp_s_, &qp_p_}) {
+      return verr(devname_ + ": cannot register the receive region: " + std::strerror(errno));
+    for (unsigned g = 0; g < lanes; ++g)
+      recv_.push_back({recv_buf_ + g * recv_bytes, recv_bytes, recv_mr_->lkey, recv_mr_->rkey});
+    if (world_ < 2) return {};
+    std::random_device rd;
+    for (unsigned g = 0; g < lanes; ++g) {
+      for (auto* qs : {&qp_s_, &qp_p_}) {
         ibv_qp_init_attr ia{};
         ia.send_cq = cq_;
         ia.recv_cq = cq_;
@@ -267,21 +303,23 @@ class VerbsTransport final : public Transport {
         ia.cap.max_recv_wr = static_cast<uint32_t>(depth);
         ia.cap.max_send_sge = 1;
         ia.cap.max_recv_sge = 1;
-        *q = ibv_create_qp(pd_, &ia);
-        if (!*q) return verr(devname + ": cannot create an RC QP: " + std::strerror(errno));
+        ibv_qp* q = ibv_create_qp(pd_, &ia);
+        if (!q)
+          return verr(devname_ + ": cannot create an RC QP for ring " + std::to_string(g) + ": " +
+                      std::strerror(errno));
+        qs->push_back(q);
         ibv_qp_attr a{};
         a.qp_state = IBV_QPS_INIT;
         a.pkey_index = 0;
         a.port_num = port_;
         a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
-        if (ibv_modify_qp(*q, &a,
+        if (ibv_modify_qp(q, &a,
                           IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-          return verr(devname + ": QP to INIT failed: " + std::strerror(errno));
+          return verr(devname_ + ": QP to INIT failed: " + std::strerror(errno));
       }
-      if (Error e = post_recvs(depth)) return e;
-      std::random_device rd;
-      psn_s_ = rd() & 0xFFFFFF;
-      psn_p_ = rd() & 0xFFFFFF;
+      if (Error e = post_recvs(g, depth)) return e;
+      psn_s_.push_back(rd() & 0xFFFFFF);
+      psn_p_.push_back(rd() & 0xFFFFFF);
     }
     return {};
   }
@@ -289,13 +327,17 @@ class VerbsTransport final : public Transport {
   PeerInfo local_info() const {
     PeerInfo i;
     i.world = world_;
-    if (qp_s_) i.qpn_s = qp_s_->qp_num, i.qpn_p = qp_p_->qp_num;
-    i.psn_s = psn_s_;
-    i.psn_p = psn_p_;
+    i.rings = lanes();
+    for (unsigned g = 0; g < qp_s_.size(); ++g) {
+      i.qpn_s[g] = qp_s_[g]->qp_num;
+      i.qpn_p[g] = qp_p_[g]->qp_num;
+      i.psn_s[g] = psn_s_[g];
+      i.psn_p[g] = psn_p_[g];
+    }
     std::memcpy(i.gid, gid_.raw, 16);
     i.recv_addr = reinterpret_cast<uintptr_t>(recv_buf_);
-    i.recv_len = recv_.len;
-    i.recv_rkey = recv_.rkey;
+    i.recv_len = recv_.empty() ? 0 : recv_[0].len;
+    i.recv_rkey = recv_mr_ ? recv_mr_->rkey : 0;
     const uint8_t* g = gid_.raw;
     if (std::all_of(g, g + 10, [](uint8_t b) { return b == 0; }) && g[10] == 0xFF && g[11] == 0xFF)
       i.ipv4 = uint32_t{g[12]} << 24 | uint32_t{g[13]} << 16 | uint32_t{g[14]} << 8 | g[15];
@@ -349,9 +391,15 @@ class VerbsTransport final : public Transport {
     succ_ = all[successor()];
     if (world_ == 1) return {};
     const PeerInfo& pred = all[predecessor()];
-    if (Error e = connect_qp(qp_s_, psn_s_, succ_.qpn_p, succ_.psn_p, succ_.gid, pmtu, successor()))
-      return e;
-    return connect_qp(qp_p_, psn_p_, pred.qpn_s, pred.psn_s, pred.gid, pmtu, predecessor());
+    for (unsigned g = 0; g < qp_s_.size(); ++g) {
+      if (Error e = connect_qp(qp_s_[g], psn_s_[g], succ_.qpn_p[g], succ_.psn_p[g], succ_.gid, pmtu,
+                               successor()))
+        return e;
+      if (Error e = connect_qp(qp_p_[g], psn_p_[g], pred.qpn_s[g], pred.psn_s[g], pred.gid, pmtu,
+                               predecessor()))
+        return e;
+    }
+    return {};
   }
 
  private:
@@ -364,15 +412,15 @@ class VerbsTransport final : public Transport {
   int gid_index_ = 0;
   ibv_gid gid_{};
   ibv_mtu active_mtu_ = IBV_MTU_1024;
+  std::string devname_;
   ibv_context* ctx_ = nullptr;
   ibv_pd* pd_ = nullptr;
   ibv_cq* cq_ = nullptr;
-  ibv_qp* qp_s_ = nullptr;
-  ibv_qp* qp_p_ = nullptr;
-  uint32_t psn_s_ = 0, psn_p_ = 0;
-  uint8_t* recv_buf_ = nullptr;
+  std::vector<ibv_qp*> qp_s_, qp_p_;  // per lane
+  std::vector<uint32_t> psn_s_, psn_p_;
+  uint8_t* recv_buf_ = nullptr;  // every lane's receive region, lane after lane
   ibv_mr* recv_mr_ = nullptr;
-  Region recv_{};
+  std::vector<Region> recv_;  // per lane
   PeerInfo succ_{};
   std::map<uintptr_t, Mr> mrs_;
 };
@@ -401,6 +449,8 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   if (options.connect_timeout_ms <= 0 || options.op_timeout_ms <= 0 ||
       options.daemon_timeout_ms <= 0)
     return Error::make(ErrorCode::invalid_argument, "timeouts must be positive");
+  if (options.rings != 0)
+    if (Error e = check_rings(options.rings)) return e;
   const auto deadline = Clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
 
   CollectiveConfig cc;
@@ -416,8 +466,38 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   const size_t recv_bytes =
       recv_region_bytes(cc, static_cast<unsigned>(world), options.ring_buffer_bytes);
   if (Error e = t->open(static_cast<unsigned>(rank), static_cast<unsigned>(world), device,
-                        gid_index, options.port, recv_bytes, options.qp_timeout))
+                        gid_index, options.port, options.qp_timeout))
     return e;
+  std::unique_ptr<Bootstrap> boot;
+  if (Error e = Bootstrap::create(static_cast<unsigned>(rank), static_cast<unsigned>(world),
+                                  bootstrap, deadline, boot))
+    return e;
+
+  // Rank 0 decides the number of rings: Options::rings, or the box's worker
+  // count as its daemon reports it (1 without a box to stripe over).
+  std::string rings_msg;
+  if (rank == 0) {
+    unsigned R = options.rings;
+    if (R == 0) {
+      R = 1;
+      if (!options.force_ring && world > 1) {
+        std::string why;
+        const unsigned w = box_workers(daemon_target(options), options.daemon_timeout_ms, why);
+        R = std::clamp(w, 1u, kMaxRings);
+      }
+    }
+    rings_msg = std::to_string(R);
+  }
+  if (Error e = boot->broadcast(rings_msg, deadline)) return e;
+  const unsigned R = static_cast<unsigned>(std::strtoul(rings_msg.c_str(), nullptr, 10));
+  if (Error e = check_rings(R))
+    return Error::make(ErrorCode::bootstrap, "bootstrap: rank 0 sent " + e.message);
+  if (options.ring_id != 0 && uint64_t{options.ring_id} + R - 1 > 0xFFFFFFFFu)
+    return Error::make(ErrorCode::invalid_argument, "ring_id: " + std::to_string(options.ring_id) +
+                                                        " + " + std::to_string(R - 1) +
+                                                        " (one id per ring) exceeds 2^32 - 1");
+  if (Error e = t->create_lanes(R, recv_bytes)) return e;
+
   PeerInfo mine = t->local_info();
   if (!options.ipv4.empty() && !ipv4_from_string(options.ipv4, mine.ipv4))
     return Error::make(ErrorCode::invalid_argument,
@@ -426,11 +506,8 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   mine.payload_bytes = cc.pmtu;
   mine.window = cc.window;
   mine.force_ring = options.force_ring ? 1 : 0;
+  mine.rings_option = options.rings;
 
-  std::unique_ptr<Bootstrap> boot;
-  if (Error e = Bootstrap::create(static_cast<unsigned>(rank), static_cast<unsigned>(world),
-                                  bootstrap, deadline, boot))
-    return e;
   std::vector<std::string> blobs;
   if (Error e = boot->allgather(std::string(reinterpret_cast<const char*>(&mine), sizeof mine),
                                 blobs, deadline))
@@ -444,23 +521,24 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
     const PeerInfo& p = all[r];
     if (p.magic != mine.magic || p.world != mine.world || p.msg_len != mine.msg_len ||
         p.payload_bytes != mine.payload_bytes || p.window != mine.window ||
-        p.recv_len != mine.recv_len || p.force_ring != mine.force_ring)
+        p.recv_len != mine.recv_len || p.force_ring != mine.force_ring || p.rings != mine.rings ||
+        p.rings_option != mine.rings_option)
       return Error::make(ErrorCode::invalid_argument,
                          "rank " + std::to_string(r) +
                              " uses different options (world, msg_len, payload_bytes, window, "
-                             "ring_buffer_bytes or force_ring) than rank " +
+                             "ring_buffer_bytes, force_ring or rings) than rank " +
                              std::to_string(rank));
   }
   if (Error e = t->connect(all, cc.pmtu)) return e;
   // Everyone's QPs are ready before anyone sends.
   if (Error e = boot->allgather("ready", blobs, deadline)) return e;
 
-  // Rank 0 decides the path and tells everyone. It owns the ring it
+  // Rank 0 decides the path and tells everyone. It owns the rings it
   // registered: renewed while the communicator lives, deleted at the end (or
   // right away when the probe sends every rank to the ring path, or create
   // fails after this point).
   std::string decision;
-  std::unique_ptr<OwnedRing> owned;
+  std::vector<std::unique_ptr<OwnedRing>> owned;
   if (rank == 0) {
     engine::RingSpec spec;
     bool ips = true;
@@ -479,47 +557,62 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
     else if (!ips)
       reg.reason = "a rank's GID has no IPv4 address (give --ipv4)";
     else
-      reg = setup_ring(options, bootstrap, spec, owned);
-    decision =
-        std::string(reg.installed ? "I" : "R") + std::to_string(reg.ring_id) + ":" + reg.reason;
+      reg = setup_rings(options, bootstrap, spec, R, owned);
+    // "I<id>,<id>,...:<reason>" or "R0:<reason>".
+    std::string ids;
+    for (uint32_t id : reg.ring_ids) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+    decision = reg.installed ? "I" + ids + ":" + reg.reason : "R0:" + reg.reason;
   }
   if (Error e = boot->broadcast(decision, deadline)) return e;
   const size_t colon = decision.find(':');
   if (decision.size() < 3 || colon == std::string::npos)
     return Error::make(ErrorCode::bootstrap, "bootstrap: malformed path decision from rank 0");
   cc.path = decision[0] == 'I' ? Path::ina : Path::ring;
-  cc.ring_id = static_cast<uint32_t>(std::strtoul(decision.c_str() + 1, nullptr, 10));
   cc.reason = decision.substr(colon + 1);
-  if (cc.path == Path::ring) cc.ring_id = 0;
+  if (cc.path == Path::ina) {
+    for (size_t pos = 1; pos < colon;) {
+      const size_t end = std::min(decision.find(',', pos), colon);
+      cc.ring_ids.push_back(
+          static_cast<uint32_t>(std::strtoul(decision.c_str() + pos, nullptr, 10)));
+      pos = end + 1;
+    }
+    if (cc.ring_ids.size() != R)
+      return Error::make(ErrorCode::bootstrap, "bootstrap: rank 0 sent " +
+                                                   std::to_string(cc.ring_ids.size()) +
+                                                   " ring ids for " + std::to_string(R) + " rings");
+  }
 
   std::unique_ptr<Collective> coll;
   if (Error e = Collective::create(*t, cc, coll)) return e;
   if (cc.path == Path::ina) {
-    // Trust the box only once a probe all-reduce through it is right on
-    // every rank; otherwise every rank falls back to the ring together.
+    // Trust the box only once a probe all-reduce through it (one element per
+    // ring) is right on every rank; otherwise every rank falls back to the
+    // ring path together.
     bool confirmed = false;
     std::string why;
     const auto probe_deadline =
         std::max(deadline, Clock::now() + std::chrono::milliseconds(options.daemon_timeout_ms));
+    std::string ids;
+    for (uint32_t id : cc.ring_ids) ids += (ids.empty() ? "" : ", ") + std::to_string(id);
     if (Error e = probe_box(*coll, static_cast<unsigned>(rank), static_cast<unsigned>(world),
                             probe_deadline, confirmed, why))
       return Error::make(e.code,
-                         "the daemon installed ring " + std::to_string(cc.ring_id) +
+                         "the daemon installed ring" + std::string(R > 1 ? "s " : " ") + ids +
                              " but the probe all-reduce through the box failed: " + e.message);
     if (Error e = boot->allgather(confirmed ? "1" : "0" + why, blobs, deadline)) return e;
     for (int r = 0; r < world; ++r) {
       if (blobs[r] == "1") continue;
       cc.path = Path::ring;
       cc.reason = "rank " + std::to_string(r) + ": " + blobs[r].substr(1);
-      cc.ring_id = 0;
+      cc.ring_ids.clear();
       coll.reset();
-      if (owned) owned->release();
+      for (auto& o : owned) o->release();
       if (Error e = Collective::create(*t, cc, coll)) return e;
       break;
     }
   }
   auto impl = std::make_unique<Communicator::Impl>(std::move(t), std::move(coll), options);
-  impl->owned_ring = std::move(owned);
+  impl->owned_rings = std::move(owned);
   impl->close_barrier = [b = std::shared_ptr<Bootstrap>(std::move(boot)),
                          ms = std::max(options.op_timeout_ms, 1000)] {
     std::vector<std::string> all;

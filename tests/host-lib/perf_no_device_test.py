@@ -26,7 +26,8 @@ for bad in (["--rank", "5", "--world", "2", "--bootstrap", "127.0.0.1:1"],
             ["--rank", "0", "--world", "2", "--bootstrap", "127.0.0.1:1", "-o", "prod"],
             ["--rank", "0", "--world", "2", "--bootstrap", "127.0.0.1:1", "-d", "fp32,fp8"],
             ["--rank", "0", "--world", "2", "--bootstrap", "127.0.0.1:1", "-o", "sum,"],
-            ["--rank", "0", "--world", "2", "--bootstrap", "127.0.0.1:1", "-b", "1M", "-e", "1K"]):
+            ["--rank", "0", "--world", "2", "--bootstrap", "127.0.0.1:1", "-b", "1M", "-e", "1K"],
+            ["--rank", "0", "--world", "2", "--bootstrap", "127.0.0.1:1", "--rings", "9"]):
     rc, out = run(bad)
     if rc <= 0 or "AddressSanitizer" in out:
         failures.append(f"{bad}: rc={rc} output={out!r}")

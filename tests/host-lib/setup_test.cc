@@ -144,6 +144,7 @@ struct FakeDaemon {
   bool installed = true;     // what GET reports
   int post_status = 0;       // non-zero: POST answers this, with an error body
   int busy_posts = 0;        // the first N POSTs answer 503 busy with Retry-After
+  int workers = 2;           // GET /v1/status: dataplane.workers entries; < 0: data plane down
   std::set<uint32_t> taken;  // ids held by "other jobs": POST -> 409
   std::map<uint32_t, Ring> rings;
   std::vector<Call> calls;
@@ -206,6 +207,18 @@ struct FakeDaemon {
       r["installed"] = installed;
       res.status = 201;
       res.set_content(nlohmann::json{{"ring", r}}.dump(), "application/json");
+    });
+    srv.Get("/v1/status", [this](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard lk(mu);
+      record(req);
+      nlohmann::json dp = {{"connected", workers >= 0}};
+      if (workers >= 0) {
+        dp["workers"] = nlohmann::json::array();
+        for (int w = 0; w < workers; ++w)
+          dp["workers"].push_back({{"worker", w}, {"lcore", w + 1}});
+      }
+      res.set_content(nlohmann::json{{"dataplane", dp}, {"rings", rings.size()}}.dump(),
+                      "application/json");
     });
     srv.Get(R"(/v1/rings/(\d+))", [this](const httplib::Request& req, httplib::Response& res) {
       std::lock_guard lk(mu);
@@ -537,4 +550,91 @@ TEST_CASE("daemon: rank 0's ring lifecycle against a fake daemon", "[hostlib][da
     owned.reset();
     CHECK(d.methods() == std::vector<std::string>{"POST", "GET", "DELETE"});
   }
+}
+
+TEST_CASE("daemon: striped rings are registered all or nothing", "[hostlib][daemon][stripe]") {
+  const std::string boot = "10.0.0.1:29500";
+  SECTION("derived ids: one fresh id per ring, each owned and deleted with its credential") {
+    FakeDaemon d;
+    std::vector<std::unique_ptr<OwnedRing>> owned;
+    const Registration r = setup_rings(opts_for(d), boot, spec3(), 3, owned);
+    INFO(r.reason);
+    REQUIRE(r.installed);
+    REQUIRE(r.ring_ids.size() == 3);
+    CHECK(std::set<uint32_t>(r.ring_ids.begin(), r.ring_ids.end()).size() == 3);
+    CHECK(r.ring_id == r.ring_ids[0]);
+    CHECK(r.reason.find("3 rings (ids ") == 0);
+    REQUIRE(owned.size() == 3);
+    for (unsigned g = 0; g < 3; ++g) CHECK(owned[g]->ring_id() == r.ring_ids[g]);
+    const auto posts = d.calls_of("POST");
+    REQUIRE(posts.size() == 3);
+    for (unsigned g = 0; g < 3; ++g) {
+      engine::RingSpec back;
+      auto body = nlohmann::json::parse(posts[g].body);
+      body.erase("lease_ms");
+      REQUIRE(ring_from_json(body, back).ok());
+      CHECK(back.ring_id == r.ring_ids[g]);
+      CHECK(back.members == spec3().members);  // the same ranks on every ring
+    }
+    owned.clear();
+    const auto dels = d.calls_of("DELETE");
+    REQUIRE(dels.size() == 3);
+    std::lock_guard lk(d.mu);
+    CHECK(d.rings.empty());
+  }
+  SECTION("an explicit ring_id: ring i registers ring_id + i") {
+    FakeDaemon d;
+    Options o = opts_for(d);
+    o.ring_id = 100;
+    std::vector<std::unique_ptr<OwnedRing>> owned;
+    const Registration r = setup_rings(o, boot, spec3(), 3, owned);
+    INFO(r.reason);
+    REQUIRE(r.installed);
+    CHECK(r.ring_ids == std::vector<uint32_t>{100, 101, 102});
+  }
+  SECTION("one ring refused: the ones before it are deleted, the reason names it") {
+    FakeDaemon d;
+    d.taken = {101};
+    Options o = opts_for(d);
+    o.ring_id = 100;
+    std::vector<std::unique_ptr<OwnedRing>> owned;
+    const Registration r = setup_rings(o, boot, spec3(), 3, owned);
+    CHECK(!r.installed);
+    CHECK(owned.empty());
+    CHECK(r.reason.find("ring 1 of 3 (id 101): daemon at ") == 0);
+    CHECK(r.reason.find("HTTP 409 conflict (id)") != std::string::npos);
+    CHECK(d.calls_of("POST").size() == 2);  // ring 2 never tried
+    const auto dels = d.calls_of("DELETE");
+    REQUIRE(dels.size() == 1);
+    CHECK(dels[0].path == "/v1/rings/100");
+    std::lock_guard lk(d.mu);
+    CHECK(d.rings.empty());
+  }
+  SECTION("one ring is setup_ring exactly") {
+    FakeDaemon d;
+    std::vector<std::unique_ptr<OwnedRing>> owned;
+    const Registration r = setup_rings(opts_for(d), boot, spec3(), 1, owned);
+    REQUIRE(r.installed);
+    CHECK(r.reason.find("ring " + std::to_string(r.ring_id) + " installed by the daemon") == 0);
+    CHECK(r.ring_ids == std::vector<uint32_t>{r.ring_id});
+    CHECK(owned.size() == 1);
+    CHECK(d.methods() == std::vector<std::string>{"POST", "GET"});
+  }
+}
+
+TEST_CASE("daemon: the box's worker count for rings 0", "[hostlib][daemon][stripe]") {
+  FakeDaemon d;
+  std::string why;
+  d.workers = 3;
+  CHECK(box_workers({d.url(), "s3cret", ""}, 2000, why) == 3);
+  d.workers = 12;  // the caller clamps to kMaxRings
+  CHECK(box_workers({d.url(), "", ""}, 2000, why) == 12);
+  d.workers = -1;
+  CHECK(box_workers({d.url(), "", ""}, 2000, why) == 0);
+  CHECK(why.find("reports no data plane workers") != std::string::npos);
+  CHECK(box_workers({"", "", ""}, 2000, why) == 0);
+  CHECK(why.find("NETREDUCE_DAEMON unset") != std::string::npos);
+  const std::string url = "http://127.0.0.1:" + std::to_string(free_port());
+  CHECK(box_workers({url, "", ""}, 500, why) == 0);
+  CHECK(why.find("no answer") != std::string::npos);
 }

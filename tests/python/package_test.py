@@ -41,8 +41,8 @@ class Package(unittest.TestCase):
         self.assertEqual(L.nr_status_string(3), b"timeout")
         # The struct matches the C header's defaults (nr_options_init).
         o, _ = netreduce.make_options({})
-        self.assertEqual((o.msg_len, o.payload_bytes, o.qp_timeout, o.delete_ring_at_close, o.lease_ms),
-                         (4, 1024, 14, 1, 30000))
+        self.assertEqual((o.msg_len, o.payload_bytes, o.qp_timeout, o.delete_ring_at_close, o.lease_ms, o.rings),
+                         (4, 1024, 14, 1, 30000, 0))
         self.assertIn("op_timeout_ms", netreduce.OPTIONS)
 
     def test_options(self):

@@ -60,6 +60,7 @@ typedef struct {
   /* Added after 0.1.0 (bindings: append only). */
   uint8_t qp_timeout;       /* RC retransmission timeout exponent (4.096 us x 2^n) */
   int delete_ring_at_close; /* 0: rank 0 leaves its ring to its lease at close */
+  uint32_t rings; /* rings side by side (striping), 1..8; 0: the box's worker count, or 1 */
 } nr_options;
 
 void nr_options_init(nr_options* o);
@@ -82,6 +83,8 @@ nr_status nr_test(nr_request* req);
 void nr_request_free(nr_request* req);
 
 nr_status nr_comm_path(const nr_comm* comm, nr_path* path, const char** reason);
+/* Rings (stripes) the communicator runs; -1 for a null comm. */
+int nr_comm_rings(const nr_comm* comm);
 int nr_comm_rank(const nr_comm* comm);
 int nr_comm_world(const nr_comm* comm);
 /* The ring id registered with the daemon (0 for a null comm). */

@@ -15,6 +15,11 @@
 //   Path::ring  no box configured, the daemon unreachable or refusing the
 //               ring: reduce-scatter + all-gather ring all-reduce over the
 //               same QPs. path_reason() says why.
+// Striping (Options::rings = R): the communicator runs R rings side by side,
+// each with its own QPs and its own ring id at the box; every tensor is cut
+// into R element-aligned stripes (stripe i: count / R elements, one more for
+// i < count % R) and stripe i runs on ring i, all at once. The ring path
+// stripes the same way.
 //
 // Errors are values, never exceptions. Every wait has a deadline; on expiry
 // the error names the peer rank, the message id and what was missing.
@@ -107,6 +112,13 @@ struct Options {
   // whose peer vanished errors out after 7 timeouts without progress.
   uint8_t qp_timeout = 14;
   std::string ipv4;
+  // Rings side by side (striping; see the top of this file), 1..8. 0
+  // (default): the box's worker count as the daemon reports it (GET
+  // /v1/status, dataplane.workers; at most 8), or 1 when there is no daemon,
+  // it does not answer, force_ring is set, or world is 1. Rank 0 decides
+  // and every rank must give the same value. With an explicit ring_id, ring
+  // i registers id ring_id + i; derived ids are derived per ring.
+  unsigned rings = 0;
 };
 
 class AllreduceHandle;
@@ -140,8 +152,10 @@ class Communicator {
   int world() const noexcept;
   Path path() const noexcept;
   const std::string& path_reason() const noexcept;
-  uint32_t ring_id() const noexcept;
+  uint32_t ring_id() const noexcept;  // ring 0's
   uint16_t window() const noexcept;
+  int rings() const noexcept;                 // rings (stripes) per call
+  uint32_t ring_id(int ring) const noexcept;  // ring i's id at the box; 0 on the ring path
 
   Impl& impl() noexcept { return *impl_; }
 
