@@ -163,6 +163,12 @@ def worker(a):
     pg = dist.distributed_c10d._get_default_group()
     out["backend"] = dist.get_backend()
     out["compute_only_ms_per_step"] = compute_only()
+    # Start the INA calls together: the box holds the first rank's packets
+    # until the last rank's arrive, and a rank that starts later than its
+    # peers' RC retry budget (7 x 2.1 s here) ends their QPs (README:
+    # "Ranks that enter a call far apart"). TCG guests' compute_only() times
+    # differ by seconds.
+    dist.barrier()
     res = {}
     # checks and ina: the default group's communicator (one ring at the box)
     res["checks"] = {"path": pg.path, "reason": pg.reason, "ring": pg.comm.ring_id if pg.comm else 0,
