@@ -28,7 +28,9 @@
 //                                                     pauses (or resumes) every worker's port
 //                                                     polling; when it answers, no worker is
 //                                                     inside a PMD call (detach a memif peer
-//                                                     only while paused: dataplane.h)
+//                                                     only while paused: dataplane.h);
+//                                                     "unavailable" naming a stuck worker
+//                                                     that could not be waited out
 //   {"cmd": "shutdown"}
 // Errors: {"ok": false, "error": {"code": "...", "field": "...", "message": "..."}}.
 // Requests that run a command on workers (stats, list_rings, get_ring,
@@ -94,7 +96,8 @@ json error_json(const Status& s) { return {{"ok", false}, {"error", status_to_js
 std::string to_line(const json& j) { return dump_json(j); }
 
 struct Snapshot {
-  double age_ms = 0;  // how old the published figures are (0: fresh)
+  double age_ms = 0;      // how old the published figures are (0: fresh)
+  bool answering = true;  // false: the worker missed a deadline and has published nothing since
   WorkerStats stats;
   engine::ReasonCounters reasons{};
   std::vector<engine::RingInfo> rings;  // filled only when asked for
@@ -131,7 +134,7 @@ Status snapshots(Dataplane& dp, bool rings, std::vector<Snapshot>& out) {
         return s;
       continue;
     }
-    const Figures p = dp.read_published(i, out[i].age_ms);
+    const Figures p = dp.read_published(i, out[i].age_ms, &out[i].answering);
     out[i].stats = p.stats;
     out[i].reasons = p.reasons;
     out[i].memory = p.memory;
@@ -216,6 +219,7 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
         {{"worker", i},
          {"lcore", dp.workers()[i]->lcore},
          {"published_age_ms", s.age_ms},
+         {"answering", s.answering},
          {"rx_packets", {ws.rx[0], ws.rx[1]}},
          {"tx_packets", {ws.tx[0], ws.tx[1]}},
          {"rx_bytes", {ws.rx_bytes[0], ws.rx_bytes[1]}},
@@ -397,8 +401,9 @@ json Dataplane::answer(const std::string& line) {
       if (it == req.end() || !it->is_boolean())
         return error_json(Status::invalid("enabled", "must be true or false"));
       const bool previous = polling();
-      set_polling(it->get<bool>());
+      const Status s = set_polling(it->get<bool>());
       if (previous != polling()) spdlog::info("port polling {}", polling() ? "resumed" : "paused");
+      if (!s) return error_json(s);  // the flag is set, but a stuck worker may be in a PMD call
       return json{{"ok", true}, {"polling", polling()}, {"previous", previous}};
     }
     if (cmd == dpcmd::kInstallCtt || cmd == dpcmd::kRemoveCtt || cmd == dpcmd::kListCtt)

@@ -208,6 +208,19 @@ Status Dataplane::setup() {
   for (Worker* w : workers_)
     for (unsigned s = 0; s < 2; ++s)
       if (w->txq[s] < 0) w->tx_handoff_to[s] = workers_[w->index % ntxq[s]]->tx_handoff_in[s];
+  // Test only: a worker stuck in a device call (bounded control waits).
+  if (const char* v = std::getenv("NETREDUCE_TEST_STALL_WORKER"); v && *v) {
+    const unsigned idx = static_cast<unsigned>(std::strtoul(v, nullptr, 10));
+    if (idx >= workers_.size())
+      return Status::invalid("NETREDUCE_TEST_STALL_WORKER",
+                             "worker " + std::to_string(idx) + " does not exist");
+    workers_[idx]->stall = true;
+    spdlog::warn(
+        "TESTING: worker {} (lcore {}) stalls (no ports, commands, publication or RCU "
+        "quiescent state) until the box stops (NETREDUCE_TEST_STALL_WORKER); never set this "
+        "in production",
+        idx, workers_[idx]->lcore);
+  }
   // Test only: a worker that stops taking commands (command deadlines).
   if (const char* v = std::getenv("NETREDUCE_TEST_IGNORE_COMMANDS"); v && *v) {
     const unsigned idx = static_cast<unsigned>(std::strtoul(v, nullptr, 10));
@@ -269,6 +282,10 @@ void Dataplane::worker_loop(Worker& w) {
   uint64_t t0 = rte_rdtsc();
   w.last_busy = t0;
   while (!quitting()) {
+    if (w.stall) {  // test only (Worker::stall)
+      rte_pause();
+      continue;
+    }
     const bool agg = mode() == Mode::aggregate;
     unsigned moved = 0;
     bool drained = w.rxq.empty();  // some RX poll came back short: flush now (dataplane.h)
@@ -363,7 +380,7 @@ void Dataplane::publish(Worker& w, uint64_t now) {
   w.published_at = now;
 }
 
-Figures Dataplane::read_published(unsigned idx, double& age_ms) {
+Figures Dataplane::read_published(unsigned idx, double& age_ms, bool* answering) {
   Worker& w = *workers_[idx];
   const uint64_t hz = rte_get_tsc_hz();
   // Workers not running (before start, after stop) publish nothing more:
@@ -379,8 +396,11 @@ Figures Dataplane::read_published(unsigned idx, double& age_ms) {
     while (prev < asked && !w.asked.compare_exchange_weak(prev, asked, std::memory_order_relaxed)) {
     }
   }
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg_.command_timeout_ms);
+  // A worker that missed a reader's deadline and has published nothing
+  // since is not waited for again (its last figures, with their age).
+  const uint64_t missed = w.unanswered.load(std::memory_order_relaxed);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(missed && running ? 0 : cfg_.command_timeout_ms);
   Figures out;
   for (;;) {
     const uint32_t s0 = w.pub.seq.load(std::memory_order_acquire);
@@ -398,6 +418,13 @@ Figures Dataplane::read_published(unsigned idx, double& age_ms) {
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
   age_ms = out.tsc >= asked ? 0.0 : double(asked - out.tsc) * 1e3 / double(hz);
+  // Answering: fresh figures, or (not waited for) published since it missed.
+  const bool ok = !running || out.tsc >= asked || (missed && out.tsc >= missed);
+  if (ok)
+    w.unanswered.store(0, std::memory_order_relaxed);
+  else if (!missed)
+    w.unanswered.store(asked, std::memory_order_relaxed);
+  if (answering) *answering = ok;
   return out;
 }
 

@@ -187,6 +187,10 @@ struct alignas(64) Worker {
   // Test only (NETREDUCE_TEST_IGNORE_COMMANDS, set before start): the worker
   // does not poll `commands` while running, as if stuck.
   bool ignore_commands = false;
+  // Test only (NETREDUCE_TEST_STALL_WORKER, set before start): the worker
+  // spins doing nothing until the box stops, as if stuck inside a PMD call:
+  // no ports, no commands, no publication, no RCU quiescent state.
+  bool stall = false;
   WorkerStats stats;
   engine::Sink sink;  // what the engine releases per burst, reused
   // Publication (Published above): the worker's copy, on lines of its own;
@@ -194,6 +198,11 @@ struct alignas(64) Worker {
   // once per loop iteration).
   Published pub;
   alignas(64) std::atomic<uint64_t> asked{0};
+  // A reader's `asked` that the worker did not answer within
+  // control.command_timeout_ms (0: none). While the worker has published
+  // nothing since, readers take its last figures without waiting again.
+  // Written and read by readers (control thread, telemetry); not the worker.
+  std::atomic<uint64_t> unanswered{0};
   uint64_t published_at = 0;  // worker only: TSC of its last publication
   uint64_t last_flush = 0;
   uint64_t last_busy = 0;  // TSC of the last iteration that moved packets (idle rule)
@@ -250,7 +259,18 @@ class Dataplane {
   // inside rx_burst. Writer: the control thread; readers: workers, once per
   // loop iteration (acquire).
   bool polling() const { return polling_.load(std::memory_order_acquire); }
-  void set_polling(bool on);
+  // Unavailable, naming the worker, if a worker did not finish its iteration
+  // within control.command_timeout_ms (quiesce): the flag stays as asked, but
+  // that worker may still be inside a PMD call.
+  Status set_polling(bool on);
+  // Waits until every running worker has finished the loop iteration it was
+  // in when this was called (RCU: each reports a quiescent state once per
+  // iteration), up to control.command_timeout_ms. Unavailable, naming the
+  // workers that published nothing meanwhile (stuck), if one did not: the
+  // control thread never waits on a stuck worker for good. `token` (if not
+  // null) receives the grace period's RCU token, for a later
+  // rte_rcu_qsbr_check. Control thread.
+  Status quiesce(uint64_t* token = nullptr);
 
   // Control operations (control thread only). JSON in/out, see control.cc.
   Status install_ring(const engine::RingSpec& spec);
@@ -268,8 +288,10 @@ class Dataplane {
   // Worker w's latest publication (Published), asking for a fresh one first
   // and waiting for it up to control.command_timeout_ms; `age_ms` is how old
   // the copy is (0 when fresh). No command: a worker stuck in a PMD call or
-  // not taking commands still has its last figures read. Control thread.
-  Figures read_published(unsigned w, double& age_ms);
+  // not taking commands still has its last figures read, and once it has
+  // missed one deadline (Worker::unanswered) readers stop waiting for it
+  // until it publishes again; `answering` says which. Control thread.
+  Figures read_published(unsigned w, double& age_ms, bool* answering = nullptr);
   static constexpr unsigned kPublishMs = 1;
 
   const DataplaneConfig& config() const { return cfg_; }
@@ -308,6 +330,9 @@ class Dataplane {
   std::vector<Worker*> workers_;
   std::atomic<const LinkTable*> links_{nullptr};
   std::unique_ptr<LinkTable> links_owned_;
+  // Replaced link tables a stuck worker may still read (quiesce timed out):
+  // freed by housekeeping once their grace period has passed. Control only.
+  std::vector<std::pair<uint64_t, std::unique_ptr<LinkTable>>> links_deferred_;
   rte_rcu_qsbr* qsbr_ = nullptr;
   std::atomic<bool> quit_{false};
   std::atomic<Mode> mode_{Mode::aggregate};

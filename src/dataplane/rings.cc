@@ -39,6 +39,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string>
+#include <thread>
 
 #include "dataplane/dataplane.h"
 
@@ -69,8 +71,40 @@ std::string join_ids(const std::set<uint32_t>& ids) {
 
 void Dataplane::publish_links(std::unique_ptr<LinkTable> t) {
   links_.store(t.get(), std::memory_order_release);
-  if (started_) rte_rcu_qsbr_synchronize(qsbr_, RTE_QSBR_THRID_INVALID);
+  uint64_t token = 0;
+  if (Status s = quiesce(&token); !s) {
+    // A stuck worker may still hold the old table: it is freed later
+    // (housekeeping), never under it. The new one is live already.
+    spdlog::warn("link table replaced; the old one is kept until {}", s.message());
+    links_deferred_.emplace_back(token, std::move(links_owned_));
+  }
   links_owned_ = std::move(t);  // the old table is unreachable now: freed here
+}
+
+Status Dataplane::quiesce(uint64_t* token) {
+  if (!started_) return {};
+  std::vector<uint32_t> seq0;
+  for (Worker* w : workers_) seq0.push_back(w->pub.seq.load(std::memory_order_acquire));
+  const uint64_t t = rte_rcu_qsbr_start(qsbr_);
+  if (token) *token = t;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg_.command_timeout_ms);
+  while (rte_rcu_qsbr_check(qsbr_, t, false) != 1) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::string who;
+      for (size_t i = 0; i < workers_.size(); ++i)
+        if (!workers_[i]->stopped.load(std::memory_order_acquire) &&
+            workers_[i]->pub.seq.load(std::memory_order_acquire) == seq0[i])
+          who += (who.empty() ? "" : ", ") + std::string("worker ") + std::to_string(i) +
+                 " (lcore " + std::to_string(workers_[i]->lcore) + ")";
+      return {StatusCode::unavailable, "control.command_timeout_ms",
+              (who.empty() ? std::string("a worker") : who) +
+                  " did not finish its loop iteration within " +
+                  std::to_string(cfg_.command_timeout_ms) + " ms (stuck in a device call?)"};
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  return {};
 }
 
 void Dataplane::publish_link_use() {
@@ -132,18 +166,22 @@ Status Dataplane::set_mode(Mode m) {
             "accept them as results; rings in use (" +
                 rings_in_use() +
                 "): remove them and wait out their retirement (rings.retire_grace_ms) first"};
-  mode_.store(m, std::memory_order_release);
+  const Mode previous = mode_.exchange(m, std::memory_order_acq_rel);
   // Every worker finishes the burst it is in: none processes in the old mode
-  // once this returns.
-  if (started_) rte_rcu_qsbr_synchronize(qsbr_, RTE_QSBR_THRID_INVALID);
+  // once this returns. A stuck worker might: the old mode comes back (with
+  // no ring in either, the few bursts that saw the new one changed nothing).
+  if (Status s = quiesce(); !s) {
+    mode_.store(previous, std::memory_order_release);
+    return s;
+  }
   return {};
 }
 
-void Dataplane::set_polling(bool on) {
+Status Dataplane::set_polling(bool on) {
   polling_.store(on, std::memory_order_release);
   // Every worker finishes the iteration it is in: none is inside a PMD call
   // made before the store once this returns.
-  if (started_) rte_rcu_qsbr_synchronize(qsbr_, RTE_QSBR_THRID_INVALID);
+  return quiesce();
 }
 
 Status Dataplane::install_ring(const engine::RingSpec& spec) {
@@ -266,6 +304,8 @@ std::string Dataplane::seconds_left(const Retiring& r) const {
 }
 
 void Dataplane::housekeeping() {
+  std::erase_if(links_deferred_,
+                [&](const auto& d) { return rte_rcu_qsbr_check(qsbr_, d.first, false) == 1; });
   const auto now = std::chrono::steady_clock::now();
   const auto due = [&](const Retiring& r) { return r.until <= now; };
   if (std::none_of(retiring_.begin(), retiring_.end(), due)) return;

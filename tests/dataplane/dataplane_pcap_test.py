@@ -821,6 +821,58 @@ def stuck_worker_scenario(tmp, in_pcap):
           "forwarded by worker 0" % (first, again, len(others)))
 
 
+def stalled_worker_scenario(tmp, in_pcap):
+    """Every control wait is bounded. Two workers; worker 1 stalls as if stuck
+    inside a PMD call (the test-only NETREDUCE_TEST_STALL_WORKER: it polls no
+    port, takes no command, publishes nothing and reports no RCU quiescent
+    state). stats answers: the first read waits out control.command_timeout_ms
+    for worker 1, every read shows worker 1 not answering with the age of its
+    figures and worker 0 answering. A ring placed on worker 0 installs: the
+    new link table goes live and the old one waits for worker 1 instead of
+    the control thread (before, the RCU wait never returned and the control
+    socket hung for good). A ring for worker 1 and set_polling are refused
+    with "unavailable" naming worker 1. ping, status and telemetry keep
+    answering; shutdown stops the box cleanly."""
+    wrpcap(in_pcap, other_traffic(1))
+    proc, sock, _ = start_dataplane(tmp, in_pcap, [], 2, extra={"control": {"command_timeout_ms": 300}},
+                                    env={"NETREDUCE_TEST_STALL_WORKER": "1"})
+
+    def unavailable(reply):
+        assert reply["ok"] is False, reply
+        err = reply["error"]
+        assert err["code"] == "unavailable" and err["field"] == "control.command_timeout_ms", reply
+        assert "worker 1 (lcore 2)" in err["message"] and "worker 0" not in err["message"], reply
+        return err["message"]
+
+    def body(ctl):
+        assert ctl(cmd="ping") == {"ok": True}
+        for _ in range(3):
+            st = ctl(cmd="stats")
+            assert st["ok"], st
+            w = st["workers"]
+            assert [x["lcore"] for x in w] == [1, 2], st
+            assert w[0]["answering"] is True and w[0]["published_age_ms"] == 0, w[0]
+            assert w[1]["answering"] is False and w[1]["published_age_ms"] > 0, w[1]
+        assert ctl(cmd="install_ring", ring=ring_spec(1, 2, 1, 4, 1024))["ok"]
+        msgs = [unavailable(ctl(cmd="install_ring", ring=ring_spec(2, 2, 2, 4, 1024)))]
+        msgs.append(unavailable(ctl(cmd="set_polling", enabled=False)))
+        assert "stuck" in msgs[-1], msgs[-1]
+        unavailable(ctl(cmd="set_polling", enabled=True))
+        assert ctl(cmd="ping") == {"ok": True}
+        st = ctl(cmd="status")
+        assert st["ok"] and st["rings"] == 1, st
+        tel = query_telemetry("nr%d" % os.getpid(), "/netreduce/stats")
+        assert "error" not in tel and "rx_packets" in tel, tel
+        return msgs
+    msgs, out, err = drive(proc, sock, body)
+    assert "TESTING: worker 1 (lcore 2) stalls" in out + err, (out + err)[-3000:]
+    assert "the old one is kept until" in out + err, (out + err)[-3000:]
+    final = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
+    assert [w["lcore"] for w in final["workers"]] == [1, 2], final
+    print("stalled_worker: stats answered 3 times (worker 1 not answering), a ring on worker 0 installed; "
+          "refused: %r; %r" % tuple(msgs))
+
+
 def idle_wake_scenario(tmp, rng):
     """A packet after a long idle still passes. Over net_af_packet, the box
     (default configuration) idles for 2 s, so its worker is at its longest
@@ -1118,6 +1170,8 @@ def main():
             modes_scenario(tmp, in_pcap)
         elif scenario == "stuck_worker":
             stuck_worker_scenario(tmp, in_pcap)
+        elif scenario == "stalled_worker":
+            stalled_worker_scenario(tmp, in_pcap)
         elif scenario == "idle_wake":
             idle_wake_scenario(tmp, rng)
         elif scenario == "remove_mid_message":
