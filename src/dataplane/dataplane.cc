@@ -208,30 +208,27 @@ Status Dataplane::setup() {
   for (Worker* w : workers_)
     for (unsigned s = 0; s < 2; ++s)
       if (w->txq[s] < 0) w->tx_handoff_to[s] = workers_[w->index % ntxq[s]]->tx_handoff_in[s];
-  // Test only: a worker stuck in a device call (bounded control waits).
-  if (const char* v = std::getenv("NETREDUCE_TEST_STALL_WORKER"); v && *v) {
+  // Test only: NAME=<worker index> puts that worker in a faulty state
+  // (`flag`), logged loudly; an index that does not exist is refused.
+  struct TestFault {
+    const char* name;
+    bool Worker::*flag;
+    const char* what;
+  };
+  for (const TestFault& t :
+       {TestFault{"NETREDUCE_TEST_STALL_WORKER", &Worker::stall,
+                  "stalls (no ports, commands, publication or RCU quiescent state) until the box "
+                  "stops"},  // bounded control waits
+        TestFault{"NETREDUCE_TEST_IGNORE_COMMANDS", &Worker::ignore_commands,
+                  "ignores its command ring while running"}}) {  // command deadlines
+    const char* v = std::getenv(t.name);
+    if (!v || !*v) continue;
     const unsigned idx = static_cast<unsigned>(std::strtoul(v, nullptr, 10));
     if (idx >= workers_.size())
-      return Status::invalid("NETREDUCE_TEST_STALL_WORKER",
-                             "worker " + std::to_string(idx) + " does not exist");
-    workers_[idx]->stall = true;
-    spdlog::warn(
-        "TESTING: worker {} (lcore {}) stalls (no ports, commands, publication or RCU "
-        "quiescent state) until the box stops (NETREDUCE_TEST_STALL_WORKER); never set this "
-        "in production",
-        idx, workers_[idx]->lcore);
-  }
-  // Test only: a worker that stops taking commands (command deadlines).
-  if (const char* v = std::getenv("NETREDUCE_TEST_IGNORE_COMMANDS"); v && *v) {
-    const unsigned idx = static_cast<unsigned>(std::strtoul(v, nullptr, 10));
-    if (idx >= workers_.size())
-      return Status::invalid("NETREDUCE_TEST_IGNORE_COMMANDS",
-                             "worker " + std::to_string(idx) + " does not exist");
-    workers_[idx]->ignore_commands = true;
-    spdlog::warn(
-        "TESTING: worker {} (lcore {}) ignores its command ring while running "
-        "(NETREDUCE_TEST_IGNORE_COMMANDS); never set this in production",
-        idx, workers_[idx]->lcore);
+      return Status::invalid(t.name, "worker " + std::to_string(idx) + " does not exist");
+    workers_[idx]->*t.flag = true;
+    spdlog::warn("TESTING: worker {} (lcore {}) {} ({}); never set this in production", idx,
+                 workers_[idx]->lcore, t.what, t.name);
   }
 
   spdlog::info(
