@@ -11,10 +11,8 @@
 //
 // -d and -o take one name, a comma-separated list or "all": the sweep runs
 // for every data type x op in turn, on one communicator.
-// --rings R stripes every tensor over R rings (Options::rings; 0: the box's
-// worker count as the daemon reports it, 1 without a daemon or with
-// --loopback). At the end rank 0 reports the bytes each ring carried (its
-// stripes of every call, this rank's data) and the total; with
+// --rings R stripes every tensor over R rings (Options::rings; 0: 1). At the end rank 0 reports the
+// bytes each ring carried (its stripes of every call, this rank's data) and the total; with
 // --loopback-box also each ring's bytes as the box counted them (all ranks).
 // For each size: warm-up calls, then n timed calls; time is the mean per call.
 // algbw = bytes / time; busbw = algbw * 2 (P - 1) / P (nccl-tests' convention

@@ -165,9 +165,12 @@ def make_options(options):
         if not isinstance(v, (int, float)):
             raise TypeError("netreduce: option %s must be a number, got %r" % (k, v))
         ctype = dict(_lib.Options._fields_)[k]
-        if ctype not in (ctypes.c_double,) and (v < 0 and ctype is not ctypes.c_int or
-                                                  v >= 1 << (8 * ctypes.sizeof(ctype))):
-            raise ValueError("netreduce: option %s = %r is out of range" % (k, v))
+        if ctype is not ctypes.c_double:
+            bits = 8 * ctypes.sizeof(ctype)
+            signed = ctype is ctypes.c_int
+            lo, hi = (-(1 << (bits - 1)), 1 << (bits - 1)) if signed else (0, 1 << bits)
+            if not lo <= v < hi:  # ctypes would wrap it silently
+                raise ValueError("netreduce: option %s = %r is out of range" % (k, v))
         setattr(o, k, v)
     return o, keep
 

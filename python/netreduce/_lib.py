@@ -65,8 +65,8 @@ def _candidates():
     try:
         from . import _config
         return [_config.LIBRARY, _config.SONAME]
-    except ImportError:
-        return ["libnetreduce.so"]
+    except ImportError:  # a copy without meson's _config.py: the soname (libnetreduce1)
+        return ["libnetreduce.so.1"]
 
 
 def lib():

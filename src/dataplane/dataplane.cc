@@ -412,6 +412,14 @@ Figures Dataplane::read_published(unsigned idx, double& age_ms, bool* answering)
       running = false;  // it left: its last publication (at exit) is final
       continue;
     }
+    // A worker stopped inside publish() (seq odd for good): no consistent
+    // copy exists; after the deadline (plus the microseconds a publication
+    // takes, many times over) the reader gets none rather than spinning.
+    if (running && (s0 & 1) &&
+        std::chrono::steady_clock::now() > deadline + std::chrono::milliseconds(10)) {
+      out = Figures{};
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
   age_ms = out.tsc >= asked ? 0.0 : double(asked - out.tsc) * 1e3 / double(hz);

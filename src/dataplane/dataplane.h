@@ -59,17 +59,20 @@
 // answers "unavailable" naming the worker and its lcore. Until that worker
 // has dequeued every cancelled command, requests needing it fail at once, so
 // one stuck worker costs the control socket one deadline, not one per
-// request; requests that need no worker (ping, status, set_mode) and the
-// other workers' traffic go on. The link table is an
+// request; requests that need no worker (ping, status) and the other
+// workers' traffic go on. A command a worker has started is waited for
+// without limit, and so is every worker at shutdown (rte_eal_mp_wait_lcore):
+// the two waits no deadline bounds. The link table is an
 // immutable object published through `links` (release store). Workers load
 // it once per burst (acquire) and report an RCU quiescent state after every
-// burst; the control thread frees a replaced table only after
-// rte_rcu_qsbr_synchronize. Installing: the owner's engine gets the ring
-// first, then the link table points at the owner. Removing: the owner's
-// engine retires the ring (frees its held mbufs, keeps its connections as a
-// tombstone whose packets are dropped) while the link table keeps pointing
-// the ring's links at the owner; after rings.retire_grace_ms the engine
-// forgets the tombstone and the control thread drops the links (rings.cc).
+// burst; the control thread frees a replaced table only after its grace
+// period (quiesce(), bounded by control.command_timeout_ms; past that,
+// housekeeping frees it once rte_rcu_qsbr_check says the grace has passed). Installing: the owner's
+// engine gets the ring first, then the link table points at the owner. Removing: the owner's engine
+// retires the ring (frees its held mbufs, keeps its connections as a tombstone whose packets are
+// dropped) while the link table keeps pointing the ring's links at the owner; after
+// rings.retire_grace_ms the engine forgets the tombstone and the control thread drops the links
+// (rings.cc).
 //
 // Counters are per worker, cache-aligned, written only by their worker and
 // read through commands, so they are never torn or shared. The data plane's
@@ -290,7 +293,9 @@ class Dataplane {
   // the copy is (0 when fresh). No command: a worker stuck in a PMD call or
   // not taking commands still has its last figures read, and once it has
   // missed one deadline (Worker::unanswered) readers stop waiting for it
-  // until it publishes again; `answering` says which. Control thread.
+  // until it publishes again; `answering` says which. Control thread and
+  // DPDK telemetry's thread (Worker::unanswered: a lost update between them
+  // only costs one more wait).
   Figures read_published(unsigned w, double& age_ms, bool* answering = nullptr);
   static constexpr unsigned kPublishMs = 1;
 
@@ -333,6 +338,10 @@ class Dataplane {
   // Replaced link tables a stuck worker may still read (quiesce timed out):
   // freed by housekeeping once their grace period has passed. Control only.
   std::vector<std::pair<uint64_t, std::unique_ptr<LinkTable>>> links_deferred_;
+  // The grace period quiesce() last gave up on (0: none) and whom it named:
+  // until it passes, quiesce fails at once. Control only.
+  uint64_t stuck_token_ = 0;
+  std::string stuck_who_;
   rte_rcu_qsbr* qsbr_ = nullptr;
   std::atomic<bool> quit_{false};
   std::atomic<Mode> mode_{Mode::aggregate};

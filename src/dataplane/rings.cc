@@ -83,6 +83,16 @@ void Dataplane::publish_links(std::unique_ptr<LinkTable> t) {
 
 Status Dataplane::quiesce(uint64_t* token) {
   if (!started_) return {};
+  // A worker that outlived an earlier grace and has not finished it yet is
+  // not waited for again (as on_worker does for abandoned commands).
+  if (stuck_token_ && rte_rcu_qsbr_check(qsbr_, stuck_token_, false) != 1) {
+    if (token) *token = rte_rcu_qsbr_start(qsbr_);
+    return {StatusCode::unavailable, "control.command_timeout_ms",
+            stuck_who_ + " has still not finished the loop iteration it was in " +
+                std::to_string(cfg_.command_timeout_ms) +
+                " ms after an earlier request (stuck in a device call?)"};
+  }
+  stuck_token_ = 0;
   std::vector<uint32_t> seq0;
   for (Worker* w : workers_) seq0.push_back(w->pub.seq.load(std::memory_order_acquire));
   const uint64_t t = rte_rcu_qsbr_start(qsbr_);
@@ -97,9 +107,10 @@ Status Dataplane::quiesce(uint64_t* token) {
             workers_[i]->pub.seq.load(std::memory_order_acquire) == seq0[i])
           who += (who.empty() ? "" : ", ") + std::string("worker ") + std::to_string(i) +
                  " (lcore " + std::to_string(workers_[i]->lcore) + ")";
+      stuck_token_ = t;
+      stuck_who_ = who.empty() ? std::string("a worker") : who;
       return {StatusCode::unavailable, "control.command_timeout_ms",
-              (who.empty() ? std::string("a worker") : who) +
-                  " did not finish its loop iteration within " +
+              stuck_who_ + " did not finish its loop iteration within " +
                   std::to_string(cfg_.command_timeout_ms) + " ms (stuck in a device call?)"};
     }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -167,6 +178,7 @@ Status Dataplane::set_mode(Mode m) {
                 rings_in_use() +
                 "): remove them and wait out their retirement (rings.retire_grace_ms) first"};
   const Mode previous = mode_.exchange(m, std::memory_order_acq_rel);
+  if (previous == m) return {};  // nothing changed: nothing to wait for
   // Every worker finishes the burst it is in: none processes in the old mode
   // once this returns. A stuck worker might: the old mode comes back (with
   // no ring in either, the few bursts that saw the new one changed nothing).
@@ -179,9 +191,10 @@ Status Dataplane::set_mode(Mode m) {
 
 Status Dataplane::set_polling(bool on) {
   polling_.store(on, std::memory_order_release);
-  // Every worker finishes the iteration it is in: none is inside a PMD call
-  // made before the store once this returns.
-  return quiesce();
+  // Pausing: every worker finishes the iteration it is in, so none is inside
+  // a PMD call made before the store once this returns. Resuming needs no
+  // grace.
+  return on ? Status{} : quiesce();
 }
 
 Status Dataplane::install_ring(const engine::RingSpec& spec) {

@@ -257,7 +257,7 @@ Registration setup_rings(const Options& options, const std::string& bootstrap,
       return reg;
     }
     if (!reg.installed) {
-      for (auto& r : owned) r->release();
+      for (auto& r : owned) r->release(/*rollback=*/true);
       owned.clear();
       reg.reason = "ring " + std::to_string(g) + " of " + std::to_string(rings) + " (id " +
                    std::to_string(reg.ring_id) + "): " + reg.reason;
@@ -365,7 +365,7 @@ void OwnedRing::renew_main() {
   }
 }
 
-std::string OwnedRing::release() {
+std::string OwnedRing::release(bool rollback) {
   {
     std::lock_guard lk(mu_);
     if (stop_) return released_;
@@ -374,7 +374,7 @@ std::string OwnedRing::release() {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   std::string outcome;
-  if (!delete_at_release_) {
+  if (!delete_at_release_ && !rollback) {
     std::lock_guard lk(mu_);
     released_ = "kept";
     return released_;

@@ -95,7 +95,8 @@ Registration setup_rings(const Options& options, const std::string& bootstrap,
                          std::vector<std::unique_ptr<OwnedRing>>& owned);
 
 // The box's worker count as the daemon reports it (GET /v1/status: the
-// length of dataplane.workers), for Options::rings 0. 0, with `why`, when
+// length of dataplane.workers): Options::rings 0's value once placement
+// spreads one job's rings over workers (verbs.cc says why not yet). 0, with `why`, when
 // the daemon does not answer or reports no workers (data plane down).
 unsigned box_workers(const DaemonTarget& target, int timeout_ms, std::string& why);
 
@@ -111,8 +112,10 @@ class OwnedRing {
 
   // Stops renewing and DELETEs the ring with its credential; once. The
   // outcome ("deleted", "kept", or why not) is returned and kept in
-  // released().
-  std::string release();
+  // released(). `rollback`: delete even when delete_at_release is false (a
+  // ring the communicator will never use: a partial registration, a failed
+  // probe), so it does not stay on the box until its lease ends, or forever.
+  std::string release(bool rollback = false);
 
   uint32_t ring_id() const noexcept { return ring_id_; }
   uint64_t renewals() const noexcept { return renewals_.load(); }  // successful renewals

@@ -40,9 +40,9 @@ Error make_plan(size_t count, DataType t, uint16_t msg_len, uint16_t pmtu, Messa
 
 Error check_rings(unsigned rings) {
   if (rings < 1 || rings > kMaxRings)
-    return Error::make(ErrorCode::invalid_argument,
-                       "rings: " + std::to_string(rings) + " is outside 1.." +
-                           std::to_string(kMaxRings) + " (0 = the box's worker count)");
+    return Error::make(ErrorCode::invalid_argument, "rings: " + std::to_string(rings) +
+                                                        " is outside 1.." +
+                                                        std::to_string(kMaxRings) + " (0 = 1)");
   return {};
 }
 

@@ -1,22 +1,18 @@
 // VerbsTransport (rdma-core) and Communicator::create.
 //
 // Each rank opens the device (port, GID, PD) and joins the bootstrap; rank 0
-// decides the number of rings R (Options::rings, or the box's worker count
-// from the daemon) and broadcasts it. Then each rank makes one CQ and, per
-// ring (a lane of transport.h), two RC QPs: qp_s[g] sends to the successor,
-// qp_p[g] receives from the predecessor (P = 2 gives two QPs between the
-// same pair, one per direction), and one receive region of R equal parts,
-// part g for lane g, registered with remote write access. Its address,
-// rkey and part size, each QP's number and initial PSN, the GID, the port's
-// active MTU and the options that must agree travel through the bootstrap's
-// allgather. Then qp_s[g] is brought to RTS against the successor's
-// qp_p[g] and qp_p[g] against the predecessor's qp_s[g] (RoCEv2: a GRH with
-// the peer's GID, path MTU = payload_bytes, so the NIC cuts messages exactly
-// where the box expects), a second allgather makes sure every QP is ready
-// before anything is sent, and rank 0 registers the R rings and broadcasts
-// the path and their ids. Distinct QPs per ring mean distinct QPNs, hence
-// distinct UDP source ports (RoCEv2 derives them from the QPN), which is
-// what lets NIC RSS and the box tell the rings apart.
+// decides the number of rings R (Options::rings; 1 for 0) and broadcasts it. Then each rank makes
+// one CQ and, per ring (a lane of transport.h), two RC QPs: qp_s[g] sends to the successor, qp_p[g]
+// receives from the predecessor (P = 2 gives two QPs between the same pair, one per direction), and
+// one receive region of R equal parts, part g for lane g, registered with remote write access. Its
+// address, rkey and part size, each QP's number and initial PSN, the GID, the port's active MTU and
+// the options that must agree travel through the bootstrap's allgather. Then qp_s[g] is brought to
+// RTS against the successor's qp_p[g] and qp_p[g] against the predecessor's qp_s[g] (RoCEv2: a GRH
+// with the peer's GID, path MTU = payload_bytes, so the NIC cuts messages exactly where the box
+// expects), a second allgather makes sure every QP is ready before anything is sent, and rank 0
+// registers the R rings and broadcasts the path and their ids. Distinct QPs per ring mean distinct
+// QPNs, hence distinct UDP source ports (RoCEv2 derives them from the QPN), which is what lets NIC
+// RSS and the box tell the rings apart.
 //
 // Receives: WRITE WITH IMM consumes a receive WQE; each qp_p keeps its
 // receive queue full (zero-SGE WQEs, re-posted as completions are polled).
@@ -473,21 +469,14 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
                                   bootstrap, deadline, boot))
     return e;
 
-  // Rank 0 decides the number of rings: Options::rings, or the box's worker
-  // count as its daemon reports it (1 without a box to stripe over).
+  // Rank 0 decides the number of rings: Options::rings, or 1 for 0. Not the
+  // box's worker count (box_workers) yet: the box places rings by link, so
+  // one job's rings (same members, same links) all land on one worker, and
+  // more rings would cost its memory quota and mbufs, and each rank QPs and
+  // receive memory, for no throughput. Placement by connection (#16) makes
+  // the worker count the right default.
   std::string rings_msg;
-  if (rank == 0) {
-    unsigned R = options.rings;
-    if (R == 0) {
-      R = 1;
-      if (!options.force_ring && world > 1) {
-        std::string why;
-        const unsigned w = box_workers(daemon_target(options), options.daemon_timeout_ms, why);
-        R = std::clamp(w, 1u, kMaxRings);
-      }
-    }
-    rings_msg = std::to_string(R);
-  }
+  if (rank == 0) rings_msg = std::to_string(options.rings == 0 ? 1u : options.rings);
   if (Error e = boot->broadcast(rings_msg, deadline)) return e;
   const unsigned R = static_cast<unsigned>(std::strtoul(rings_msg.c_str(), nullptr, 10));
   if (Error e = check_rings(R))
@@ -606,7 +595,7 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
       cc.reason = "rank " + std::to_string(r) + ": " + blobs[r].substr(1);
       cc.ring_ids.clear();
       coll.reset();
-      for (auto& o : owned) o->release();
+      for (auto& o : owned) o->release(/*rollback=*/true);
       if (Error e = Collective::create(*t, cc, coll)) return e;
       break;
     }

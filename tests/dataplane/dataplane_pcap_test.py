@@ -830,9 +830,12 @@ def stalled_worker_scenario(tmp, in_pcap):
     figures and worker 0 answering. A ring placed on worker 0 installs: the
     new link table goes live and the old one waits for worker 1 instead of
     the control thread (before, the RCU wait never returned and the control
-    socket hung for good). A ring for worker 1 and set_polling are refused
-    with "unavailable" naming worker 1. ping, status and telemetry keep
-    answering; shutdown stops the box cleanly."""
+    socket hung for good). From then on grace waits fail at once while
+    worker 1 has not passed that one: set_polling(false) is refused with
+    "unavailable" naming worker 1 ("has still not finished"), as is a ring
+    for worker 1 (its command); set_polling(true) needs no grace and
+    answers. ping, status and telemetry keep answering; shutdown stops the
+    box cleanly."""
     wrpcap(in_pcap, other_traffic(1))
     proc, sock, _ = start_dataplane(tmp, in_pcap, [], 2, extra={"control": {"command_timeout_ms": 300}},
                                     env={"NETREDUCE_TEST_STALL_WORKER": "1"})
@@ -856,8 +859,8 @@ def stalled_worker_scenario(tmp, in_pcap):
         assert ctl(cmd="install_ring", ring=ring_spec(1, 2, 1, 4, 1024))["ok"]
         msgs = [unavailable(ctl(cmd="install_ring", ring=ring_spec(2, 2, 2, 4, 1024)))]
         msgs.append(unavailable(ctl(cmd="set_polling", enabled=False)))
-        assert "stuck" in msgs[-1], msgs[-1]
-        unavailable(ctl(cmd="set_polling", enabled=True))
+        assert "has still not finished" in msgs[-1] and "stuck" in msgs[-1], msgs[-1]
+        assert ctl(cmd="set_polling", enabled=True)["ok"]
         assert ctl(cmd="ping") == {"ok": True}
         st = ctl(cmd="status")
         assert st["ok"] and st["rings"] == 1, st
@@ -866,7 +869,8 @@ def stalled_worker_scenario(tmp, in_pcap):
         return msgs
     msgs, out, err = drive(proc, sock, body)
     assert "TESTING: worker 1 (lcore 2) stalls" in out + err, (out + err)[-3000:]
-    assert "the old one is kept until" in out + err, (out + err)[-3000:]
+    assert re.search(r"the old one is kept until worker 1 \(lcore 2\) did not finish its loop iteration "
+                     r"within 300 ms", out + err), (out + err)[-3000:]
     final = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
     assert [w["lcore"] for w in final["workers"]] == [1, 2], final
     print("stalled_worker: stats answered 3 times (worker 1 not answering), a ring on worker 0 installed; "

@@ -197,7 +197,7 @@ def check_packages(debs, root):
     return n_elf, n_needed
 
 
-def check_unpacked(root, tmp, version):
+def check_unpacked(root, tmp, version, debs):
     env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(root, ARCH_LIB))
     etc = os.path.join(root, "etc", "netreduce")
     out = must([os.path.join(root, "usr/bin/netreduce-dataplane"), "--check", "-c", os.path.join(etc, "dataplane.yaml")],
@@ -247,8 +247,12 @@ def check_unpacked(root, tmp, version):
 
     # The Python package as installed: its _config.py names the packaged
     # library, and it loads that library (here from the unpacked root).
+    # Not NETREDUCE_LIBRARY: the package's own search runs. _config.LIBRARY
+    # (/usr/lib/...) is not installed here, so the soname it names next is
+    # what the loader finds, on LD_LIBRARY_PATH: the packaged library.
     py_env = dict(os.environ, PYTHONPATH=os.path.join(root, PY_DIR),
-                  NETREDUCE_LIBRARY=os.path.join(root, ARCH_LIB, "libnetreduce.so.1"))
+                  LD_LIBRARY_PATH=os.path.join(root, ARCH_LIB))
+    py_env.pop("NETREDUCE_LIBRARY", None)
     out = must(["/usr/bin/python3", "-c", "import netreduce, netreduce._config as c, netreduce._lib as l; "
                 "print(netreduce.__file__); print(c.LIBRARY); l.lib(); print('loaded'); print(netreduce.__version__)"],
                "python3 -c 'import netreduce' from the packaged tree", env=py_env).split()
@@ -256,6 +260,9 @@ def check_unpacked(root, tmp, version):
     assert out[1] == "/" + ARCH_LIB + "/libnetreduce.so.1", "python3-netreduce's _config.py names %s" % out[1]
     assert out[2] == "loaded", out
     assert out[3] == version, "python3-netreduce says version %s, meson.build %s" % (out[3], version)
+    deb = [d for d in debs if field(d, "Package") == "python3-netreduce"][0]
+    want = "libnetreduce1 (= %s)" % field(deb, "Version")
+    assert want in field(deb, "Depends"), "python3-netreduce Depends %r lacks %r" % (field(deb, "Depends"), want)
     print("  python3-netreduce: imports from the unpacked tree, names %s, loads the packaged library" % out[1])
 
     units = sorted(glob.glob(os.path.join(root, "lib/systemd/system/*.service")))
@@ -303,7 +310,7 @@ def main():
         n_elf, n_needed = check_packages(debs, root)
         print("contents: every expected file and conffile present; %d ELF files, %d NEEDED entries, each "
               "provided by the package or its Depends" % (n_elf, n_needed))
-        check_unpacked(root, tmp, version)
+        check_unpacked(root, tmp, version, debs)
         changes = glob.glob(os.path.join(tmp, "*.changes"))
         assert len(changes) == 1, changes
         t0 = time.monotonic()

@@ -597,6 +597,9 @@ TEST_CASE("daemon: striped rings are registered all or nothing", "[hostlib][daem
     d.taken = {101};
     Options o = opts_for(d);
     o.ring_id = 100;
+    // Also when rings are normally left to their lease at close: a rolled
+    // back ring is never used, so it is deleted all the same.
+    o.delete_ring_at_close = GENERATE(true, false);
     std::vector<std::unique_ptr<OwnedRing>> owned;
     const Registration r = setup_rings(o, boot, spec3(), 3, owned);
     CHECK(!r.installed);

@@ -62,6 +62,10 @@ class Package(unittest.TestCase):
             netreduce.make_options({"msg_len": 70000})
         with self.assertRaisesRegex(ValueError, "out of range"):
             netreduce.make_options({"ring_id": -1})
+        # int fields: 2^31 would wrap to a negative timeout in ctypes
+        with self.assertRaisesRegex(ValueError, "op_timeout_ms = 2147483648 is out of range"):
+            netreduce.make_options({"op_timeout_ms": 1 << 31})
+        self.assertEqual(netreduce.make_options({"op_timeout_ms": (1 << 31) - 1})[0].op_timeout_ms, (1 << 31) - 1)
         with self.assertRaisesRegex(TypeError, "unknown option"):
             netreduce.Communicator(0, 2, bootstrap="127.0.0.1:1", bogus=1)
 

@@ -57,10 +57,13 @@ typedef struct {
   uint8_t port;
   const char* ipv4;  /* NULL: from the GID */
   uint32_t lease_ms; /* ring lease at the daemon, renewed by rank 0; 0: none */
-  /* Added after 0.1.0 (bindings: append only). */
+  /* The layout above and below is the first release's (0.1.0). A field
+     added later needs a size member first (set by nr_options_init, checked
+     by nr_comm_create): a caller built against an older header passes a
+     shorter struct. Bindings mirror it field for field. */
   uint8_t qp_timeout;       /* RC retransmission timeout exponent (4.096 us x 2^n) */
   int delete_ring_at_close; /* 0: rank 0 leaves its ring to its lease at close */
-  uint32_t rings; /* rings side by side (striping), 1..8; 0: the box's worker count, or 1 */
+  uint32_t rings;           /* rings side by side (striping), 1..8; 0: 1 (netreduce.hpp) */
 } nr_options;
 
 void nr_options_init(nr_options* o);

@@ -113,10 +113,10 @@ struct Options {
   uint8_t qp_timeout = 14;
   std::string ipv4;
   // Rings side by side (striping; see the top of this file), 1..8. 0
-  // (default): the box's worker count as the daemon reports it (GET
-  // /v1/status, dataplane.workers; at most 8), or 1 when there is no daemon,
-  // it does not answer, force_ring is set, or world is 1. Rank 0 decides
-  // and every rank must give the same value. With an explicit ring_id, ring
+  // (default): 1, until the box spreads one job's rings over its workers
+  // (today they share links, so one worker owns them all, and more rings
+  // cost box memory for no throughput). Rank 0 decides and every rank must
+  // give the same value. With an explicit ring_id, ring
   // i registers id ring_id + i; derived ids are derived per ring.
   unsigned rings = 0;
 };
