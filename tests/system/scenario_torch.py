@@ -148,7 +148,15 @@ def train(ddp, rank, stats):
             "tx_bytes_per_step": (tx1 - tx0) / STEPS}
 
 
+def phase(name):
+    print("worker: phase %s at %.1f s" % (name, time.monotonic()), file=sys.stderr, flush=True)
+
+
 def worker(a):
+    # A crash (one CI run: SIGSEGV in all three ranks, nothing on stderr)
+    # prints every thread's Python stack; each phase says when it starts.
+    import faulthandler
+    faulthandler.enable(all_threads=True)
     t = time.monotonic()
     import torch
     import torch.distributed as dist
@@ -173,10 +181,12 @@ def worker(a):
     # checks and ina: the default group's communicator (one ring at the box)
     res["checks"] = {"path": pg.path, "reason": pg.reason, "ring": pg.comm.ring_id if pg.comm else 0,
                      "bytes": check_round_trips(pg.comm, rank) if pg.comm else 0}
+    phase("ina")
     r = train(torch.nn.parallel.DistributedDataParallel(model()), rank, pg.stats)
     r.update(path=pg.path, reason=pg.reason, ring=pg.comm.ring_id if pg.comm else 0)
     res["ina"] = r
     # hook: its own communicator (a second ring)
+    phase("hook")
     hs = nrt.HookState(**common)
     ddp = torch.nn.parallel.DistributedDataParallel(model())
     ddp.register_comm_hook(hs, nrt.allreduce_hook)
@@ -184,6 +194,7 @@ def worker(a):
     r.update(path=hs.path, reason=hs.reason, ring=hs.comm.ring_id if hs.comm else 0)
     res["hook"] = r
     # ring: the library's own ring all-reduce (no box), a second process group
+    phase("ring")
     nrt.set_backend_options(force_ring=True, use_ring=True, **common)
     ring_pg = dist.new_group(backend="netreduce")
     r = train(torch.nn.parallel.DistributedDataParallel(model(), process_group=ring_pg), rank, ring_pg.stats)
@@ -313,7 +324,7 @@ def run_scenario(a):
     except (nrlab.Failed, nrlab.LabError) as e:
         print("FAILED: %s" % e, file=sys.stderr)
         if report is not None:
-            report.failed(e)
+            report.failed(e, detail=40)
     if report is not None:
         report.figure("scenario wall time", "%.1f" % (time.monotonic() - t0), "s")
         report.save(ok)
