@@ -37,7 +37,7 @@ LR = 0.1
 
 
 TASK = Task((IN, HID, OUT), BATCH, LR, P)
-model, batch = TASK.model, TASK.batch
+model = TASK.model
 
 
 # A rank that makes no progress for this long prints every thread's stack
@@ -60,15 +60,7 @@ def worker(rank, variant, init, out_dir):
     if variant in ("hook", "both"):
         state = nrt.HookState()
         ddp.register_comm_hook(state, nrt.allreduce_hook)
-    opt = TASK.optimizer(ddp.parameters())
-    losses = []
-    for s in range(STEPS):
-        x, y = batch(s, rank)
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(ddp(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = TASK.train(ddp, STEPS, rank)
     extra = {}
     if backend == "netreduce":
         pg = dist.distributed_c10d._get_default_group()

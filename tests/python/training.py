@@ -29,6 +29,20 @@ class Task:
         x = torch.randn(self.batch_size, self.inp, generator=g)
         return x, x @ self.teacher + 0.1 * torch.randn(self.batch_size, self.out, generator=g)
 
+    def train(self, model, steps, rank):
+        """`steps` SGD steps of `model` (a DDP wrapper or a plain module) on
+        rank's batches; the losses."""
+        opt = self.optimizer(model.parameters())
+        losses = []
+        for s in range(steps):
+            x, y = self.batch(s, rank)
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
     def reference(self, steps):
         """The parameters after `steps` single-process steps on all ranks' batches."""
         m = self.model()

@@ -72,10 +72,6 @@ def model():
     return task().model()
 
 
-def batch(step, rank):
-    return task().batch(step, rank)
-
-
 # ----------------------------------------------------------------------------
 # Worker (in a guest)
 
@@ -116,30 +112,15 @@ def check_round_trips(comm, rank):
 
 def compute_only(steps=50):
     """ms per step of the same model and batch size without DDP."""
-    import torch
     m = model()
-    opt = task().optimizer(m.parameters())
     t = time.monotonic()
-    for s in range(steps):
-        x, y = batch(s, 0)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(m(x), y).backward()
-        opt.step()
+    task().train(m, steps, 0)
     return (time.monotonic() - t) / steps * 1000
 
 
 def train(ddp, rank, stats):
-    import torch
-    opt = task().optimizer(ddp.parameters())
-    losses = []
     s0, tx0, t0 = dict(stats()), tx_bytes(), time.monotonic()
-    for s in range(STEPS):
-        x, y = batch(s, rank)
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(ddp(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = task().train(ddp, STEPS, rank)
     secs, tx1, s1 = time.monotonic() - t0, tx_bytes(), stats()
     return {"params": [p.detach().clone() for p in ddp.module.parameters()], "losses": losses,
             "ms_per_step": secs / STEPS * 1000,
