@@ -7,13 +7,12 @@
 // truncations of valid frames: never accepted, never read out of bounds.
 #include <catch2/catch.hpp>
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "wire/b2b.h"
+#include "wire/golden.h"
 #include "wire/icrc.h"
 #include "wire/pcap.h"
 
@@ -21,32 +20,13 @@ using namespace netreduce::wire;
 using json = nlohmann::json;
 
 namespace {
-struct Golden {
-  std::vector<PcapRecord> frames;
-  std::vector<json> manifest;
-};
+using netreduce::testing::Golden;
+using netreduce::testing::ip_of;
 
 const Golden& golden() {
-  static Golden g = [] {
-    Golden out;
-    const char* pcap = std::getenv("NETREDUCE_B2B_PCAP");
-    const char* man = std::getenv("NETREDUCE_B2B_MANIFEST");
-    if (!pcap || !man)
-      FAIL("NETREDUCE_B2B_PCAP / NETREDUCE_B2B_MANIFEST not set (run via meson test)");
-    std::string err;
-    if (!pcap_read(pcap, out.frames, err)) FAIL(err);
-    std::ifstream in(man);
-    std::string line;
-    while (std::getline(in, line)) out.manifest.push_back(json::parse(line));
-    return out;
-  }();
+  static const Golden g =
+      netreduce::testing::load_golden("NETREDUCE_B2B_PCAP", "NETREDUCE_B2B_MANIFEST");
   return g;
-}
-
-uint32_t ip_of(const std::string& s) {
-  unsigned a, b, c, d;
-  REQUIRE(std::sscanf(s.c_str(), "%u.%u.%u.%u", &a, &b, &c, &d) == 4);
-  return (a << 24) | (b << 16) | (c << 8) | d;
 }
 
 MacAddr mac_of(const std::string& s) {
