@@ -121,27 +121,10 @@ size_t build_b2b(const B2bFrameSpec& s, uint8_t* out, size_t cap) noexcept {
   eth->ether_type.set(kEtherTypeIpv4);
   size_t off = sizeof(EthHdr);
 
-  auto* ip = reinterpret_cast<Ipv4Hdr*>(out + off);
   const size_t ip_total = total - off;
-  ip->version_ihl = 0x45;
-  ip->tos = s.tos;
-  ip->total_length.set(static_cast<uint16_t>(ip_total));
-  ip->id.set(s.ip_id);
-  ip->flags_frag.set(s.dont_fragment ? 0x4000 : 0);
-  ip->ttl = s.ttl;
-  ip->protocol = kIpProtoUdp;
-  ip->checksum.set(0);
-  ip->src.set(s.src_ip);
-  ip->dst.set(s.dst_ip);
-  ip->checksum.set(internet_checksum(out + off, sizeof(Ipv4Hdr)));
-  off += sizeof(Ipv4Hdr);
-
-  auto* udp = reinterpret_cast<UdpHdr*>(out + off);
-  udp->src_port.set(s.udp_src_port);
-  udp->dst_port.set(kB2bPort);
-  udp->length.set(static_cast<uint16_t>(ip_total - sizeof(Ipv4Hdr)));
-  udp->checksum.set(0);
-  off += sizeof(UdpHdr);
+  write_ipv4_udp(out + off, {s.src_ip, s.dst_ip, s.tos, s.ttl, s.ip_id, s.dont_fragment},
+                 static_cast<uint16_t>(ip_total), s.udp_src_port, kB2bPort, 0);
+  off += sizeof(Ipv4Hdr) + sizeof(UdpHdr);
 
   auto* h = reinterpret_cast<B2bHdr*>(out + off);
   h->magic.set(kB2bMagic);
