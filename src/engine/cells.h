@@ -2,8 +2,11 @@
 //
 // A ring has S message slots of msg_len cells; a cell holds one packet
 // position of one message: its tag (msg_id), the ranks that arrived, and the
-// state empty -> collecting -> complete. cell_case() is the state machine's
-// decision for a data packet, the five cases of DESIGN.md section 4:
+// state empty -> collecting -> complete (a tree node's cell passes through
+// awaiting between the two: partial sent up, result not yet back; tree.h).
+// cell_case() is the state machine's decision for a data packet, the five
+// cases of DESIGN.md section 4 (cell_case_box() the same for a child box's
+// partial, on its own bitmap):
 //   1 serve      tag == m, complete: emit the stored result in this packet
 //   2 duplicate  tag == m, the rank's bit set, not complete: drop
 //   3 take       tag == m (or empty), bit clear: hold it; P-th completes
@@ -30,7 +33,7 @@
 
 namespace netreduce::engine::detail {
 
-enum class CellState : uint8_t { empty, collecting, complete };
+enum class CellState : uint8_t { empty, collecting, awaiting, complete };
 
 struct Cell {
   uint64_t arrived = 0;   // bitmap over ranks
@@ -40,7 +43,9 @@ struct Cell {
   uint8_t dtype = 0;
   uint8_t op = 0;
   CellState state = CellState::empty;
+  uint16_t boxes = 0;  // tree: bitmap over child boxes whose partial arrived (in the padding)
 };
+static_assert(sizeof(Cell) == 32, "a cell stays half a line");
 
 struct MsgSlot {
   uint32_t tag = 0;
@@ -56,6 +61,14 @@ inline CellCase cell_case(const Cell& c, uint32_t msg_id, uint64_t rank_bit) noe
     return wire::msg_before(msg_id, c.tag) ? CellCase::stale : CellCase::reset;
   if (c.state == CellState::complete) return CellCase::serve;
   if (c.arrived & rank_bit) return CellCase::duplicate;
+  return CellCase::take;
+}
+
+inline CellCase cell_case_box(const Cell& c, uint32_t msg_id, uint16_t box_bit) noexcept {
+  if (c.state != CellState::empty && c.tag != msg_id)
+    return wire::msg_before(msg_id, c.tag) ? CellCase::stale : CellCase::reset;
+  if (c.state == CellState::complete) return CellCase::serve;
+  if (c.boxes & box_bit) return CellCase::duplicate;
   return CellCase::take;
 }
 

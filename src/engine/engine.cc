@@ -3,7 +3,8 @@
 // completion. The pieces it drives live beside it: clt.h / pass_table.h
 // (connection tables), history (message lookup), cells (cell records and
 // cases), icrc_fixup (released packets' ICRC), ring_state (rings, links,
-// tombstones).
+// tombstones), tree (a tree node's spec; its packet path is here: box_frame
+// and below).
 //
 // Specialisation. The packet path is a template on ReduceMode and IcrcFixup
 // instantiated four times; the constructor picks one instantiation through
@@ -37,6 +38,7 @@
 #include "engine/icrc_fixup.h"
 #include "engine/pass_table.h"
 #include "engine/ring_state.h"
+#include "wire/b2b.h"
 #include "wire/icrc.h"
 #include "wire/opcode.h"
 #include "wire/parse.h"
@@ -154,6 +156,25 @@ struct alignas(64) Engine::Impl {
                 const ParsedFrame& in_p, uint16_t in_off, uint32_t in_head, Sink& out) noexcept;
   template <ReduceMode M>
   void reset_cell(Ring& ring, size_t ci, Cell& cell, uint32_t tag, Sink& out) noexcept;
+  void open_cell(Ring& ring, Cell& cell, uint32_t msg_id, uint16_t msg_len, uint16_t data_len,
+                 uint8_t dtype, uint8_t op, uint64_t now) noexcept;
+  void finish_cell(Ring& ring, Cell& cell) noexcept;
+
+  // Tree nodes (tree.h).
+  template <IcrcFixup F>
+  Outcome box_frame(const Frame& f, uint64_t now, Sink& out) noexcept;
+  template <IcrcFixup F>
+  Outcome partial_in(Ring& ring, TreeNode& t, const wire::B2bFrame& b, const uint8_t* frame,
+                     uint64_t now, Sink& out) noexcept;
+  template <IcrcFixup F>
+  Outcome result_in(Ring& ring, const wire::B2bFrame& b, const uint8_t* frame, Sink& out) noexcept;
+  template <IcrcFixup F>
+  void tree_full(Ring& ring, size_t ci, Cell& cell, Sink& out) noexcept;
+  template <IcrcFixup F>
+  void deliver(Ring& ring, size_t ci, Cell& cell, Sink& out) noexcept;
+  Outcome resend_partial(Ring& ring, size_t ci, const Cell& cell, Sink& out) noexcept;
+  bool send_b2b(Ring& ring, size_t ci, const Cell& cell, wire::B2bKind kind, const TreeBox& to,
+                uint16_t child, Sink& out) noexcept;
 };
 
 // ---- the burst loop ---------------------------------------------------------
@@ -211,8 +232,13 @@ unsigned Engine::Impl::run(const Frame* frames, unsigned n, uint64_t now, Outcom
 
 template <ReduceMode M, IcrcFixup F>
 Outcome Engine::Impl::one(const Frame& f, uint64_t now, Sink& out) noexcept {
-  if (f.st != wire::ParseStatus::ok)
+  if (f.st != wire::ParseStatus::ok) {
+    // Box-to-box frames are UDP to another port: looked at only when a
+    // tree node is installed (then only trees exist in deterministic mode).
+    if (f.st == wire::ParseStatus::not_roce_port && rings.trees() != 0)
+      return box_frame<F>(f, now, out);
     return count(wire::is_not_roce(f.st) ? Reason::fwd_not_roce : Reason::fwd_unparsed);
+  }
   if (!wire::is_rdma_write(f.p.opcode)) return count(Reason::fwd_not_write);
   const ConnKey key = conn_key(f.pkt.data, f.p);
   if (wire::is_write_first(f.p.opcode)) return first_packet<M, F>(f.pkt, f.p, key, now, out);
@@ -268,6 +294,9 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
     return count(Reason::rank_address_mismatch, &ring);
   if (!ring.spec.allows_dtype(ina->dtype) || !ring.spec.allows_op(ina->op))
     return count(Reason::dtype_mismatch, &ring);
+  // A tree node holds its local ranks only (their links are the only ones
+  // installed; this catches a rank that shares a local rank's address).
+  if (!((ring.all_ranks >> ina->rank) & 1)) return count(Reason::rank_address_mismatch, &ring);
 
   // Bind the connection to (ring, rank); a rank whose QP changed is rebound.
   RankConn& rc = ring.conns[ina->rank];
@@ -368,18 +397,8 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
   const CellCase c = cell_case(cell, msg.msg_id, bit);
   if (c == CellCase::stale) return count(Reason::stale_message, &ring);      // case 5
   if (c == CellCase::reset) reset_cell<M>(ring, ci, cell, msg.msg_id, out);  // case 4
-  if (cell.state == CellState::empty) {
-    cell.tag = msg.msg_id;
-    cell.arrived = 0;
-    cell.data_len = data_len;
-    cell.dtype = msg.dtype;
-    cell.op = msg.op;
-    cell.first_at = now;
-    cell.state = CellState::collecting;
-    ++ring.open_cells;
-    MsgSlot& ms = ring.msgs[msg.msg_id & (ring.slots - 1)];
-    if (!ms.valid || ms.tag != msg.msg_id) ms = MsgSlot{msg.msg_id, msg.len, 0, true};
-  }
+  if (cell.state == CellState::empty)
+    open_cell(ring, cell, msg.msg_id, msg.len, data_len, msg.dtype, msg.op, now);
   if (cell.data_len != data_len) return count(Reason::length_mismatch, &ring);
   if (cell.dtype != msg.dtype || cell.op != msg.op) return count(Reason::dtype_mismatch, &ring);
   if (!cfg.verify_icrc) head = head_crc<F>(pkt.data, p, data_off);
@@ -392,13 +411,17 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
     ++counters[static_cast<size_t>(Reason::served_from_cell)];
     return {Verdict::emit, Reason::served_from_cell};
   }
-  if (c == CellCase::duplicate) return count(Reason::duplicate, &ring);  // case 2
+  if (c == CellCase::duplicate) {  // case 2
+    // A tree node's cell awaiting its result: the workers are resending.
+    if (cell.state == CellState::awaiting) return resend_partial(ring, ci, cell, out);
+    return count(Reason::duplicate, &ring);
+  }
 
   // Case 3: take it.
   ++ring.counters.packets_aggregated;
   ring.counters.bytes_aggregated += data_len;
   cell.arrived |= bit;
-  const bool completes = cell.arrived == ring.all_ranks;
+  const bool completes = cell.arrived == ring.all_ranks && cell.boxes == ring.all_boxes;
   const size_t hi = ci * ring.p + rank;
   if constexpr (M == ReduceMode::accumulate) {
     const auto& kern = reduce::kernels(cfg.isa, static_cast<wire::Dtype>(cell.dtype),
@@ -414,11 +437,12 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
       ++counters[static_cast<size_t>(Reason::held)];
       return {Verdict::consumed, Reason::held};
     }
-  } else if (!completes) {
+  } else if (!completes || ring.tree) {
     ring.held[hi] = Held{pkt, p, data_off, head};
     ++ring.held_packets;
     ring.held_bytes += pkt.len;
     ++counters[static_cast<size_t>(Reason::held)];
+    if (completes) tree_full<F>(ring, ci, cell, out);  // a tree node: held like the others
     return {Verdict::held, Reason::held};
   }
   complete<M, F>(ring, ci, cell, pkt, rank, p, data_off, head, out);
@@ -483,6 +507,25 @@ void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
     fix_icrc<F>(shifts, pk.data, *pf, off, cell.data_len, crc_data, head);
     ++out.ntx;
   }
+  finish_cell(ring, cell);
+}
+
+void Engine::Impl::open_cell(Ring& ring, Cell& cell, uint32_t msg_id, uint16_t msg_len,
+                             uint16_t data_len, uint8_t dtype, uint8_t op, uint64_t now) noexcept {
+  cell.tag = msg_id;
+  cell.arrived = 0;
+  cell.boxes = 0;
+  cell.data_len = data_len;
+  cell.dtype = dtype;
+  cell.op = op;
+  cell.first_at = now;
+  cell.state = CellState::collecting;
+  ++ring.open_cells;
+  MsgSlot& ms = ring.msgs[msg_id & (ring.slots - 1)];
+  if (!ms.valid || ms.tag != msg_id) ms = MsgSlot{msg_id, msg_len, 0, true};
+}
+
+void Engine::Impl::finish_cell(Ring& ring, Cell& cell) noexcept {
   cell.state = CellState::complete;
   --ring.open_cells;
   ++ring.counters.cells_completed;
@@ -493,7 +536,7 @@ void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
 
 template <ReduceMode M>
 void Engine::Impl::reset_cell(Ring& ring, size_t ci, Cell& cell, uint32_t tag, Sink& out) noexcept {
-  if (cell.state == CellState::collecting) {
+  if (cell.state == CellState::collecting || cell.state == CellState::awaiting) {
     --ring.open_cells;
     // Only a worker that broke rule W reuses a cell others still wait on.
     for (unsigned r = 0; r < ring.p; ++r) {
@@ -513,6 +556,184 @@ void Engine::Impl::reset_cell(Ring& ring, size_t ci, Cell& cell, uint32_t tag, S
   cell.tag = tag;
 }
 
+// ---- tree nodes (tree.h) ------------------------------------------------------
+
+template <IcrcFixup F>
+Outcome Engine::Impl::box_frame(const Frame& f, uint64_t now, Sink& out) noexcept {
+  wire::B2bFrame b;
+  const wire::B2bStatus st = wire::parse_b2b(f.pkt.data, f.pkt.len, b);
+  if (st == wire::B2bStatus::not_b2b) return count(Reason::fwd_not_roce);
+  // Frames for other boxes pass, whatever their state: they are not ours to judge.
+  if (!rings.is_box_ip(b.dst_ip)) return count(Reason::fwd_b2b_transit);
+  if (st == wire::B2bStatus::bad_checksum) return count(Reason::b2b_bad_checksum);
+  if (st != wire::B2bStatus::ok) return count(Reason::b2b_malformed);
+  const wire::B2bInfo& in = b.info;
+  const int at = rings.find(in.tree_id);
+  if (at < 0) return count(Reason::b2b_unknown_tree);
+  Ring& ring = rings.at(static_cast<uint32_t>(at));
+  if (!ring.tree || ring.tree->spec.self.ip != b.dst_ip)
+    return count(Reason::b2b_unknown_tree, &ring);
+  TreeNode& t = *ring.tree;
+  const bool partial = in.kind == wire::B2bKind::partial;
+  if (partial ? in.child >= t.nboxes || t.spec.boxes[in.child].ip != b.src_ip
+              : !t.spec.has_parent || t.spec.parent.ip != b.src_ip ||
+                    in.child != t.spec.index_at_parent)
+    return count(Reason::b2b_unknown_box, &ring);
+  if (!ring.spec.allows_dtype(in.dtype) || !ring.spec.allows_op(in.op))
+    return count(Reason::dtype_mismatch, &ring);
+  if (b.data_len > ring.spec.payload_bytes) return count(Reason::length_mismatch, &ring);
+  if (in.msg_len > ring.msg_len) return count(Reason::malformed, &ring);
+  if (partial) return partial_in<F>(ring, t, b, f.pkt.data, now, out);
+  return result_in<F>(ring, b, f.pkt.data, out);
+}
+
+// A child box's partial: the five cases on its bit (cells.h), the data
+// copied (the frame is freed: `consumed`).
+template <IcrcFixup F>
+Outcome Engine::Impl::partial_in(Ring& ring, TreeNode& t, const wire::B2bFrame& b,
+                                 const uint8_t* frame, uint64_t now, Sink& out) noexcept {
+  const wire::B2bInfo& in = b.info;
+  const size_t ci = ring.cell_index(in.msg_id, in.k);
+  Cell& cell = ring.cells[ci];
+  const auto bit = static_cast<uint16_t>(1u << in.child);
+  const CellCase c = cell_case_box(cell, in.msg_id, bit);
+  if (c == CellCase::stale) return count(Reason::stale_message, &ring);
+  if (c == CellCase::reset) reset_cell<ReduceMode::deterministic>(ring, ci, cell, in.msg_id, out);
+  if (cell.state == CellState::empty)
+    open_cell(ring, cell, in.msg_id, in.msg_len, b.data_len, in.dtype, in.op, now);
+  if (cell.data_len != b.data_len) return count(Reason::length_mismatch, &ring);
+  if (cell.dtype != in.dtype || cell.op != in.op) return count(Reason::dtype_mismatch, &ring);
+  if (c == CellCase::serve) {  // the child's workers are retrying: its result was lost
+    if (send_b2b(ring, ci, cell, wire::B2bKind::result, t.spec.boxes[in.child], in.child, out))
+      ++ring.counters.tree.results_resent;
+    ++counters[static_cast<size_t>(Reason::partial_answered)];
+    return {Verdict::consumed, Reason::partial_answered};
+  }
+  if (c == CellCase::duplicate) {
+    if (cell.state == CellState::awaiting) return resend_partial(ring, ci, cell, out);
+    return count(Reason::duplicate, &ring);
+  }
+  std::memcpy(t.box_data_of(ci, in.child), frame + b.data, b.data_len);
+  cell.boxes |= bit;
+  ++ring.counters.tree.partials_received;
+  ++counters[static_cast<size_t>(Reason::partial_taken)];
+  if (cell.arrived == ring.all_ranks && cell.boxes == ring.all_boxes)
+    tree_full<F>(ring, ci, cell, out);
+  return {Verdict::consumed, Reason::partial_taken};
+}
+
+// The parent's result: only a cell awaiting it takes it.
+template <IcrcFixup F>
+Outcome Engine::Impl::result_in(Ring& ring, const wire::B2bFrame& b, const uint8_t* frame,
+                                Sink& out) noexcept {
+  const wire::B2bInfo& in = b.info;
+  const size_t ci = ring.cell_index(in.msg_id, in.k);
+  Cell& cell = ring.cells[ci];
+  if (cell.state != CellState::awaiting || cell.tag != in.msg_id)
+    return count(Reason::b2b_result_unexpected, &ring);
+  if (cell.data_len != b.data_len) return count(Reason::length_mismatch, &ring);
+  if (cell.dtype != in.dtype || cell.op != in.op) return count(Reason::dtype_mismatch, &ring);
+  std::memcpy(ring.result_of(ci), frame + b.data, b.data_len);
+  ++ring.counters.tree.results_received;
+  deliver<F>(ring, ci, cell, out);
+  ++counters[static_cast<size_t>(Reason::result_taken)];
+  return {Verdict::consumed, Reason::result_taken};
+}
+
+// Every child arrived: reduce in child order into the cell's result
+// buffer; then the partial goes up, or (the root) the result is delivered.
+template <IcrcFixup F>
+void Engine::Impl::tree_full(Ring& ring, size_t ci, Cell& cell, Sink& out) noexcept {
+  TreeNode& t = *ring.tree;
+  const Held* held = ring.held.data() + ci * ring.p;
+  const uint8_t* srcs[kMaxRanks];
+  unsigned n = 0;
+  for (const TreeChild& c : t.spec.children)
+    srcs[n++] = c.kind == TreeChild::Kind::rank ? held[c.index].pkt.data + held[c.index].data_off
+                                                : t.box_data_of(ci, c.index);
+  const auto& kern = reduce::kernels(cfg.isa, static_cast<wire::Dtype>(cell.dtype),
+                                     static_cast<wire::ReduceOp>(cell.op));
+  kern.reduce(srcs, n, ring.result_of(ci), cell.data_len / wire::dtype_size(cell.dtype));
+  if (t.spec.has_parent) {
+    cell.state = CellState::awaiting;
+    if (send_b2b(ring, ci, cell, wire::B2bKind::partial, t.spec.parent, t.spec.index_at_parent,
+                 out))
+      ++ring.counters.tree.partials_sent;
+    return;  // a lost (or unbuilt) partial is sent again on the workers' resend
+  }
+  deliver<F>(ring, ci, cell, out);
+}
+
+// The result is in the cell: into every held local packet (ICRC fixed,
+// released in child order), to every child box; the cell is complete.
+template <IcrcFixup F>
+void Engine::Impl::deliver(Ring& ring, size_t ci, Cell& cell, Sink& out) noexcept {
+  TreeNode& t = *ring.tree;
+  const uint8_t* result = ring.result_of(ci);
+  const uint32_t crc_data = result_crc<F>(result, cell.data_len);
+  Held* held = ring.held.data() + ci * ring.p;
+  for (const TreeChild& c : t.spec.children) {
+    if (c.kind != TreeChild::Kind::rank) continue;
+    Held& h = held[c.index];
+    Pkt& pk = out.tx[out.ntx];
+    pk = h.pkt;
+    std::memcpy(pk.data + h.data_off, result, cell.data_len);
+    fix_icrc<F>(shifts, pk.data, h.p, h.data_off, cell.data_len, crc_data, h.head_crc);
+    ++out.ntx;
+    h.pkt.data = nullptr;
+    --ring.held_packets;
+    ring.held_bytes -= pk.len;
+  }
+  for (unsigned b = 0; b < t.nboxes; ++b)
+    if (send_b2b(ring, ci, cell, wire::B2bKind::result, t.spec.boxes[b], static_cast<uint16_t>(b),
+                 out))
+      ++ring.counters.tree.results_sent;
+  finish_cell(ring, cell);
+}
+
+Outcome Engine::Impl::resend_partial(Ring& ring, size_t ci, const Cell& cell, Sink& out) noexcept {
+  const TreeNode& t = *ring.tree;
+  if (send_b2b(ring, ci, cell, wire::B2bKind::partial, t.spec.parent, t.spec.index_at_parent, out))
+    ++ring.counters.tree.partials_resent;
+  return count(Reason::duplicate_resent_partial, &ring);
+}
+
+// Builds the cell's result buffer (partial or result) as a box-to-box frame
+// to `to` in a buffer from the allocator, appended to out.tx. False (and
+// alloc_failed counted) without a buffer: the end-to-end retry covers it.
+bool Engine::Impl::send_b2b(Ring& ring, size_t ci, const Cell& cell, wire::B2bKind kind,
+                            const TreeBox& to, uint16_t child, Sink& out) noexcept {
+  const TreeNode& t = *ring.tree;
+  const size_t len = wire::b2b_frame_size(cell.data_len);
+  Pkt pk = cfg.allocator.alloc(cfg.allocator.ctx, static_cast<uint16_t>(len));
+  if (!pk.data) {
+    ++counters[static_cast<size_t>(Reason::alloc_failed)];
+    ++ring.counters.drops[static_cast<size_t>(Reason::alloc_failed)];
+    return false;
+  }
+  const MsgSlot& ms = ring.msgs[cell.tag & (ring.slots - 1)];
+  wire::B2bFrameSpec s;
+  s.src_mac = t.spec.self.mac;
+  s.dst_mac = to.mac;
+  s.src_ip = t.spec.self.ip;
+  s.dst_ip = to.ip;
+  s.udp_src_port = t.udp_src_port;
+  s.info.kind = kind;
+  s.info.tree_id = ring.spec.ring_id;
+  s.info.msg_id = cell.tag;
+  s.info.k = static_cast<uint16_t>(ci % ring.msg_len);
+  s.info.msg_len = ms.valid && ms.tag == cell.tag ? ms.len : static_cast<uint16_t>(ring.msg_len);
+  s.info.child = child;
+  s.info.dtype = cell.dtype;
+  s.info.op = cell.op;
+  s.data = ring.result_of(ci);
+  s.data_len = cell.data_len;
+  pk.len = static_cast<uint16_t>(wire::build_b2b(s, pk.data, len));
+  pk.meta = to.meta;
+  out.tx[out.ntx++] = pk;
+  return true;
+}
+
 // ---------------------------------------------------------------------------
 
 Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>(config)) {}
@@ -524,8 +745,19 @@ Status Engine::install_ring(const RingSpec& spec) {
   return install_ring(r);
 }
 
+Status Engine::install_ring(const RingSpec& spec, const TreeSpec& tree) {
+  PreparedRing r;
+  if (Status s = prepare_ring(impl_->cfg, spec, &tree, r); !s) return s;
+  return install_ring(r);
+}
+
 Status Engine::prepare_ring(const EngineConfig& cfg, const RingSpec& spec, PreparedRing& out) {
-  return detail::RingTable::prepare(cfg, spec, out);
+  return detail::RingTable::prepare(cfg, spec, nullptr, out);
+}
+
+Status Engine::prepare_ring(const EngineConfig& cfg, const RingSpec& spec, const TreeSpec* tree,
+                            PreparedRing& out) {
+  return detail::RingTable::prepare(cfg, spec, tree, out);
 }
 
 Status Engine::install_ring(PreparedRing& ring) { return impl_->rings.install(ring); }

@@ -94,6 +94,15 @@
 // the grace must outlast the job's retransmissions (kRetireNever, the
 // default, keeps tombstones for the engine's life).
 //
+// Trees. A ring may come with this box's part of a multi-rack tree
+// (tree.h, install_ring(spec, tree)): the box then holds only its local
+// ranks' packets, sends partials to its parent and results to its child
+// boxes as box-to-box frames (wire/b2b.h) built in buffers from
+// EngineConfig::allocator and appended to Sink::tx, and takes the frames
+// addressed to it (UDP kB2bPort, classified not_roce_port) from the burst.
+// With no tree installed a frame on that port is ordinary traffic
+// (fwd_not_roce) as before.
+//
 // Threading: an Engine is owned by exactly one thread. process_burst() and
 // process() are the hot path: no allocation, no locks, no logging, no
 // exceptions. install_ring /
@@ -109,6 +118,7 @@
 #include "common/status.h"
 #include "engine/reasons.h"
 #include "engine/ring.h"
+#include "engine/tree.h"
 #include "reduce/reduce.h"
 #include "wire/parse.h"
 
@@ -219,6 +229,7 @@ struct RingCounters {
   uint64_t retransmissions_served = 0;  // emitted from a completed cell
   uint64_t connections_rebound = 0;     // a rank's connection replaced by a new QP
   ReasonCounters drops{};               // drops attributed to this ring, by reason
+  TreeCounters tree{};                  // box-to-box traffic (a tree node only)
 };
 
 // Table occupancy and lookup cost (cheap accessor; single-threaded like the engine).
@@ -237,8 +248,10 @@ struct RingInfo {
   uint64_t memory_bytes = 0;   // reserved for the ring (its quota accounting)
   uint32_t held_packets = 0;   // packets currently held (deterministic mode)
   uint64_t held_bytes = 0;     // their frame bytes
-  uint32_t open_cells = 0;     // cells collecting (some but not all ranks arrived)
+  uint32_t open_cells = 0;     // cells collecting (or awaiting a tree parent's result)
   uint32_t stalled_cells = 0;  // of those, collecting for longer than the asked timeout
+  // This box's part of the ring's tree, if any.
+  std::optional<TreeSpec> tree;
 };
 
 // A removed ring in its grace period (Engine::retired_rings()).
@@ -275,9 +288,17 @@ class Engine {
   // invalid, over its quota, or over the engine's memory budget.
   // Both steps on the calling thread: prepare_ring, then install_ring(ring).
   Status install_ring(const RingSpec& spec);
+  // The same with this box's part of the ring's tree (tree.h): refused,
+  // with the field named, when the tree does not fit the ring, and in
+  // accumulate mode. The same ring and tree again is a no-op; the same id
+  // with another tree a conflict.
+  Status install_ring(const RingSpec& spec, const TreeSpec& tree);
   // Builds a ring's state for `cfg` (validated, within its quota; accumulate
   // mode needs cfg.allocator). Any thread: touches no engine.
   static Status prepare_ring(const EngineConfig& cfg, const RingSpec& spec, PreparedRing& out);
+  // The same with a tree node (tree == nullptr: none); needs cfg.allocator.
+  static Status prepare_ring(const EngineConfig& cfg, const RingSpec& spec, const TreeSpec* tree,
+                             PreparedRing& out);
   // Attaches a prepared ring (O(P): its links and id): taken from `ring` on
   // success; left there for the caller to free on any refusal and when the
   // same spec is installed already (ok). Refused, with the field named, for

@@ -46,7 +46,27 @@ enum class Fate : uint8_t { forward, aggregate, drop };
     "or an INA first packet off ring links within the grace after the box "                  \
     "started (its job fails; it never receives unreduced data)")                             \
   X(clt_full, drop, "connection table full: a new INA connection cannot be tracked")         \
-  X(alloc_failed, drop, "no buffer to build a released packet (accumulate mode)")
+  X(alloc_failed, drop,                                                                      \
+    "no buffer to build a released packet (accumulate mode) or a box-to-box frame")          \
+  X(fwd_b2b_transit, forward, "box-to-box frame for another box: forwarded untouched")       \
+  X(partial_taken, aggregate, "partial from a child box taken into its cell (tree)")         \
+  X(partial_answered, aggregate,                                                             \
+    "partial for a complete cell: the result sent to that child box again (tree)")           \
+  X(result_taken, aggregate,                                                                 \
+    "result from the parent delivered to the held packets and child boxes (tree)")           \
+  X(duplicate_resent_partial, drop,                                                          \
+    "duplicate packet or partial for a cell awaiting its parent's result: the partial is "   \
+    "sent up again, the duplicate dropped (tree)")                                           \
+  X(b2b_bad_checksum, drop, "box-to-box frame for this box failed its CRC32C (corrupted)")   \
+  X(b2b_malformed, drop,                                                                     \
+    "box-to-box frame for this box malformed (IPv4/UDP lengths, magic, version, kind, "      \
+    "dtype, op, length or position: wire/b2b.h)")                                            \
+  X(b2b_unknown_tree, drop, "box-to-box frame for a tree this box does not have")            \
+  X(b2b_unknown_box, drop,                                                                   \
+    "box-to-box frame from an address that is not the child box (partial) or the parent "    \
+    "(result) it claims")                                                                    \
+  X(b2b_result_unexpected, drop,                                                             \
+    "result for a cell not awaiting one (a late or repeated copy: already delivered)")
 
 // Defines, in the enclosing namespace, everything a reason list gives from
 // an X-macro LIST(X) with X(name, fate, description): enum class Reason,

@@ -14,8 +14,21 @@ RingTable::RingTable(const EngineConfig& cfg)
 
 void RingDeleter::operator()(Ring* r) const noexcept { delete r; }
 
-Status RingTable::prepare(const EngineConfig& cfg, const RingSpec& spec, PreparedRing& out) {
+namespace {
+// Whether this box holds rank k's packets, hence owns the link k -> k + 1.
+bool owns_link(const Ring& r, unsigned k) noexcept { return (r.all_ranks >> k) & 1; }
+}  // namespace
+
+Status RingTable::prepare(const EngineConfig& cfg, const RingSpec& spec, const TreeSpec* tree,
+                          PreparedRing& out) {
   if (Status s = validate(spec); !s) return s;  // fields, and the quota in deterministic terms
+  if (tree) {
+    if (Status s = validate_tree(spec, *tree); !s) return s;
+    if (cfg.mode != ReduceMode::deterministic)
+      return {StatusCode::unimplemented, "tree", "a tree node needs deterministic mode"};
+    if (!cfg.allocator.alloc)
+      return {StatusCode::internal, "allocator", "a tree node needs a packet allocator"};
+  }
   // The quota against this engine's mode too (accumulate needs more than
   // deterministic at P = 2: three payloads per cell against one held packet).
   const uint64_t need = ring_memory_bytes(spec, cfg.mode);
@@ -45,6 +58,20 @@ Status RingTable::prepare(const EngineConfig& cfg, const RingSpec& spec, Prepare
     r.hdrs.resize(cells * r.p);
     r.acc.assign(cells * 2 * spec.payload_bytes, 0);
   }
+  if (tree) {
+    auto node = std::make_unique<TreeNode>();
+    node->spec = *tree;
+    node->nboxes = static_cast<unsigned>(tree->boxes.size());
+    node->udp_src_port = static_cast<uint16_t>(0xC000 | (spec.ring_id & 0x3FFF));
+    node->payload_bytes = spec.payload_bytes;
+    node->box_data.assign(cells * node->nboxes * spec.payload_bytes, 0);
+    r.all_ranks = 0;
+    for (const TreeChild& c : tree->children)
+      if (c.kind == TreeChild::Kind::rank) r.all_ranks |= uint64_t{1} << c.index;
+    r.all_boxes = static_cast<uint16_t>((1u << node->nboxes) - 1);
+    r.memory += node->box_data.size();
+    r.tree = std::move(node);
+  }
   out = std::move(ring);
   return {};
 }
@@ -53,7 +80,10 @@ Status RingTable::install(PreparedRing& ring) {
   if (!ring) return {StatusCode::internal, "ring", "no prepared ring"};
   const RingSpec& spec = ring->spec;
   if (const int at = find(spec.ring_id); at >= 0) {
-    if (rings_[at]->spec == spec) return {};  // the caller frees the copy it prepared
+    const Ring& have = *rings_[at];
+    const bool same_tree =
+        have.tree ? ring->tree && have.tree->spec == ring->tree->spec : !ring->tree;
+    if (have.spec == spec && same_tree) return {};  // the caller frees the copy it prepared
     return {StatusCode::conflict, "id",
             "ring " + std::to_string(spec.ring_id) + " is installed with a different spec"};
   }
@@ -69,13 +99,16 @@ Status RingTable::install(PreparedRing& ring) {
             "all " + std::to_string(cfg_.max_rings) + " ring slots are in use"};
   const unsigned p = spec.ranks();
   size_t new_links = 0;
-  for (unsigned k = 0; k < p; ++k) new_links += !link(spec.members[k], spec.members[(k + 1) % p]);
+  for (unsigned k = 0; k < p; ++k)
+    new_links += owns_link(*ring, k) && !link(spec.members[k], spec.members[(k + 1) % p]);
   if (links_.size() + new_links > links_.capacity())
     return {StatusCode::resource_exhausted, "members",
             "the link table is full (" + std::to_string(links_.capacity()) +
                 " links of installed and retired rings)"};
+  if (ring->tree) add_box_ip(ring->tree->spec.self.ip);  // the only allocation: first
   for (unsigned k = 0; k < p; ++k)
-    ++links_.insert(link_key(spec.members[k], spec.members[(k + 1) % p]))->live;
+    if (owns_link(*ring, k))
+      ++links_.insert(link_key(spec.members[k], spec.members[(k + 1) % p]))->live;
   by_id_.insert(spec.ring_id)->index = static_cast<uint16_t>(free_slot - rings_.begin());
   memory_ += need;
   *free_slot = std::move(ring);
@@ -117,6 +150,7 @@ Status RingTable::remove(uint32_t ring_id, uint64_t now, Clt& clt, std::vector<P
     rc = RankConn{};
   }
   for (unsigned k = 0; k < r.p; ++k) {
+    if (!owns_link(r, k)) continue;
     const uint64_t key = link_key(r.spec.members[k], r.spec.members[(k + 1) % r.p]);
     LinkUse& l = *links_.find(key);  // installed with the ring
     --l.live;
@@ -124,6 +158,7 @@ Status RingTable::remove(uint32_t ring_id, uint64_t now, Clt& clt, std::vector<P
     t.links.push_back(key);
   }
   release_all(r, released, counters);
+  if (r.tree) drop_box_ip(r.tree->spec.self.ip);
   memory_ -= r.memory;
   // The ring slot is free now: no CLT entry points into it.
   if (detached)
@@ -132,6 +167,26 @@ Status RingTable::remove(uint32_t ring_id, uint64_t now, Clt& clt, std::vector<P
     rings_[at].reset();
   by_id_.erase(ring_id);
   return {};
+}
+
+void RingTable::add_box_ip(uint32_t ip) {
+  ++trees_;
+  for (BoxIp& b : box_ips_)
+    if (b.ip == ip) {
+      ++b.trees;
+      return;
+    }
+  box_ips_.push_back({ip, 1});
+}
+
+void RingTable::drop_box_ip(uint32_t ip) noexcept {
+  --trees_;
+  for (size_t i = 0; i < box_ips_.size(); ++i)
+    if (box_ips_[i].ip == ip && --box_ips_[i].trees == 0) {
+      box_ips_[i] = box_ips_.back();
+      box_ips_.pop_back();
+      return;
+    }
 }
 
 unsigned RingTable::expire(uint64_t now, Clt& clt) noexcept {
@@ -204,12 +259,13 @@ std::optional<RingInfo> RingTable::info(uint32_t ring_id, uint64_t now, uint64_t
   info.held_packets = r.held_packets;
   info.held_bytes = r.held_bytes;
   info.open_cells = r.open_cells;
+  if (r.tree) info.tree = r.tree->spec;
   // Stalled cells: only the open ones are looked at, and the scan stops at
   // the last of them (none open, the common case between messages: no scan).
   uint32_t seen = 0;
   for (size_t i = 0; i < r.cells.size() && seen < r.open_cells; ++i) {
     const Cell& c = r.cells[i];
-    if (c.state != CellState::collecting) continue;
+    if (c.state != CellState::collecting && c.state != CellState::awaiting) continue;
     ++seen;
     if (stall && now > c.first_at && now - c.first_at > stall) ++info.stalled_cells;
   }

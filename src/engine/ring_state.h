@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -27,15 +28,34 @@
 #include "engine/engine.h"
 #include "engine/history.h"
 #include "engine/line_vector.h"
+#include "engine/tree.h"
 
 namespace netreduce::engine::detail {
+
+// A ring's tree node (tree.h), built with the ring on the control thread;
+// read and written (box_data) by the engine thread only.
+struct TreeNode {
+  TreeSpec spec;
+  unsigned nboxes = 0;
+  uint16_t udp_src_port = 0;  // of the frames it sends: one per tree, so RSS spreads trees
+  uint16_t payload_bytes = 0;
+  LineVector<uint8_t> box_data;  // S * msg_len * nboxes * payload_bytes: child boxes' partials
+
+  uint8_t* box_data_of(size_t ci, unsigned box) noexcept {
+    return box_data.data() + (ci * nboxes + box) * payload_bytes;
+  }
+};
 
 // Line-aligned: built by operator new on the control thread, its per-packet
 // counters share no line with another ring (maybe another worker's).
 struct alignas(64) Ring {
   RingSpec spec;
   unsigned p = 0;
-  uint64_t all_ranks = 0;  // Cell::arrived when every rank has
+  // Cell::arrived when every rank this box holds has arrived: every rank,
+  // or a tree node's local ranks. Ring links are installed for these
+  // ranks only (see tree.h, "Ownership").
+  uint64_t all_ranks = 0;
+  uint16_t all_boxes = 0;  // Cell::boxes when every child box has (0: no tree)
   uint32_t slots = 0;      // S
   uint32_t msg_len = 0;
   uint64_t memory = 0;
@@ -53,7 +73,9 @@ struct alignas(64) Ring {
   // Cells collecting, kept by the cell state machine (engine.cc: +1 when a
   // cell starts collecting, -1 when it completes or is reset while
   // collecting), so a report finds them without looking at idle cells.
+  // A tree node's awaiting cells are open too.
   uint32_t open_cells = 0;
+  std::unique_ptr<TreeNode> tree;  // null: a single-box ring
 
   size_t cell_index(uint32_t msg_id, uint32_t k) const noexcept {
     return size_t{msg_id & (slots - 1)} * msg_len + k;
@@ -93,7 +115,11 @@ class RingTable {
   explicit RingTable(const EngineConfig& cfg);
 
   // Engine::prepare_ring / install_ring / remove_ring / expire_retired (engine.h).
-  static Status prepare(const EngineConfig& cfg, const RingSpec& spec, PreparedRing& out);
+  static Status prepare(const EngineConfig& cfg, const RingSpec& spec, const TreeSpec* tree,
+                        PreparedRing& out);
+  static Status prepare(const EngineConfig& cfg, const RingSpec& spec, PreparedRing& out) {
+    return prepare(cfg, spec, nullptr, out);
+  }
   Status install(PreparedRing& ring);
   Status remove(uint32_t ring_id, uint64_t now, Clt& clt, std::vector<Pkt>& released,
                 ReasonCounters& counters, PreparedRing* detached);
@@ -111,6 +137,14 @@ class RingTable {
   const LinkUse* link(uint32_t src, uint32_t dst) const noexcept {
     return links_.find(link_key(src, dst));
   }
+  // Tree nodes installed, and whether `ip` is the address of one of them
+  // (box-to-box frames to other addresses are not this box's).
+  size_t trees() const noexcept { return trees_; }
+  bool is_box_ip(uint32_t ip) const noexcept {
+    for (const BoxIp& b : box_ips_)
+      if (b.ip == ip) return true;
+    return false;
+  }
 
   std::optional<RingInfo> info(uint32_t ring_id, uint64_t now, uint64_t stall) const;
   std::vector<RetiredRing> retired_rings(const Clt& clt) const;
@@ -122,6 +156,13 @@ class RingTable {
  private:
   void release_all(Ring& ring, std::vector<Pkt>& released, ReasonCounters& counters) noexcept;
   void purge(uint32_t tomb, Clt& clt) noexcept;
+  void add_box_ip(uint32_t ip);
+  void drop_box_ip(uint32_t ip) noexcept;
+
+  struct BoxIp {
+    uint32_t ip = 0;
+    uint32_t trees = 0;  // installed tree nodes with this self address
+  };
 
   const EngineConfig& cfg_;
   LineVector<PreparedRing> rings_;  // max_rings slots; null: free
@@ -131,6 +172,8 @@ class RingTable {
   size_t retired_ = 0;                   // tombstones in use
   uint64_t next_expiry_ = kRetireNever;  // earliest expiry over tombstones
   uint64_t memory_ = 0;
+  size_t trees_ = 0;
+  std::vector<BoxIp> box_ips_;  // written by install/remove, read per box-to-box frame
 };
 
 }  // namespace netreduce::engine::detail

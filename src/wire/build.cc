@@ -16,6 +16,27 @@ uint16_t internet_checksum(const uint8_t* data, size_t len) noexcept {
   return static_cast<uint16_t>(~sum);
 }
 
+void write_ipv4_udp(uint8_t* at, const Ipv4Fields& f, uint16_t ip_total, uint16_t src_port,
+                    uint16_t dst_port, uint16_t udp_checksum) noexcept {
+  auto* ip = reinterpret_cast<Ipv4Hdr*>(at);
+  ip->version_ihl = 0x45;
+  ip->tos = f.tos;
+  ip->total_length.set(ip_total);
+  ip->id.set(f.id);
+  ip->flags_frag.set(f.dont_fragment ? 0x4000 : 0);
+  ip->ttl = f.ttl;
+  ip->protocol = kIpProtoUdp;
+  ip->checksum.set(0);
+  ip->src.set(f.src);
+  ip->dst.set(f.dst);
+  ip->checksum.set(internet_checksum(at, sizeof(Ipv4Hdr)));
+  auto* udp = reinterpret_cast<UdpHdr*>(at + sizeof(Ipv4Hdr));
+  udp->src_port.set(src_port);
+  udp->dst_port.set(dst_port);
+  udp->length.set(static_cast<uint16_t>(ip_total - sizeof(Ipv4Hdr)));
+  udp->checksum.set(udp_checksum);
+}
+
 namespace {
 size_t pad_of(size_t payload_len) { return (4 - (payload_len & 3)) & 3; }
 
@@ -54,27 +75,10 @@ size_t build_frame(const RoceFrameSpec& s, uint8_t* out, size_t cap) noexcept {
     eth->ether_type.set(kEtherTypeIpv4);
   }
 
-  const size_t l3 = off;
-  const size_t ip_total = total - l3;
-  auto* ip = reinterpret_cast<Ipv4Hdr*>(out + off);
-  ip->version_ihl = 0x45;
-  ip->tos = s.tos;
-  ip->total_length.set(static_cast<uint16_t>(ip_total));
-  ip->id.set(s.ip_id);
-  ip->flags_frag.set(s.dont_fragment ? 0x4000 : 0);
-  ip->ttl = s.ttl;
-  ip->protocol = kIpProtoUdp;
-  ip->src.set(s.src_ip);
-  ip->dst.set(s.dst_ip);
-  ip->checksum.set(internet_checksum(out + off, sizeof(Ipv4Hdr)));
-  off += sizeof(Ipv4Hdr);
-
-  auto* udp = reinterpret_cast<UdpHdr*>(out + off);
-  udp->src_port.set(s.udp_src_port);
-  udp->dst_port.set(kRoceV2Port);
-  udp->length.set(static_cast<uint16_t>(ip_total - sizeof(Ipv4Hdr)));
-  udp->checksum.set(s.udp_checksum);
-  off += sizeof(UdpHdr);
+  const size_t ip_total = total - off;
+  write_ipv4_udp(out + off, {s.src_ip, s.dst_ip, s.tos, s.ttl, s.ip_id, s.dont_fragment},
+                 static_cast<uint16_t>(ip_total), s.udp_src_port, kRoceV2Port, s.udp_checksum);
+  off += sizeof(Ipv4Hdr) + sizeof(UdpHdr);
 
   const size_t pad = info.has(kHasPayload) ? pad_of(s.payload_len) : 0;
   auto* bth = reinterpret_cast<Bth*>(out + off);

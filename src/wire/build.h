@@ -57,6 +57,20 @@ size_t frame_size(const RoceFrameSpec& spec) noexcept;
 // cannot be encoded or does not fit. The IPv4 checksum and ICRC are valid.
 size_t build_frame(const RoceFrameSpec& spec, uint8_t* out, size_t cap) noexcept;
 
+// An IPv4 header without options (protocol UDP, valid checksum) and the UDP
+// header after it, at `at`; ip_total is the IPv4 total length. The RoCE
+// builder and the box-to-box builder (b2b.h) both write them so.
+struct Ipv4Fields {
+  uint32_t src = 0;
+  uint32_t dst = 0;
+  uint8_t tos = 0;
+  uint8_t ttl = 64;
+  uint16_t id = 0;
+  bool dont_fragment = true;
+};
+void write_ipv4_udp(uint8_t* at, const Ipv4Fields& f, uint16_t ip_total, uint16_t src_port,
+                    uint16_t dst_port, uint16_t udp_checksum) noexcept;
+
 // RFC 1071 Internet checksum over `len` bytes (an IPv4 header with its
 // checksum field zeroed gives the value to store).
 uint16_t internet_checksum(const uint8_t* data, size_t len) noexcept;

@@ -8,13 +8,12 @@
 // Ethernet/VLAN headers must not.
 #include <catch2/catch.hpp>
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "wire/golden.h"
 #include "wire/icrc.h"
 #include "wire/parse.h"
 #include "wire/pcap.h"
@@ -23,32 +22,13 @@ using namespace netreduce::wire;
 using json = nlohmann::json;
 
 namespace {
-struct Golden {
-  std::vector<PcapRecord> frames;
-  std::vector<json> manifest;
-};
+using netreduce::testing::Golden;
+using netreduce::testing::ip_of;
 
 const Golden& golden() {
-  static Golden g = [] {
-    Golden out;
-    const char* pcap = std::getenv("NETREDUCE_GOLDEN_PCAP");
-    const char* man = std::getenv("NETREDUCE_GOLDEN_MANIFEST");
-    if (!pcap || !man)
-      FAIL("NETREDUCE_GOLDEN_PCAP / NETREDUCE_GOLDEN_MANIFEST not set (run via meson test)");
-    std::string err;
-    if (!pcap_read(pcap, out.frames, err)) FAIL(err);
-    std::ifstream in(man);
-    std::string line;
-    while (std::getline(in, line)) out.manifest.push_back(json::parse(line));
-    return out;
-  }();
+  static const Golden g =
+      netreduce::testing::load_golden("NETREDUCE_GOLDEN_PCAP", "NETREDUCE_GOLDEN_MANIFEST");
   return g;
-}
-
-uint32_t ip_of(const std::string& s) {
-  unsigned a, b, c, d;
-  REQUIRE(std::sscanf(s.c_str(), "%u.%u.%u.%u", &a, &b, &c, &d) == 4);
-  return (a << 24) | (b << 16) | (c << 8) | d;
 }
 }  // namespace
 

@@ -1,0 +1,186 @@
+// The box-to-box protocol of a multi-rack tree (DESIGN.md section 8, issue
+// #15): how a box sends a partial reduction up to its parent and how a
+// parent sends the result down to its children.
+//
+// Theory of operation
+//
+// Frame. Ethernet [802.1Q, up to two tags] | IPv4 (no options, not
+// fragmented) | UDP (destination port kB2bPort) | B2bHdr (32 bytes) | data.
+// The data is one cell's worth of reduced elements: the data bytes of one
+// packet position k of one message m of a tree (the INA header a worker's
+// first packet carries is never part of it). The UDP checksum is 0 (IPv4
+// allows it): the header's own checksum covers more and better.
+//
+// One place. The UDP port, the magic and the version are named here only;
+// a data plane steers frames to the engine by kB2bPort, the engine accepts
+// those addressed to its box (TreeSpec::self) and forwards the others.
+// kB2bPort (4792, next to RoCEv2's 4791) is not IANA-registered for this
+// use: a fabric must not send other traffic to a box address on it.
+//
+// Header fields (all big-endian):
+//   magic    "NR" (0x4E52): catches traffic that is not ours on the port
+//   version  kB2bVersion; a box drops every other version (bad_version)
+//            before it reads anything else, so a later version may change
+//            the rest of the layout, the checksum included
+//   kind     partial (child -> parent) or result (parent -> child)
+//   tree_id  the tree's id: the id of the ring it serves
+//   msg_id   m, the ring's message id (serial-number arithmetic, as INA)
+//   k        packet position of the data in message m
+//   msg_len  packets in message m (k < msg_len)
+//   child    partial: the sender's index among its parent's child boxes;
+//            result: the index of the child it is for
+//   dtype/op wire::Dtype / wire::ReduceOp, as in the INA header
+//   length   data bytes after the header: a multiple of the dtype's size,
+//            at least one element, and exactly what the UDP length leaves
+//   flags, reserved  zero on send, ignored on receipt
+//   checksum CRC32C (Castagnoli) over the UDP payload, this header (with
+//            the checksum field as zero) and the data
+//
+// Why CRC32C. The checksum decides whether a partial may enter a sum, so it
+// has to catch what a corrupted link does. The UDP checksum (16-bit ones'
+// complement) misses swapped 16-bit words and any pair of errors that
+// cancel, and NICs may strip or skip it. CRC-32 (the ICRC's and Ethernet
+// FCS's polynomial) would be as strong, but sharing the FCS polynomial gives
+// no independent check behind the FCS. CRC32C (Koopman's tables) keeps
+// Hamming distance 6 up to 655 bytes and 4 beyond, at least CRC-32's at
+// every length this protocol sends (at most 4 KB of data), is not the FCS
+// polynomial, and has an instruction of its own on x86-64 (SSE4.2) and
+// arm64: ISA-L's crc32_iscsi (already a dependency for the ICRC) runs it at
+// several GB/s, so a 4 KB partial costs well under a microsecond.
+//
+// Status. parse_b2b never reads outside [data, data + len). not_b2b is
+// ordinary traffic (not IPv4 / UDP / kB2bPort); every other status but ok
+// is a malformed or corrupted box-to-box frame, each with its own name.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "wire/headers.h"
+
+namespace netreduce::wire {
+
+inline constexpr uint16_t kB2bPort = 4792;
+inline constexpr uint16_t kB2bMagic = 0x4E52;  // "NR"
+inline constexpr uint8_t kB2bVersion = 1;
+
+enum class B2bKind : uint8_t {
+  partial = 1,  // child -> parent: the child's reduction of its children
+  result = 2,   // parent -> child: the tree's final result
+};
+
+struct B2bHdr {
+  be16 magic;
+  uint8_t version;
+  uint8_t kind;
+  be32 tree_id;
+  be32 msg_id;
+  be16 k;
+  be16 msg_len;
+  be16 child;
+  uint8_t dtype;
+  uint8_t op;
+  be16 length;
+  be16 flags;
+  be32 reserved;
+  be32 checksum;
+};
+static_assert(sizeof(B2bHdr) == 32 && alignof(B2bHdr) == 1);
+static_assert(sizeof(B2bHdr) % 8 == 0, "keeps 8-byte elements aligned as in the INA header");
+
+// X(name, description)
+#define NETREDUCE_B2B_STATUS(X)                                                     \
+  X(ok, "box-to-box frame parsed")                                                  \
+  X(not_b2b, "not IPv4 / UDP to the box-to-box port: ordinary traffic")             \
+  X(truncated, "frame shorter than its headers, or than its IPv4 total length")     \
+  X(bad_ip, "IPv4 header with options, IHL below 5, a fragment, or a short length") \
+  X(bad_udp_length, "UDP length inconsistent with the IPv4 total length")           \
+  X(bad_magic, "magic is not \"NR\"")                                               \
+  X(bad_version, "protocol version not understood")                                 \
+  X(bad_checksum, "CRC32C over header and data does not match (corrupted)")         \
+  X(bad_kind, "kind is neither partial nor result")                                 \
+  X(bad_dtype, "dtype is not a wire::Dtype")                                        \
+  X(bad_op, "op is not a wire::ReduceOp")                                           \
+  X(bad_length, "length is not what the UDP length leaves, or not whole elements")  \
+  X(bad_position, "packet position k outside the message (k >= msg_len or msg_len 0)")
+
+enum class B2bStatus : uint8_t {
+#define NETREDUCE_X(name, desc) name,
+  NETREDUCE_B2B_STATUS(NETREDUCE_X)
+#undef NETREDUCE_X
+};
+
+inline constexpr size_t kB2bStatusCount = 0
+#define NETREDUCE_X(name, desc) +1
+    NETREDUCE_B2B_STATUS(NETREDUCE_X)
+#undef NETREDUCE_X
+    ;
+
+std::string_view to_string(B2bStatus s) noexcept;
+std::string_view describe(B2bStatus s) noexcept;
+
+// The header's fields in host order.
+struct B2bInfo {
+  B2bKind kind = B2bKind::partial;
+  uint32_t tree_id = 0;
+  uint32_t msg_id = 0;
+  uint16_t k = 0;
+  uint16_t msg_len = 1;
+  uint16_t child = 0;
+  uint8_t dtype = 0;
+  uint8_t op = 0;
+  bool operator==(const B2bInfo&) const = default;
+};
+
+// A parsed frame: offsets from the frame's first byte. src_ip / dst_ip are
+// set whenever the IPv4 header was read (any status but not_b2b from L2,
+// truncated before L3), so a box can tell frames for others from frames
+// for itself before it looks at the rest; info, data and data_len only
+// when ok.
+struct B2bFrame {
+  uint16_t l3 = 0;
+  uint16_t l4 = 0;
+  uint16_t hdr = 0;
+  uint16_t data = 0;
+  uint16_t data_len = 0;
+  uint32_t src_ip = 0;
+  uint32_t dst_ip = 0;
+  B2bInfo info;
+};
+
+B2bStatus parse_b2b(const uint8_t* data, size_t len, B2bFrame& out) noexcept;
+
+struct B2bFrameSpec {
+  MacAddr src_mac{};
+  MacAddr dst_mac{};
+  uint32_t src_ip = 0;
+  uint32_t dst_ip = 0;
+  uint8_t tos = 0;
+  uint8_t ttl = 64;
+  uint16_t ip_id = 0;
+  bool dont_fragment = true;
+  uint16_t udp_src_port = kB2bPort;
+  B2bInfo info;
+  const uint8_t* data = nullptr;
+  size_t data_len = 0;  // the header's length field
+};
+
+// Bytes of a frame with `data_len` data bytes (no VLAN tag).
+constexpr size_t b2b_frame_size(size_t data_len) noexcept {
+  return sizeof(EthHdr) + sizeof(Ipv4Hdr) + sizeof(UdpHdr) + sizeof(B2bHdr) + data_len;
+}
+
+// Builds the frame into out[0, cap): valid IPv4 checksum, UDP checksum 0,
+// the header's CRC32C. Returns its length, or 0 when it does not fit or
+// data_len is over 65535 - the headers. Validates nothing else: tests build
+// malformed frames with it. No allocation; the engine builds partials and
+// results with it on the packet path.
+size_t build_b2b(const B2bFrameSpec& spec, uint8_t* out, size_t cap) noexcept;
+
+// The CRC32C the header's checksum field must hold for the UDP payload
+// [hdr, hdr + sizeof(B2bHdr) + data_len) of a frame (the field itself read
+// as zero).
+uint32_t b2b_checksum(const uint8_t* hdr, size_t data_len) noexcept;
+
+}  // namespace netreduce::wire

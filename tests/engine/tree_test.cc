@@ -1,0 +1,596 @@
+// Tree nodes (src/engine/tree.h): two or more leaf boxes and a root driven in
+// one process, one Engine each, frames passed between them by the test (a
+// "fabric" that can lose and duplicate any of them). Every worker's released
+// packet is checked against an independent reference (tests/engine/
+// reference.h) in tree order: rank order inside a rack, child order above;
+// every cell must be aggregated exactly once at every box and every buffer
+// come back.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <compare>
+#include <deque>
+#include <functional>
+#include <map>
+#include <random>
+
+#include "engine/box_harness.h"
+#include "engine/reference.h"
+#include "wire/b2b.h"
+#include "wire/headers.h"
+#include "wire/psn.h"
+
+using namespace netreduce;
+using namespace netreduce::testing;
+using engine::Reason;
+using engine::TreeSpec;
+using engine::Verdict;
+
+namespace {
+
+constexpr uint32_t kRootIp = 0x0A010001;   // 10.1.0.1
+constexpr uint32_t kInnerIp = 0x0A0100F0;  // 10.1.0.240
+uint32_t leaf_ip(unsigned i) { return 0x0A010002 + i; }
+wire::MacAddr mac_of(uint32_t ip) {
+  return {0x02, 0xBB, uint8_t(ip >> 24), uint8_t(ip >> 16), uint8_t(ip >> 8), uint8_t(ip)};
+}
+engine::TreeBox box(uint32_t ip) { return {ip, mac_of(ip)}; }
+
+// Worker packets: where they come from, and what they must carry at the end.
+struct PacketId {
+  unsigned rank;
+  uint32_t m;
+  uint32_t k;
+  auto operator<=>(const PacketId&) const = default;
+};
+
+// A ring over racks (ranks numbered in rack order), one leaf box per rack
+// under one root; with root_ranks, rack 0 hangs off the root itself (its
+// ranks are the root's local children, before the child boxes); with
+// inner and at least three leaves, every leaf but the first hangs off an
+// inner box, the root's last child (three levels).
+struct Fabric {
+  static constexpr unsigned kWorker = ~0u;  // "to the workers" in lose()
+
+  std::vector<std::vector<unsigned>> racks;  // rack -> ranks
+  bool root_ranks = false;
+  bool use_inner = false;
+  std::vector<std::unique_ptr<Harness>> boxes;  // 0: root; 1 + i: leaf of rack i
+  std::vector<uint32_t> ips;
+  RingTraffic t;
+  std::mt19937 rng{1};
+  std::vector<std::vector<std::vector<uint8_t>>> data;    // [m][rank]
+  std::vector<std::vector<uint32_t>> psn0;                // [m][rank]
+  std::map<std::pair<uint32_t, uint32_t>, PacketId> ids;  // (src ip, psn) -> packet
+  std::map<PacketId, std::vector<uint8_t>> sent_by_worker;
+  std::map<PacketId, unsigned> delivered;  // copies that reached the receiver, checked
+  // Return true to lose a frame going from box `from` to box `to` (kWorker:
+  // a released worker packet on its way to the receiver).
+  std::function<bool(unsigned from, unsigned to, const std::vector<uint8_t>&)> lose;
+  std::function<bool(const std::vector<uint8_t>&)> duplicate;
+  std::map<uint32_t, std::vector<uint8_t>> want_;  // reference(m), computed once
+
+  Fabric(std::vector<unsigned> rack_sizes, wire::Dtype dt, wire::ReduceOp op,
+         bool ranks_at_root = false, uint16_t window = 2, bool inner = false)
+      : root_ranks(ranks_at_root) {
+    unsigned p = 0;
+    for (unsigned n : rack_sizes) {
+      racks.emplace_back();
+      for (unsigned i = 0; i < n; ++i) racks.back().push_back(p++);
+    }
+    t.ranks = p;
+    t.dtype = dt;
+    t.op = op;
+    const engine::RingSpec spec = ring_spec(t.ring_id, p, 4, window);
+    boxes.push_back(std::make_unique<Harness>());
+    ips.push_back(kRootIp);
+    TreeSpec root;
+    root.self = box(kRootIp);
+    unsigned first_leaf = 0;
+    if (root_ranks) {
+      for (unsigned r : racks[0]) root.children.push_back(TreeSpec::rank(uint16_t(r)));
+      first_leaf = 1;
+    }
+    use_inner = inner && racks.size() - first_leaf >= 3;
+    TreeSpec mid;
+    mid.self = box(kInnerIp);
+    mid.has_parent = true;
+    mid.parent = box(kRootIp);
+    for (unsigned i = first_leaf; i < racks.size(); ++i) {
+      const bool under_inner = use_inner && i > first_leaf;
+      TreeSpec& up = under_inner ? mid : root;
+      const auto b = static_cast<uint16_t>(up.boxes.size());
+      up.boxes.push_back(box(leaf_ip(i)));
+      up.children.push_back(TreeSpec::box(b));
+      TreeSpec leaf;
+      leaf.self = box(leaf_ip(i));
+      for (unsigned r : racks[i]) leaf.children.push_back(TreeSpec::rank(uint16_t(r)));
+      leaf.has_parent = true;
+      leaf.parent = up.self;
+      leaf.index_at_parent = b;
+      boxes.push_back(std::make_unique<Harness>());
+      ips.push_back(leaf_ip(i));
+      REQUIRE(boxes.back()->e->install_ring(spec, leaf).ok());
+    }
+    if (use_inner) {
+      const auto b = static_cast<uint16_t>(root.boxes.size());
+      root.boxes.push_back(box(kInnerIp));
+      root.children.push_back(TreeSpec::box(b));
+      mid.index_at_parent = b;
+      boxes.push_back(std::make_unique<Harness>());
+      ips.push_back(kInnerIp);
+      REQUIRE(boxes.back()->e->install_ring(spec, mid).ok());
+    }
+    REQUIRE(boxes[0]->e->install_ring(spec, root).ok());
+  }
+
+  unsigned box_of_rank(unsigned r) const {
+    for (unsigned i = 0; i < racks.size(); ++i)
+      for (unsigned x : racks[i])
+        if (x == r) return root_ranks && i == 0 ? 0 : (root_ranks ? i : i + 1);
+    FAIL("no rack");
+    return 0;
+  }
+  unsigned box_of_ip(uint32_t ip) const {
+    for (unsigned i = 0; i < ips.size(); ++i)
+      if (ips[i] == ip) return i;
+    FAIL("no box has " << ip);
+    return 0;
+  }
+
+  // Message m: random bytes of every dtype (NaNs included: the reference
+  // and the kernels agree on them), 3 packets of 256 bytes.
+  void add_message(size_t bytes = 3 * 256 - 24) {
+    std::vector<std::vector<uint8_t>> d;
+    std::vector<uint32_t> p;
+    for (unsigned r = 0; r < t.ranks; ++r) {
+      d.emplace_back(bytes);
+      for (auto& b : d.back()) b = static_cast<uint8_t>(rng());
+      p.push_back(psn0.empty() ? wire::psn_add(0xFFFFF0, r * 1000)
+                               : wire::psn_add(psn0.back()[r],
+                                               wire::message_packets(data.back()[r].size(), 256)));
+    }
+    data.push_back(std::move(d));
+    psn0.push_back(std::move(p));
+  }
+  uint32_t packets(uint32_t m) const { return wire::message_packets(data[m][0].size(), t.pmtu); }
+  std::vector<uint8_t> pkt(unsigned r, uint32_t m, uint32_t k) {
+    auto f = t.packet(r, m, data[m][r], psn0[m][r], k);
+    const PacketId id{r, m, k};
+    ids[{rank_ip(r), wire::psn_add(psn0[m][r], k)}] = id;
+    sent_by_worker[id] = f;
+    return f;
+  }
+
+  // Reference result of message m: each rack in rank order, then the
+  // inner box's children in order, then the root's.
+  std::vector<uint8_t> reference(uint32_t m) const {
+    const size_t bytes = data[m][0].size();
+    std::vector<std::vector<uint8_t>> partials;  // one per leaf rack, in order
+    partials.reserve(racks.size() + 1);
+    const unsigned first_leaf = root_ranks ? 1 : 0;
+    for (unsigned i = first_leaf; i < racks.size(); ++i) {
+      std::vector<const uint8_t*> in;
+      for (unsigned r : racks[i]) in.push_back(data[m][r].data());
+      partials.emplace_back(bytes);
+      ref::reduce(t.dtype, t.op, in, bytes, partials.back().data());
+    }
+    std::vector<const uint8_t*> top;
+    if (root_ranks)
+      for (unsigned r : racks[0]) top.push_back(data[m][r].data());
+    if (use_inner) {
+      std::vector<const uint8_t*> mid;
+      for (size_t i = 1; i < partials.size(); ++i) mid.push_back(partials[i].data());
+      std::vector<uint8_t> inner(bytes);
+      ref::reduce(t.dtype, t.op, mid, bytes, inner.data());
+      partials.resize(1);
+      partials.push_back(std::move(inner));
+    }
+    for (const auto& p : partials) top.push_back(p.data());
+    std::vector<uint8_t> out(bytes);
+    ref::reduce(t.dtype, t.op, top, bytes, out.data());
+    return out;
+  }
+
+  // A worker sends (or resends) a packet: into its leaf, then everything
+  // that follows, until the fabric is quiet.
+  void send(unsigned r, uint32_t m, uint32_t k) { inject(box_of_rank(r), pkt(r, m, k)); }
+
+  void inject(unsigned at, std::vector<uint8_t> frame) {
+    std::deque<std::pair<unsigned, std::vector<uint8_t>>> q;
+    q.emplace_back(at, std::move(frame));
+    while (!q.empty()) {
+      auto [n, f] = std::move(q.front());
+      q.pop_front();
+      boxes[n]->feed(f);
+      for (auto& out : boxes[n]->take_sent()) {
+        wire::B2bFrame b;
+        const bool b2b = wire::parse_b2b(out.data(), out.size(), b) != wire::B2bStatus::not_b2b;
+        const unsigned to = b2b ? box_of_ip(b.dst_ip) : kWorker;
+        const int copies = 1 + (duplicate && duplicate(out) ? 1 : 0);
+        for (int c = 0; c < copies; ++c) {
+          if (lose && lose(n, to, out)) continue;
+          if (b2b)
+            q.emplace_back(to, out);
+          else
+            receive(out);
+        }
+      }
+    }
+  }
+
+  // A worker packet reaching its receiver: the reference data, a valid
+  // ICRC, every other byte as the sender sent it.
+  void receive(const std::vector<uint8_t>& f) {
+    wire::ParsedFrame p;
+    REQUIRE(wire::parse_frame(f.data(), f.size(), p) == wire::ParseStatus::ok);
+    const auto* ip = reinterpret_cast<const wire::Ipv4Hdr*>(f.data() + p.l3);
+    const auto* bth = reinterpret_cast<const wire::Bth*>(f.data() + p.bth);
+    const auto it = ids.find({ip->src.host(), bth->psn.host()});
+    REQUIRE(it != ids.end());
+    const PacketId id = it->second;
+    INFO("rank " << id.rank << " message " << id.m << " packet " << id.k);
+    auto cached = want_.find(id.m);
+    if (cached == want_.end()) cached = want_.emplace(id.m, reference(id.m)).first;
+    const auto& want = cached->second;
+    const size_t off = wire::packet_data_offset(id.k, t.pmtu);
+    const auto got = data_of(f);
+    REQUIRE(off + got.size() <= want.size());
+    CHECK(std::equal(got.begin(), got.end(), want.begin() + static_cast<long>(off)));
+    CHECK(icrc_ok(f));
+    const auto& orig = sent_by_worker.at(id);
+    REQUIRE(orig.size() == f.size());
+    const size_t data_start = f.size() - p.pad - wire::kIcrcBytes - got.size();
+    CHECK(std::equal(f.begin(), f.begin() + static_cast<long>(data_start), orig.begin()));
+    ++delivered[id];
+  }
+
+  bool all_delivered() const {
+    for (uint32_t m = 0; m < data.size(); ++m)
+      for (unsigned r = 0; r < t.ranks; ++r)
+        for (uint32_t k = 0; k < packets(m); ++k)
+          if (!delivered.count({r, m, k})) return false;
+    return true;
+  }
+
+  engine::RingInfo info(unsigned b) const {
+    auto i = boxes[b]->e->ring_info(t.ring_id);
+    REQUIRE(i);
+    return *i;
+  }
+  uint64_t reason(unsigned b, Reason r) const {
+    return boxes[b]->e->counters()[static_cast<size_t>(r)];
+  }
+
+  // Every cell aggregated exactly once at every box; nothing held, no
+  // buffer lost.
+  void check_exactly_once() const {
+    uint64_t cells = 0;
+    for (uint32_t m = 0; m < data.size(); ++m) cells += packets(m);
+    for (unsigned b = 0; b < boxes.size(); ++b) {
+      INFO("box " << b);
+      const auto i = info(b);
+      CHECK(i.counters.cells_completed == cells);
+      CHECK(i.counters.messages_completed == data.size());
+      CHECK(i.held_packets == 0);
+      CHECK(i.open_cells == 0);
+      CHECK(boxes[b]->live.empty());
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("two leaves and a root: every worker gets the tree reference, every dtype x op",
+          "[engine][tree]") {
+  for (auto dt : {wire::Dtype::fp32, wire::Dtype::fp16, wire::Dtype::bf16, wire::Dtype::int32,
+                  wire::Dtype::int64, wire::Dtype::fp64})
+    for (auto op : {wire::ReduceOp::sum, wire::ReduceOp::min, wire::ReduceOp::max}) {
+      INFO(wire::to_string(dt) << " " << wire::to_string(op));
+      Fabric x({2, 2}, dt, op);
+      x.add_message();
+      x.add_message();
+      for (uint32_t m = 0; m < 2; ++m)
+        for (uint32_t k = 0; k < x.packets(m); ++k)
+          for (unsigned r : {3u, 0u, 2u, 1u}) x.send(r, m, k);
+      CHECK(x.all_delivered());
+      for (const auto& [id, n] : x.delivered) CHECK(n == 1);
+      x.check_exactly_once();
+      const uint64_t cells = 6;
+      for (unsigned leaf : {1u, 2u}) {
+        const auto i = x.info(leaf);
+        CHECK(i.counters.tree.partials_sent == cells);
+        CHECK(i.counters.tree.results_received == cells);
+        CHECK(i.counters.tree.partials_resent == 0);
+      }
+      const auto root = x.info(0);
+      CHECK(root.counters.tree.partials_received == 2 * cells);
+      CHECK(root.counters.tree.results_sent == 2 * cells);
+      CHECK(root.held_packets == 0);
+      CHECK(x.reason(0, Reason::held) == 0);  // the root holds no worker packet
+    }
+}
+
+TEST_CASE("a lost partial: a worker's resend sends it again; aggregated once", "[engine][tree]") {
+  Fabric x({2, 2}, wire::Dtype::fp32, wire::ReduceOp::sum);
+  x.add_message();
+  bool lost = false;
+  x.lose = [&](unsigned from, unsigned to, const std::vector<uint8_t>&) {
+    if (from == 1 && to == 0 && !lost) return lost = true;  // leaf A's first partial
+    return false;
+  };
+  for (unsigned r = 0; r < 4; ++r) x.send(r, 0, 0);
+  REQUIRE(lost);
+  CHECK(x.delivered.empty());  // nobody has a result: A's cell awaits, the root collects
+  CHECK(x.info(1).open_cells == 1);
+  CHECK(x.info(0).open_cells == 1);
+  // Rank 1's RC retransmission (the same bytes) reaches the awaiting cell.
+  const auto o = x.boxes[1]->feed(x.pkt(1, 0, 0));
+  CHECK(o.verdict == Verdict::drop);
+  CHECK(o.reason == Reason::duplicate_resent_partial);
+  for (auto& f : x.boxes[1]->take_sent()) x.inject(0, f);  // the partial, to the root
+  CHECK(x.info(1).counters.tree.partials_resent == 1);
+  for (unsigned r = 0; r < 4; ++r) CHECK(x.delivered[{r, 0, 0}] == 1);
+  for (uint32_t k = 1; k < x.packets(0); ++k)
+    for (unsigned r = 0; r < 4; ++r) x.send(r, 0, k);
+  CHECK(x.all_delivered());
+  x.check_exactly_once();
+}
+
+TEST_CASE("a lost result: the root answers the resent partial from its complete cell",
+          "[engine][tree]") {
+  Fabric x({2, 2}, wire::Dtype::int32, wire::ReduceOp::sum);
+  x.add_message();
+  bool lost = false;
+  x.lose = [&](unsigned from, unsigned to, const std::vector<uint8_t>&) {
+    if (from == 0 && to == 2 && !lost) return lost = true;  // the result to leaf B
+    return false;
+  };
+  for (unsigned r = 0; r < 4; ++r) x.send(r, 0, 0);
+  REQUIRE(lost);
+  CHECK(x.delivered[{0, 0, 0}] == 1);
+  CHECK(x.delivered[{1, 0, 0}] == 1);
+  CHECK(!x.delivered.count({2, 0, 0}));
+  CHECK(!x.delivered.count({3, 0, 0}));
+  x.send(3, 0, 0);  // rank 3 resends; leaf B resends its partial
+  CHECK(x.info(0).counters.tree.results_resent == 1);
+  CHECK(x.reason(0, Reason::partial_answered) == 1);
+  for (unsigned r = 0; r < 4; ++r) CHECK(x.delivered[{r, 0, 0}] == 1);
+  x.send(2, 0, 0);  // a resend now: served from leaf B's complete cell
+  CHECK(x.delivered[{2, 0, 0}] == 2);
+  CHECK(x.reason(2, Reason::served_from_cell) == 1);
+  for (uint32_t k = 1; k < x.packets(0); ++k)
+    for (unsigned r = 0; r < 4; ++r) x.send(r, 0, k);
+  x.check_exactly_once();
+}
+
+TEST_CASE("three levels: a lost partial above an inner box is resent through it",
+          "[engine][tree]") {
+  Fabric x({1, 2, 1}, wire::Dtype::fp64, wire::ReduceOp::sum, false, 2, true);
+  REQUIRE(x.use_inner);
+  const unsigned inner = 4;
+  x.add_message();
+  bool lost = false;
+  x.lose = [&](unsigned from, unsigned to, const std::vector<uint8_t>&) {
+    if (from == inner && to == 0 && !lost) return lost = true;
+    return false;
+  };
+  for (unsigned r = 0; r < 4; ++r) x.send(r, 0, 0);
+  REQUIRE(lost);
+  CHECK(x.delivered.empty());
+  x.send(2, 0, 0);  // rank 2 (under the inner box) resends
+  CHECK(x.info(inner).counters.tree.partials_resent == 1);
+  CHECK(x.reason(inner, Reason::duplicate_resent_partial) == 1);
+  for (unsigned r = 0; r < 4; ++r) CHECK(x.delivered[{r, 0, 0}] == 1);
+  for (uint32_t k = 1; k < x.packets(0); ++k)
+    for (unsigned r = 0; r < 4; ++r) x.send(r, 0, k);
+  CHECK(x.all_delivered());
+  x.check_exactly_once();
+  CHECK(x.info(inner).counters.tree.results_received == 3);
+  CHECK(x.info(inner).counters.tree.results_sent == 6);
+}
+
+TEST_CASE("traffic a box does not own passes untouched", "[engine][tree]") {
+  Fabric x({2, 2}, wire::Dtype::fp32, wire::ReduceOp::sum);
+  x.add_message();
+  std::vector<std::vector<uint8_t>> crossing;  // rank 1 -> rank 2: leaf A to leaf B
+  x.lose = [&](unsigned, unsigned to, const std::vector<uint8_t>& f) {
+    if (to != Fabric::kWorker) return false;
+    const auto* ip = reinterpret_cast<const wire::Ipv4Hdr*>(f.data() + sizeof(wire::EthHdr));
+    if (ip->src.host() == rank_ip(1)) crossing.push_back(f);
+    return false;
+  };
+  for (uint32_t k = 0; k < x.packets(0); ++k)
+    for (unsigned r = 0; r < 4; ++r) x.send(r, 0, k);
+  REQUIRE(crossing.size() == x.packets(0));
+  for (const auto& f : crossing)
+    for (unsigned b : {0u, 2u}) {  // across the root, into rack B
+      CHECK(x.boxes[b]->feed(f).verdict == Verdict::forward);
+      const auto out = x.boxes[b]->take_sent();
+      REQUIRE(out.size() == 1);
+      CHECK(out[0] == f);
+    }
+  // Raw worker packets of rank 2 (rack B) seen at leaf A (e.g. on a shared
+  // segment) are not A's either.
+  CHECK(x.boxes[1]->feed(x.pkt(2, 0, 0)).verdict == Verdict::forward);
+  x.boxes[1]->take_sent();
+  // A box-to-box frame for another box passes.
+  std::vector<uint8_t> d(64, 1);
+  wire::B2bFrameSpec s;
+  s.src_ip = leaf_ip(0);
+  s.dst_ip = 0x0A0100FF;
+  s.info.tree_id = x.t.ring_id;
+  s.info.dtype = static_cast<uint8_t>(wire::Dtype::fp32);
+  s.info.op = static_cast<uint8_t>(wire::ReduceOp::sum);
+  s.data = d.data();
+  s.data_len = d.size();
+  std::vector<uint8_t> f(wire::b2b_frame_size(d.size()));
+  REQUIRE(wire::build_b2b(s, f.data(), f.size()) == f.size());
+  CHECK(x.boxes[0]->feed(f).reason == Reason::fwd_b2b_transit);
+  // A box with no tree: the port is ordinary traffic, as before trees.
+  Harness plain;
+  REQUIRE(plain.e->install_ring(ring_spec(1, 4)).ok());
+  s.dst_ip = kRootIp;
+  REQUIRE(wire::build_b2b(s, f.data(), f.size()) == f.size());
+  CHECK(plain.feed(f).reason == Reason::fwd_not_roce);
+}
+
+TEST_CASE("box-to-box frames: unknown box, unknown tree, corrupted, malformed, late",
+          "[engine][tree]") {
+  Fabric x({1, 1}, wire::Dtype::fp32, wire::ReduceOp::sum);
+  x.add_message();
+  std::vector<uint8_t> d(232, 0);  // packet 0's data
+  auto frame = [&](uint32_t src, uint32_t dst, wire::B2bKind kind, uint16_t child, uint32_t tree) {
+    wire::B2bFrameSpec s;
+    s.src_ip = src;
+    s.dst_ip = dst;
+    s.info.kind = kind;
+    s.info.tree_id = tree;
+    s.info.msg_len = 3;
+    s.info.child = child;
+    s.info.dtype = static_cast<uint8_t>(wire::Dtype::fp32);
+    s.info.op = static_cast<uint8_t>(wire::ReduceOp::sum);
+    s.data = d.data();
+    s.data_len = d.size();
+    std::vector<uint8_t> f(wire::b2b_frame_size(d.size()));
+    REQUIRE(wire::build_b2b(s, f.data(), f.size()) == f.size());
+    return f;
+  };
+  const auto partial = wire::B2bKind::partial;
+  const auto result = wire::B2bKind::result;
+  auto& root = *x.boxes[0];
+  auto& leaf = *x.boxes[1];
+  CHECK(root.feed(frame(leaf_ip(0), kRootIp, partial, 1, 1)).reason == Reason::b2b_unknown_box);
+  CHECK(root.feed(frame(leaf_ip(0), kRootIp, partial, 2, 1)).reason == Reason::b2b_unknown_box);
+  CHECK(root.feed(frame(leaf_ip(0), kRootIp, result, 0, 1)).reason == Reason::b2b_unknown_box);
+  CHECK(root.feed(frame(leaf_ip(0), kRootIp, partial, 0, 9)).reason == Reason::b2b_unknown_tree);
+  CHECK(leaf.feed(frame(leaf_ip(1), leaf_ip(0), result, 0, 1)).reason == Reason::b2b_unknown_box);
+  CHECK(leaf.feed(frame(kRootIp, leaf_ip(0), result, 1, 1)).reason == Reason::b2b_unknown_box);
+  CHECK(leaf.feed(frame(kRootIp, leaf_ip(0), partial, 0, 1)).reason == Reason::b2b_unknown_box);
+  // A result nobody awaits (no partial went up): dropped, not delivered.
+  CHECK(leaf.feed(frame(kRootIp, leaf_ip(0), result, 0, 1)).reason ==
+        Reason::b2b_result_unexpected);
+  auto bad = frame(leaf_ip(0), kRootIp, partial, 0, 1);
+  bad.back() ^= 1;
+  CHECK(root.feed(bad).reason == Reason::b2b_bad_checksum);
+  bad = frame(leaf_ip(0), kRootIp, partial, 0, 1);
+  bad[sizeof(wire::EthHdr) + sizeof(wire::Ipv4Hdr) + sizeof(wire::UdpHdr) + 2] = 9;  // version
+  CHECK(root.feed(bad).reason == Reason::b2b_malformed);
+  for (unsigned b = 0; b < 3; ++b) CHECK(x.boxes[b]->take_sent().empty());
+  CHECK(x.info(0).counters.drops[static_cast<size_t>(Reason::b2b_unknown_box)] == 3);
+  // The job still works, and the drops took no cell.
+  for (uint32_t k = 0; k < x.packets(0); ++k)
+    for (unsigned r = 0; r < 2; ++r) x.send(r, 0, k);
+  CHECK(x.all_delivered());
+  x.check_exactly_once();
+  // A resend into a complete leaf cell is served there: nothing goes up.
+  x.send(0, 0, 0);
+  CHECK(x.delivered[{0, 0, 0}] == 2);  // served from leaf A's cell, no partial sent
+  CHECK(x.info(1).counters.tree.partials_resent == 0);
+}
+
+TEST_CASE("tree specs are checked against the ring; same tree again is a no-op", "[engine][tree]") {
+  Harness h;
+  const auto spec = ring_spec(1, 4);
+  TreeSpec t;
+  t.self = box(leaf_ip(0));
+  t.children = {TreeSpec::rank(0), TreeSpec::rank(1)};
+  t.has_parent = true;
+  t.parent = box(kRootIp);
+  auto refused = [&](TreeSpec bad, const char* field) {
+    const Status s = h.e->install_ring(spec, bad);
+    INFO(s.message());
+    CHECK(!s.ok());
+    CHECK(s.field() == field);
+  };
+  TreeSpec b = t;
+  b.self.ip = 0;
+  refused(b, "self");
+  b = t;
+  b.children = {TreeSpec::rank(0), TreeSpec::rank(4)};
+  refused(b, "children");
+  b = t;
+  b.children = {TreeSpec::rank(0), TreeSpec::rank(0)};
+  refused(b, "children");
+  b = t;
+  b.children.push_back(TreeSpec::box(0));
+  refused(b, "children");
+  b = t;
+  b.boxes.push_back(box(leaf_ip(3)));
+  refused(b, "children");  // a child box that is not a child
+  b = t;
+  b.parent.ip = t.self.ip;
+  refused(b, "parent");
+  b = t;
+  b.has_parent = false;
+  refused(b, "parent");  // a root without child boxes
+  CHECK(h.e->ring_count() == 0);
+  REQUIRE(h.e->install_ring(spec, t).ok());
+  CHECK(h.e->install_ring(spec, t).ok());
+  b = t;
+  b.children = {TreeSpec::rank(1), TreeSpec::rank(0)};
+  CHECK(h.e->install_ring(spec, b).code() == StatusCode::conflict);
+  CHECK(h.e->install_ring(spec).code() == StatusCode::conflict);
+  const auto info = h.e->ring_info(1);
+  REQUIRE(info);
+  REQUIRE(info->tree);
+  CHECK(*info->tree == t);
+  // Removing the ring releases what its tree node held.
+  RingTraffic tr;
+  tr.ranks = 4;
+  std::vector<uint8_t> d(232, 0);
+  CHECK(h.feed(tr.packet(0, 0, d, 10, 0)).verdict == Verdict::held);
+  std::vector<engine::Pkt> released;
+  REQUIRE(h.e->remove_ring(1, 0, released).ok());
+  CHECK(released.size() == 1);
+
+  engine::EngineConfig acc;
+  acc.mode = engine::ReduceMode::accumulate;
+  Harness ha(acc);
+  CHECK(ha.e->install_ring(spec, t).code() == StatusCode::unimplemented);
+}
+
+TEST_CASE("randomized fabrics: loss and duplication on every link, resends until done",
+          "[engine][tree]") {
+  const auto dtypes = {wire::Dtype::fp32,  wire::Dtype::fp16,  wire::Dtype::bf16,
+                       wire::Dtype::int32, wire::Dtype::int64, wire::Dtype::fp64};
+  const auto ops = {wire::ReduceOp::sum, wire::ReduceOp::min, wire::ReduceOp::max};
+  for (uint32_t seed = 1; seed <= 300; ++seed) {
+    std::mt19937 rng(seed);
+    std::vector<unsigned> sizes(2 + rng() % 3);
+    for (auto& s : sizes) s = 1 + rng() % 4;
+    const auto dt = *(dtypes.begin() + seed % dtypes.size());
+    const auto op = *(ops.begin() + (seed / dtypes.size()) % ops.size());
+    const bool at_root = seed % 5 == 0;
+    const bool inner = seed % 2 == 0;
+    INFO("seed " << seed << " racks " << sizes.size() << " root ranks " << at_root << " inner "
+                 << inner);
+    Fabric x(sizes, dt, op, at_root, 4, inner);
+    x.rng.seed(seed);
+    const unsigned messages = 1 + rng() % 4;
+    for (unsigned m = 0; m < messages; ++m) x.add_message(8 * (1 + rng() % 93));
+    const double loss = 0.02 * (rng() % 6), dup = 0.02 * (rng() % 4);
+    std::uniform_real_distribution<double> u(0, 1);
+    x.lose = [&](unsigned, unsigned, const std::vector<uint8_t>&) { return u(rng) < loss; };
+    x.duplicate = [&](const std::vector<uint8_t>&) { return u(rng) < dup; };
+    unsigned round = 0;
+    for (; round < 60 && !x.all_delivered(); ++round) {
+      // Every worker sends what its receiver lacks (go-back-N in spirit:
+      // in PSN order), each packet itself possibly lost on the way in.
+      std::vector<PacketId> todo;
+      for (uint32_t m = 0; m < messages; ++m)
+        for (uint32_t k = 0; k < x.packets(m); ++k) {
+          const size_t from = todo.size();
+          for (unsigned r = 0; r < x.t.ranks; ++r)
+            if (!x.delivered.count({r, m, k})) todo.push_back({r, m, k});
+          std::shuffle(todo.begin() + static_cast<long>(from), todo.end(), rng);
+        }
+      for (const PacketId& p : todo) {
+        if (u(rng) < loss) continue;
+        x.send(p.rank, p.m, p.k);
+        if (u(rng) < dup) x.send(p.rank, p.m, p.k);
+      }
+    }
+    REQUIRE(x.all_delivered());
+    x.check_exactly_once();
+  }
+}
