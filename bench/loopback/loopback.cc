@@ -41,11 +41,14 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -88,6 +91,63 @@ class Box {
   netreduce::DataplaneClient client_;
 };
 
+// --scrape-hz: a second control client asks the box what netreduced asks it
+// for every /metrics scrape (status, stats, list_rings), `hz` times a second,
+// on its own thread, from construction to destruction. `window()` counts the
+// scrapes completed since the previous call and their latency.
+class Scraper {
+ public:
+  Scraper(const std::string& socket, double hz) {
+    if (hz <= 0) return;
+    thread_ = std::thread([this, socket, hz] {
+      Box box(socket);
+      const auto period = std::chrono::duration<double>(1.0 / hz);
+      auto next = std::chrono::steady_clock::now();
+      while (!stop_.load(std::memory_order_relaxed)) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (const json& req : {netreduce::dpcmd::status(), netreduce::dpcmd::stats(),
+                                netreduce::dpcmd::list_rings()})
+          if (!box.call(req, false).value("ok", false)) failed_.fetch_add(1);
+        const double ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count();
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          ++count_;
+          sum_ms_ += ms;
+          max_ms_ = std::max(max_ms_, ms);
+        }
+        next += std::chrono::duration_cast<std::chrono::steady_clock::duration>(period);
+        while (!stop_.load(std::memory_order_relaxed) && std::chrono::steady_clock::now() < next)
+          std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+              next - std::chrono::steady_clock::now(), std::chrono::milliseconds(10)));
+      }
+    });
+  }
+  ~Scraper() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  json window() {
+    std::lock_guard<std::mutex> l(mu_);
+    json j = {{"scrapes", count_},
+              {"failed_requests", failed_.exchange(0)},
+              {"mean_ms", count_ ? sum_ms_ / double(count_) : 0.0},
+              {"max_ms", max_ms_}};
+    count_ = 0;
+    sum_ms_ = max_ms_ = 0;
+    return j;
+  }
+
+ private:
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> failed_{0};
+  std::mutex mu_;
+  uint64_t count_ = 0;
+  double sum_ms_ = 0, max_ms_ = 0;
+};
+
 constexpr unsigned kBurst = 32;
 constexpr unsigned kRoundPackets = 8192;
 constexpr unsigned kPoolMbufs = 24576;
@@ -113,6 +173,7 @@ struct Options {
   std::string json_out;
   bool quiet = false;
   size_t max_inflight = 0;     // 0: 4096 in process, 512 over ports
+  double scrape_hz = 0;        // a scraper's status+stats+list_rings per second (0: none)
   double idle_seconds = 2;     // inproc: the idle phase (0: none)
   int idle_sleep_max_us = -1;  // inproc: the box's idle_sleep_max_us (-1: its default)
   std::string reduce_mode = "deterministic";  // inproc: the box's engine.reduce_mode
@@ -566,6 +627,7 @@ json sweep(const Options& o, const Ports& ports) {
     }
   } pause_at_exit{o.pause_box_at_exit ? &box : nullptr};
   if (o.pause_box_at_exit) box.call(netreduce::dpcmd::set_polling(true));
+  Scraper scraper(o.box_socket, o.scrape_hz);
   json points = json::array();
   uint64_t next = 0;
   for (unsigned P : o.ranks)
@@ -618,8 +680,10 @@ json sweep(const Options& o, const Ports& ports) {
                 "--no-install: the box has no ring " + std::to_string(s.ring_id) +
                 " matching the generator (install " + netreduce::ring_to_json(ring).dump() + ")");
         }
+        if (o.scrape_hz > 0) (void)scraper.window();
         const Figures agg = measure(o, ports, t, box, true, next);
         pt["aggregate"] = figures_json(agg, t);
+        if (o.scrape_hz > 0) pt["aggregate"]["scrape"] = scraper.window();
         pt["box_ns_over_crc"] =
             pt["aggregate"]["box_ns_per_packet"].get<double>() / pt["crc_ns"].get<double>();
         if (fwd) {
@@ -1007,6 +1071,10 @@ int main(int argc, char** argv) {
   app.add_flag("--per-worker", o.per_worker,
                "inproc: the per-worker phase instead of the sweep (aggregate only; per box "
                "worker: busy and CPU ns per packet), e.g. with --workers 1 as the baseline");
+  app.add_option("--scrape-hz", o.scrape_hz,
+                 "a second control client asks status, stats and list_rings (a netreduced "
+                 "scrape) this often per second during the sweep (0: never)")
+      ->check(CLI::Range(0.0, 10000.0));
   app.add_option("--max-inflight", o.max_inflight,
                  "frames sent and not yet back (default 4096 in process, 512 over ports; must "
                  "exceed ranks x msg-len)");
@@ -1196,6 +1264,17 @@ int main(int argc, char** argv) {
       print_per_worker(report["per_worker"]["points"], o.workers);
     else
       print_table(report);
+    for (const auto& p : report["points"])
+      if (p.contains("aggregate") && p["aggregate"].contains("scrape")) {
+        const json& sc = p["aggregate"]["scrape"];
+        std::printf(
+            "P=%u payload=%u %s: %llu scrapes during the aggregate run (mean %.2f ms, "
+            "max %.2f ms, %llu failed requests)\n",
+            p["ranks"].get<unsigned>(), p["payload"].get<unsigned>(),
+            p["dtype"].get<std::string>().c_str(),
+            (unsigned long long)sc["scrapes"].get<uint64_t>(), sc["mean_ms"].get<double>(),
+            sc["max_ms"].get<double>(), (unsigned long long)sc["failed_requests"].get<uint64_t>());
+      }
     if (o.remove_mid_run)
       for (const auto& p : report["points"]) {
         const json& v = p["aggregate"]["verified"];

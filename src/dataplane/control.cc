@@ -16,7 +16,8 @@
 //                                                     for rings.retire_grace_ms, then it is gone
 //                                                     (listed under "retiring" in status, stats
 //                                                     and list_rings meanwhile)
-//   {"cmd": "list_rings"} / {"cmd": "get_ring", "id": 7}
+//   {"cmd": "list_rings"} / {"cmd": "get_ring", "id": 7}  -> rings by id: spec, counters, cells,
+//                                                     "worker", "published_age_ms", "answering"
 //   {"cmd": "install_ctt", ...} / "remove_ctt" / "list_ctt"   reserved for multi-rack
 //                                                     connection translation: "unimplemented"
 //   {"cmd": "set_mode", "mode": "forward"}           -> {"ok": true, "mode": ..., "previous": ...}
@@ -33,10 +34,14 @@
 //                                                     that could not be waited out
 //   {"cmd": "shutdown"}
 // Errors: {"ok": false, "error": {"code": "...", "field": "...", "message": "..."}}.
-// Requests that run a command on workers (stats, list_rings, get_ring,
-// install_ring, remove_ring; telemetry too) answer "unavailable", field
-// control.command_timeout_ms, naming the worker and its lcore, when a worker
-// does not take the command in time (Dataplane::on_worker; dataplane.h).
+// Requests that run a command on workers (install_ring, remove_ring) answer
+// "unavailable", field control.command_timeout_ms, naming the worker and its
+// lcore, when a worker does not take the command in time
+// (Dataplane::on_worker; dataplane.h). Reads run no command: stats,
+// list_rings, get_ring and telemetry copy each worker's publication
+// (Published, dataplane.h), waiting for a fresh one at most that long; a
+// worker that does not publish in time shows its last figures with their
+// age ("published_age_ms", "answering": false).
 // Every line gets one reply, also a line that is not JSON or not UTF-8
 // (replies replace invalid UTF-8; handle_request never throws). The transport
 // (who may connect, how many, buffering) is in control_socket.h.
@@ -50,9 +55,11 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "common/dataplane_protocol.h"
@@ -100,48 +107,46 @@ struct Snapshot {
   bool answering = true;  // false: the worker missed a deadline and has published nothing since
   WorkerStats stats;
   engine::ReasonCounters reasons{};
-  std::vector<engine::RingInfo> rings;  // filled only when asked for
   size_t ring_count = 0;
   size_t retired_count = 0;  // tombstones of removed rings in their grace
   uint64_t memory = 0;
 };
 
-Snapshot snapshot_of(Worker& w, bool rings, uint64_t stall_cycles) {
+Snapshot snapshot_of(const Figures& p) {
   Snapshot s;
-  s.stats = w.stats;
-  s.reasons = w.engine->counters();
-  s.memory = w.engine->memory_in_use();
-  s.ring_count = w.engine->ring_count();
-  s.retired_count = w.engine->retired_count();
-  if (rings)
-    for (uint32_t id : w.engine->ring_ids())
-      if (auto i = w.engine->ring_info(id, rte_get_tsc_cycles(), stall_cycles))
-        s.rings.push_back(*i);
+  s.stats = p.stats;
+  s.reasons = p.reasons;
+  s.memory = p.memory;
+  s.ring_count = p.rings;
+  s.retired_count = p.retired;
   return s;
 }
 
-// Every worker's snapshot. Counters only (`rings` false): read from each
-// worker's publication, no command (a worker that does not publish in time
-// shows its last figures and their age). With the rings' details: a command
-// on each worker; the first that does not answer in time fails it
-// (Dataplane::on_worker names it).
-Status snapshots(Dataplane& dp, bool rings, std::vector<Snapshot>& out) {
-  const uint64_t stall = rte_get_tsc_hz() / 1000 * dp.config().stall_timeout_ms;
-  out.assign(dp.workers().size(), Snapshot{});
-  for (unsigned i = 0; i < dp.workers().size(); ++i) {
-    if (rings) {
-      if (Status s = dp.on_worker(i, [&](Worker& w) { out[i] = snapshot_of(w, rings, stall); }); !s)
-        return s;
-      continue;
-    }
-    const Figures p = dp.read_published(i, out[i].age_ms, &out[i].answering);
-    out[i].stats = p.stats;
-    out[i].reasons = p.reasons;
-    out[i].memory = p.memory;
-    out[i].ring_count = p.rings;
-    out[i].retired_count = p.retired;
+// Every worker's counters, read from its publication (no command): a worker
+// that does not publish in time shows its last figures and their age.
+std::vector<Snapshot> snapshots(Dataplane& dp) {
+  std::vector<Snapshot> out(dp.workers().size());
+  for (unsigned i = 0; i < out.size(); ++i) {
+    double age = 0;
+    bool answering = true;
+    out[i] = snapshot_of(dp.read_published(i, age, &answering));
+    out[i].age_ms = age;
+    out[i].answering = answering;
   }
-  return {};
+  return out;
+}
+
+// One worker's ring figures as read_published gives them (rings: true).
+struct RingSnapshot {
+  std::vector<engine::RingFigures> rings;
+  double age_ms = 0;
+  bool answering = true;
+};
+
+RingSnapshot ring_snapshot(Dataplane& dp, unsigned w) {
+  RingSnapshot r;
+  dp.read_published(w, r.age_ms, &r.answering, &r.rings);
+  return r;
 }
 
 // Telemetry puts both lists in one dict (telemetry_stats).
@@ -247,12 +252,7 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
 int telemetry_stats(const char*, const char*, rte_tel_data* d) {
   TelemetryCall call;
   if (!call.dp) return -1;
-  std::vector<Snapshot> snaps;
-  if (Status s = snapshots(*call.dp, false, snaps); !s) {
-    rte_tel_data_start_dict(d);
-    rte_tel_data_add_dict_string(d, "error", s.to_string().c_str());
-    return 0;
-  }
+  const std::vector<Snapshot> snaps = snapshots(*call.dp);
   engine::ReasonCounters sum{};
   // Summed over workers: packets, the data plane's own reasons
   // (dataplane/reasons.h), and the idle rule's sleeps.
@@ -286,11 +286,10 @@ int telemetry_stats(const char*, const char*, rte_tel_data* d) {
 int telemetry_rings(const char*, const char*, rte_tel_data* d) {
   TelemetryCall call;
   if (!call.dp) return -1;
-  std::vector<Snapshot> snaps;
-  if (!snapshots(*call.dp, true, snaps)) return -1;
   rte_tel_data_start_array(d, RTE_TEL_INT_VAL);
-  for (const auto& s : snaps)
-    for (const auto& r : s.rings) rte_tel_data_add_array_int(d, static_cast<int>(r.spec.ring_id));
+  for (unsigned w = 0; w < call.dp->workers().size(); ++w)
+    for (const auto& r : ring_snapshot(*call.dp, w).rings)
+      rte_tel_data_add_array_int(d, static_cast<int>(r.ring_id));
   return 0;
 }
 
@@ -334,34 +333,44 @@ json Dataplane::answer(const std::string& line) {
     }
     if (cmd == dpcmd::kListRings || cmd == dpcmd::kGetRing) {
       uint32_t want = 0;
-      if (cmd == dpcmd::kGetRing)
-        if (Status s = ring_id(want); !s) return error_json(s);
-      json arr = json::array();
-      std::vector<Snapshot> snaps;
-      if (Status s = snapshots(*this, true, snaps); !s) return error_json(s);
-      for (size_t w = 0; w < snaps.size(); ++w)
-        for (const auto& r : snaps[w].rings) {
-          if (cmd == dpcmd::kGetRing && r.spec.ring_id != want) continue;
-          json j = ring_info_to_json(r);
-          j["worker"] = w;
-          arr.push_back(j);
-        }
       if (cmd == dpcmd::kGetRing) {
-        if (arr.empty()) {
+        if (Status s = ring_id(want); !s) return error_json(s);
+        if (!rings_.count(want)) {
           std::string why;
           for (const Retiring& r : retiring_)
             if (r.spec.ring_id == want)
               why = " (removed; retiring, " + seconds_left(r) + " s left)";
           return error_json({StatusCode::not_found, "id", "no ring " + std::to_string(want) + why});
         }
-        return json{{"ok", true}, {"ring", arr[0]}};
       }
+      // Specs and owners from the registry (this thread's), figures from
+      // each owner's publication: no command, a stuck worker's rings show
+      // their last figures and age.
+      std::vector<std::optional<RingSnapshot>> snaps(workers_.size());
+      std::vector<uint32_t> ids;
+      for (const auto& [id, e] : rings_)
+        if (cmd == dpcmd::kListRings || id == want) ids.push_back(id);
+      std::sort(ids.begin(), ids.end());
+      json arr = json::array();
+      for (uint32_t id : ids) {
+        const RingEntry& e = rings_.at(id);
+        if (!snaps[e.owner]) snaps[e.owner] = ring_snapshot(*this, e.owner);
+        const RingSnapshot& rs = *snaps[e.owner];
+        engine::RingInfo info;
+        for (const engine::RingFigures& f : rs.rings)
+          if (f.ring_id == id) static_cast<engine::RingFigures&>(info) = f;
+        info.spec = e.spec;
+        json j = ring_info_to_json(info);
+        j["worker"] = e.owner;
+        j["published_age_ms"] = rs.age_ms;
+        j["answering"] = rs.answering;
+        arr.push_back(std::move(j));
+      }
+      if (cmd == dpcmd::kGetRing) return json{{"ok", true}, {"ring", arr[0]}};
       return json{{"ok", true}, {"rings", arr}, {"retiring", retiring_json()}};
     }
     if (cmd == dpcmd::kStats) {
-      std::vector<Snapshot> snaps;
-      if (Status s = snapshots(*this, false, snaps); !s) return error_json(s);
-      json j = stats_json(*this, snaps);
+      json j = stats_json(*this, snapshots(*this));
       j["retiring"] = retiring_json();
       j["ok"] = true;
       return j;
@@ -493,8 +502,12 @@ Status Dataplane::run() {
 }
 
 void Dataplane::final_report() {
+  // Every worker has stopped: their last publications are final.
   std::vector<Snapshot> snaps;
-  for (Worker* w : workers_) snaps.push_back(snapshot_of(*w, false, 0));
+  for (Worker* w : workers_) {
+    publish(*w, rte_rdtsc());
+    snaps.push_back(snapshot_of(w->pub.f));
+  }
   json j = stats_json(*this, snaps);
   j["final"] = true;
   std::printf("%s\n", j.dump().c_str());

@@ -177,6 +177,10 @@ Status Dataplane::setup() {
                     },
                     pool_};
     w->engine = std::make_unique<engine::Engine>(ec);
+    w->stall_cycles = rte_get_tsc_hz() / 1000 * uint64_t{cfg_.stall_timeout_ms};
+    w->ring_store = std::make_unique<engine::RingFigures[]>(cfg_.max_rings);
+    w->pub.ring_figures = w->ring_store.get();
+    w->pub.ring_capacity = cfg_.max_rings;
     publish(*w, rte_rdtsc());
     const std::string id = std::to_string(i);
     w->inbox = rte_ring_create(("nr_in" + id).c_str(), 4096, rte_socket_id(), RING_F_SC_DEQ);
@@ -362,7 +366,7 @@ void Dataplane::worker_loop(Worker& w) {
   rte_rcu_qsbr_thread_unregister(qsbr_, w.index);
 }
 
-void Dataplane::publish(Worker& w, uint64_t now) {
+void Dataplane::publish(Worker& w, uint64_t now, bool rings) {
   Published& p = w.pub;
   const uint32_t s = p.seq.load(std::memory_order_relaxed);
   p.seq.store(s + 1, std::memory_order_relaxed);  // odd: writing
@@ -373,26 +377,38 @@ void Dataplane::publish(Worker& w, uint64_t now) {
   p.f.memory = w.engine->memory_in_use();
   p.f.rings = static_cast<uint32_t>(w.engine->ring_count());
   p.f.retired = static_cast<uint32_t>(w.engine->retired_count());
+  if (rings || w.rings_asked.load(std::memory_order_relaxed) > p.f.rings_tsc) {
+    p.f.ring_figures = w.engine->ring_figures(p.ring_figures, p.ring_capacity, now, w.stall_cycles);
+    p.f.rings_tsc = now;
+  }
   p.seq.store(s + 2, std::memory_order_release);  // even: done
   w.published_at = now;
 }
 
-Figures Dataplane::read_published(unsigned idx, double& age_ms, bool* answering) {
+Figures Dataplane::read_published(unsigned idx, double& age_ms, bool* answering,
+                                  std::vector<engine::RingFigures>* rings) {
   Worker& w = *workers_[idx];
   const uint64_t hz = rte_get_tsc_hz();
   // Workers not running (before start, after stop) publish nothing more:
   // the control thread publishes for them (nobody else writes then).
   bool running = started_ && !w.stopped.load(std::memory_order_acquire);
-  if (!started_) {  // callers (control socket, telemetry) may race here: one publishes at a time
+  if (!running) {  // callers (control socket, telemetry) may race here: one publishes at a time
     std::lock_guard<std::mutex> lock(on_worker_mu_);
-    publish(w, rte_rdtsc());
+    publish(w, rte_rdtsc(), rings != nullptr);
   }
+  if (rings) rings->reserve(w.pub.ring_capacity);  // the copies below allocate nothing
   const uint64_t asked = rte_rdtsc();
-  if (running) {
-    uint64_t prev = w.asked.load(std::memory_order_relaxed);
-    while (prev < asked && !w.asked.compare_exchange_weak(prev, asked, std::memory_order_relaxed)) {
+  auto ask = [asked](std::atomic<uint64_t>& a) {
+    uint64_t prev = a.load(std::memory_order_relaxed);
+    while (prev < asked && !a.compare_exchange_weak(prev, asked, std::memory_order_relaxed)) {
     }
+  };
+  if (running) {
+    if (rings) ask(w.rings_asked);  // before `asked`: the worker reads them in that order
+    ask(w.asked);
   }
+  // What the reader waits for: the figures it asked for copied after `asked`.
+  auto copied_at = [rings](const Figures& f) { return rings ? f.rings_tsc : f.tsc; };
   // A worker that missed a reader's deadline and has published nothing
   // since is not waited for again (its last figures, with their age).
   const uint64_t missed = w.unanswered.load(std::memory_order_relaxed);
@@ -403,9 +419,12 @@ Figures Dataplane::read_published(unsigned idx, double& age_ms, bool* answering)
     const uint32_t s0 = w.pub.seq.load(std::memory_order_acquire);
     if ((s0 & 1) == 0) {
       out = w.pub.f;
+      if (rings)
+        rings->assign(w.pub.ring_figures,
+                      w.pub.ring_figures + std::min(out.ring_figures, w.pub.ring_capacity));
       std::atomic_thread_fence(std::memory_order_acquire);
       if (w.pub.seq.load(std::memory_order_relaxed) == s0 &&
-          (!running || out.tsc >= asked || std::chrono::steady_clock::now() > deadline))
+          (!running || copied_at(out) >= asked || std::chrono::steady_clock::now() > deadline))
         break;
     }
     if (running && w.stopped.load(std::memory_order_acquire)) {
@@ -418,13 +437,15 @@ Figures Dataplane::read_published(unsigned idx, double& age_ms, bool* answering)
     if (running && (s0 & 1) &&
         std::chrono::steady_clock::now() > deadline + std::chrono::milliseconds(10)) {
       out = Figures{};
+      if (rings) rings->clear();
       break;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
-  age_ms = out.tsc >= asked ? 0.0 : double(asked - out.tsc) * 1e3 / double(hz);
+  const uint64_t at = copied_at(out);
+  age_ms = at >= asked ? 0.0 : double(asked - at) * 1e3 / double(hz);
   // Answering: fresh figures, or (not waited for) published since it missed.
-  const bool ok = !running || out.tsc >= asked || (missed && out.tsc >= missed);
+  const bool ok = !running || at >= asked || (missed && out.tsc >= missed);
   if (ok)
     w.unanswered.store(0, std::memory_order_relaxed);
   else if (!missed)

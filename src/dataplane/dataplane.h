@@ -157,6 +157,11 @@ struct alignas(64) WorkerStats {
 // control.command_timeout_ms) until `tsc` passes it, so a stats reply counts
 // every packet handled before the request. A worker that does not answer in
 // time leaves its last publication, whose age the reply shows.
+//
+// The rings' figures (engine::RingFigures, every installed ring's counters
+// and cells) are copied only when a reader asks for them (`rings_asked`,
+// list_rings / get_ring / telemetry, i.e. a scrape), not every kPublishMs:
+// a fixed array, no allocation, under the same `seq`.
 struct Figures {
   uint64_t tsc = 0;  // worker's TSC when it copied the rest
   WorkerStats stats;
@@ -164,10 +169,16 @@ struct Figures {
   uint64_t memory = 0;
   uint32_t rings = 0;
   uint32_t retired = 0;
+  uint64_t rings_tsc = 0;     // worker's TSC at its last copy of the ring figures (0: none)
+  uint32_t ring_figures = 0;  // entries of Published::ring_figures that copy filled
 };
 struct alignas(64) Published {
   std::atomic<uint32_t> seq{0};  // worker writes; control reads
   Figures f;                     // worker writes (seq odd); control copies (seq even, unchanged)
+  // max_rings entries, allocated by setup (Worker::ring_store); the worker
+  // writes (seq odd), readers copy f.ring_figures of them (seq even, unchanged).
+  engine::RingFigures* ring_figures = nullptr;
+  uint32_t ring_capacity = 0;  // setup
 };
 
 struct alignas(64) Worker {
@@ -200,13 +211,19 @@ struct alignas(64) Worker {
   // `asked` on a line of its own too (control writes it, the worker reads it
   // once per loop iteration).
   Published pub;
+  std::unique_ptr<engine::RingFigures[]> ring_store;  // pub.ring_figures' storage (setup)
   alignas(64) std::atomic<uint64_t> asked{0};
+  // Same line, same writers: a reader wanting the rings' figures stores its
+  // TSC here before `asked`; the worker copies them when this passes the
+  // last copy's (Figures::rings_tsc).
+  std::atomic<uint64_t> rings_asked{0};
   // A reader's `asked` that the worker did not answer within
   // control.command_timeout_ms (0: none). While the worker has published
   // nothing since, readers take its last figures without waiting again.
   // Written and read by readers (control thread, telemetry); not the worker.
   std::atomic<uint64_t> unanswered{0};
   uint64_t published_at = 0;  // worker only: TSC of its last publication
+  uint64_t stall_cycles = 0;  // setup: stall_timeout_ms in TSC (RingFigures::stalled_cells)
   uint64_t last_flush = 0;
   uint64_t last_busy = 0;  // TSC of the last iteration that moved packets (idle rule)
   uint32_t sleep_us = 0;   // the idle rule's current step; 0: not sleeping
@@ -296,7 +313,11 @@ class Dataplane {
   // until it publishes again; `answering` says which. Control thread and
   // DPDK telemetry's thread (Worker::unanswered: a lost update between them
   // only costs one more wait).
-  Figures read_published(unsigned w, double& age_ms, bool* answering = nullptr);
+  // With `rings`: the rings' figures too (asked for, and waited for, the
+  // same way; `age_ms` is then theirs); no allocation once `rings` has
+  // max_rings capacity.
+  Figures read_published(unsigned w, double& age_ms, bool* answering = nullptr,
+                         std::vector<engine::RingFigures>* rings = nullptr);
   static constexpr unsigned kPublishMs = 1;
 
   const DataplaneConfig& config() const { return cfg_; }
@@ -311,7 +332,9 @@ class Dataplane {
   // The idle rule (dataplane.h top): sleeps if the worker has been idle long
   // enough; `now` is this iteration's TSC.
   void idle(Worker& w, bool moved, uint64_t now);
-  static void publish(Worker& w, uint64_t now);  // the worker's side of Published
+  // The worker's side of Published: the rings' figures too if `rings` or a
+  // reader asked for them since the last copy.
+  static void publish(Worker& w, uint64_t now, bool rings = false);
   const LinkTable* links() const { return links_.load(std::memory_order_acquire); }
   rte_rcu_qsbr* qsbr() const { return qsbr_; }
   rte_mempool* pool() const { return pool_; }

@@ -798,6 +798,10 @@ size_t Engine::ring_count() const noexcept { return impl_->rings.count(); }
 std::optional<RingInfo> Engine::ring_info(uint32_t ring_id, uint64_t now, uint64_t stall) const {
   return impl_->rings.info(ring_id, now, stall);
 }
+unsigned Engine::ring_figures(RingFigures* out, unsigned cap, uint64_t now,
+                              uint64_t stall) const noexcept {
+  return impl_->rings.figures(out, cap, now, stall);
+}
 const ReasonCounters& Engine::counters() const noexcept { return impl_->counters; }
 TableStats Engine::table_stats() const noexcept {
   TableStats t = impl_->stats;

@@ -241,8 +241,11 @@ struct TableStats {
   uint32_t history_probes_max = 0;  // most read for one packet (bounded: never O(S))
 };
 
-struct RingInfo {
-  RingSpec spec;
+// A ring's figures: fixed size, no allocation (Engine::ring_figures copies
+// every ring's into a caller's array: what the data plane publishes for its
+// control thread without a command).
+struct RingFigures {
+  uint32_t ring_id = 0;
   RingCounters counters;
   uint32_t slots = 0;          // S
   uint64_t memory_bytes = 0;   // reserved for the ring (its quota accounting)
@@ -250,6 +253,10 @@ struct RingInfo {
   uint64_t held_bytes = 0;     // their frame bytes
   uint32_t open_cells = 0;     // cells collecting (or awaiting a tree parent's result)
   uint32_t stalled_cells = 0;  // of those, collecting for longer than the asked timeout
+};
+
+struct RingInfo : RingFigures {
+  RingSpec spec;
   // This box's part of the ring's tree, if any.
   std::optional<TreeSpec> tree;
 };
@@ -341,6 +348,11 @@ class Engine {
   // A ring's report; a cell open for longer than `stall` at `now` (both in
   // the clock of process()) counts as stalled; stall 0: none counted.
   std::optional<RingInfo> ring_info(uint32_t ring_id, uint64_t now = 0, uint64_t stall = 0) const;
+  // Every installed ring's figures into out[0..cap) (ring slot order);
+  // returns how many. `now`/`stall` as for ring_info. No allocation: the
+  // engine's thread may call it between bursts.
+  unsigned ring_figures(RingFigures* out, unsigned cap, uint64_t now = 0,
+                        uint64_t stall = 0) const noexcept;
   const ReasonCounters& counters() const noexcept;
   TableStats table_stats() const noexcept;
   uint64_t memory_in_use() const noexcept;

@@ -247,19 +247,17 @@ void RingTable::release_all(Ring& ring, std::vector<Pkt>& released,
   ring.held_bytes = 0;
 }
 
-std::optional<RingInfo> RingTable::info(uint32_t ring_id, uint64_t now, uint64_t stall) const {
-  const int at = find(ring_id);
-  if (at < 0) return std::nullopt;
-  const Ring& r = *rings_[at];
-  RingInfo info;
-  info.spec = r.spec;
-  info.counters = r.counters;
-  info.slots = r.slots;
-  info.memory_bytes = r.memory;
-  info.held_packets = r.held_packets;
-  info.held_bytes = r.held_bytes;
-  info.open_cells = r.open_cells;
-  if (r.tree) info.tree = r.tree->spec;
+namespace {
+
+void figures_of(const Ring& r, uint64_t now, uint64_t stall, RingFigures& f) noexcept {
+  f.ring_id = r.spec.ring_id;
+  f.counters = r.counters;
+  f.slots = r.slots;
+  f.memory_bytes = r.memory;
+  f.held_packets = r.held_packets;
+  f.held_bytes = r.held_bytes;
+  f.open_cells = r.open_cells;
+  f.stalled_cells = 0;
   // Stalled cells: only the open ones are looked at, and the scan stops at
   // the last of them (none open, the common case between messages: no scan).
   uint32_t seen = 0;
@@ -267,9 +265,29 @@ std::optional<RingInfo> RingTable::info(uint32_t ring_id, uint64_t now, uint64_t
     const Cell& c = r.cells[i];
     if (c.state != CellState::collecting && c.state != CellState::awaiting) continue;
     ++seen;
-    if (stall && now > c.first_at && now - c.first_at > stall) ++info.stalled_cells;
+    if (stall && now > c.first_at && now - c.first_at > stall) ++f.stalled_cells;
   }
+}
+
+}  // namespace
+
+std::optional<RingInfo> RingTable::info(uint32_t ring_id, uint64_t now, uint64_t stall) const {
+  const int at = find(ring_id);
+  if (at < 0) return std::nullopt;
+  const Ring& r = *rings_[at];
+  RingInfo info;
+  figures_of(r, now, stall, info);
+  info.spec = r.spec;
+  if (r.tree) info.tree = r.tree->spec;
   return info;
+}
+
+unsigned RingTable::figures(RingFigures* out, unsigned cap, uint64_t now,
+                            uint64_t stall) const noexcept {
+  unsigned n = 0;
+  for (const PreparedRing& r : rings_)
+    if (r && n < cap) figures_of(*r, now, stall, out[n++]);
+  return n;
 }
 
 std::vector<RetiredRing> RingTable::retired_rings(const Clt& clt) const {

@@ -147,6 +147,7 @@ class RingTable {
   }
 
   std::optional<RingInfo> info(uint32_t ring_id, uint64_t now, uint64_t stall) const;
+  unsigned figures(RingFigures* out, unsigned cap, uint64_t now, uint64_t stall) const noexcept;
   std::vector<RetiredRing> retired_rings(const Clt& clt) const;
   std::vector<uint32_t> ids() const;
   size_t count() const noexcept { return by_id_.size(); }

@@ -768,15 +768,15 @@ def idle_scenario(tmp, in_pcap, rng):
 
 def stuck_worker_scenario(tmp, in_pcap):
     """Command deadlines. Two workers (lcores 1 and 2); worker 1 stops polling its
-    command ring (the test-only NETREDUCE_TEST_IGNORE_COMMANDS). A list_rings
-    request (a command on every worker) gets an "unavailable" error naming worker 1
-    and lcore 2; ping and status still answer; later requests needing worker 1 fail
-    at once with the same names; a ring placed on worker 0 installs, one placed on
-    worker 1 fails and is not installed (the cancelled command never runs). Counters
-    need no command: stats and telemetry's stats answer, with both workers' figures
-    fresh (worker 1 still polls its ports and publishes). Worker 0 keeps forwarding
-    (every frame of the capture leaves port 1 byte-identical); shutdown still stops
-    the box cleanly."""
+    command ring (the test-only NETREDUCE_TEST_IGNORE_COMMANDS). Ring 1 goes to
+    worker 0 and installs. Ring 2, placed on worker 1 (least loaded), gets an
+    "unavailable" error naming worker 1 and lcore 2 and is not installed (the
+    cancelled command never runs); ping and status still answer; ring 3 (worker 1
+    again) fails at once with the same names. Reads need no command: list_rings,
+    get_ring, stats and telemetry answer with fresh figures from both workers
+    (worker 1 still polls its ports and publishes), and list_rings shows ring 1 on
+    worker 0 only. Worker 0 keeps forwarding (every frame of the capture leaves
+    port 1 byte-identical); shutdown still stops the box cleanly."""
     others = other_traffic(1)
     wrpcap(in_pcap, others)
     proc, sock, out1 = start_dataplane(tmp, in_pcap, [], 2, extra={"control": {"command_timeout_ms": 300}},
@@ -795,20 +795,26 @@ def stuck_worker_scenario(tmp, in_pcap):
                 assert w in err["message"], (w, reply)
             return err["message"]
 
-        first = refused(ctl(cmd="list_rings"), ["did not take the command within 300 ms", "cancelled"])
+        assert ctl(cmd="install_ring", ring=ring_spec(1, 2, 1, 4, 1024))["ok"]
+        first = refused(ctl(cmd="install_ring", ring=ring_spec(2, 2, 2, 4, 1024)),
+                        ["did not take the command within 300 ms", "cancelled"])
         assert ctl(cmd="ping") == {"ok": True}  # the control socket still answers
         assert ctl(cmd="status")["ok"]
-        again = refused(ctl(cmd="list_rings"), ["has still not taken 1 earlier command"])
-        refused(ctl(cmd="get_ring", id=1), [])
+        again = refused(ctl(cmd="install_ring", ring=ring_spec(3, 2, 3, 4, 1024)),
+                        ["has still not taken 1 earlier command"])
+        assert ctl(cmd="status")["rings"] == 1
+        listed = ctl(cmd="list_rings")
+        assert listed["ok"] and [(r["spec"]["id"], r["worker"]) for r in listed["rings"]] == [(1, 0)], listed
+        assert listed["rings"][0]["answering"] and listed["rings"][0]["published_age_ms"] == 0, listed
+        got = ctl(cmd="get_ring", id=1)
+        assert got["ok"] and got["ring"]["spec"] == listed["rings"][0]["spec"], got
+        assert ctl(cmd="get_ring", id=2)["error"]["code"] == "not_found"
         stats = ctl(cmd="stats")
         assert stats["ok"] and [w["lcore"] for w in stats["workers"]] == [1, 2], stats
         assert all(w["published_age_ms"] == 0 for w in stats["workers"]), stats
-        # Placement: ring 1 on worker 0 (installs), ring 2 on worker 1 (refused, not installed).
-        assert ctl(cmd="install_ring", ring=ring_spec(1, 2, 1, 4, 1024))["ok"]
-        refused(ctl(cmd="install_ring", ring=ring_spec(2, 2, 2, 4, 1024)), [])
-        assert ctl(cmd="status")["rings"] == 1
         tel = query_telemetry("nr%d" % os.getpid(), "/netreduce/stats")
         assert "error" not in tel and "rx_packets" in tel, tel
+        assert query_telemetry("nr%d" % os.getpid(), "/netreduce/rings") == [1]
         return first, again
     (first, again), out, err = drive(proc, sock, body)
     assert "TESTING: worker 1 (lcore 2) ignores its command ring" in out + err, (out + err)[-3000:]
@@ -857,6 +863,12 @@ def stalled_worker_scenario(tmp, in_pcap):
             assert w[0]["answering"] is True and w[0]["published_age_ms"] == 0, w[0]
             assert w[1]["answering"] is False and w[1]["published_age_ms"] > 0, w[1]
         assert ctl(cmd="install_ring", ring=ring_spec(1, 2, 1, 4, 1024))["ok"]
+        # Reads copy publications: worker 0's ring is listed with fresh figures
+        # (worker 1, which publishes nothing, owns no ring and is not waited for).
+        for _ in range(2):
+            listed = ctl(cmd="list_rings")
+            assert listed["ok"] and [(r["spec"]["id"], r["worker"]) for r in listed["rings"]] == [(1, 0)], listed
+            assert listed["rings"][0]["answering"] and listed["rings"][0]["published_age_ms"] == 0, listed
         msgs = [unavailable(ctl(cmd="install_ring", ring=ring_spec(2, 2, 2, 4, 1024)))]
         msgs.append(unavailable(ctl(cmd="set_polling", enabled=False)))
         assert "has still not finished" in msgs[-1] and "stuck" in msgs[-1], msgs[-1]
