@@ -4,7 +4,7 @@
 // -------------------
 // netreduce-dataplane answers on a Unix stream socket, one JSON object per
 // line each way (the server and every command's reply are described at the top
-// of src/dataplane/control.cc). This module holds what both ends and every
+// of src/dataplane/control_api.cc). This module holds what both ends and every
 // client share: the command names (the server dispatches on the same
 // constants), a builder per request, and DataplaneClient, the one client used
 // by the daemon (netreduced), the loopback benchmark and the C++ tests.

@@ -8,11 +8,12 @@
 // sink is drained and the rest of the burst goes in again.
 #include <rte_mbuf.h>
 
-#include "dataplane/dataplane.h"
+#include "dataplane/lcore.h"
 
 namespace netreduce::dataplane {
 
-void aggregate(Dataplane& dp, Worker& w, const engine::Frame* frames, unsigned n, uint64_t now) {
+void aggregate(Lcore& lc, const engine::Frame* frames, unsigned n, uint64_t now) {
+  Worker& w = lc.w;
   engine::Sink& sink = w.sink;
   engine::Outcome outcomes[kMaxBurst];
   unsigned done = 0;
@@ -26,7 +27,7 @@ void aggregate(Dataplane& dp, Worker& w, const engine::Frame* frames, unsigned n
       switch (outcomes[i].verdict) {
         case engine::Verdict::forward:
         case engine::Verdict::emit:
-          transmit(dp, w, m, pkt.meta);
+          transmit(lc, m, pkt.meta);
           break;
         case engine::Verdict::consumed:
         case engine::Verdict::drop:
@@ -40,7 +41,7 @@ void aggregate(Dataplane& dp, Worker& w, const engine::Frame* frames, unsigned n
         auto* rm = static_cast<rte_mbuf*>(r.handle);
         rm->data_len = r.len;
         rm->pkt_len = r.len;
-        transmit(dp, w, rm, r.meta);
+        transmit(lc, rm, r.meta);
       }
     }
     for (unsigned i = 0; i < sink.ndrop; ++i)

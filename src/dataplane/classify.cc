@@ -20,7 +20,7 @@
 #include <rte_mbuf.h>
 #include <rte_prefetch.h>
 
-#include "dataplane/dataplane.h"
+#include "dataplane/lcore.h"
 
 namespace netreduce::dataplane {
 
@@ -34,16 +34,16 @@ inline void prefetch_headers(const rte_mbuf* m) {
 }
 }  // namespace
 
-unsigned classify(Dataplane& dp, Worker& w, rte_mbuf** pkts, unsigned n, engine::Frame* frames) {
+unsigned classify(Lcore& lc, rte_mbuf** pkts, unsigned n, engine::Frame* frames) {
   for (unsigned i = 0; i < kAhead && i < n; ++i) prefetch_headers(pkts[i]);
   unsigned k = 0;
   for (unsigned i = 0; i < n; ++i) {
     if (i + kAhead < n) prefetch_headers(pkts[i + kAhead]);
     rte_mbuf* m = pkts[i];
-    const unsigned slot = m->port == dp.port_id(0) ? 0 : 1;
+    const unsigned slot = lc.slot_of(m->port);
     if (m->nb_segs != 1) {
-      ++w.stats.reasons[slot][index(Reason::multi_segment)];
-      transmit(dp, w, m, slot);
+      ++lc.w.stats.reasons[slot][index(Reason::multi_segment)];
+      transmit(lc, m, slot);
       continue;
     }
     engine::Engine::classify(

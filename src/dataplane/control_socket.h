@@ -1,5 +1,5 @@
 // The control channel's transport: a Unix stream socket carrying one request
-// line and one reply line per request (the protocol is in control.cc).
+// line and one reply line per request (the protocol is in control_api.cc).
 //
 // Theory of operation
 // -------------------

@@ -31,8 +31,6 @@ static_assert(offsetof(rte_ring, prod) % RTE_CACHE_LINE_SIZE == 0 &&
 
 namespace netreduce::dataplane {
 
-namespace {}  // namespace
-
 Dataplane::Dataplane(DataplaneConfig cfg) : cfg_(std::move(cfg)) { mode_.store(cfg_.mode); }
 
 Dataplane::~Dataplane() {
@@ -279,6 +277,11 @@ void Dataplane::worker_loop(Worker& w) {
   ::prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
   rte_mbuf* pkts[kMaxBurst];
   engine::Frame frames[kMaxBurst];
+  Lcore lc{w,
+           {port_ids_[0], port_ids_[1]},
+           workers_.data(),
+           static_cast<unsigned>(workers_.size()),
+           &links_};
   // One TSC read per iteration: its end is the next one's start and `now`.
   uint64_t t0 = rte_rdtsc();
   w.last_busy = t0;
@@ -308,20 +311,20 @@ void Dataplane::worker_loop(Worker& w) {
         pkts[i]->port = port;
       }
       if (!agg) {
-        forward(*this, w, pkts, n);
+        forward(lc, pkts, n);
         continue;
       }
-      const unsigned k = dispatch(*this, w, frames, classify(*this, w, pkts, n, frames));
-      aggregate(*this, w, frames, k, t0);
+      const unsigned k = dispatch(lc, frames, classify(lc, pkts, n, frames));
+      aggregate(lc, frames, k, t0);
     }
     if (poll) {
       const unsigned n =
           rte_ring_dequeue_burst(w.inbox, reinterpret_cast<void**>(pkts), cfg_.burst, nullptr);
       if (n) {
         moved += n;
-        aggregate(*this, w, frames, classify(*this, w, pkts, n, frames), t0);
+        aggregate(lc, frames, classify(lc, pkts, n, frames), t0);
       }
-      moved += flush(*this, w, drained, t0);  // TX handoff packets are work too (idle rule)
+      moved += flush(lc, drained, t0);  // TX handoff packets are work too (idle rule)
     }
     void* c;
     if (!w.ignore_commands && rte_ring_dequeue(w.commands, &c) == 0) {
@@ -347,7 +350,7 @@ void Dataplane::worker_loop(Worker& w) {
   }
   // Stopping: flush what is queued (not while paused: the port's peer may be
   // gone), release everything the engine holds.
-  if (polling()) flush(*this, w, true, rte_rdtsc());
+  if (polling()) flush(lc, true, rte_rdtsc());
   for (uint32_t id : w.engine->ring_ids()) {
     std::vector<engine::Pkt> rel;
     (void)w.engine->remove_ring(id, rte_rdtsc(), rel);
@@ -364,94 +367,6 @@ void Dataplane::worker_loop(Worker& w) {
   w.stopped.store(true, std::memory_order_release);
   rte_rcu_qsbr_thread_offline(qsbr_, w.index);
   rte_rcu_qsbr_thread_unregister(qsbr_, w.index);
-}
-
-void Dataplane::publish(Worker& w, uint64_t now, bool rings) {
-  Published& p = w.pub;
-  const uint32_t s = p.seq.load(std::memory_order_relaxed);
-  p.seq.store(s + 1, std::memory_order_relaxed);  // odd: writing
-  std::atomic_thread_fence(std::memory_order_release);
-  p.f.tsc = now;
-  p.f.stats = w.stats;
-  p.f.reasons = w.engine->counters();
-  p.f.memory = w.engine->memory_in_use();
-  p.f.rings = static_cast<uint32_t>(w.engine->ring_count());
-  p.f.retired = static_cast<uint32_t>(w.engine->retired_count());
-  if (rings || w.rings_asked.load(std::memory_order_relaxed) > p.f.rings_tsc) {
-    p.f.ring_figures = w.engine->ring_figures(p.ring_figures, p.ring_capacity, now, w.stall_cycles);
-    p.f.rings_tsc = now;
-  }
-  p.seq.store(s + 2, std::memory_order_release);  // even: done
-  w.published_at = now;
-}
-
-Figures Dataplane::read_published(unsigned idx, double& age_ms, bool* answering,
-                                  std::vector<engine::RingFigures>* rings) {
-  Worker& w = *workers_[idx];
-  const uint64_t hz = rte_get_tsc_hz();
-  // Workers not running (before start, after stop) publish nothing more:
-  // the control thread publishes for them (nobody else writes then).
-  bool running = started_ && !w.stopped.load(std::memory_order_acquire);
-  if (!running) {  // callers (control socket, telemetry) may race here: one publishes at a time
-    std::lock_guard<std::mutex> lock(on_worker_mu_);
-    publish(w, rte_rdtsc(), rings != nullptr);
-  }
-  if (rings) rings->reserve(w.pub.ring_capacity);  // the copies below allocate nothing
-  const uint64_t asked = rte_rdtsc();
-  auto ask = [asked](std::atomic<uint64_t>& a) {
-    uint64_t prev = a.load(std::memory_order_relaxed);
-    while (prev < asked && !a.compare_exchange_weak(prev, asked, std::memory_order_relaxed)) {
-    }
-  };
-  if (running) {
-    if (rings) ask(w.rings_asked);  // before `asked`: the worker reads them in that order
-    ask(w.asked);
-  }
-  // What the reader waits for: the figures it asked for copied after `asked`.
-  auto copied_at = [rings](const Figures& f) { return rings ? f.rings_tsc : f.tsc; };
-  // A worker that missed a reader's deadline and has published nothing
-  // since is not waited for again (its last figures, with their age).
-  const uint64_t missed = w.unanswered.load(std::memory_order_relaxed);
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(missed && running ? 0 : cfg_.command_timeout_ms);
-  Figures out;
-  for (;;) {
-    const uint32_t s0 = w.pub.seq.load(std::memory_order_acquire);
-    if ((s0 & 1) == 0) {
-      out = w.pub.f;
-      if (rings)
-        rings->assign(w.pub.ring_figures,
-                      w.pub.ring_figures + std::min(out.ring_figures, w.pub.ring_capacity));
-      std::atomic_thread_fence(std::memory_order_acquire);
-      if (w.pub.seq.load(std::memory_order_relaxed) == s0 &&
-          (!running || copied_at(out) >= asked || std::chrono::steady_clock::now() > deadline))
-        break;
-    }
-    if (running && w.stopped.load(std::memory_order_acquire)) {
-      running = false;  // it left: its last publication (at exit) is final
-      continue;
-    }
-    // A worker stopped inside publish() (seq odd for good): no consistent
-    // copy exists; after the deadline (plus the microseconds a publication
-    // takes, many times over) the reader gets none rather than spinning.
-    if (running && (s0 & 1) &&
-        std::chrono::steady_clock::now() > deadline + std::chrono::milliseconds(10)) {
-      out = Figures{};
-      if (rings) rings->clear();
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-  const uint64_t at = copied_at(out);
-  age_ms = at >= asked ? 0.0 : double(asked - at) * 1e3 / double(hz);
-  // Answering: fresh figures, or (not waited for) published since it missed.
-  const bool ok = !running || at >= asked || (missed && out.tsc >= missed);
-  if (ok)
-    w.unanswered.store(0, std::memory_order_relaxed);
-  else if (!missed)
-    w.unanswered.store(asked, std::memory_order_relaxed);
-  if (answering) *answering = ok;
-  return out;
 }
 
 void Dataplane::idle(Worker& w, bool moved, uint64_t now) {
@@ -472,78 +387,6 @@ void Dataplane::idle(Worker& w, bool moved, uint64_t now) {
   // In double: cycles x 1e9 would overflow 64 bits after a few seconds (a suspended VM).
   w.stats.idle_sleep_ns += static_cast<uint64_t>(static_cast<double>(rte_rdtsc() - now) * 1e9 /
                                                  static_cast<double>(rte_get_tsc_hz()));
-}
-
-// ---- control side -------------------------------------------------------------
-
-void Dataplane::run_command(Worker& w, Command* c) {
-  uint8_t expect = Command::queued;
-  if (!c->state.compare_exchange_strong(expect, Command::running, std::memory_order_acq_rel)) {
-    // Cancelled: its caller left at the deadline. Freed here (rare: only
-    // after a worker failed to take commands in time), never run.
-    delete c;
-    w.abandoned.fetch_sub(1, std::memory_order_release);
-    return;
-  }
-  c->fn(w);
-  c->state.store(Command::done, std::memory_order_release);  // the caller frees it
-}
-
-Status Dataplane::on_worker(unsigned idx, std::function<void(Worker&)> fn) {
-  std::lock_guard<std::mutex> lock(on_worker_mu_);
-  Worker& w = *workers_[idx];
-  // Workers not running (before start, after stop): act directly.
-  if (!started_ || w.stopped.load(std::memory_order_acquire)) {
-    fn(w);
-    return {};
-  }
-  const std::string who =
-      "worker " + std::to_string(idx) + " (lcore " + std::to_string(w.lcore) + ")";
-  const std::string timeout = "control.command_timeout_ms";
-  if (const uint32_t n = w.abandoned.load(std::memory_order_acquire); n != 0)
-    return {StatusCode::unavailable, timeout,
-            who + " has still not taken " + std::to_string(n) +
-                " earlier command(s) given up after " + std::to_string(cfg_.command_timeout_ms) +
-                " ms: it is not polling its command ring (stuck?); the other workers are served"};
-  auto* cmd = new Command;
-  cmd->fn = std::move(fn);
-  if (rte_ring_enqueue(w.commands, cmd) != 0) {
-    delete cmd;
-    return {StatusCode::unavailable, timeout, who + ": its command ring is full"};
-  }
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg_.command_timeout_ms);
-  for (;;) {
-    const uint8_t st = cmd->state.load(std::memory_order_acquire);
-    if (st == Command::done) {
-      delete cmd;
-      return {};
-    }
-    if (st == Command::queued && w.stopped.load(std::memory_order_acquire)) {
-      // The worker left after draining its ring but before our command
-      // landed: it is ours to take back and run (callers are serialized).
-      void* c;
-      while (rte_ring_dequeue(w.commands, &c) == 0) run_command(w, static_cast<Command*>(c));
-      continue;
-    }
-    if (st == Command::queued && std::chrono::steady_clock::now() > deadline) {
-      w.abandoned.fetch_add(1,
-                            std::memory_order_acq_rel);  // before the worker can see it cancelled
-      uint8_t expect = Command::queued;
-      if (cmd->state.compare_exchange_strong(expect, Command::cancelled,
-                                             std::memory_order_acq_rel)) {
-        spdlog::error("{} did not take a control command within {} ms; cancelled it", who,
-                      cfg_.command_timeout_ms);
-        return {StatusCode::unavailable, timeout,
-                who + " did not take the command within " +
-                    std::to_string(cfg_.command_timeout_ms) +
-                    " ms (cancelled: it will not run); the other workers are served"};
-      }
-      w.abandoned.fetch_sub(1, std::memory_order_acq_rel);  // it started: wait for it
-      continue;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
 }
 
 }  // namespace netreduce::dataplane

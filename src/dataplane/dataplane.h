@@ -75,8 +75,27 @@
 // (rings.cc).
 //
 // Counters are per worker, cache-aligned, written only by their worker and
-// read through commands, so they are never torn or shared. The data plane's
-// own drops are listed once in dataplane/reasons.h (WorkerStats::reasons).
+// read through its publication (Published, lcore.h: a sequence counter, no
+// command), so they are never torn or shared. The data plane's own drops
+// are listed once in dataplane/reasons.h (WorkerStats::reasons).
+//
+// Files, by job:
+//   dataplane.h/.cc   this class: setup (pools, queues, workers), the worker
+//                     loop and its idle rule
+//   lcore.h           what a worker lcore owns (Worker, WorkerStats,
+//                     Published), the lcore context (Lcore) and the stages;
+//                     classify.cc dispatch.cc aggregate.cc forward.cc
+//                     transmit.cc: one stage each
+//   ports.h/.cc       port setup (one helper for the box and the benchmark)
+//   commands.cc       commands to workers and RCU grace waits (deadlines)
+//   publication.cc    the workers' publications: writer and readers
+//   rings.cc          placement and admission, ring lifecycle, link table
+//   control_socket.*  the control socket's transport; control_api.cc the
+//                     requests; reports.h/.cc what replies report;
+//                     telemetry.cc DPDK telemetry
+//   run.cc            the lifecycle once set up (Dataplane::run); main.cc
+//                     the process (arguments, EAL, signals)
+//   config.h/.cc      the YAML configuration (DPDK-free)
 #pragma once
 
 #include <atomic>
@@ -92,154 +111,14 @@
 #include <vector>
 
 #include "dataplane/config.h"
+#include "dataplane/lcore.h"
 #include "dataplane/ports.h"
 #include "dataplane/reasons.h"
 #include "engine/engine.h"
 
-struct rte_mempool;
-struct rte_ring;
-struct rte_mbuf;
-struct rte_eth_dev_tx_buffer;
 struct rte_rcu_qsbr;
 
 namespace netreduce::dataplane {
-
-inline constexpr unsigned kMaxBurst = 256;
-inline constexpr unsigned kMaxWorkers = 64;
-
-// (src, dst) address pair of adjacent ring members -> owning worker index.
-struct LinkTable {
-  std::unordered_map<uint64_t, uint16_t> owner;
-  static uint64_t key(uint32_t src, uint32_t dst) { return uint64_t{src} << 32 | dst; }
-};
-
-// A piece of control work run on a worker between bursts. Allocated by the
-// caller (Dataplane::on_worker, control thread or telemetry); `state` says
-// who frees it:
-//   queued -> running -> done   the worker ran it; the waiting caller frees it
-//   queued -> cancelled         the caller gave up at its deadline and left;
-//                               whoever dequeues it next frees it without
-//                               running it (run_command)
-// A command that has started is always waited for, so `fn` may refer to the
-// caller's stack.
-struct Command {
-  enum State : uint8_t { queued, running, done, cancelled };
-  std::function<void(struct Worker&)> fn;
-  std::atomic<uint8_t> state{queued};  // caller: queued->cancelled; worker: queued->running->done
-};
-
-struct alignas(64) WorkerStats {
-  uint64_t rx[2] = {};  // packets received per port (by this worker's queues)
-  uint64_t tx[2] = {};  // packets transmitted per port
-  uint64_t rx_bytes[2] = {};
-  uint64_t tx_bytes[2] = {};
-  // The data plane's own drops and oddities per port slot (dataplane/reasons.h
-  // says which port each is counted under): reasons[slot][index(Reason)].
-  uint64_t reasons[2][kReasonCount] = {};
-  uint64_t dispatched = 0;   // handed to another worker
-  uint64_t busy_cycles = 0;  // TSC cycles in bursts that moved packets
-  uint64_t total_cycles = 0;
-  uint64_t busy_polls = 0;     // loop iterations that moved packets, TX handoff or a command
-                               // (rx / busy_polls: about the mean RX burst)
-  uint64_t idle_sleeps = 0;    // adaptive polling: sleeps taken (dataplane.h, idle rule)
-  uint64_t idle_sleep_ns = 0;  // and the time they took (TSC-measured, in ns)
-};
-
-// What a worker publishes for the control thread: its WorkerStats and the
-// engine's totals. Written only by the worker (Dataplane::publish), read by
-// the control thread (Dataplane::read_published) without a command, under a
-// sequence counter: the worker makes `seq` odd, copies, makes it even; a
-// reader copies and retries if `seq` was odd or moved. The worker never waits
-// for a reader, and a reader never stops the worker.
-//
-// When: every kPublishMs of TSC, after every control command it runs, when it
-// stops, and on request: a reader stores its TSC in `asked` and waits (up to
-// control.command_timeout_ms) until `tsc` passes it, so a stats reply counts
-// every packet handled before the request. A worker that does not answer in
-// time leaves its last publication, whose age the reply shows.
-//
-// The rings' figures (engine::RingFigures, every installed ring's counters
-// and cells) are copied only when a reader asks for them (`rings_asked`,
-// list_rings / get_ring / telemetry, i.e. a scrape), not every kPublishMs:
-// a fixed array, no allocation, under the same `seq`.
-struct Figures {
-  uint64_t tsc = 0;  // worker's TSC when it copied the rest
-  WorkerStats stats;
-  engine::ReasonCounters reasons{};
-  uint64_t memory = 0;
-  uint32_t rings = 0;
-  uint32_t retired = 0;
-  uint64_t rings_tsc = 0;     // worker's TSC at its last copy of the ring figures (0: none)
-  uint32_t ring_figures = 0;  // entries of Published::ring_figures that copy filled
-};
-struct alignas(64) Published {
-  std::atomic<uint32_t> seq{0};  // worker writes; control reads
-  Figures f;                     // worker writes (seq odd); control copies (seq even, unchanged)
-  // max_rings entries, allocated by setup (Worker::ring_store); the worker
-  // writes (seq odd), readers copy f.ring_figures of them (seq even, unchanged).
-  engine::RingFigures* ring_figures = nullptr;
-  uint32_t ring_capacity = 0;  // setup
-};
-
-struct alignas(64) Worker {
-  unsigned index = 0;  // 0..workers-1
-  unsigned lcore = 0;
-  std::unique_ptr<engine::Engine> engine;
-  // RX queues this worker polls: (port slot 0/1, queue id).
-  std::vector<std::pair<uint16_t, uint16_t>> rxq;
-  // TX: own queue per port, or the handoff ring of the queue's owner.
-  int txq[2] = {-1, -1};
-  rte_ring* tx_handoff_to[2] = {};
-  rte_ring* tx_handoff_in[2] = {};  // rings others hand this worker's TX queue
-  rte_eth_dev_tx_buffer* txbuf[2] = {};
-  rte_ring* inbox = nullptr;  // dispatched packets
-  rte_ring* commands = nullptr;
-  // Commands a caller gave up on that are still in `commands` (control: +1
-  // before cancelling; whoever dequeues one: -1). Non-zero: the worker is not
-  // taking commands, and on_worker fails at once instead of waiting again.
-  std::atomic<uint32_t> abandoned{0};
-  // Test only (NETREDUCE_TEST_IGNORE_COMMANDS, set before start): the worker
-  // does not poll `commands` while running, as if stuck.
-  bool ignore_commands = false;
-  // Test only (NETREDUCE_TEST_STALL_WORKER, set before start): the worker
-  // spins doing nothing until the box stops, as if stuck inside a PMD call:
-  // no ports, no commands, no publication, no RCU quiescent state.
-  bool stall = false;
-  WorkerStats stats;
-  engine::Sink sink;  // what the engine releases per burst, reused
-  // Publication (Published above): the worker's copy, on lines of its own;
-  // `asked` on a line of its own too (control writes it, the worker reads it
-  // once per loop iteration).
-  Published pub;
-  std::unique_ptr<engine::RingFigures[]> ring_store;  // pub.ring_figures' storage (setup)
-  alignas(64) std::atomic<uint64_t> asked{0};
-  // Same line, same writers: a reader wanting the rings' figures stores its
-  // TSC here before `asked`; the worker copies them when this passes the
-  // last copy's (Figures::rings_tsc).
-  std::atomic<uint64_t> rings_asked{0};
-  // A reader's `asked` that the worker did not answer within
-  // control.command_timeout_ms (0: none). While the worker has published
-  // nothing since, readers take its last figures without waiting again.
-  // Written and read by readers (control thread, telemetry); not the worker.
-  std::atomic<uint64_t> unanswered{0};
-  uint64_t published_at = 0;  // worker only: TSC of its last publication
-  uint64_t stall_cycles = 0;  // setup: stall_timeout_ms in TSC (RingFigures::stalled_cells)
-  uint64_t last_flush = 0;
-  uint64_t last_busy = 0;  // TSC of the last iteration that moved packets (idle rule)
-  uint32_t sleep_us = 0;   // the idle rule's current step; 0: not sleeping
-  // Set (release) once the worker has left its loop and drained its command
-  // ring; from then on control callers run commands themselves.
-  std::atomic<bool> stopped{false};
-};
-
-// The hot-path layout (no line written by two workers): a Worker is
-// allocated alone on line boundaries (rte_zmalloc, RTE_CACHE_LINE_SIZE) and
-// is written only by its own worker thread, except `stopped` (set once at
-// exit); its WorkerStats start a line of their own.
-static_assert(alignof(Worker) == 64 && sizeof(Worker) % 64 == 0);
-static_assert(alignof(WorkerStats) == 64 && sizeof(WorkerStats) % 64 == 0);
-static_assert(offsetof(Worker, stats) % 64 == 0);
-static_assert(offsetof(Worker, pub) % 64 == 0 && offsetof(Worker, asked) % 64 == 0);
 
 class Dataplane {
  public:
@@ -292,7 +171,7 @@ class Dataplane {
   // rte_rcu_qsbr_check. Control thread.
   Status quiesce(uint64_t* token = nullptr);
 
-  // Control operations (control thread only). JSON in/out, see control.cc.
+  // Control operations (control thread only). JSON in/out, see control_api.cc.
   Status install_ring(const engine::RingSpec& spec);
   Status remove_ring(uint32_t ring_id);
   // One JSON request line -> one JSON reply line. Never throws.
@@ -400,25 +279,5 @@ class Dataplane {
   uint64_t memory_reserved_ = 0;
   uint64_t mbufs_reserved_ = 0;
 };
-
-// Stage functions (one file each), called by worker_loop. `now` is the TSC
-// read once per loop iteration (rdtsc costs ~34 ns on this project's VMs).
-// classify.cc: parses each frame once into `frames` (returns how many);
-// multi-segment mbufs are transmitted untouched instead.
-unsigned classify(Dataplane& dp, Worker& w, rte_mbuf** pkts, unsigned n, engine::Frame* frames);
-// dispatch.cc: keeps this worker's frames (compacted in place, count
-// returned), hands the rest to their owners' inboxes.
-unsigned dispatch(Dataplane& dp, Worker& w, engine::Frame* frames, unsigned n);
-// aggregate.cc: the burst through the engine; queues what leaves.
-void aggregate(Dataplane& dp, Worker& w, const engine::Frame* frames, unsigned n, uint64_t now);
-// forward.cc: the forward-only mode: every packet to the other port.
-void forward(Dataplane& dp, Worker& w, rte_mbuf** pkts, unsigned n);
-// transmit.cc: queue one packet for the port opposite to `in_slot`; flush.
-void transmit(Dataplane& dp, Worker& w, rte_mbuf* m, unsigned in_slot);
-// flush: first takes what other workers handed to this worker's TX queues
-// (returns how many: they count as work for the idle rule, or a TX-queue
-// owner without RX traffic would sleep while others hand it packets), then
-// sends the TX buffers if `force` or 100 us passed.
-unsigned flush(Dataplane& dp, Worker& w, bool force, uint64_t now);
 
 }  // namespace netreduce::dataplane

@@ -5,13 +5,14 @@
 #include <rte_mbuf.h>
 #include <rte_ring.h>
 
-#include "dataplane/dataplane.h"
+#include "dataplane/lcore.h"
 
 namespace netreduce::dataplane {
 
-unsigned dispatch(Dataplane& dp, Worker& w, engine::Frame* frames, unsigned n) {
-  if (dp.workers().size() == 1) return n;
-  const LinkTable* links = dp.links();
+unsigned dispatch(Lcore& lc, engine::Frame* frames, unsigned n) {
+  if (lc.nworkers == 1) return n;
+  const LinkTable* links = lc.link_table();
+  Worker& w = lc.w;
   if (!links || links->owner.empty()) return n;
   unsigned kept = 0, away = 0;
   uint16_t owner_of[kMaxBurst];
@@ -45,11 +46,11 @@ unsigned dispatch(Dataplane& dp, Worker& w, engine::Frame* frames, unsigned n) {
       }
     }
     away = rest;
-    const unsigned sent = rte_ring_enqueue_burst(dp.workers()[dest]->inbox,
+    const unsigned sent = rte_ring_enqueue_burst(lc.workers[dest]->inbox,
                                                  reinterpret_cast<void**>(batch), nb, nullptr);
     w.stats.dispatched += sent;
     for (unsigned i = sent; i < nb; ++i) {
-      const unsigned in_slot = batch[i]->port == dp.port_id(0) ? 0 : 1;
+      const unsigned in_slot = lc.slot_of(batch[i]->port);
       ++w.stats.reasons[in_slot][index(Reason::inbox_full)];
       rte_pktmbuf_free(batch[i]);
     }

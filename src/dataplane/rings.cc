@@ -81,43 +81,6 @@ void Dataplane::publish_links(std::unique_ptr<LinkTable> t) {
   links_owned_ = std::move(t);  // the old table is unreachable now: freed here
 }
 
-Status Dataplane::quiesce(uint64_t* token) {
-  if (!started_) return {};
-  // A worker that outlived an earlier grace and has not finished it yet is
-  // not waited for again (as on_worker does for abandoned commands).
-  if (stuck_token_ && rte_rcu_qsbr_check(qsbr_, stuck_token_, false) != 1) {
-    if (token) *token = rte_rcu_qsbr_start(qsbr_);
-    return {StatusCode::unavailable, "control.command_timeout_ms",
-            stuck_who_ + " has still not finished the loop iteration it was in " +
-                std::to_string(cfg_.command_timeout_ms) +
-                " ms after an earlier request (stuck in a device call?)"};
-  }
-  stuck_token_ = 0;
-  std::vector<uint32_t> seq0;
-  for (Worker* w : workers_) seq0.push_back(w->pub.seq.load(std::memory_order_acquire));
-  const uint64_t t = rte_rcu_qsbr_start(qsbr_);
-  if (token) *token = t;
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(cfg_.command_timeout_ms);
-  while (rte_rcu_qsbr_check(qsbr_, t, false) != 1) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      std::string who;
-      for (size_t i = 0; i < workers_.size(); ++i)
-        if (!workers_[i]->stopped.load(std::memory_order_acquire) &&
-            workers_[i]->pub.seq.load(std::memory_order_acquire) == seq0[i])
-          who += (who.empty() ? "" : ", ") + std::string("worker ") + std::to_string(i) +
-                 " (lcore " + std::to_string(workers_[i]->lcore) + ")";
-      stuck_token_ = t;
-      stuck_who_ = who.empty() ? std::string("a worker") : who;
-      return {StatusCode::unavailable, "control.command_timeout_ms",
-              stuck_who_ + " did not finish its loop iteration within " +
-                  std::to_string(cfg_.command_timeout_ms) + " ms (stuck in a device call?)"};
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-  return {};
-}
-
 void Dataplane::publish_link_use() {
   auto next = std::make_unique<LinkTable>();
   next->owner.reserve(link_use_.size());

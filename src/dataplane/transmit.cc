@@ -9,16 +9,17 @@
 #include <rte_mbuf.h>
 #include <rte_ring.h>
 
-#include "dataplane/dataplane.h"
+#include "dataplane/lcore.h"
 
 namespace netreduce::dataplane {
 
-void transmit(Dataplane& dp, Worker& w, rte_mbuf* m, unsigned in_slot) {
+void transmit(Lcore& lc, rte_mbuf* m, unsigned in_slot) {
+  Worker& w = lc.w;
   const unsigned out = in_slot ^ 1u;
   if (w.txq[out] >= 0) {
     w.stats.tx_bytes[out] += m->pkt_len;
     w.stats.tx[out] +=
-        rte_eth_tx_buffer(dp.port_id(out), static_cast<uint16_t>(w.txq[out]), w.txbuf[out], m);
+        rte_eth_tx_buffer(lc.port_id[out], static_cast<uint16_t>(w.txq[out]), w.txbuf[out], m);
     return;
   }
   if (rte_ring_enqueue(w.tx_handoff_to[out], m) != 0) {
@@ -27,7 +28,8 @@ void transmit(Dataplane& dp, Worker& w, rte_mbuf* m, unsigned in_slot) {
   }
 }
 
-unsigned flush(Dataplane& dp, Worker& w, bool force, uint64_t now) {
+unsigned flush(Lcore& lc, bool force, uint64_t now) {
+  Worker& w = lc.w;
   // Packets other workers handed to our TX queues.
   unsigned handed = 0;
   for (unsigned s = 0; s < 2; ++s) {
@@ -39,7 +41,7 @@ unsigned flush(Dataplane& dp, Worker& w, bool force, uint64_t now) {
     for (unsigned i = 0; i < n; ++i) {
       w.stats.tx_bytes[s] += pk[i]->pkt_len;
       w.stats.tx[s] +=
-          rte_eth_tx_buffer(dp.port_id(s), static_cast<uint16_t>(w.txq[s]), w.txbuf[s], pk[i]);
+          rte_eth_tx_buffer(lc.port_id[s], static_cast<uint16_t>(w.txq[s]), w.txbuf[s], pk[i]);
     }
   }
   if (!force && now - w.last_flush < rte_get_tsc_hz() / 10000) return handed;
@@ -47,7 +49,7 @@ unsigned flush(Dataplane& dp, Worker& w, bool force, uint64_t now) {
   for (unsigned s = 0; s < 2; ++s)
     if (w.txq[s] >= 0)
       w.stats.tx[s] +=
-          rte_eth_tx_buffer_flush(dp.port_id(s), static_cast<uint16_t>(w.txq[s]), w.txbuf[s]);
+          rte_eth_tx_buffer_flush(lc.port_id[s], static_cast<uint16_t>(w.txq[s]), w.txbuf[s]);
   return handed;
 }
 

@@ -45,27 +45,20 @@
 // Every line gets one reply, also a line that is not JSON or not UTF-8
 // (replies replace invalid UTF-8; handle_request never throws). The transport
 // (who may connect, how many, buffering) is in control_socket.h.
-// Also registered with DPDK telemetry: /netreduce/stats, /netreduce/rings.
-#include <rte_cycles.h>
+// DPDK telemetry is in telemetry.cc, the process lifecycle (run) in run.cc.
 #include <rte_ethdev.h>
-#include <rte_launch.h>
 #include <rte_lcore.h>
 #include <rte_mempool.h>
-#include <rte_telemetry.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <thread>
 
 #include "common/dataplane_protocol.h"
 #include "common/ring_json.h"
 #include "dataplane/control_socket.h"
-#include "dataplane/dataplane.h"
+#include "dataplane/reports.h"
 #include "engine/engine_json.h"
 
 namespace netreduce::dataplane {
@@ -74,224 +67,11 @@ using nlohmann::json;
 
 namespace {
 
-// The telemetry thread outlives the Dataplane: callbacks announce themselves
-// in `g_telemetry_inflight` before reading the pointer, and shutdown clears
-// the pointer and then waits for the count to drain (both seq_cst).
-std::atomic<Dataplane*> g_telemetry_dp{nullptr};
-std::atomic<int> g_telemetry_inflight{0};
-
-struct TelemetryCall {
-  Dataplane* dp;
-  TelemetryCall() : dp((++g_telemetry_inflight, g_telemetry_dp.load())) {}
-  ~TelemetryCall() { --g_telemetry_inflight; }
-};
-
-// This process's identity: pid and start time, fixed at start-up.
-const std::string& instance_id() {
-  static const std::string id =
-      std::to_string(::getpid()) + "-" +
-      std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::system_clock::now().time_since_epoch())
-                         .count());
-  return id;
-}
-
 json error_json(const Status& s) { return {{"ok", false}, {"error", status_to_json(s)}}; }
 
 // One reply line. Strings that came from outside (a parse error quoting the
 // bytes it choked on) may hold invalid UTF-8: replaced (U+FFFD), never thrown.
 std::string to_line(const json& j) { return dump_json(j); }
-
-struct Snapshot {
-  double age_ms = 0;      // how old the published figures are (0: fresh)
-  bool answering = true;  // false: the worker missed a deadline and has published nothing since
-  WorkerStats stats;
-  engine::ReasonCounters reasons{};
-  size_t ring_count = 0;
-  size_t retired_count = 0;  // tombstones of removed rings in their grace
-  uint64_t memory = 0;
-};
-
-Snapshot snapshot_of(const Figures& p) {
-  Snapshot s;
-  s.stats = p.stats;
-  s.reasons = p.reasons;
-  s.memory = p.memory;
-  s.ring_count = p.rings;
-  s.retired_count = p.retired;
-  return s;
-}
-
-// Every worker's counters, read from its publication (no command): a worker
-// that does not publish in time shows its last figures and their age.
-std::vector<Snapshot> snapshots(Dataplane& dp) {
-  std::vector<Snapshot> out(dp.workers().size());
-  for (unsigned i = 0; i < out.size(); ++i) {
-    double age = 0;
-    bool answering = true;
-    out[i] = snapshot_of(dp.read_published(i, age, &answering));
-    out[i].age_ms = age;
-    out[i].answering = answering;
-  }
-  return out;
-}
-
-// One worker's ring figures as read_published gives them (rings: true).
-struct RingSnapshot {
-  std::vector<engine::RingFigures> rings;
-  double age_ms = 0;
-  bool answering = true;
-};
-
-RingSnapshot ring_snapshot(Dataplane& dp, unsigned w) {
-  RingSnapshot r;
-  dp.read_published(w, r.age_ms, &r.answering, &r.rings);
-  return r;
-}
-
-// Telemetry puts both lists in one dict (telemetry_stats).
-constexpr bool reason_names_distinct() {
-  for (size_t a = 0; a < kReasonCount; ++a)
-    for (size_t b = 0; b < engine::kReasonCount; ++b)
-      if (to_string(static_cast<Reason>(a)) == engine::to_string(static_cast<engine::Reason>(b)))
-        return false;
-  return true;
-}
-static_assert(reason_names_distinct(), "a data plane reason has an engine reason's name");
-
-// The data plane's own reasons (dataplane/reasons.h) as {name: count}.
-json dataplane_reasons_json(const uint64_t (&c)[kReasonCount]) {
-  json j = json::object();
-  for (size_t r = 0; r < kReasonCount; ++r)
-    j[std::string(to_string(static_cast<Reason>(r)))] = c[r];
-  return j;
-}
-
-// Summed over port slots (one worker) or over workers and slots.
-void add_reasons(uint64_t (&sum)[kReasonCount], const WorkerStats& ws) {
-  for (unsigned slot = 0; slot < 2; ++slot)
-    for (size_t r = 0; r < kReasonCount; ++r) sum[r] += ws.reasons[slot][r];
-}
-
-// The device's counters (rte_eth_stats: what the NIC or PMD counted; some
-// virtual PMDs, e.g. memif in the server role, count nothing) and the box's
-// own per-port counts summed over workers (box_*: what the workers received
-// from and handed to the port, whatever the PMD reports).
-json port_json(const Dataplane& dp, unsigned slot, const std::vector<Snapshot>* snaps = nullptr) {
-  uint64_t box_rx = 0, box_tx = 0;
-  uint64_t box_reasons[kReasonCount] = {};
-  if (snaps)
-    for (const Snapshot& s : *snaps) {
-      box_rx += s.stats.rx[slot];
-      box_tx += s.stats.tx[slot];
-      for (size_t r = 0; r < kReasonCount; ++r) box_reasons[r] += s.stats.reasons[slot][r];
-    }
-  rte_eth_stats st{};
-  rte_eth_stats_get(dp.port_id(slot), &st);
-  rte_eth_link link{};
-  rte_eth_link_get_nowait(dp.port_id(slot), &link);
-  json j = {{"name", dp.config().ports[slot].name},
-            {"port_id", dp.port_id(slot)},
-            {"link_up", link.link_status == RTE_ETH_LINK_UP},
-            {"speed_mbps", link.link_speed},
-            {"rx_packets", st.ipackets},
-            {"tx_packets", st.opackets},
-            {"rx_bytes", st.ibytes},
-            {"tx_bytes", st.obytes},
-            {"rx_missed", st.imissed},
-            {"rx_errors", st.ierrors},
-            {"tx_errors", st.oerrors}};
-  if (snaps) {
-    j["box_rx_packets"] = box_rx;
-    j["box_tx_packets"] = box_tx;
-    j["box_reasons"] = dataplane_reasons_json(box_reasons);
-  }
-  return j;
-}
-
-json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
-  engine::ReasonCounters sum{};
-  uint64_t dp_sum[kReasonCount] = {};
-  json workers = json::array();
-  for (size_t i = 0; i < snaps.size(); ++i) {
-    const Snapshot& s = snaps[i];
-    for (size_t r = 0; r < sum.size(); ++r) sum[r] += s.reasons[r];
-    const WorkerStats& ws = s.stats;
-    uint64_t dp_worker[kReasonCount] = {};
-    add_reasons(dp_worker, ws);
-    add_reasons(dp_sum, ws);
-    workers.push_back(
-        {{"worker", i},
-         {"lcore", dp.workers()[i]->lcore},
-         {"published_age_ms", s.age_ms},
-         {"answering", s.answering},
-         {"rx_packets", {ws.rx[0], ws.rx[1]}},
-         {"tx_packets", {ws.tx[0], ws.tx[1]}},
-         {"rx_bytes", {ws.rx_bytes[0], ws.rx_bytes[1]}},
-         {"tx_bytes", {ws.tx_bytes[0], ws.tx_bytes[1]}},
-         {"dataplane_reasons", dataplane_reasons_json(dp_worker)},
-         {"dispatched", ws.dispatched},
-         {"busy_ratio", ws.total_cycles ? double(ws.busy_cycles) / double(ws.total_cycles) : 0.0},
-         {"busy_cycles", ws.busy_cycles},
-         {"total_cycles", ws.total_cycles},
-         {"busy_polls", ws.busy_polls},
-         {"idle_sleeps", ws.idle_sleeps},
-         {"idle_sleep_ns", ws.idle_sleep_ns},
-         {"rings", s.ring_count},
-         {"retired_rings", s.retired_count},
-         {"memory_bytes", s.memory},
-         {"reasons", reasons_to_json(s.reasons)}});
-  }
-  return {{"reasons", reasons_to_json(sum)},
-          {"dataplane_reasons", dataplane_reasons_json(dp_sum)},
-          {"tsc_hz", rte_get_tsc_hz()},
-          {"workers", workers},
-          {"ports", {port_json(dp, 0, &snaps), port_json(dp, 1, &snaps)}}};
-}
-
-int telemetry_stats(const char*, const char*, rte_tel_data* d) {
-  TelemetryCall call;
-  if (!call.dp) return -1;
-  const std::vector<Snapshot> snaps = snapshots(*call.dp);
-  engine::ReasonCounters sum{};
-  // Summed over workers: packets, the data plane's own reasons
-  // (dataplane/reasons.h), and the idle rule's sleeps.
-  uint64_t rx = 0, tx = 0, dispatched = 0, sleeps = 0, slept_ns = 0;
-  uint64_t dp_sum[kReasonCount] = {};
-  for (const auto& s : snaps) {
-    for (size_t r = 0; r < sum.size(); ++r) sum[r] += s.reasons[r];
-    const WorkerStats& ws = s.stats;
-    rx += ws.rx[0] + ws.rx[1];
-    tx += ws.tx[0] + ws.tx[1];
-    add_reasons(dp_sum, ws);
-    dispatched += ws.dispatched;
-    sleeps += ws.idle_sleeps;
-    slept_ns += ws.idle_sleep_ns;
-  }
-  rte_tel_data_start_dict(d);
-  rte_tel_data_add_dict_u64(d, "rx_packets", rx);
-  rte_tel_data_add_dict_u64(d, "tx_packets", tx);
-  rte_tel_data_add_dict_u64(d, "dispatched", dispatched);
-  rte_tel_data_add_dict_u64(d, "idle_sleeps", sleeps);
-  rte_tel_data_add_dict_u64(d, "idle_sleep_ns", slept_ns);
-  // The data plane's reasons and the engine's share one dict: the names differ.
-  for (size_t r = 0; r < kReasonCount; ++r)
-    rte_tel_data_add_dict_u64(d, std::string(to_string(static_cast<Reason>(r))).c_str(), dp_sum[r]);
-  for (size_t r = 0; r < sum.size(); ++r)
-    rte_tel_data_add_dict_u64(
-        d, std::string(engine::to_string(static_cast<engine::Reason>(r))).c_str(), sum[r]);
-  return 0;
-}
-
-int telemetry_rings(const char*, const char*, rte_tel_data* d) {
-  TelemetryCall call;
-  if (!call.dp) return -1;
-  rte_tel_data_start_array(d, RTE_TEL_INT_VAL);
-  for (unsigned w = 0; w < call.dp->workers().size(); ++w)
-    for (const auto& r : ring_snapshot(*call.dp, w).rings)
-      rte_tel_data_add_array_int(d, static_cast<int>(r.ring_id));
-  return 0;
-}
 
 }  // namespace
 
@@ -452,66 +232,6 @@ json Dataplane::control_json() const {
           {"refused_full", c.refused_full},
           {"dropped_slow", c.dropped_slow},
           {"dropped_long_line", c.dropped_long_line}};
-}
-
-Status Dataplane::run() {
-  // The control socket first: a box that cannot be controlled (a second
-  // instance on the same path, a bad directory) does not start its ports.
-  ControlSocket sock;
-  if (Status s = sock.open({cfg_.control_socket, cfg_.control_max_clients, control_gid_}); !s)
-    return s;
-  spdlog::info("control socket {} (mode 0660{})", cfg_.control_socket,
-               control_gid_ >= 0 ? ", group " + cfg_.control_group : "");
-  for (unsigned s = 0; s < 2; ++s)
-    if (Status st = start_port(port_setup(s)); !st) return st;
-  std::vector<std::pair<Dataplane*, Worker*>> args;
-  args.reserve(workers_.size());
-  for (Worker* w : workers_) args.emplace_back(this, w);
-  started_ = true;
-  for (auto& a : args) rte_eal_remote_launch(&Dataplane::worker_main, &a, a.second->lcore);
-
-  (void)instance_id();  // fixed at start-up
-  g_telemetry_dp.store(this);
-  rte_telemetry_register_cmd("/netreduce/stats", telemetry_stats,
-                             "netreduce: packet fates summed over workers");
-  rte_telemetry_register_cmd("/netreduce/rings", telemetry_rings, "netreduce: installed ring ids");
-
-  // Nothing a client does blocks this loop (control_socket.h); each round
-  // waits at most 100 ms, so a stop request (SIGTERM, "shutdown") ends it
-  // within that.
-  control_ = &sock;
-  const ControlSocket::Handler handler = [this](const std::string& l) { return handle_request(l); };
-  while (!quitting()) {
-    sock.poll_once(std::chrono::milliseconds(100), handler);
-    housekeeping();
-  }
-  sock.close();
-  control_ = nullptr;
-
-  rte_eal_mp_wait_lcore();
-  g_telemetry_dp.store(nullptr);
-  while (g_telemetry_inflight.load() != 0)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  started_ = false;
-  final_report();
-  for (unsigned s = 0; s < 2; ++s) {
-    rte_eth_dev_stop(port_ids_[s]);
-    rte_eth_dev_close(port_ids_[s]);
-  }
-  return {};
-}
-
-void Dataplane::final_report() {
-  // Every worker has stopped: their last publications are final.
-  std::vector<Snapshot> snaps;
-  for (Worker* w : workers_) {
-    publish(*w, rte_rdtsc());
-    snaps.push_back(snapshot_of(w->pub.f));
-  }
-  json j = stats_json(*this, snaps);
-  j["final"] = true;
-  std::printf("%s\n", j.dump().c_str());
-  std::fflush(stdout);
 }
 
 }  // namespace netreduce::dataplane
