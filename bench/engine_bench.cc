@@ -27,6 +27,7 @@
 
 #include "engine/engine.h"
 #include "reduce/reduce.h"
+#include "tests/support/ring_traffic.h"
 #include "wire/icrc.h"
 #include "wire/message.h"
 #include "wire/parse.h"
@@ -43,23 +44,13 @@ struct Frames {
   std::vector<std::vector<uint8_t>> pristine, live;  // [m][k][r] flattened
   std::vector<engine::Pkt> order;                    // feed order
 
-  // Appends packet k of message m of rank r (src -> dst, QP 0x100 + r, PSNs
-  // from r * 1000) of ring `ring` carrying `data`.
-  void add(uint32_t ring, unsigned r, uint32_t src, uint32_t dst, wire::Dtype dt, uint32_t m,
+  // Appends packet k of message m of rank r of ring `ring` (addressed by
+  // `a`, PSNs from r * 1000) carrying `data`.
+  void add(uint32_t ring, const testing::RingAddressing& a, unsigned r, wire::Dtype dt, uint32_t m,
            uint32_t k, const std::vector<uint8_t>& data, uint16_t pmtu) {
-    wire::InaMessage msg;
-    msg.base.src_ip = src;
-    msg.base.dst_ip = dst;
-    msg.base.dest_qp = 0x100 + r;
-    msg.ina.dtype = static_cast<uint8_t>(dt);
-    msg.ina.op = static_cast<uint8_t>(wire::ReduceOp::sum);
-    msg.ina.ring_id = ring;
-    msg.ina.rank = static_cast<uint16_t>(r);
-    msg.ina.msg_id = m;
-    msg.psn0 = wire::psn_add(r * 1000, m * kMsgPackets);
-    msg.data = data.data();
-    msg.data_bytes = data.size();
-    msg.pmtu = pmtu;
+    const wire::InaMessage msg =
+        a.message(r, ring, m, dt, wire::ReduceOp::sum, wire::psn_add(r * 1000, m * kMsgPackets),
+                  data.data(), data.size(), pmtu);
     std::vector<uint8_t> f(pmtu + 128);
     f.resize(wire::build_message_packet(msg, k, f.data(), f.size()));
     pristine.push_back(std::move(f));
@@ -91,7 +82,7 @@ Frames make_frames(unsigned ranks, uint16_t pmtu, wire::Dtype dt) {
             std::memcpy(&data[i + 2], &h, 2);
           }
         }
-        fr.add(1, r, 0x0A000001u + r, 0x0A000001u + (r + 1) % ranks, dt, m, k, data, pmtu);
+        fr.add(1, testing::RingAddressing{ranks}, r, dt, m, k, data, pmtu);
       }
   fr.seal();
   return fr;
@@ -117,13 +108,7 @@ uint64_t run_bursts(engine::Engine& e, const std::vector<engine::Pkt>& pkts, eng
 }
 
 engine::RingSpec spec(unsigned ranks, uint16_t pmtu) {
-  engine::RingSpec s;
-  s.ring_id = 1;
-  for (unsigned r = 0; r < ranks; ++r) s.members.push_back(0x0A000001u + r);
-  s.msg_len = kMsgPackets;
-  s.window = kMessages / 2;
-  s.payload_bytes = pmtu;
-  return s;
+  return testing::RingAddressing{ranks}.spec(1, kMsgPackets, kMessages / 2, pmtu);
 }
 
 // The engine's prefetch switches (EngineConfig) by number: 0 none, 1 tables
@@ -192,14 +177,12 @@ constexpr unsigned kColdRanks = 16;
 constexpr uint16_t kColdPmtu = 1024;
 constexpr uint32_t kColdMessages = 2;
 
+// Ring g at 10.0.g.1: disjoint members (and connections) per ring.
+testing::RingAddressing cold_addr(unsigned g) {
+  return testing::RingAddressing::at(kColdRanks, g << 8);
+}
 engine::RingSpec cold_spec(unsigned g) {
-  engine::RingSpec s;
-  s.ring_id = 1 + g;
-  for (unsigned r = 0; r < kColdRanks; ++r) s.members.push_back(0x0A000000u + (g << 8) + 1 + r);
-  s.msg_len = kMsgPackets;
-  s.window = 1;  // 2 message slots
-  s.payload_bytes = kColdPmtu;
-  return s;
+  return cold_addr(g).spec(1 + g, kMsgPackets, 1 /* 2 message slots */, kColdPmtu);
 }
 
 Frames make_cold_frames(unsigned rings) {
@@ -215,9 +198,7 @@ Frames make_cold_frames(unsigned rings) {
             const float v = static_cast<float>(rng() % 1000) / 8.0f;
             std::memcpy(&data[i], &v, 4);
           }
-          const engine::RingSpec s = cold_spec(g);
-          fr.add(s.ring_id, r, s.members[r], s.members[(r + 1) % kColdRanks], wire::Dtype::fp32, m,
-                 k, data, kColdPmtu);
+          fr.add(1 + g, cold_addr(g), r, wire::Dtype::fp32, m, k, data, kColdPmtu);
         }
   fr.seal();
   return fr;
@@ -292,19 +273,9 @@ void BM_BogusPsn(benchmark::State& state) {
   if (!e.install_ring(s).ok()) state.SkipWithError("install");
   std::vector<uint8_t> data(2 * 256 - 24, 0);
   auto build = [&](unsigned r, uint32_t m, uint32_t k) {
-    wire::InaMessage msg;
-    msg.base.src_ip = 0x0A000001u + r;
-    msg.base.dst_ip = 0x0A000001u + (r + 1) % 2;
-    msg.base.dest_qp = 0x100 + r;
-    msg.ina.dtype = static_cast<uint8_t>(wire::Dtype::fp32);
-    msg.ina.op = static_cast<uint8_t>(wire::ReduceOp::sum);
-    msg.ina.ring_id = 1;
-    msg.ina.rank = static_cast<uint16_t>(r);
-    msg.ina.msg_id = m;
-    msg.psn0 = wire::psn_add(0x400000, m * 2);
-    msg.data = data.data();
-    msg.data_bytes = data.size();
-    msg.pmtu = 256;
+    const wire::InaMessage msg = testing::RingAddressing{2}.message(
+        r, 1, m, wire::Dtype::fp32, wire::ReduceOp::sum, wire::psn_add(0x400000, m * 2),
+        data.data(), data.size(), 256);
     std::vector<uint8_t> f(256 + 128);
     f.resize(wire::build_message_packet(msg, k, f.data(), f.size()));
     return f;

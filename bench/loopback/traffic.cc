@@ -89,15 +89,16 @@ Traffic::Traffic(const TrafficSpec& spec) : spec_(spec) {
     }
 }
 
-uint32_t Traffic::member(unsigned rank) const {
-  return 10u << 24 | 77u << 16 | (spec_.ring_id & 0xFF) << 8 | (rank + 1);
+// Rank r at 10.77.<ring id's low byte>.(r + 1): rings of different ids
+// (--workers 2) have disjoint members.
+testing::RingAddressing Traffic::addressing() const {
+  return {spec_.ranks, 10u << 24 | 77u << 16 | (spec_.ring_id & 0xFF) << 8 | 1u,
+          testing::RingAddressing::kQpn0};
 }
 
-std::vector<uint32_t> Traffic::members() const {
-  std::vector<uint32_t> m;
-  for (unsigned r = 0; r < spec_.ranks; ++r) m.push_back(member(r));
-  return m;
-}
+uint32_t Traffic::member(unsigned rank) const { return addressing().ip(rank); }
+
+std::vector<uint32_t> Traffic::members() const { return addressing().members(); }
 
 uint32_t Traffic::psn0(unsigned rank) const { return (0xFFFF00u + rank * 0x101u) & wire::kPsnMask; }
 
@@ -111,23 +112,15 @@ const uint8_t* Traffic::sum_of(uint64_t n) const {
 
 size_t Traffic::build_with(unsigned rank, uint64_t n, uint32_t k, const uint8_t* data, uint8_t* out,
                            size_t cap) const {
-  wire::InaMessage m;
-  const unsigned succ = (rank + 1) % spec_.ranks;
+  const testing::RingAddressing a = addressing();
+  const unsigned succ = a.succ(rank);
+  wire::InaMessage m = a.message(
+      rank, spec_.ring_id, static_cast<uint32_t>(spec_.msg_id0 + n), spec_.dtype,
+      wire::ReduceOp::sum,
+      wire::psn_add(psn0(rank), static_cast<uint32_t>((n * spec_.msg_len) & wire::kPsnMask)), data,
+      data_bytes_, spec_.pmtu);
   m.base.src_mac = {0x02, 0x4E, 0x52, 0x00, 0x00, static_cast<uint8_t>(rank + 1)};
   m.base.dst_mac = {0x02, 0x4E, 0x52, 0x00, 0x00, static_cast<uint8_t>(succ + 1)};
-  m.base.src_ip = member(rank);
-  m.base.dst_ip = member(succ);
-  m.base.udp_src_port = static_cast<uint16_t>(0xC000 + rank);
-  m.base.dest_qp = 0x100 + succ;
-  m.ina.dtype = static_cast<uint8_t>(spec_.dtype);
-  m.ina.op = static_cast<uint8_t>(wire::ReduceOp::sum);
-  m.ina.ring_id = spec_.ring_id;
-  m.ina.rank = static_cast<uint16_t>(rank);
-  m.ina.msg_id = static_cast<uint32_t>(spec_.msg_id0 + n);
-  m.psn0 = wire::psn_add(psn0(rank), static_cast<uint32_t>((n * spec_.msg_len) & wire::kPsnMask));
-  m.data = data;
-  m.data_bytes = data_bytes_;
-  m.pmtu = spec_.pmtu;
   m.va = 0x7f0000000000ull + (n % (2 * spec_.window)) * spec_.msg_len * spec_.pmtu;
   m.rkey = 0x1234;
   m.imm = static_cast<uint32_t>(n);

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/ring_traffic.h"
 #include "wire/ina.h"
 #include "wire/message.h"
 
@@ -61,7 +62,8 @@ class Traffic {
   explicit Traffic(const TrafficSpec& spec);
 
   const TrafficSpec& spec() const { return spec_; }
-  uint32_t member(unsigned rank) const;  // IPv4, host order
+  testing::RingAddressing addressing() const;  // the shared fixture (tests/support)
+  uint32_t member(unsigned rank) const;        // IPv4, host order
   std::vector<uint32_t> members() const;
   size_t data_bytes() const { return data_bytes_; }  // tensor bytes per message
   size_t max_frame() const { return max_frame_; }

@@ -10,13 +10,15 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "support/ring_traffic.h"
 #include "wire/icrc.h"
 #include "wire/message.h"
 #include "wire/parse.h"
 
 namespace netreduce::testing {
 
-inline uint32_t rank_ip(unsigned r) { return 0x0A000001u + r; }
+// Addresses and connections: RingAddressing (support/ring_traffic.h).
+inline uint32_t rank_ip(unsigned r) { return RingAddressing::kIp0 + r; }
 
 struct Harness {
   explicit Harness(engine::EngineConfig cfg = {}) {
@@ -77,20 +79,10 @@ struct RingTraffic {
 
   wire::InaMessage message(unsigned rank, uint32_t msg_id, const std::vector<uint8_t>& d,
                            uint32_t psn0) const {
-    wire::InaMessage m;
-    m.base.src_ip = rank_ip(ip_offset + rank);
-    m.base.dst_ip = rank_ip(ip_offset + (rank + 1) % ranks);
-    m.base.dest_qp = 0x100 + ip_offset + (rank + 1) % ranks + qpn_offset;
-    m.base.udp_src_port = static_cast<uint16_t>(0xC000 + rank);
-    m.ina.dtype = static_cast<uint8_t>(dtype);
-    m.ina.op = static_cast<uint8_t>(op);
-    m.ina.ring_id = ring_id;
-    m.ina.rank = static_cast<uint16_t>(rank);
-    m.ina.msg_id = msg_id;
-    m.psn0 = psn0;
-    m.data = d.data();
-    m.data_bytes = d.size();
-    m.pmtu = pmtu;
+    RingAddressing a = RingAddressing::at(ranks, ip_offset);
+    a.qpn0 += qpn_offset;
+    wire::InaMessage m =
+        a.message(rank, ring_id, msg_id, dtype, op, psn0, d.data(), d.size(), pmtu);
     m.va = 0x1000;
     return m;
   }
@@ -107,13 +99,7 @@ struct RingTraffic {
 inline engine::RingSpec ring_spec(uint32_t id, unsigned ranks, uint16_t msg_len = 4,
                                   uint16_t window = 2, uint16_t pmtu = 256,
                                   unsigned ip_offset = 0) {
-  engine::RingSpec s;
-  s.ring_id = id;
-  for (unsigned r = 0; r < ranks; ++r) s.members.push_back(rank_ip(ip_offset + r));
-  s.msg_len = msg_len;
-  s.window = window;
-  s.payload_bytes = pmtu;
-  return s;
+  return RingAddressing::at(ranks, ip_offset).spec(id, msg_len, window, pmtu);
 }
 
 // Data bytes of a released packet (after the INA header for first packets).

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "support/ring_traffic.h"
 #include "wire/icrc.h"
 #include "wire/message.h"
 #include "wire/parse.h"
@@ -45,17 +46,12 @@ struct RingDef {
   unsigned ip0;
 };
 const RingDef kRings[] = {{1, 3, 0}, {2, 2, 10}};
-uint32_t ip(unsigned i) { return 0x0A000001u + i; }
-
-engine::RingSpec spec_of(const RingDef& d) {
-  engine::RingSpec s;
-  s.ring_id = d.id;
-  for (unsigned r = 0; r < d.ranks; ++r) s.members.push_back(ip(d.ip0 + r));
-  s.msg_len = 3;
-  s.window = 1;
-  s.payload_bytes = 256;
-  return s;
+testing::RingAddressing addr(const RingDef& d) {
+  return testing::RingAddressing::at(d.ranks, d.ip0);
 }
+uint32_t ip(unsigned i) { return testing::RingAddressing::kIp0 + i; }
+
+engine::RingSpec spec_of(const RingDef& d) { return addr(d).spec(d.id, 3, 1, 256); }
 
 struct Buf {
   std::vector<uint8_t> b;
@@ -110,19 +106,9 @@ void run(engine::ReduceMode mode, uint64_t iterations, std::mt19937_64& rng) {
       for (uint32_t m = 0; m < 6; ++m) {
         std::vector<uint8_t> data(bytes[m]);
         for (auto& x : data) x = static_cast<uint8_t>(rng());
-        wire::InaMessage msg;
-        msg.base.src_ip = ip(d.ip0 + r);
-        msg.base.dst_ip = ip(d.ip0 + (r + 1) % d.ranks);
-        msg.base.dest_qp = 0x100 + r;
-        msg.ina.dtype = static_cast<uint8_t>(1 + m % 6);
-        msg.ina.op = static_cast<uint8_t>(1 + (m / 2) % 3);
-        msg.ina.ring_id = d.id;
-        msg.ina.rank = static_cast<uint16_t>(r);
-        msg.ina.msg_id = m;
-        msg.psn0 = psn;
-        msg.data = data.data();
-        msg.data_bytes = data.size();
-        msg.pmtu = 256;
+        const wire::InaMessage msg = addr(d).message(
+            r, d.id, m, static_cast<wire::Dtype>(1 + m % 6),
+            static_cast<wire::ReduceOp>(1 + (m / 2) % 3), psn, data.data(), data.size(), 256);
         const uint32_t n = wire::message_packets(data.size(), 256);
         for (uint32_t k = 0; k < n; ++k) {
           std::vector<uint8_t> f(400);

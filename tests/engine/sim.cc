@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/reference.h"
+#include "support/ring_traffic.h"
 #include "wire/icrc.h"
 #include "wire/message.h"
 #include "wire/parse.h"
@@ -34,8 +35,14 @@ constexpr uint64_t kRetireGrace = 100000;
 constexpr uint8_t kSyndromeAck = 0x00;
 constexpr uint8_t kSyndromeNakSeq = 0x60;
 
-uint32_t ip_of(unsigned rank) { return 0x0A000001u + rank; }
-uint32_t recv_qpn(unsigned rank) { return 0x100 + rank; }  // receives data from the predecessor
+// Addresses and data connections: the shared fixture (support/ring_traffic.h).
+// The ACK direction (send_qpn, UDP source port 0xD000 + rank) is the
+// simulator's own: only its RC endpoints send ACKs.
+using testing::RingAddressing;
+uint32_t ip_of(unsigned rank) { return RingAddressing{}.ip(rank); }
+uint32_t recv_qpn(unsigned rank) {
+  return RingAddressing{}.recv_qpn(rank);
+}  // data from the predecessor
 uint32_t send_qpn(unsigned rank) { return 0x200 + rank; }  // receives ACKs from the successor
 
 // A frame in flight, owned by exactly one place at a time: a channel, the
@@ -192,12 +199,7 @@ class Sim {
 };
 
 engine::RingSpec Sim::spec() const {
-  engine::RingSpec spec;
-  spec.ring_id = kRingId;
-  for (unsigned r = 0; r < p_.ranks; ++r) spec.members.push_back(ip_of(r));
-  spec.msg_len = p_.msg_len;
-  spec.window = p_.window;
-  spec.payload_bytes = p_.pmtu;
+  engine::RingSpec spec = RingAddressing{p_.ranks}.spec(kRingId, p_.msg_len, p_.window, p_.pmtu);
   return spec;
 }
 
@@ -303,21 +305,9 @@ void Sim::setup() {
 size_t Sim::build_packet(const Worker& w, uint32_t idx, std::vector<uint8_t>& out) const {
   const auto it = std::upper_bound(w.msg_first.begin(), w.msg_first.end(), idx) - 1;
   const unsigned m = static_cast<unsigned>(it - w.msg_first.begin());
-  const unsigned succ = (w.rank + 1) % p_.ranks;
-  wire::InaMessage msg;
-  msg.base.src_ip = ip_of(w.rank);
-  msg.base.dst_ip = ip_of(succ);
-  msg.base.udp_src_port = static_cast<uint16_t>(0xC000 + w.rank);
-  msg.base.dest_qp = recv_qpn(succ);
-  msg.ina.dtype = static_cast<uint8_t>(p_.dtype);
-  msg.ina.op = static_cast<uint8_t>(p_.op);
-  msg.ina.ring_id = kRingId;
-  msg.ina.rank = static_cast<uint16_t>(w.rank);
-  msg.ina.msg_id = m;
-  msg.psn0 = wire::psn_add(w.psn_base, w.msg_first[m]);
-  msg.data = w.tensor.data() + size_t{m} * lay_.cap;
-  msg.data_bytes = lay_.data_bytes(m, w.tensor.size());
-  msg.pmtu = p_.pmtu;
+  wire::InaMessage msg = RingAddressing{p_.ranks}.message(
+      w.rank, kRingId, m, p_.dtype, p_.op, wire::psn_add(w.psn_base, w.msg_first[m]),
+      w.tensor.data() + size_t{m} * lay_.cap, lay_.data_bytes(m, w.tensor.size()), p_.pmtu);
   msg.va = 0x10000000ull + uint64_t{m} * p_.msg_len * p_.pmtu;
   msg.rkey = 0x1234;
   msg.imm = m;
