@@ -25,7 +25,19 @@
 // successor and a receiver QP from the predecessor, 24-bit PSNs starting
 // near the wrap on some seeds, ACK, NAK on a sequence error, go-back-N on a
 // NAK or a retransmission timeout, WRITE WITH IMMEDIATE completion, ICRC
-// verification on receipt (like rxe), and rule W.
+// verification on receipt (like rxe), and rule W. Senders emit 1-8 packets
+// a tick with a timeout of 10-80 ticks, which can be shorter than a round
+// trip over the tree: an ACK is taken against the highest PSN ever sent
+// (as a real QP does), not against snd_nxt after a go-back-N, or a sender
+// would ignore every answer to its earlier round and never advance.
+//
+// Restarts. One seed in eight removes the ring from one box mid-job (its
+// held packets dropped, its cells gone) and in three of four installs the
+// same ring and tree again at a later tick. The job may then get stuck:
+// expected (the host library reports it), as long as every message a worker
+// completed holds the reference and nothing leaks; the exactly-once and
+// livelock checks are not made for such a run, and the restarted box's
+// counters are not checked (they start again with its new ring).
 //
 // Checks per seed (any failure prints the seed and the replay command):
 // - every worker's received data equals an independent reference
@@ -43,7 +55,8 @@
 // - no rule-W violation is seen by a box (evicted_incomplete), no buffer
 //   allocation fails;
 // - the run terminates: all workers done before kStuckTicks pass without
-//   progress and before max_ticks (else a livelock, reported).
+//   progress and before max_ticks (else a livelock, reported), unless a
+//   restart stopped the job (see Restarts).
 //
 // The RC endpoint code is the ring simulator's, addressed the same way
 // (rank r: 10.0.0.1 + r, QPNs 0x100 + r / 0x200 + r); to be shared with
@@ -124,6 +137,12 @@ struct Params {
   unsigned burst = 4;
   unsigned rto = 40;
   uint64_t max_ticks = 400000;
+  // Box restart: at remove_at (0: never) box restart_box loses its ring
+  // (held packets dropped, cells gone) and, if reinstall_at is not 0, gets
+  // the same ring and tree back then, with empty cells.
+  int restart_box = -1;  // index in Sim::boxes_ (0: the spine)
+  uint64_t remove_at = 0;
+  uint64_t reinstall_at = 0;
 };
 
 struct Worker {
@@ -134,6 +153,7 @@ struct Worker {
   std::vector<uint32_t> msg_first;  // packet index of each message's first packet (+ end)
   uint32_t total = 0;
   uint32_t snd_una = 0, snd_nxt = 0;
+  uint32_t snd_max = 0;  // one past the highest packet ever sent: ACKs up to it are valid
   uint64_t last_progress = 0;
   uint32_t allowed = 0;  // messages [0, allowed) may be sent (rule W)
   uint32_t rcv_next = 0;
@@ -160,12 +180,19 @@ struct Box {
 struct Result {
   bool ok = false;
   std::string error;
+  std::string note;  // how a run stuck after a restart ended (printed on replay)
   uint64_t ticks = 0;
   uint64_t frames = 0;                // frames handed to engines
   engine::ReasonCounters counters{};  // summed over boxes
   uint64_t b2b_corrupt_rejected = 0;  // corrupted box-to-box frames at their box, rejected
   uint64_t roce_corrupt_seen = 0;     // corrupted RoCE frames (ICRC-covered byte) at a box
   uint64_t partials_resent = 0, results_resent = 0;
+  // A box lost its ring and the workers could not finish: the expected
+  // outcome of a restart (the job fails), as long as every message a worker
+  // did complete holds the reference.
+  bool stuck_after_restart = false;
+  bool restarted = false;       // the removal happened before the job ended
+  unsigned restarted_kind = 0;  // 0 spine, 1 inner box, 2 leaf
 };
 
 class Sim {
@@ -206,6 +233,7 @@ class Sim {
   void reduce_box(unsigned bi, unsigned m);
   std::string check_results();
   std::string check_counters();
+  void lifecycle();
   void fail(const std::string& e) {
     if (error_.empty()) error_ = e;
   }
@@ -225,6 +253,8 @@ class Sim {
   uint64_t frames_ = 0;
   std::string error_;
   Result res_;
+  engine::RingSpec spec_;
+  bool removed_ = false;  // restart_box's ring is not installed now
   engine::Sink sink_;
   const bool trace_ = std::getenv("NETREDUCE_SIM_TRACE") != nullptr;
 };
@@ -317,7 +347,7 @@ void Sim::build_fabric() {
       }
     }
   }
-  engine::RingSpec spec;
+  engine::RingSpec& spec = spec_;
   spec.ring_id = kRingId;
   for (unsigned r = 0; r < p_.ranks; ++r) spec.members.push_back(ip_of(r));
   spec.msg_len = p_.msg_len;
@@ -407,7 +437,8 @@ void Sim::box_input(unsigned bi, std::vector<Frame*>& in) {
       const wire::B2bStatus st = wire::parse_b2b(f->b.data(), f->b.size(), bf);
       constexpr size_t l4 = sizeof(wire::EthHdr) + sizeof(wire::Ipv4Hdr);
       if (st != wire::B2bStatus::not_b2b) {
-        b2b_for_me[j] = bf.dst_ip == b.ip && at >= l4 + sizeof(wire::UdpHdr);
+        b2b_for_me[j] = bf.dst_ip == b.ip && at >= l4 + sizeof(wire::UdpHdr) &&
+                        !(removed_ && static_cast<int>(bi) == p_.restart_box);
       } else {
         // Bytes the ICRC leaves out: Ethernet, IPv4 ToS, TTL and checksum,
         // UDP checksum, BTH resv8a.
@@ -478,6 +509,7 @@ void Sim::sender_tick(Worker& w) {
   for (unsigned i = 0; i < p_.burst && w.snd_nxt < limit; ++i) {
     Frame* f = pool_.make(0);
     build_packet(w, w.snd_nxt++, f->b);
+    w.snd_max = std::max(w.snd_max, w.snd_nxt);
     rack_up_[w.rack]->send(f, now_);
   }
   if (w.snd_una < w.snd_nxt && now_ - w.last_progress > p_.rto) {
@@ -533,13 +565,17 @@ void Sim::on_ack(Worker& w, const uint8_t* d, const wire::ParsedFrame& pf) {
   const uint32_t idx = wire::psn_distance(w.psn_base, psn);
   if (idx >= w.total) return;
   if (syndrome == kSyndromeAck) {
-    if (idx + 1 > w.snd_una && idx < w.snd_nxt) {
+    // Against the highest PSN sent, not snd_nxt: after a go-back-N the
+    // answer to the earlier round may still be on its way (a round trip over
+    // the tree can outlast a short timeout), and it acknowledges all before it.
+    if (idx + 1 > w.snd_una && idx < w.snd_max) {
       w.snd_una = idx + 1;
+      w.snd_nxt = std::max(w.snd_nxt, w.snd_una);
       w.last_progress = now_;
       progress_ = now_;
     }
   } else if (syndrome == kSyndromeNakSeq) {
-    if (idx >= w.snd_una && idx <= w.snd_nxt) {
+    if (idx >= w.snd_una && idx <= w.snd_max) {
       w.snd_una = idx;
       w.snd_nxt = idx;
       w.last_progress = now_;
@@ -600,11 +636,14 @@ void Sim::reduce_box(unsigned bi, unsigned m) {
   ref::reduce(p_.dtype, p_.op, in, bytes, b.partial.data());
 }
 
+// Every message a worker completed (all of them unless a restart stopped
+// the job) against the tree reference.
 std::string Sim::check_results() {
   for (unsigned m = 0; m < p_.messages; ++m) {
     reduce_box(0, m);
     const std::vector<uint8_t>& want = boxes_[0].partial;
     for (const Worker& w : w_) {
+      if (w.results <= m) continue;  // not completed (only after a restart: checked before)
       const uint8_t* got =
           w.rbuf.data() + size_t{m} * p_.msg_len * p_.pmtu + engine::kInaHeaderBytes;
       if (std::memcmp(got, want.data(), want.size()) == 0) continue;
@@ -621,7 +660,10 @@ std::string Sim::check_results() {
 
 std::string Sim::check_counters() {
   const uint64_t n = cells();
-  for (const Box& b : boxes_) {
+  for (unsigned bi = 0; bi < boxes_.size(); ++bi) {
+    // A restarted box's counters start again with its new ring.
+    if (static_cast<int>(bi) == p_.restart_box && res_.restarted) continue;
+    const Box& b = boxes_[bi];
     const auto info = b.e->ring_info(kRingId);
     std::ostringstream e;
     e << "box " << (b.ip & 0xFF) << ": ";
@@ -651,12 +693,33 @@ std::string Sim::check_counters() {
   return {};
 }
 
+// The restart: the ring removed at restart_box (what its held packets
+// become is the removal's business: dropped), later maybe installed again.
+void Sim::lifecycle() {
+  if (p_.restart_box < 0) return;
+  Box& b = boxes_[static_cast<unsigned>(p_.restart_box)];
+  if (now_ == p_.remove_at) {
+    std::vector<Pkt> released;
+    if (Status s = b.e->remove_ring(kRingId, now_, released); !s)
+      throw std::runtime_error("remove_ring: " + s.to_string());
+    for (const Pkt& pk : released) pool_.free(sim::of(pk));
+    removed_ = res_.restarted = true;
+    res_.restarted_kind = p_.restart_box == 0 ? 0 : b.ip == kInnerIp ? 1 : 2;
+  }
+  if (removed_ && now_ == p_.reinstall_at) {
+    if (Status s = b.e->install_ring(spec_, b.spec); !s)
+      throw std::runtime_error("install_ring again: " + s.to_string());
+    removed_ = false;
+  }
+}
+
 Result Sim::run() {
   build_fabric();
   setup_workers();
   std::vector<Frame*> in;
   for (now_ = 1; now_ <= p_.max_ticks && !done() && error_.empty(); ++now_) {
     if (now_ - progress_ > kStuckTicks) break;
+    lifecycle();
     for (unsigned bi = 0; bi < boxes_.size(); ++bi) {
       in.clear();
       for (Channel* c : boxes_[bi].in)
@@ -671,15 +734,20 @@ Result Sim::run() {
   res_.frames = frames_;
   if (error_.empty() && !done()) {
     std::ostringstream e;
-    e << "livelock: no worker progressed for " << now_ - progress_ << " ticks at tick " << now_
-      << ":";
+    e << (res_.restarted ? "stuck after the restart" : "livelock") << ": no worker progressed for "
+      << now_ - progress_ << " ticks at tick " << now_ << ":";
     for (const Worker& w : w_)
       e << " [w" << w.rank << " results " << w.results << "/" << p_.messages << " acked "
         << w.snd_una << "/" << w.total << "]";
-    error_ = e.str();
+    for (const Box& b : boxes_)
+      if (auto info = b.e->ring_info(kRingId))
+        e << " [box " << (b.ip & 0xFF) << " open cells " << info->open_cells << " held "
+          << info->held_packets << "]";
+    res_.stuck_after_restart = res_.restarted;
+    (res_.restarted ? res_.note : error_) = e.str();
   }
   if (error_.empty()) error_ = check_results();
-  if (error_.empty()) error_ = check_counters();
+  if (error_.empty() && !res_.stuck_after_restart) error_ = check_counters();
   for (const Box& b : boxes_) {
     const auto& r = b.e->counters();
     for (size_t i = 0; i < r.size(); ++i) res_.counters[i] += r[i];
@@ -692,7 +760,7 @@ Result Sim::run() {
   for (Box& b : boxes_) {
     std::vector<Pkt> released;
     (void)b.e->remove_ring(kRingId, now_, released);
-    if (error_.empty() && !released.empty())
+    if (error_.empty() && !released.empty() && !res_.stuck_after_restart)
       error_ = "box " + std::to_string(b.ip & 0xFF) + " still held " +
                std::to_string(released.size()) + " packets";
     for (const Pkt& pk : released) pool_.free(sim::of(pk));
@@ -748,6 +816,12 @@ Params random_params(uint64_t seed) {
   p.rto = rtos[u(0, 3)];
   p.psn_base = u(0, 3) == 0 ? static_cast<uint32_t>(wire::kPsnMask - u(0, 64))
                             : static_cast<uint32_t>(u(0, wire::kPsnMask));
+  if (u(0, 7) == 0) {  // a box restarts mid-job
+    const unsigned nboxes = 1 + nracks - (p.root_ranks ? 1 : 0) + (p.inner ? 1 : 0);
+    p.restart_box = static_cast<int>(u(0, nboxes - 1));
+    p.remove_at = u(1, 250);
+    if (u(0, 3) != 0) p.reinstall_at = p.remove_at + u(0, 150);
+  }
   return p;
 }
 
@@ -764,6 +838,9 @@ std::string describe(const Params& p) {
     << " rto=" << p.rto << " icrc=" << (p.fixup == engine::IcrcFixup::linear ? "linear" : "full")
     << " isa=" << reduce::to_string(p.isa) << " psn_base=0x" << std::hex << p.psn_base << std::dec
     << (p.all_at_max ? " links=5%/5%/5%/1%" : " links=random<=5%/5%/5%/1%");
+  if (p.restart_box >= 0)
+    o << " restart box " << p.restart_box << " at " << p.remove_at << " reinstall at "
+      << p.reinstall_at;
   return o.str();
 }
 
@@ -780,6 +857,7 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   engine::ReasonCounters total{};
   uint64_t frames = 0, failures = 0, three = 0, spread = 0, on_spine = 0, at_max = 0;
+  uint64_t restarts[3][2][2] = {};  // [spine, inner, leaf][reinstalled][stuck]
   uint64_t b2b_rejected = 0, roce_corrupt = 0, present = 0, rresent = 0;
   for (uint64_t s = first; s < first + seeds; ++s) {
     const Params p = random_params(s);
@@ -790,6 +868,7 @@ int main(int argc, char** argv) {
       r.error = std::string("exception: ") + e.what();
     }
     if (replay || !r.ok) std::printf("%s\n", describe(p).c_str());
+    if (replay && !r.note.empty()) std::printf("%s\n", r.note.c_str());
     if (!r.ok) {
       ++failures;
       std::printf("FAIL: %s\n  replay: NETREDUCE_SIM_SEED=%" PRIu64 " %s\n", r.error.c_str(), s,
@@ -797,6 +876,7 @@ int main(int argc, char** argv) {
       if (failures >= 5) break;
       continue;
     }
+    if (r.restarted) ++restarts[r.restarted_kind][p.reinstall_at != 0][r.stuck_after_restart];
     three += p.inner;
     on_spine += p.root_ranks;
     at_max += p.all_at_max;
@@ -819,6 +899,13 @@ int main(int argc, char** argv) {
               " with a rack on the spine, %" PRIu64 " with ranks spread over racks, %" PRIu64
               " with every link at 5%%/5%%/5%%/1%%\n",
               three, on_spine, spread, at_max);
+  static const char* kinds[] = {"spine", "inner box", "leaf"};
+  std::printf("  box restarts mid-job (job done / stuck: the expected failure):");
+  for (unsigned k = 0; k < 3; ++k)
+    std::printf(" %s removed %" PRIu64 "/%" PRIu64 ", reinstalled %" PRIu64 "/%" PRIu64 ";",
+                kinds[k], restarts[k][0][0], restarts[k][0][1], restarts[k][1][0],
+                restarts[k][1][1]);
+  std::printf("\n");
   std::printf("  corrupted box-to-box frames rejected by CRC32C: %" PRIu64
               "; corrupted RoCE frames at boxes (none aggregated): %" PRIu64
               "; partials resent %" PRIu64 ", results resent %" PRIu64 "\n",
