@@ -31,7 +31,7 @@ echo "== build (ASan + UBSan, DPDK-free code) =="
 # Sanitized runs are ~10x slower: the same randomized tests with fewer seeds
 # (the release build runs the full counts).
 setup build-asan --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false \
-  -Ddpdk=disabled -Dfuzz_iterations=1000000 -Dsim_seeds=1000 -Dengine_fuzz_iterations=60000
+  -Ddpdk=disabled -Dfuzz_iterations=1000000 -Dsim_seeds=1000 -Dsim_tree_seeds=1000 -Dengine_fuzz_iterations=60000
 meson compile -C build-asan -j "$jobs"
 
 status=0

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/reference.h"
+#include "engine/sim_net.h"
 #include "support/ring_traffic.h"
 #include "wire/icrc.h"
 #include "wire/message.h"
@@ -40,89 +41,9 @@ constexpr uint8_t kSyndromeNakSeq = 0x60;
 // simulator's own: only its RC endpoints send ACKs.
 using testing::RingAddressing;
 uint32_t ip_of(unsigned rank) { return RingAddressing{}.ip(rank); }
-uint32_t recv_qpn(unsigned rank) {
-  return RingAddressing{}.recv_qpn(rank);
-}  // data from the predecessor
+// Receives data from the predecessor.
+uint32_t recv_qpn(unsigned rank) { return RingAddressing{}.recv_qpn(rank); }
 uint32_t send_qpn(unsigned rank) { return 0x200 + rank; }  // receives ACKs from the successor
-
-// A frame in flight, owned by exactly one place at a time: a channel, the
-// engine (held), or a worker while it handles it.
-struct Frame {
-  std::vector<uint8_t> b;
-};
-
-struct Pool {
-  int64_t live = 0;
-  Frame* make(size_t n) {
-    ++live;
-    auto* f = new Frame;
-    f->b.resize(n);
-    return f;
-  }
-  Frame* copy(const Frame& o) {
-    ++live;
-    return new Frame(o);
-  }
-  void free(Frame* f) {
-    --live;
-    delete f;
-  }
-};
-
-Pkt as_pkt(Frame* f) { return Pkt{f->b.data(), static_cast<uint16_t>(f->b.size()), f}; }
-Frame* of(const Pkt& p) { return static_cast<Frame*>(p.handle); }
-
-struct InFlight {
-  uint64_t at;
-  uint64_t seq;
-  Frame* f;
-  bool operator>(const InFlight& o) const { return at != o.at ? at > o.at : seq > o.seq; }
-};
-
-class Channel {
- public:
-  Channel(double drop, double dup, double reorder, double corrupt, std::mt19937_64& rng, Pool& pool)
-      : drop_(drop), dup_(dup), reorder_(reorder), corrupt_(corrupt), rng_(rng), pool_(pool) {}
-  ~Channel() {
-    while (!q_.empty()) {
-      pool_.free(q_.top().f);
-      q_.pop();
-    }
-  }
-  void send(Frame* f, uint64_t now) {
-    if (chance(drop_)) {
-      pool_.free(f);
-      return;
-    }
-    if (chance(dup_)) enqueue(pool_.copy(*f), now);
-    enqueue(f, now);
-  }
-  // Pops the next frame due at or before `now`.
-  Frame* next(uint64_t now) {
-    if (q_.empty() || q_.top().at > now) return nullptr;
-    Frame* f = q_.top().f;
-    q_.pop();
-    return f;
-  }
-  bool empty() const { return q_.empty(); }
-
- private:
-  bool chance(double p) { return p > 0 && std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
-  void enqueue(Frame* f, uint64_t now) {
-    if (chance(corrupt_) && !f->b.empty())
-      f->b[rng_() % f->b.size()] ^= static_cast<uint8_t>(1u << (rng_() % 8));
-    // Reordered frames are mostly a little late; one in ten is very late, so
-    // duplicates older than the cells' reuse distance (2N messages) occur.
-    uint64_t delay = 1;
-    if (chance(reorder_)) delay += rng_() % 10 == 0 ? 50 + rng_() % 400 : 1 + rng_() % 12;
-    q_.push({now + delay, seq_++, f});
-  }
-  double drop_, dup_, reorder_, corrupt_;
-  std::mt19937_64& rng_;
-  Pool& pool_;
-  std::priority_queue<InFlight, std::vector<InFlight>, std::greater<>> q_;
-  uint64_t seq_ = 0;
-};
 
 struct Worker {
   unsigned rank = 0;
@@ -224,46 +145,7 @@ void Sim::lifecycle() {
 }
 
 void Sim::fill_tensor(std::vector<uint8_t>& t) {
-  const size_t n = lay_.elems;
-  auto small = [&] { return static_cast<int>(rng_() % 2001) - 1000; };
-  auto expo = [&](int lo, int hi) {
-    return lo + static_cast<int>(rng_() % static_cast<unsigned>(hi - lo + 1));
-  };
-  for (size_t i = 0; i < n; ++i) {
-    uint8_t* d = t.data() + i * lay_.es;
-    switch (p_.dtype) {
-      case Dtype::fp32: {
-        float v = std::ldexp(static_cast<float>(small()), expo(-12, 12));
-        std::memcpy(d, &v, 4);
-        break;
-      }
-      case Dtype::fp64: {
-        double v = std::ldexp(static_cast<double>(small()) + 1e-3 * small(), expo(-40, 40));
-        std::memcpy(d, &v, 8);
-        break;
-      }
-      case Dtype::fp16: {
-        uint16_t h = ref::fp16_narrow(std::ldexp(static_cast<float>(small()), expo(-14, 2)));
-        std::memcpy(d, &h, 2);
-        break;
-      }
-      case Dtype::bf16: {
-        uint16_t h = ref::bf16_narrow(std::ldexp(static_cast<float>(small()), expo(-20, 20)));
-        std::memcpy(d, &h, 2);
-        break;
-      }
-      case Dtype::int32: {
-        uint32_t v = static_cast<uint32_t>(rng_());
-        std::memcpy(d, &v, 4);
-        break;
-      }
-      case Dtype::int64: {
-        uint64_t v = rng_();
-        std::memcpy(d, &v, 8);
-        break;
-      }
-    }
-  }
+  sim::fill_tensor(p_.dtype, rng_, t.data(), lay_.elems);
 }
 
 void Sim::setup() {
