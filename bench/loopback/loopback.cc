@@ -778,6 +778,8 @@ bool report_ok(const json& report, bool removed_mid_run) {
         const json& v = p[m]["verified"];
         if (v["bad"] != 0 || v["unknown"] != 0 || v["duplicate"] != 0 || v["good"] == 0)
           return false;
+        // --scrape-hz: every scrape request answered ok under traffic.
+        if (p[m].contains("scrape") && p[m]["scrape"]["failed_requests"] != 0) return false;
         const bool cut = removed_mid_run && std::string(m) == "aggregate";
         if (!cut && v["missing"] != 0) return false;
         if (cut && (v["missing"] == 0 || p[m]["ring_retired"] == 0)) return false;
