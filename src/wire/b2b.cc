@@ -10,28 +10,6 @@
 
 namespace netreduce::wire {
 
-std::string_view to_string(B2bStatus s) noexcept {
-  switch (s) {
-#define NETREDUCE_X(name, desc) \
-  case B2bStatus::name:         \
-    return #name;
-    NETREDUCE_B2B_STATUS(NETREDUCE_X)
-#undef NETREDUCE_X
-  }
-  return "invalid";
-}
-
-std::string_view describe(B2bStatus s) noexcept {
-  switch (s) {
-#define NETREDUCE_X(name, desc) \
-  case B2bStatus::name:         \
-    return desc;
-    NETREDUCE_B2B_STATUS(NETREDUCE_X)
-#undef NETREDUCE_X
-  }
-  return "invalid";
-}
-
 namespace {
 template <typename H>
 const H* at(const uint8_t* data, size_t off) noexcept {

@@ -58,6 +58,7 @@
 #include <string_view>
 
 #include "wire/headers.h"
+#include "wire/status_enum.h"
 
 namespace netreduce::wire {
 
@@ -105,20 +106,7 @@ static_assert(sizeof(B2bHdr) % 8 == 0, "keeps 8-byte elements aligned as in the 
   X(bad_length, "length is not what the UDP length leaves, or not whole elements")  \
   X(bad_position, "packet position k outside the message (k >= msg_len or msg_len 0)")
 
-enum class B2bStatus : uint8_t {
-#define NETREDUCE_X(name, desc) name,
-  NETREDUCE_B2B_STATUS(NETREDUCE_X)
-#undef NETREDUCE_X
-};
-
-inline constexpr size_t kB2bStatusCount = 0
-#define NETREDUCE_X(name, desc) +1
-    NETREDUCE_B2B_STATUS(NETREDUCE_X)
-#undef NETREDUCE_X
-    ;
-
-std::string_view to_string(B2bStatus s) noexcept;
-std::string_view describe(B2bStatus s) noexcept;
+NETREDUCE_DEFINE_STATUS_ENUM(B2bStatus, kB2bStatusCount, NETREDUCE_B2B_STATUS)
 
 // The header's fields in host order.
 struct B2bInfo {

@@ -2,28 +2,6 @@
 
 namespace netreduce::wire {
 
-std::string_view to_string(ParseStatus s) noexcept {
-  switch (s) {
-#define NETREDUCE_X(name, desc) \
-  case ParseStatus::name:       \
-    return #name;
-    NETREDUCE_PARSE_STATUS(NETREDUCE_X)
-#undef NETREDUCE_X
-  }
-  return "invalid";
-}
-
-std::string_view describe(ParseStatus s) noexcept {
-  switch (s) {
-#define NETREDUCE_X(name, desc) \
-  case ParseStatus::name:       \
-    return desc;
-    NETREDUCE_PARSE_STATUS(NETREDUCE_X)
-#undef NETREDUCE_X
-  }
-  return "invalid";
-}
-
 namespace {
 template <typename H>
 const H* at(const uint8_t* data, size_t off) noexcept {

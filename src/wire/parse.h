@@ -18,6 +18,7 @@
 
 #include "wire/headers.h"
 #include "wire/opcode.h"
+#include "wire/status_enum.h"
 
 namespace netreduce::wire {
 
@@ -43,20 +44,7 @@ namespace netreduce::wire {
   X(unexpected_payload, "payload present on an opcode that carries none")     \
   X(bad_pad, "BTH pad count larger than the payload")
 
-enum class ParseStatus : uint8_t {
-#define NETREDUCE_X(name, desc) name,
-  NETREDUCE_PARSE_STATUS(NETREDUCE_X)
-#undef NETREDUCE_X
-};
-
-inline constexpr size_t kParseStatusCount = 0
-#define NETREDUCE_X(name, desc) +1
-    NETREDUCE_PARSE_STATUS(NETREDUCE_X)
-#undef NETREDUCE_X
-    ;
-
-std::string_view to_string(ParseStatus s) noexcept;
-std::string_view describe(ParseStatus s) noexcept;
+NETREDUCE_DEFINE_STATUS_ENUM(ParseStatus, kParseStatusCount, NETREDUCE_PARSE_STATUS)
 
 // Traffic that is not RoCEv2 at all (as opposed to malformed RoCEv2).
 constexpr bool is_not_roce(ParseStatus s) noexcept {
