@@ -1,9 +1,9 @@
-// Control work that needs the workers (control thread, and DPDK telemetry's
-// thread through on_worker): commands run on a worker between bursts
+// Control work that needs the workers (control thread): commands run on a worker between bursts
 // (Command, lcore.h; run_command on the worker, on_worker on the caller) and
 // RCU grace periods (quiesce). Every wait is bounded by
 // control.command_timeout_ms except for a command a worker has already
 // started; the ordering contract is in dataplane.h ("Control").
+#include <rte_cycles.h>
 #include <rte_rcu_qsbr.h>
 #include <rte_ring.h>
 #include <spdlog/spdlog.h>
@@ -36,6 +36,7 @@ Status Dataplane::on_worker(unsigned idx, std::function<void(Worker&)> fn) {
   // Workers not running (before start, after stop): act directly.
   if (!started_ || w.stopped.load(std::memory_order_acquire)) {
     fn(w);
+    publish(w, rte_rdtsc(), true);  // as the worker does after a command
     return {};
   }
   const std::string who =

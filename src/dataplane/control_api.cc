@@ -39,7 +39,7 @@
 // lcore, when a worker does not take the command in time
 // (Dataplane::on_worker; dataplane.h). Reads run no command: stats,
 // list_rings, get_ring and telemetry copy each worker's publication
-// (Published, dataplane.h), waiting for a fresh one at most that long; a
+// (Published, lcore.h), waiting for a fresh one at most that long; a
 // worker that does not publish in time shows its last figures with their
 // age ("published_age_ms", "answering": false).
 // Every line gets one reply, also a line that is not JSON or not UTF-8
@@ -137,11 +137,16 @@ json Dataplane::answer(const std::string& line) {
         if (!snaps[e.owner]) snaps[e.owner] = ring_snapshot(*this, e.owner);
         const RingSnapshot& rs = *snaps[e.owner];
         engine::RingInfo info;
+        bool published = false;  // false: installed after its owner's last copy (figures 0)
         for (const engine::RingFigures& f : rs.rings)
-          if (f.ring_id == id) static_cast<engine::RingFigures&>(info) = f;
+          if (f.ring_id == id) {
+            static_cast<engine::RingFigures&>(info) = f;
+            published = true;
+          }
         info.spec = e.spec;
         json j = ring_info_to_json(info);
         j["worker"] = e.owner;
+        j["published"] = published;
         j["published_age_ms"] = rs.age_ms;
         j["answering"] = rs.answering;
         arr.push_back(std::move(j));

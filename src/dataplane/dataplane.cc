@@ -182,8 +182,9 @@ Status Dataplane::setup() {
     publish(*w, rte_rdtsc());
     const std::string id = std::to_string(i);
     w->inbox = rte_ring_create(("nr_in" + id).c_str(), 4096, rte_socket_id(), RING_F_SC_DEQ);
-    w->commands = rte_ring_create(("nr_cmd" + id).c_str(), 64, rte_socket_id(),
-                                  RING_F_SC_DEQ);  // control thread and telemetry both enqueue
+    w->commands = rte_ring_create(
+        ("nr_cmd" + id).c_str(), 64, rte_socket_id(),
+        RING_F_SC_DEQ);  // control thread callers enqueue (one at a time: on_worker_mu_)
     if (!w->inbox || !w->commands)
       return {StatusCode::resource_exhausted, "memory", "cannot create worker rings"};
     for (unsigned s = 0; s < 2; ++s) {
@@ -330,7 +331,8 @@ void Dataplane::worker_loop(Worker& w) {
     if (!w.ignore_commands && rte_ring_dequeue(w.commands, &c) == 0) {
       ++moved;  // a control command is work too: the next one is not paced by the idle sleep
       run_command(w, static_cast<Command*>(c));
-      publish(w, rte_rdtsc());  // what it changed (rings, memory) shows in the next read
+      // What it changed (rings, memory) shows in the next read, the rings' figures too.
+      publish(w, rte_rdtsc(), true);
     }
     // Retired rings whose grace has passed are forgotten (cheap when none is due).
     w.engine->expire_retired(t0);
@@ -341,6 +343,7 @@ void Dataplane::worker_loop(Worker& w) {
       ++w.stats.busy_polls;
     }
     if (w.asked.load(std::memory_order_relaxed) > w.published_at ||
+        w.rings_asked.load(std::memory_order_relaxed) > w.pub.f.rings_tsc ||
         t1 - w.published_at >= publish_cycles_)
       publish(w, t1);
     idle(w, moved != 0, t1);

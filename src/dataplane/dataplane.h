@@ -250,8 +250,9 @@ class Dataplane {
   std::atomic<bool> polling_{true};  // see polling()
   bool started_ = false;
   uint64_t publish_cycles_ = 0;  // kPublishMs in TSC cycles (setup)
-  std::mutex on_worker_mu_;      // one control caller at a time (control thread, telemetry)
-  long control_gid_ = -1;        // control.group resolved by setup(); -1: none
+  std::mutex
+      on_worker_mu_;  // one on_worker caller at a time; serializes publishing for stopped workers
+  long control_gid_ = -1;                   // control.group resolved by setup(); -1: none
   class ControlSocket* control_ = nullptr;  // while run() serves it (control thread)
 
   struct RingEntry {

@@ -39,7 +39,7 @@ struct LinkTable {
 };
 
 // A piece of control work run on a worker between bursts. Allocated by the
-// caller (Dataplane::on_worker, control thread or telemetry); `state` says
+// caller (Dataplane::on_worker, control thread); `state` says
 // who frees it:
 //   queued -> running -> done   the worker ran it; the waiting caller frees it
 //   queued -> cancelled         the caller gave up at its deadline and left;
@@ -71,8 +71,10 @@ struct alignas(64) WorkerStats {
 };
 
 // What a worker publishes for the control thread: its WorkerStats and the
-// engine's totals. Written only by the worker (Dataplane::publish), read by
-// the control thread (Dataplane::read_published) without a command, under a
+// engine's totals. Written only by the worker (Dataplane::publish) while it
+// runs (before start and after stop by a reader, under on_worker_mu_), read
+// by the control thread and DPDK telemetry's thread (Dataplane::read_published)
+// without a command, under a
 // sequence counter: the worker makes `seq` odd, copies, makes it even; a
 // reader copies and retries if `seq` was odd or moved. The worker never waits
 // for a reader, and a reader never stops the worker.
@@ -132,14 +134,14 @@ struct alignas(64) Worker {
   bool stall = false;
   WorkerStats stats;
   engine::Sink sink;  // what the engine releases per burst, reused
-  // Publication (Published above): the worker's copy, on lines of its own;
-  // `asked` on a line of its own too (control writes it, the worker reads it
-  // once per loop iteration).
+  // Publication (Published above): the worker's copy, on lines of its own.
+  // The readers' line (asked, rings_asked, unanswered) is next, alone:
+  // readers write it, the worker reads `asked` once per loop iteration.
   Published pub;
   std::unique_ptr<engine::RingFigures[]> ring_store;  // pub.ring_figures' storage (setup)
   alignas(64) std::atomic<uint64_t> asked{0};
   // Same line, same writers: a reader wanting the rings' figures stores its
-  // TSC here before `asked`; the worker copies them when this passes the
+  // TSC here (and in `asked`); the worker copies them when this passes the
   // last copy's (Figures::rings_tsc).
   std::atomic<uint64_t> rings_asked{0};
   // A reader's `asked` that the worker did not answer within
@@ -147,7 +149,8 @@ struct alignas(64) Worker {
   // nothing since, readers take its last figures without waiting again.
   // Written and read by readers (control thread, telemetry); not the worker.
   std::atomic<uint64_t> unanswered{0};
-  uint64_t published_at = 0;  // worker only: TSC of its last publication
+  // From here on the worker's own line(s) again.
+  alignas(64) uint64_t published_at = 0;  // worker only: TSC of its last publication
   uint64_t stall_cycles = 0;  // setup: stall_timeout_ms in TSC (RingFigures::stalled_cells)
   uint64_t last_flush = 0;
   uint64_t last_busy = 0;  // TSC of the last iteration that moved packets (idle rule)
@@ -159,12 +162,15 @@ struct alignas(64) Worker {
 
 // The hot-path layout (no line written by two workers): a Worker is
 // allocated alone on line boundaries (rte_zmalloc, RTE_CACHE_LINE_SIZE) and
-// is written only by its own worker thread, except `stopped` (set once at
-// exit); its WorkerStats start a line of their own.
+// is written only by its own worker thread, except the readers' line
+// (asked, rings_asked, unanswered: readers write, the worker reads) and
+// `stopped` (set once at exit); its WorkerStats start a line of their own.
 static_assert(alignof(Worker) == 64 && sizeof(Worker) % 64 == 0);
 static_assert(alignof(WorkerStats) == 64 && sizeof(WorkerStats) % 64 == 0);
 static_assert(offsetof(Worker, stats) % 64 == 0);
 static_assert(offsetof(Worker, pub) % 64 == 0 && offsetof(Worker, asked) % 64 == 0);
+static_assert(offsetof(Worker, published_at) >= offsetof(Worker, asked) + 64 &&
+              offsetof(Worker, unanswered) < offsetof(Worker, asked) + 64);
 
 // The lcore context (see the top of this file). Built by worker_loop when
 // the worker starts; the worker only reads it.

@@ -41,26 +41,37 @@ Figures Dataplane::read_published(unsigned idx, double& age_ms, bool* answering,
   // Workers not running (before start, after stop) publish nothing more:
   // the control thread publishes for them (nobody else writes then).
   bool running = started_ && !w.stopped.load(std::memory_order_acquire);
+  const uint64_t asked = rte_rdtsc();
   if (!running) {  // callers (control socket, telemetry) may race here: one publishes at a time
     std::lock_guard<std::mutex> lock(on_worker_mu_);
     publish(w, rte_rdtsc(), rings != nullptr);
   }
   if (rings) rings->reserve(w.pub.ring_capacity);  // the copies below allocate nothing
-  const uint64_t asked = rte_rdtsc();
   auto ask = [asked](std::atomic<uint64_t>& a) {
     uint64_t prev = a.load(std::memory_order_relaxed);
     while (prev < asked && !a.compare_exchange_weak(prev, asked, std::memory_order_relaxed)) {
     }
   };
   if (running) {
-    if (rings) ask(w.rings_asked);  // before `asked`: the worker reads them in that order
+    if (rings) ask(w.rings_asked);  // the worker tests either (publish, worker_loop)
     ask(w.asked);
   }
   // What the reader waits for: the figures it asked for copied after `asked`.
   auto copied_at = [rings](const Figures& f) { return rings ? f.rings_tsc : f.tsc; };
-  // A worker that missed a reader's deadline and has published nothing
-  // since is not waited for again (its last figures, with their age).
-  const uint64_t missed = w.unanswered.load(std::memory_order_relaxed);
+  // A worker that missed a reader's deadline (`unanswered`) is not waited
+  // for again while it has published nothing since: its last figures, with
+  // their age. One that has published since (it recovered, or a lost update
+  // between two readers left a stale mark) is waited for as usual.
+  uint64_t missed = w.unanswered.load(std::memory_order_relaxed);
+  if (missed && running) {
+    const uint32_t s0 = w.pub.seq.load(std::memory_order_acquire);
+    const uint64_t last = w.pub.f.tsc;  // validated by the sequence counter below
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if ((s0 & 1) == 0 && w.pub.seq.load(std::memory_order_relaxed) == s0 && last >= missed) {
+      w.unanswered.store(0, std::memory_order_relaxed);
+      missed = 0;
+    }
+  }
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(missed && running ? 0 : cfg_.command_timeout_ms);
   Figures out;
@@ -93,12 +104,14 @@ Figures Dataplane::read_published(unsigned idx, double& age_ms, bool* answering,
   }
   const uint64_t at = copied_at(out);
   age_ms = at >= asked ? 0.0 : double(asked - at) * 1e3 / double(hz);
-  // Answering: fresh figures, or (not waited for) published since it missed.
-  const bool ok = !running || at >= asked || (missed && out.tsc >= missed);
-  if (ok)
-    w.unanswered.store(0, std::memory_order_relaxed);
-  else if (!missed)
+  // Answering: the figures asked for, copied after the request.
+  const bool ok = !running || at >= asked;
+  if (ok) {
+    if (w.unanswered.load(std::memory_order_relaxed) != 0)  // the line stays shared otherwise
+      w.unanswered.store(0, std::memory_order_relaxed);
+  } else if (!missed) {
     w.unanswered.store(asked, std::memory_order_relaxed);
+  }
   if (answering) *answering = ok;
   return out;
 }

@@ -843,7 +843,9 @@ def stalled_worker_scenario(tmp, in_pcap):
     answers. ping, status and telemetry keep answering; shutdown stops the
     box cleanly."""
     wrpcap(in_pcap, other_traffic(1))
-    proc, sock, _ = start_dataplane(tmp, in_pcap, [], 2, extra={"control": {"command_timeout_ms": 300}},
+    # Preloaded before the workers start: ring 5 on worker 0, ring 6 on worker 1 (least loaded).
+    proc, sock, _ = start_dataplane(tmp, in_pcap, [ring_spec(5, 2, 20, 4, 1024), ring_spec(6, 2, 30, 4, 1024)], 2,
+                                    extra={"control": {"command_timeout_ms": 300}},
                                     env={"NETREDUCE_TEST_STALL_WORKER": "1"})
 
     def unavailable(reply):
@@ -863,19 +865,28 @@ def stalled_worker_scenario(tmp, in_pcap):
             assert w[0]["answering"] is True and w[0]["published_age_ms"] == 0, w[0]
             assert w[1]["answering"] is False and w[1]["published_age_ms"] > 0, w[1]
         assert ctl(cmd="install_ring", ring=ring_spec(1, 2, 1, 4, 1024))["ok"]
-        # Reads copy publications: worker 0's ring is listed with fresh figures
-        # (worker 1, which publishes nothing, owns no ring and is not waited for).
+        # Reads copy publications: worker 0's rings are listed with fresh figures;
+        # worker 1's ring with the figures copied when it was preloaded, their age
+        # and answering false, without waiting for worker 1 again.
         for _ in range(2):
             listed = ctl(cmd="list_rings")
-            assert listed["ok"] and [(r["spec"]["id"], r["worker"]) for r in listed["rings"]] == [(1, 0)], listed
-            assert listed["rings"][0]["answering"] and listed["rings"][0]["published_age_ms"] == 0, listed
+            assert listed["ok"], listed
+            rings = {r["spec"]["id"]: r for r in listed["rings"]}
+            assert sorted((i, r["worker"]) for i, r in rings.items()) == [(1, 0), (5, 0), (6, 1)], listed
+            for i in (1, 5):
+                assert rings[i]["answering"] and rings[i]["published_age_ms"] == 0 and rings[i]["published"], rings[i]
+            assert rings[6]["answering"] is False and rings[6]["published_age_ms"] > 0, rings[6]
+            assert rings[6]["published"] and rings[6]["held_packets"] == 0, rings[6]
+        got = ctl(cmd="get_ring", id=6)
+        assert got["ok"] and got["ring"]["answering"] is False and got["ring"]["worker"] == 1, got
+        assert sorted(query_telemetry("nr%d" % os.getpid(), "/netreduce/rings")) == [1, 5, 6]
         msgs = [unavailable(ctl(cmd="install_ring", ring=ring_spec(2, 2, 2, 4, 1024)))]
         msgs.append(unavailable(ctl(cmd="set_polling", enabled=False)))
         assert "has still not finished" in msgs[-1] and "stuck" in msgs[-1], msgs[-1]
         assert ctl(cmd="set_polling", enabled=True)["ok"]
         assert ctl(cmd="ping") == {"ok": True}
         st = ctl(cmd="status")
-        assert st["ok"] and st["rings"] == 1, st
+        assert st["ok"] and st["rings"] == 3, st
         tel = query_telemetry("nr%d" % os.getpid(), "/netreduce/stats")
         assert "error" not in tel and "rx_packets" in tel, tel
         return msgs
