@@ -11,17 +11,14 @@
 #include <string>
 
 #include "engine/sim.h"
+#include "engine/sim_net.h"
 
 using namespace netreduce;
 
 int main(int argc, char** argv) {
-  uint64_t seeds = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1000;
-  uint64_t first = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1;
-  const bool replay = std::getenv("NETREDUCE_SIM_SEED") != nullptr;
-  if (replay) {
-    first = std::strtoull(std::getenv("NETREDUCE_SIM_SEED"), nullptr, 10);
-    seeds = 1;
-  }
+  const sim::SeedRange range = sim::seed_range(argc, argv);
+  const uint64_t seeds = range.count, first = range.first;
+  const bool replay = range.replay;
   const auto t0 = std::chrono::steady_clock::now();
   engine::ReasonCounters total{};
   uint64_t frames = 0, served = 0, completed = 0, failures = 0;

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <queue>
@@ -22,6 +23,25 @@
 #include "wire/ina.h"
 
 namespace netreduce::sim {
+
+// The seeds a simulator binary runs: argv[1] seeds (default 1000) from
+// argv[2] (default 1); NETREDUCE_SIM_SEED=S replays seed S alone.
+struct SeedRange {
+  uint64_t first = 1;
+  uint64_t count = 1000;
+  bool replay = false;
+};
+inline SeedRange seed_range(int argc, char** argv) {
+  SeedRange r;
+  if (argc > 1) r.count = std::strtoull(argv[1], nullptr, 10);
+  if (argc > 2) r.first = std::strtoull(argv[2], nullptr, 10);
+  if (const char* s = std::getenv("NETREDUCE_SIM_SEED")) {
+    r.first = std::strtoull(s, nullptr, 10);
+    r.count = 1;
+    r.replay = true;
+  }
+  return r;
+}
 
 // A frame in flight, owned by exactly one place at a time: a channel, an
 // engine (held), or a worker while it handles it.

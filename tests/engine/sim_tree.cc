@@ -833,13 +833,9 @@ std::string describe(const Params& p) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t seeds = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1000;
-  uint64_t first = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1;
-  const bool replay = std::getenv("NETREDUCE_SIM_SEED") != nullptr;
-  if (replay) {
-    first = std::strtoull(std::getenv("NETREDUCE_SIM_SEED"), nullptr, 10);
-    seeds = 1;
-  }
+  const sim::SeedRange range = sim::seed_range(argc, argv);
+  const uint64_t seeds = range.count, first = range.first;
+  const bool replay = range.replay;
   const auto t0 = std::chrono::steady_clock::now();
   engine::ReasonCounters total{};
   uint64_t frames = 0, failures = 0, three = 0, spread = 0, on_spine = 0, at_max = 0;
