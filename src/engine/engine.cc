@@ -168,6 +168,7 @@ struct alignas(64) Engine::Impl {
                      uint64_t now, Sink& out) noexcept;
   template <IcrcFixup F>
   Outcome result_in(Ring& ring, const wire::B2bFrame& b, const uint8_t* frame, Sink& out) noexcept;
+  Outcome query_in(Ring& ring, const wire::B2bInfo& in, Sink& out) noexcept;
   template <IcrcFixup F>
   void tree_full(Ring& ring, size_t ci, Cell& cell, Sink& out) noexcept;
   template <IcrcFixup F>
@@ -574,16 +575,25 @@ Outcome Engine::Impl::box_frame(const Frame& f, uint64_t now, Sink& out) noexcep
   if (!ring.tree || ring.tree->spec.self.ip != b.dst_ip)
     return count(Reason::b2b_unknown_tree, &ring);
   TreeNode& t = *ring.tree;
-  const bool partial = in.kind == wire::B2bKind::partial;
-  if (partial ? in.child >= t.nboxes || t.spec.boxes[in.child].ip != b.src_ip
-              : !t.spec.has_parent || t.spec.parent.ip != b.src_ip ||
-                    in.child != t.spec.index_at_parent)
+  // partial and final come up from child box `child`, result and query down
+  // from the parent to this box's index there.
+  const bool up = in.kind == wire::B2bKind::partial || in.kind == wire::B2bKind::final;
+  if (up ? in.child >= t.nboxes || t.spec.boxes[in.child].ip != b.src_ip
+         : !t.spec.has_parent || t.spec.parent.ip != b.src_ip || in.child != t.spec.index_at_parent)
     return count(Reason::b2b_unknown_box, &ring);
   if (!ring.spec.allows_dtype(in.dtype) || !ring.spec.allows_op(in.op))
     return count(Reason::dtype_mismatch, &ring);
   if (b.data_len > ring.spec.payload_bytes) return count(Reason::length_mismatch, &ring);
   if (in.msg_len > ring.msg_len) return count(Reason::malformed, &ring);
-  if (partial) return partial_in<F>(ring, t, b, f.pkt.data, now, out);
+  switch (in.kind) {
+    case wire::B2bKind::partial:
+      return partial_in<F>(ring, t, b, f.pkt.data, now, out);
+    case wire::B2bKind::query:
+      return query_in(ring, in, out);
+    case wire::B2bKind::result:
+    case wire::B2bKind::final:
+      break;
+  }
   return result_in<F>(ring, b, f.pkt.data, out);
 }
 
@@ -611,7 +621,14 @@ Outcome Engine::Impl::partial_in(Ring& ring, TreeNode& t, const wire::B2bFrame& 
   }
   if (c == CellCase::duplicate) {
     if (cell.state == CellState::awaiting) return resend_partial(ring, ci, cell, out);
-    return count(Reason::duplicate, &ring);
+    // The child resends: its workers are waiting. The cell still lacks other
+    // children; a child box that already has the result (this box lost its
+    // cells in a restart) would never send again unless asked.
+    for (unsigned x = 0; x < t.nboxes; ++x)
+      if (!(cell.boxes & (1u << x)) && send_b2b(ring, ci, cell, wire::B2bKind::query,
+                                                t.spec.boxes[x], static_cast<uint16_t>(x), out))
+        ++ring.counters.tree.queries_sent;
+    return count(Reason::duplicate_queried, &ring);
   }
   std::memcpy(t.box_data_of(ci, in.child), frame + b.data, b.data_len);
   cell.boxes |= bit;
@@ -622,22 +639,53 @@ Outcome Engine::Impl::partial_in(Ring& ring, TreeNode& t, const wire::B2bFrame& 
   return {Verdict::consumed, Reason::partial_taken};
 }
 
-// The parent's result: only a cell awaiting it takes it.
+// The parent's result: only a cell awaiting it takes it. A child's final
+// (the answer to a query): a cell of that message still collecting (with
+// every local packet held, so each can be released) or awaiting takes it.
+// Either is the tree's result for (m, k), the one value every box delivers.
 template <IcrcFixup F>
 Outcome Engine::Impl::result_in(Ring& ring, const wire::B2bFrame& b, const uint8_t* frame,
                                 Sink& out) noexcept {
   const wire::B2bInfo& in = b.info;
   const size_t ci = ring.cell_index(in.msg_id, in.k);
   Cell& cell = ring.cells[ci];
-  if (cell.state != CellState::awaiting || cell.tag != in.msg_id)
-    return count(Reason::b2b_result_unexpected, &ring);
+  const bool final = in.kind == wire::B2bKind::final;
+  const bool takes =
+      cell.tag == in.msg_id &&
+      (cell.state == CellState::awaiting ||
+       (final && cell.state == CellState::collecting && cell.arrived == ring.all_ranks));
+  if (!takes) return count(Reason::b2b_result_unexpected, &ring);
   if (cell.data_len != b.data_len) return count(Reason::length_mismatch, &ring);
   if (cell.dtype != in.dtype || cell.op != in.op) return count(Reason::dtype_mismatch, &ring);
   std::memcpy(ring.result_of(ci), frame + b.data, b.data_len);
-  ++ring.counters.tree.results_received;
+  ++(final ? ring.counters.tree.finals_received : ring.counters.tree.results_received);
   deliver<F>(ring, ci, cell, out);
-  ++counters[static_cast<size_t>(Reason::result_taken)];
-  return {Verdict::consumed, Reason::result_taken};
+  const Reason r = final ? Reason::final_taken : Reason::result_taken;
+  ++counters[static_cast<size_t>(r)];
+  return {Verdict::consumed, r};
+}
+
+// The parent asks for cell (m, k): it lost its cells (a restart) and
+// another child resends. Awaiting: the partial again. Complete: the result
+// it holds, as a final. Anything else (children missing here, or the cell
+// already reused) has nothing to give; this box's own children resend.
+Outcome Engine::Impl::query_in(Ring& ring, const wire::B2bInfo& in, Sink& out) noexcept {
+  const size_t ci = ring.cell_index(in.msg_id, in.k);
+  const Cell& cell = ring.cells[ci];
+  const TreeNode& t = *ring.tree;
+  if (cell.tag != in.msg_id ||
+      (cell.state != CellState::awaiting && cell.state != CellState::complete))
+    return count(Reason::query_unanswerable, &ring);
+  if (cell.state == CellState::awaiting) {
+    if (send_b2b(ring, ci, cell, wire::B2bKind::partial, t.spec.parent, t.spec.index_at_parent,
+                 out))
+      ++ring.counters.tree.partials_resent;
+  } else if (send_b2b(ring, ci, cell, wire::B2bKind::final, t.spec.parent, t.spec.index_at_parent,
+                      out)) {
+    ++ring.counters.tree.finals_sent;
+  }
+  ++counters[static_cast<size_t>(Reason::query_answered)];
+  return {Verdict::consumed, Reason::query_answered};
 }
 
 // Every child arrived: reduce in child order into the cell's result
@@ -698,13 +746,14 @@ Outcome Engine::Impl::resend_partial(Ring& ring, size_t ci, const Cell& cell, Si
   return count(Reason::duplicate_resent_partial, &ring);
 }
 
-// Builds the cell's result buffer (partial or result) as a box-to-box frame
-// to `to` in a buffer from the allocator, appended to out.tx. False (and
-// alloc_failed counted) without a buffer: the end-to-end retry covers it.
+// Builds the cell's result buffer (partial, result or final; a query
+// carries no data) as a box-to-box frame to `to` in a buffer from the allocator, appended to
+// out.tx. False (and alloc_failed counted) without a buffer: the end-to-end retry covers it.
 bool Engine::Impl::send_b2b(Ring& ring, size_t ci, const Cell& cell, wire::B2bKind kind,
                             const TreeBox& to, uint16_t child, Sink& out) noexcept {
   const TreeNode& t = *ring.tree;
-  const size_t len = wire::b2b_frame_size(cell.data_len);
+  const uint16_t data_len = wire::b2b_kind_has_data(kind) ? cell.data_len : 0;
+  const size_t len = wire::b2b_frame_size(data_len);
   Pkt pk = cfg.allocator.alloc(cfg.allocator.ctx, static_cast<uint16_t>(len));
   if (!pk.data) {
     ++counters[static_cast<size_t>(Reason::alloc_failed)];
@@ -727,7 +776,7 @@ bool Engine::Impl::send_b2b(Ring& ring, size_t ci, const Cell& cell, wire::B2bKi
   s.info.dtype = cell.dtype;
   s.info.op = cell.op;
   s.data = ring.result_of(ci);
-  s.data_len = cell.data_len;
+  s.data_len = data_len;
   pk.len = static_cast<uint16_t>(wire::build_b2b(s, pk.data, len));
   pk.meta = to.meta;
   out.tx[out.ntx++] = pk;

@@ -63,10 +63,23 @@ enum class Fate : uint8_t { forward, aggregate, drop };
     "dtype, op, length or position: wire/b2b.h)")                                            \
   X(b2b_unknown_tree, drop, "box-to-box frame for a tree this box does not have")            \
   X(b2b_unknown_box, drop,                                                                   \
-    "box-to-box frame from an address that is not the child box (partial) or the parent "    \
-    "(result) it claims")                                                                    \
+    "box-to-box frame from an address that is not the child box (partial, final) or the "    \
+    "parent (result, query) it claims")                                                      \
   X(b2b_result_unexpected, drop,                                                             \
-    "result for a cell not awaiting one (a late or repeated copy: already delivered)")
+    "result or final for a cell not awaiting one (a late or repeated copy: already "         \
+    "delivered)")                                                                            \
+  X(duplicate_queried, drop,                                                                 \
+    "a child box's partial again while its cell still collects: the child boxes missing "    \
+    "from the cell are queried (tree: a parent that lost its cells)")                        \
+  X(query_answered, aggregate,                                                               \
+    "query from the parent answered with this box's partial (cell awaiting) or the final "   \
+    "result (cell complete) (tree)")                                                         \
+  X(query_unanswerable, drop,                                                                \
+    "query from the parent for a cell holding neither this box's partial nor the result "    \
+    "of that message (its children have not all arrived, or it moved on) (tree)")            \
+  X(final_taken, aggregate,                                                                  \
+    "final result from a child box (a query's answer) delivered to the held packets and "    \
+    "child boxes (tree)")
 
 // Defines, in the enclosing namespace, everything a reason list gives from
 // an X-macro LIST(X) with X(name, fate, description): enum class Reason,

@@ -49,6 +49,23 @@
 // which reach the leaf cell awaiting the result and make it send its
 // partial again, which makes the parent answer from its complete cell.
 // Every message is aggregated exactly once at every box.
+//   A parent that lost its cells (a restarted box given its entry back) may
+// have children on both sides of a cell: one already got the result and is
+// done with it, another still waits and resends its partial. Only the
+// waiting side resends, so the fresh cell would wait forever. Hence:
+//   partial again while the cell collects: a query (no data) goes to every
+//                      child box missing from the cell (duplicate_queried)
+//   query from parent  awaiting: the partial again; complete: the result it
+//                      holds goes up as a final; otherwise nothing (its own
+//                      children have not all arrived: they will resend)
+//   final from a child taken by a cell of that message awaiting, or
+//                      collecting with every local packet held: delivered
+//                      as a result is. A complete cell of message m holds the
+//                      tree's one result for (m, k), so the final is exact.
+// In a fabric that lost nothing a query finds its child collecting or
+// awaiting (a lost partial then goes up again, sooner than a worker's
+// timeout would send it). The sim ('engine sim tree') restarts boxes and
+// requires every such job to finish.
 //
 // Limits. Deterministic mode only (accumulate mode would rebuild held
 // packets and keep partials; not done yet). At most kMaxChildBoxes child
@@ -114,6 +131,9 @@ struct TreeCounters {
   uint64_t results_received = 0;   // from the parent, delivered
   uint64_t results_sent = 0;       // to child boxes on delivery
   uint64_t results_resent = 0;     // to a child box whose partial reached a complete cell
+  uint64_t queries_sent = 0;       // to child boxes missing from a cell a partial came to again
+  uint64_t finals_sent = 0;        // the result sent up from a complete cell (a query's answer)
+  uint64_t finals_received = 0;    // from a child box, delivered
 };
 
 }  // namespace netreduce::engine

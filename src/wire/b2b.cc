@@ -66,12 +66,14 @@ B2bStatus parse_b2b(const uint8_t* data, size_t len, B2bFrame& out) noexcept {
   if (h->version != kB2bVersion) return B2bStatus::bad_version;
   const size_t data_len = body - sizeof(B2bHdr);
   if (b2b_checksum(data + off, data_len) != h->checksum.host()) return B2bStatus::bad_checksum;
-  if (h->kind != static_cast<uint8_t>(B2bKind::partial) &&
-      h->kind != static_cast<uint8_t>(B2bKind::result))
+  if (h->kind < static_cast<uint8_t>(B2bKind::partial) ||
+      h->kind > static_cast<uint8_t>(B2bKind::final))
     return B2bStatus::bad_kind;
   if (!is_valid_dtype(h->dtype)) return B2bStatus::bad_dtype;
   if (!is_valid_op(h->op)) return B2bStatus::bad_op;
-  if (h->length.host() != data_len || data_len == 0 || data_len % dtype_size(h->dtype) != 0)
+  const bool has_data = b2b_kind_has_data(static_cast<B2bKind>(h->kind));
+  if (h->length.host() != data_len || (data_len == 0) == has_data ||
+      data_len % dtype_size(h->dtype) != 0)
     return B2bStatus::bad_length;
   const uint16_t k = h->k.host();
   const uint16_t msg_len = h->msg_len.host();

@@ -1,6 +1,7 @@
 // The box-to-box protocol of a multi-rack tree (DESIGN.md section 8, issue
 // #15): how a box sends a partial reduction up to its parent and how a
-// parent sends the result down to its children.
+// parent sends the result down to its children, and how a parent that lost
+// its cells (a restarted box) gets a result its children already hold.
 //
 // Theory of operation
 //
@@ -22,16 +23,20 @@
 //   version  kB2bVersion; a box drops every other version (bad_version)
 //            before it reads anything else, so a later version may change
 //            the rest of the layout, the checksum included
-//   kind     partial (child -> parent) or result (parent -> child)
+//   kind     partial (child -> parent), result (parent -> child), query
+//            (parent -> child: "send me what you hold for this cell", no
+//            data) or final (child -> parent: the tree's result, held by a
+//            child whose cell completed, sent in answer to a query)
 //   tree_id  the tree's id: the id of the ring it serves
 //   msg_id   m, the ring's message id (serial-number arithmetic, as INA)
 //   k        packet position of the data in message m
 //   msg_len  packets in message m (k < msg_len)
-//   child    partial: the sender's index among its parent's child boxes;
-//            result: the index of the child it is for
+//   child    partial, final: the sender's index among its parent's child
+//            boxes; result, query: the index of the child it is for
 //   dtype/op wire::Dtype / wire::ReduceOp, as in the INA header
-//   length   data bytes after the header: a multiple of the dtype's size,
-//            at least one element, and exactly what the UDP length leaves
+//   length   data bytes after the header, exactly what the UDP length
+//            leaves: a query carries none (0); the other kinds a multiple
+//            of the dtype's size, at least one element
 //   flags, reserved  zero on send, ignored on receipt
 //   checksum CRC32C (Castagnoli) over the UDP payload, this header (with
 //            the checksum field as zero) and the data
@@ -69,7 +74,12 @@ inline constexpr uint8_t kB2bVersion = 1;
 enum class B2bKind : uint8_t {
   partial = 1,  // child -> parent: the child's reduction of its children
   result = 2,   // parent -> child: the tree's final result
+  query = 3,    // parent -> child, no data: answer with your partial or the final result
+  final = 4,    // child -> parent: the tree's final result, from a child's complete cell
 };
+
+// Kinds that carry data (all but query).
+constexpr bool b2b_kind_has_data(B2bKind k) noexcept { return k != B2bKind::query; }
 
 struct B2bHdr {
   be16 magic;
@@ -91,19 +101,20 @@ static_assert(sizeof(B2bHdr) == 32 && alignof(B2bHdr) == 1);
 static_assert(sizeof(B2bHdr) % 8 == 0, "keeps 8-byte elements aligned as in the INA header");
 
 // X(name, description)
-#define NETREDUCE_B2B_STATUS(X)                                                     \
-  X(ok, "box-to-box frame parsed")                                                  \
-  X(not_b2b, "not IPv4 / UDP to the box-to-box port: ordinary traffic")             \
-  X(truncated, "frame shorter than its headers, or than its IPv4 total length")     \
-  X(bad_ip, "IPv4 header with options, IHL below 5, a fragment, or a short length") \
-  X(bad_udp_length, "UDP length inconsistent with the IPv4 total length")           \
-  X(bad_magic, "magic is not \"NR\"")                                               \
-  X(bad_version, "protocol version not understood")                                 \
-  X(bad_checksum, "CRC32C over header and data does not match (corrupted)")         \
-  X(bad_kind, "kind is neither partial nor result")                                 \
-  X(bad_dtype, "dtype is not a wire::Dtype")                                        \
-  X(bad_op, "op is not a wire::ReduceOp")                                           \
-  X(bad_length, "length is not what the UDP length leaves, or not whole elements")  \
+#define NETREDUCE_B2B_STATUS(X)                                                           \
+  X(ok, "box-to-box frame parsed")                                                        \
+  X(not_b2b, "not IPv4 / UDP to the box-to-box port: ordinary traffic")                   \
+  X(truncated, "frame shorter than its headers, or than its IPv4 total length")           \
+  X(bad_ip, "IPv4 header with options, IHL below 5, a fragment, or a short length")       \
+  X(bad_udp_length, "UDP length inconsistent with the IPv4 total length")                 \
+  X(bad_magic, "magic is not \"NR\"")                                                     \
+  X(bad_version, "protocol version not understood")                                       \
+  X(bad_checksum, "CRC32C over header and data does not match (corrupted)")               \
+  X(bad_kind, "kind is not partial, result, query or final")                              \
+  X(bad_dtype, "dtype is not a wire::Dtype")                                              \
+  X(bad_op, "op is not a wire::ReduceOp")                                                 \
+  X(bad_length,                                                                           \
+    "length is not what the UDP length leaves, or not whole elements (none for a query)") \
   X(bad_position, "packet position k outside the message (k >= msg_len or msg_len 0)")
 
 NETREDUCE_DEFINE_STATUS_ENUM(B2bStatus, kB2bStatusCount, NETREDUCE_B2B_STATUS)

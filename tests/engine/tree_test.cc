@@ -68,6 +68,8 @@ struct Fabric {
   std::function<bool(unsigned from, unsigned to, const std::vector<uint8_t>&)> lose;
   std::function<bool(const std::vector<uint8_t>&)> duplicate;
   std::map<uint32_t, std::vector<uint8_t>> want_;  // reference(m), computed once
+  engine::RingSpec spec;
+  TreeSpec root_tree;
 
   Fabric(std::vector<unsigned> rack_sizes, wire::Dtype dt, wire::ReduceOp op,
          bool ranks_at_root = false, uint16_t window = 2, bool inner = false)
@@ -80,7 +82,7 @@ struct Fabric {
     t.ranks = p;
     t.dtype = dt;
     t.op = op;
-    const engine::RingSpec spec = ring_spec(t.ring_id, p, 4, window);
+    spec = ring_spec(t.ring_id, p, 4, window);
     boxes.push_back(std::make_unique<Harness>());
     ips.push_back(kRootIp);
     TreeSpec root;
@@ -121,6 +123,15 @@ struct Fabric {
       REQUIRE(boxes.back()->e->install_ring(spec, mid).ok());
     }
     REQUIRE(boxes[0]->e->install_ring(spec, root).ok());
+    root_tree = root;
+  }
+
+  // The root restarts: its ring removed (cells gone) and installed again.
+  void restart_root() {
+    std::vector<engine::Pkt> released;
+    REQUIRE(boxes[0]->e->remove_ring(t.ring_id, ++boxes[0]->now, released).ok());
+    REQUIRE(released.empty());  // a root without local ranks holds no worker packet
+    REQUIRE(boxes[0]->e->install_ring(spec, root_tree).ok());
   }
 
   unsigned box_of_rank(unsigned r) const {
@@ -361,6 +372,75 @@ TEST_CASE("a lost result: the root answers the resent partial from its complete 
   for (uint32_t k = 1; k < x.packets(0); ++k)
     for (unsigned r = 0; r < 4; ++r) x.send(r, 0, k);
   x.check_exactly_once();
+}
+
+// DESIGN.md section 8's hold-at-the-source-leaf with a parent that lost its
+// cells: leaf A got the result, leaf B's was lost, then the root restarted.
+// B's workers resend, B resends its partial; only A's final can complete the
+// fresh root cell, since A's workers are done with it.
+TEST_CASE("a restarted root asks the child that has the result (query, final)", "[engine][tree]") {
+  Fabric x({2, 2}, wire::Dtype::fp32, wire::ReduceOp::sum);
+  x.add_message();
+  bool lost = false;
+  x.lose = [&](unsigned from, unsigned to, const std::vector<uint8_t>&) {
+    if (from == 0 && to == 2 && !lost) return lost = true;  // the result to leaf B
+    return false;
+  };
+  for (unsigned r = 0; r < 4; ++r) x.send(r, 0, 0);
+  REQUIRE(lost);
+  REQUIRE(x.delivered.size() == 2);  // ranks 0 and 1 (leaf A) have the result
+  x.restart_root();
+  x.send(3, 0, 0);                                 // B's partial again: a fresh root cell takes it
+  CHECK(x.reason(0, Reason::partial_taken) == 3);  // 2 before the restart (box counters)
+  CHECK(x.info(0).counters.tree.partials_received == 1);  // the new ring's
+  CHECK(x.reason(0, Reason::duplicate_queried) == 0);
+  CHECK(x.info(0).open_cells == 1);
+  CHECK(!x.delivered.count({2, 0, 0}));
+  x.send(3, 0, 0);  // and again: the root queries A, A answers with its final
+  CHECK(x.reason(0, Reason::duplicate_queried) == 1);
+  CHECK(x.info(0).counters.tree.queries_sent == 1);  // A only: B's partial is in the cell
+  CHECK(x.reason(1, Reason::query_answered) == 1);
+  CHECK(x.info(1).counters.tree.finals_sent == 1);
+  CHECK(x.reason(0, Reason::final_taken) == 1);
+  CHECK(x.info(0).counters.tree.finals_received == 1);
+  CHECK(x.info(0).open_cells == 0);
+  CHECK(x.reason(2, Reason::result_taken) == 1);
+  CHECK(x.reason(1, Reason::b2b_result_unexpected) == 1);               // A has it already
+  for (unsigned r = 0; r < 4; ++r) CHECK(x.delivered[{r, 0, 0}] == 1);  // the reference
+  for (uint32_t k = 1; k < x.packets(0); ++k)
+    for (unsigned r = 0; r < 4; ++r) x.send(r, 0, k);
+  CHECK(x.all_delivered());
+  for (unsigned b : {1u, 2u}) {
+    INFO("leaf " << b);
+    CHECK(x.info(b).counters.cells_completed == x.packets(0));
+    CHECK(x.info(b).held_packets == 0);
+    CHECK(x.boxes[b]->live.empty());
+  }
+  CHECK(x.info(0).counters.cells_completed == x.packets(0));  // since the restart
+}
+
+TEST_CASE("a query: an awaiting child resends its partial; a collecting one has nothing yet",
+          "[engine][tree]") {
+  Fabric x({2, 2}, wire::Dtype::int32, wire::ReduceOp::max);
+  x.add_message();
+  x.lose = [&](unsigned from, unsigned to, const std::vector<uint8_t>&) {
+    return from == 1 && to == 0;  // every partial of leaf A is lost
+  };
+  x.send(0, 0, 0);  // leaf A collects (rank 1 missing)
+  x.send(2, 0, 0);
+  x.send(3, 0, 0);  // leaf B awaits; the root has B's partial
+  x.send(3, 0, 0);  // B's again: the root queries A, which is still collecting
+  CHECK(x.reason(0, Reason::duplicate_queried) == 1);
+  CHECK(x.reason(1, Reason::query_unanswerable) == 1);
+  x.send(1, 0, 0);  // leaf A awaits now; its partial is lost
+  x.lose = nullptr;
+  x.send(2, 0, 0);  // B's worker resends: the query makes A send its partial again
+  CHECK(x.reason(0, Reason::duplicate_queried) == 2);
+  CHECK(x.reason(1, Reason::query_answered) == 1);
+  CHECK(x.info(1).counters.tree.partials_resent == 1);
+  CHECK(x.info(1).counters.tree.finals_sent == 0);
+  for (unsigned r = 0; r < 4; ++r) CHECK(x.delivered[{r, 0, 0}] == 1);
+  CHECK(x.reason(0, Reason::partial_taken) == 2);  // each child's partial once
 }
 
 TEST_CASE("three levels: a lost partial above an inner box is resent through it",

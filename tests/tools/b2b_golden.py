@@ -5,8 +5,8 @@
                description below (a scapy Packet class, not the C++ header)
                to a pcap, with a JSON-lines manifest of the field values and
                the status the parser must return: valid frames (every kind,
-               dtype and op, data lengths 1 element .. 4 KB, some VLAN
-               tagged) and malformed ones (one defect each).
+               dtype and op, data lengths 1 element .. 4 KB, none for a
+               query, some VLAN tagged) and malformed ones (one defect each).
 
 The checksum is CRC32C (Castagnoli, reflected 0x82F63B78), computed here with
 a textbook table over the UDP payload with the checksum field zero; the table
@@ -28,6 +28,8 @@ MAGIC = 0x4E52
 VERSION = 1
 DTYPES = {1: 4, 2: 2, 3: 2, 4: 4, 5: 8, 6: 8}  # wire value -> element bytes
 OPS = [1, 2, 3]
+KINDS = {1: "partial", 2: "result", 3: "query", 4: "final"}
+QUERY = 3  # the one kind without data
 CHECKSUM_AT = 28
 
 
@@ -97,8 +99,11 @@ def valid_fields(rng, i):
     edge = [1, 2, 3, 31, 32, 33, 128, 4096 // es]
     n = edge[(i // 6) % len(edge)] if i < 6 * len(edge) else rng.randint(1, 4096 // es)
     msg_len = rng.randint(1, 1024)
+    kind = 1 + (i // 3) % len(KINDS)
+    if kind == QUERY:
+        n = 0
     return {
-        "kind": 1 + (i // 3) % 2, "tree_id": rng.getrandbits(32), "msg_id": rng.getrandbits(32),
+        "kind": kind, "tree_id": rng.getrandbits(32), "msg_id": rng.getrandbits(32),
         "k": rng.randint(0, msg_len - 1), "msg_len": msg_len, "child": rng.randint(0, 15),
         "dtype": dtype, "op": OPS[i % 3], "data_len": n * es,
         "src_ip": rand_ip(rng), "dst_ip": rand_ip(rng), "src_mac": rand_mac(rng),
@@ -131,12 +136,15 @@ def malformed(rng, i):
     f = valid_fields(rng, i)
     f["vlan"] = 0
     es = DTYPES[f["dtype"]]
+    if f["kind"] == QUERY:  # the defects below are of frames with data
+        f["kind"] = 1 + 3 * (i % 2)
+        f["data_len"] = es * rng.randint(1, 4096 // es)
     cases = [
         ("bad_magic", lambda: build(rng, f, {"magic": 0x4E53})),
         ("bad_version", lambda: build(rng, f, {"version": 2})),
         ("bad_version", lambda: build(rng, f, {"version": 0})),
         ("bad_kind", lambda: build(rng, f, {"kind": 0})),
-        ("bad_kind", lambda: build(rng, f, {"kind": 3})),
+        ("bad_kind", lambda: build(rng, f, {"kind": 5})),
         ("bad_dtype", lambda: build(rng, f, {"dtype": 0})),
         ("bad_dtype", lambda: build(rng, f, {"dtype": 7})),
         ("bad_op", lambda: build(rng, f, {"op": 0})),
@@ -145,6 +153,7 @@ def malformed(rng, i):
         ("bad_length", lambda: build(rng, f, {"length": f["data_len"] - 1})),
         ("bad_length", lambda: build(rng, dict(f, data_len=es + 1), data=bytes(es + 1))),
         ("bad_length", lambda: build(rng, f, data=b"")),
+        ("bad_length", lambda: build(rng, f, {"kind": QUERY})),  # a query with data
         ("bad_position", lambda: build(rng, f, {"k": f["msg_len"]})),
         ("bad_position", lambda: build(rng, f, {"msg_len": 0, "k": 0})),
         ("bad_checksum", lambda: build(rng, f, {"checksum": rng.getrandbits(32)})),
