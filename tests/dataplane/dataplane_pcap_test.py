@@ -23,7 +23,7 @@ control_access (socket mode 0660 whatever the umask, peers of other uids refused
 unless in control.group, control.max_clients, a second box refused) |
 tree_leaf / tree_root / tree_steering / tree_bad_json (multi-rack tree nodes: a leaf's
 partials up and results into held packets; a root's results down through each child's
-port; the same root on 2 workers, its box-to-box frames steered by tree id; malformed
+port; the same root and leaf on 2 workers, box-to-box frames steered by tree id; malformed
 "tree" fields refused by name). Box-to-box frames come from tests/tools/b2b_golden.py's
 scapy layer and CRC32C, sums from numpy.
 """
@@ -1108,11 +1108,13 @@ def leaf_tree():
             "parent": dict(SPINE, port="b"), "index_at_parent": 1}
 
 
-def tree_leaf_scenario(tmp, in_pcap, rng):
+def tree_leaf_scenario(tmp, in_pcap, rng, workers=1):
     """A leaf with ranks 0 and 1 of a 4-rank ring: their WRITEs are held, the partial
     (numpy sum of the two) goes up toward the parent by port B; the parent's results
     (later in the same capture) are written into the held packets, which leave with valid
-    ICRCs; ranks 2 and 3 (another rack) pass untouched."""
+    ICRCs; ranks 2 and 3 (another rack) pass untouched. With 2 workers the ring sits on the
+    one without the RX queue: its local ranks' packets (by link) and the parent's results
+    (by tree id) must both reach it."""
     pmtu, ppm, msgs, rid = 1024, 4, 2, 21
     frames, data, cap = ina_packets(rid, 4, 5, msgs, ppm, pmtu, rng)
     total = {}
@@ -1124,8 +1126,10 @@ def tree_leaf_scenario(tmp, in_pcap, rng):
         for k in range(ppm):
             results.append(b2b_frame(SPINE, LEAF, 2, rid, m, k, ppm, 1, position_data(total[m], k, pmtu)))
     wrpcap(in_pcap, frames + results)
-    spec = dict(ring_spec(rid, 4, 5, ppm, pmtu), tree=leaf_tree())
-    out, final, status, rings = run_dataplane(tmp, in_pcap, [spec], 1, extra=TREE_EXTRA)
+    specs = [dict(ring_spec(rid, 4, 5, ppm, pmtu), tree=leaf_tree())]
+    if workers > 1:  # an ordinary ring first takes worker 0 (the one with the RX queue)
+        specs.insert(0, ring_spec(1, 2, 1, ppm, pmtu))
+    out, final, status, rings = run_dataplane(tmp, in_pcap, specs, workers, extra=TREE_EXTRA)
     local = {ip(0, 5), ip(1, 5)}
     # Ranks 2 and 3: byte-identical.
     outs = {raw(f) for f in out}
@@ -1164,7 +1168,7 @@ def tree_leaf_scenario(tmp, in_pcap, rng):
         released += 1
     assert released == 2 * msgs * ppm, "released %d" % released
     assert len(out) == len(remote) + len(partials) + released, "unexpected frames out: %d" % len(out)
-    ring = rings["rings"][0]
+    ring = [r for r in rings["rings"] if r["spec"]["id"] == rid][0]
     assert ring["spec"]["tree"] == dict(leaf_tree(), boxes=[]), ring["spec"]
     tree = ring["counters"]["tree"]
     want = {"partials_sent": msgs * ppm, "partials_resent": 0, "partials_received": 0,
@@ -1179,9 +1183,16 @@ def tree_leaf_scenario(tmp, in_pcap, rng):
     assert reasons["fwd_not_ring_link"] == firsts and \
         reasons["fwd_not_ring_link"] + reasons["fwd_no_ina"] == len(remote), reasons
     # Memory: the leaf keeps no child box data; the reservation is the ring's.
-    assert status["memory"]["engine_reserved_bytes"] == ring["memory_bytes"], (status["memory"], ring)
-    print("tree_leaf: %d partials up (numpy sums, CRC32C ok), %d held packets released with the parent's "
-          "result (ICRC ok), %d frames of the other rack untouched" % (len(partials), released, len(remote)))
+    assert status["memory"]["engine_reserved_bytes"] == sum(r["memory_bytes"] for r in rings["rings"]), \
+        (status["memory"], rings["rings"])
+    dispatched = [w["dispatched"] for w in final["workers"]]
+    if workers > 1:
+        assert ring["worker"] == 1, ring["worker"]
+        # The local ranks' packets and the parent's results went over; the other rack's did not.
+        assert dispatched == [2 * msgs * ppm + len(results), 0], dispatched
+    print("tree_leaf (%d worker%s): %d partials up (numpy sums, CRC32C ok), %d held packets released with "
+          "the parent's result (ICRC ok), %d frames of the other rack untouched; dispatched %s" %
+          (workers, "s" if workers > 1 else "", len(partials), released, len(remote), dispatched))
 
 
 def root_tree():
@@ -1457,6 +1468,9 @@ def main():
             tree_root_scenario(tmp, in_pcap, rng, 1)
         elif scenario == "tree_steering":
             tree_root_scenario(tmp, in_pcap, rng, 2)
+            leaf = os.path.join(tmp, "leaf")
+            os.mkdir(leaf)
+            tree_leaf_scenario(leaf, os.path.join(leaf, "in.pcap"), rng, 2)
         elif scenario == "tree_bad_json":
             tree_bad_json_scenario(tmp, in_pcap)
         elif scenario == "idle":
