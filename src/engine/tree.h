@@ -106,10 +106,6 @@ struct TreeSpec {
 // address when has_parent; and something to do (a child box or a parent).
 Status validate_tree(const RingSpec& ring, const TreeSpec& tree);
 
-// Bytes a tree node adds to its ring's memory (ring_memory_bytes): the
-// child boxes' partials, one payload per child box per cell.
-uint64_t tree_memory_bytes(const RingSpec& ring, const TreeSpec& tree) noexcept;
-
 // Box-to-box traffic of one ring's tree node (RingCounters::tree).
 struct TreeCounters {
   uint64_t partials_sent = 0;      // first partial of a cell sent up
@@ -119,5 +115,9 @@ struct TreeCounters {
   uint64_t results_sent = 0;       // to child boxes on delivery
   uint64_t results_resent = 0;     // to a child box whose partial reached a complete cell
 };
+
+// Bytes a tree node adds to its ring's memory (ring_memory_bytes): the
+// child boxes' partials, one payload per child box per cell.
+uint64_t tree_memory_bytes(const RingSpec& ring, const TreeSpec& tree) noexcept;
 
 }  // namespace netreduce::engine
