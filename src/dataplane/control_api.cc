@@ -11,13 +11,17 @@
 //                                                     dataplane_reasons (dataplane/reasons.h,
 //                                                     summed), per worker (both), per port
 //                                                     (device counters, box_reasons)
-//   {"cmd": "install_ring", "ring": {...}}            -> {"ok": true} (see common/ring_json.h)
+//   {"cmd": "install_ring", "ring": {...}}            -> {"ok": true} (see common/ring_json.h;
+//                                                     an optional "tree" in the ring: this
+//                                                     box's node of a multi-rack tree,
+//                                                     engine/engine_json.h)
 //   {"cmd": "remove_ring", "id": 7}                  -> the ring retires: its packets are dropped
 //                                                     for rings.retire_grace_ms, then it is gone
 //                                                     (listed under "retiring" in status, stats
 //                                                     and list_rings meanwhile)
 //   {"cmd": "list_rings"} / {"cmd": "get_ring", "id": 7}  -> rings by id: spec, counters, cells,
 //                                                     "worker", "published_age_ms", "answering"
+//                                                     (a tree node: spec.tree, counters.tree)
 //   {"cmd": "install_ctt", ...} / "remove_ctt" / "list_ctt"   reserved for multi-rack
 //                                                     connection translation: "unimplemented"
 //   {"cmd": "set_mode", "mode": "forward"}           -> {"ok": true, "mode": ..., "previous": ...}
@@ -101,8 +105,9 @@ json Dataplane::answer(const std::string& line) {
     if (cmd == dpcmd::kInstallRing) {
       if (!req.contains("ring")) return error_json(Status::invalid("ring", "is required"));
       engine::RingSpec spec;
-      if (Status s = ring_from_json(req["ring"], spec); !s) return error_json(s);
-      if (Status s = install_ring(spec); !s) return error_json(s);
+      std::optional<engine::TreeSpec> tree;
+      if (Status s = ring_tree_from_json(req["ring"], spec, tree); !s) return error_json(s);
+      if (Status s = install_ring(spec, tree); !s) return error_json(s);
       return json{{"ok", true}};
     }
     if (cmd == dpcmd::kRemoveRing) {
@@ -144,6 +149,7 @@ json Dataplane::answer(const std::string& line) {
             published = true;
           }
         info.spec = e.spec;
+        info.tree = e.tree;
         json j = ring_info_to_json(info);
         j["worker"] = e.owner;
         j["published"] = published;

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "common/ring_json.h"
+#include "engine/engine_json.h"
 
 // Rings between workers (inbox, TX handoff): the producer and consumer
 // head/tail pairs sit on separate cache lines, so the consumer (the owner)
@@ -254,9 +255,10 @@ Status Dataplane::preload_rings(const std::string& path) {
   if (!j.is_array()) return Status::invalid("rings", path + ": must be a JSON array of ring specs");
   for (size_t i = 0; i < j.size(); ++i) {
     engine::RingSpec spec;
-    if (Status s = ring_from_json(j[i], spec); !s)
+    std::optional<engine::TreeSpec> tree;
+    if (Status s = ring_tree_from_json(j[i], spec, tree); !s)
       return Status::invalid("rings[" + std::to_string(i) + "]." + s.field(), s.message());
-    if (Status s = install_ring(spec); !s)
+    if (Status s = install_ring(spec, tree); !s)
       return Status(s.code(), "rings[" + std::to_string(i) + "]." + s.field(), s.message());
   }
   return {};

@@ -19,11 +19,15 @@
 // arrive on any worker's queue. The dispatch stage (dispatch.cc, after classify) looks up the
 // packet's link (IPv4 src, dst) in the link table: packets of a link owned
 // by another worker go to that worker's inbox (an rte_ring, multi-producer /
-// single-consumer); everything else is processed where it arrived. With one
-// worker the stage is skipped. Devices with fewer queues than workers are
-// handled the same way: a worker without an RX queue is fed only through its
-// inbox, and a worker without a TX queue on a port hands its output to the
-// queue's owner through a TX handoff ring.
+// single-consumer); everything else is processed where it arrived. A ring
+// installed with a tree (this box's node of a multi-rack tree, engine/tree.h)
+// owns only its local ranks' links, and its box-to-box frames (UDP
+// wire::kB2bPort) are steered the same way by their header's tree id (= ring
+// id, LinkTable::tree_owner); they leave by the port the tree's JSON names
+// per neighbour (engine/engine_json.h). With one worker the stage is skipped. Devices with fewer
+// queues than workers are handled the same way: a worker without an RX queue is fed only through
+// its inbox, and a worker without a TX queue on a port hands its output to the queue's owner
+// through a TX handoff ring.
 //
 // Stages, per burst (one file each): rx -> classify (classify.cc: every
 // frame parsed once into engine::Frame[]) -> dispatch (dispatch.cc, on that
@@ -106,6 +110,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -172,7 +177,9 @@ class Dataplane {
   Status quiesce(uint64_t* token = nullptr);
 
   // Control operations (control thread only). JSON in/out, see control_api.cc.
-  Status install_ring(const engine::RingSpec& spec);
+  // With `tree`: this box's node of the ring's multi-rack tree (engine/tree.h).
+  Status install_ring(const engine::RingSpec& spec,
+                      const std::optional<engine::TreeSpec>& tree = std::nullopt);
   Status remove_ring(uint32_t ring_id);
   // One JSON request line -> one JSON reply line. Never throws.
   std::string handle_request(const std::string& line) noexcept;
@@ -227,7 +234,8 @@ class Dataplane {
   // rings.cc: placement and lifecycle.
   void publish_links(std::unique_ptr<LinkTable> t);
   void publish_link_use();  // LinkTable from link_use_
-  Status place(const engine::RingSpec& spec, unsigned& owner) const;
+  Status place(const engine::RingSpec& spec, const std::optional<engine::TreeSpec>& tree,
+               unsigned& owner) const;
   std::string rings_in_use() const;  // "installed: 1, 2; retiring: 3"
   void final_report();
 
@@ -257,6 +265,7 @@ class Dataplane {
 
   struct RingEntry {
     engine::RingSpec spec;
+    std::optional<engine::TreeSpec> tree;  // this box's node of the ring's tree, if any
     unsigned owner;
     uint64_t memory;
     uint64_t mbufs;  // most mbufs its cells can hold at once
@@ -266,6 +275,7 @@ class Dataplane {
   // The same id may appear twice (removed, installed again, removed again).
   struct Retiring {
     engine::RingSpec spec;
+    std::optional<engine::TreeSpec> tree;
     unsigned owner;
     std::chrono::steady_clock::time_point until;
   };
@@ -277,6 +287,12 @@ class Dataplane {
     uint32_t rings;  // rings (installed or retiring) using the link
   };
   std::unordered_map<uint64_t, LinkUse> link_use_;
+  // Tree id (= ring id) -> owner, for the rings installed or retiring with a
+  // tree and their count (the same id installed again while the old one
+  // retires: one owner, since the new ring joins the tombstone's worker only
+  // when they share links; a tree without local ranks goes where its
+  // retiring namesake is, see place()).
+  std::unordered_map<uint32_t, LinkUse> tree_use_;
   uint64_t memory_reserved_ = 0;
   uint64_t mbufs_reserved_ = 0;
 };

@@ -1,11 +1,15 @@
 // Stage: dispatch. Frames of a ring link owned by another worker go to that
-// worker's inbox (it classifies them again on arrival); everything else
-// stays, compacted in place. Cost: one hash lookup per RDMA WRITE, on the
-// parse classify made; skipped entirely with a single worker.
+// worker's inbox (it classifies them again on arrival); so do box-to-box
+// frames (UDP wire::kB2bPort) of a tree another worker owns, looked up by
+// the header's tree id. Everything else stays, compacted in place. Cost: one
+// hash lookup per RDMA WRITE, on the parse classify made, and one per UDP
+// frame to the box-to-box port while a tree is installed (RoCE frames never
+// look at the tree table); skipped entirely with a single worker.
 #include <rte_mbuf.h>
 #include <rte_ring.h>
 
 #include "dataplane/lcore.h"
+#include "wire/b2b.h"
 
 namespace netreduce::dataplane {
 
@@ -13,7 +17,7 @@ unsigned dispatch(Lcore& lc, engine::Frame* frames, unsigned n) {
   if (lc.nworkers == 1) return n;
   const LinkTable* links = lc.link_table();
   Worker& w = lc.w;
-  if (!links || links->owner.empty()) return n;
+  if (!links || (links->owner.empty() && links->tree_owner.empty())) return n;
   unsigned kept = 0, away = 0;
   uint16_t owner_of[kMaxBurst];
   rte_mbuf* others[kMaxBurst];
@@ -24,6 +28,19 @@ unsigned dispatch(Lcore& lc, engine::Frame* frames, unsigned n) {
       const auto* ip = reinterpret_cast<const wire::Ipv4Hdr*>(f.pkt.data + f.p.l3);
       auto it = links->owner.find(LinkTable::key(ip->src.host(), ip->dst.host()));
       if (it != links->owner.end()) owner = it->second;
+    } else if (f.st == wire::ParseStatus::not_roce_port && f.p.l3 != 0 &&
+               !links->tree_owner.empty()) {
+      // classify stopped at the UDP port: IPv4 without options at l3 (l3 is
+      // set only then), so the UDP header follows it directly.
+      const size_t udp = f.p.l3 + sizeof(wire::Ipv4Hdr);
+      if (f.pkt.len >= udp + sizeof(wire::UdpHdr) + sizeof(wire::B2bHdr) &&
+          reinterpret_cast<const wire::UdpHdr*>(f.pkt.data + udp)->dst_port.host() ==
+              wire::kB2bPort) {
+        const auto* h =
+            reinterpret_cast<const wire::B2bHdr*>(f.pkt.data + udp + sizeof(wire::UdpHdr));
+        auto it = links->tree_owner.find(h->tree_id.host());
+        if (it != links->tree_owner.end()) owner = it->second;
+      }
     }
     if (owner == w.index) {
       frames[kept++] = f;

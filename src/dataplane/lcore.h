@@ -32,9 +32,14 @@ namespace netreduce::dataplane {
 inline constexpr unsigned kMaxBurst = 256;
 inline constexpr unsigned kMaxWorkers = 64;
 
-// (src, dst) address pair of adjacent ring members -> owning worker index.
+// (src, dst) address pair of adjacent ring members -> owning worker index;
+// tree id (= ring id) -> the worker owning that ring's tree node, for the
+// box-to-box frames (UDP wire::kB2bPort) dispatch steers by their tree id.
+// Written by the control thread (a new table per change, published RCU);
+// read by dispatch.
 struct LinkTable {
   std::unordered_map<uint64_t, uint16_t> owner;
+  std::unordered_map<uint32_t, uint16_t> tree_owner;
   static uint64_t key(uint32_t src, uint32_t dst) { return uint64_t{src} << 32 | dst; }
 };
 

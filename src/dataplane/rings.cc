@@ -26,8 +26,16 @@
 // tombstone, whose engine re-binds a retired connection only to a first
 // packet naming an installed ring, never over a live one (engine.h).
 //
-// Published state. Workers see only the LinkTable (link -> owner), rebuilt
-// from `link_use_` and published RCU-style (dataplane.h). `rings_` and
+// Trees. A ring installed with a tree node (engine/tree.h) owns only its
+// local ranks' links (links_of), is admitted with its child boxes' partial
+// store (tree_memory_bytes) and with every local packet held while a cell
+// awaits its parent, and counts in `tree_use_` (tree id -> owner), which
+// steers its box-to-box frames. The same ring with the same tree again is
+// a no-op; another tree (or none) under an installed id is a conflict.
+//
+// Published state. Workers see only the LinkTable (link -> owner, tree id
+// -> owner), rebuilt from `link_use_` and `tree_use_` and published
+// RCU-style (dataplane.h). `rings_` and
 // `link_use_` are control-thread state; workers never read them.
 #include <rte_mbuf.h>
 #include <rte_rcu_qsbr.h>
@@ -52,10 +60,19 @@ namespace {
 // control thread drops the links (different clocks: TSC and steady_clock).
 constexpr auto kRetireMargin = std::chrono::milliseconds(100);
 
-std::vector<uint64_t> links_of(const engine::RingSpec& spec) {
+// The links the box owns: every rank's, or a tree node's local ranks' only
+// (the engine installs no other; the rest pass any worker untouched).
+std::vector<uint64_t> links_of(const engine::RingSpec& spec,
+                               const std::optional<engine::TreeSpec>& tree) {
   std::vector<uint64_t> out;
   const unsigned p = spec.ranks();
   out.reserve(p);
+  if (tree) {
+    for (const engine::TreeChild& c : tree->children)
+      if (c.kind == engine::TreeChild::Kind::rank)
+        out.push_back(LinkTable::key(spec.members[c.index], spec.members[(c.index + 1u) % p]));
+    return out;
+  }
   for (unsigned r = 0; r < p; ++r)
     out.push_back(LinkTable::key(spec.members[r], spec.members[(r + 1) % p]));
   return out;
@@ -85,22 +102,30 @@ void Dataplane::publish_link_use() {
   auto next = std::make_unique<LinkTable>();
   next->owner.reserve(link_use_.size());
   for (const auto& [key, use] : link_use_) next->owner.emplace(key, use.owner);
+  next->tree_owner.reserve(tree_use_.size());
+  for (const auto& [id, use] : tree_use_) next->tree_owner.emplace(id, use.owner);
   publish_links(std::move(next));
 }
 
-Status Dataplane::place(const engine::RingSpec& spec, unsigned& owner) const {
-  // Which workers own this ring's links, and through which rings.
+Status Dataplane::place(const engine::RingSpec& spec, const std::optional<engine::TreeSpec>& tree,
+                        unsigned& owner) const {
+  // Which workers own this ring's links, and through which rings; a tree
+  // joins the worker of a retiring tree with its id (one owner per tree id).
   std::map<unsigned, std::set<uint32_t>> owners;
-  const std::vector<uint64_t> mine = links_of(spec);
+  const std::vector<uint64_t> mine = links_of(spec, tree);
   for (uint64_t key : mine)
     if (auto it = link_use_.find(key); it != link_use_.end()) owners[it->second.owner];
+  if (tree)
+    if (auto it = tree_use_.find(spec.ring_id); it != tree_use_.end())
+      owners[it->second.owner].insert(spec.ring_id);
   if (owners.size() > 1) {
-    const auto name = [&](const engine::RingSpec& other, unsigned w) {
-      for (uint64_t key : links_of(other))
+    const auto name = [&](const engine::RingSpec& other, const std::optional<engine::TreeSpec>& t,
+                          unsigned w) {
+      for (uint64_t key : links_of(other, t))
         if (std::find(mine.begin(), mine.end(), key) != mine.end()) owners[w].insert(other.ring_id);
     };
-    for (const auto& [id, e] : rings_) name(e.spec, e.owner);
-    for (const Retiring& r : retiring_) name(r.spec, r.owner);
+    for (const auto& [id, e] : rings_) name(e.spec, e.tree, e.owner);
+    for (const Retiring& r : retiring_) name(r.spec, r.tree, r.owner);
     std::string who;
     for (const auto& [w, ids] : owners)
       who += (who.empty() ? "" : "; ") + std::string(ids.size() > 1 ? "rings " : "ring ") +
@@ -160,28 +185,51 @@ Status Dataplane::set_polling(bool on) {
   return on ? Status{} : quiesce();
 }
 
-Status Dataplane::install_ring(const engine::RingSpec& spec) {
+Status Dataplane::install_ring(const engine::RingSpec& spec,
+                               const std::optional<engine::TreeSpec>& tree) {
   if (Status s = engine::validate(spec); !s) return s;
+  if (tree) {
+    if (Status s = engine::validate_tree(spec, *tree); !s)
+      return Status(s.code(), "tree." + s.field(), s.message());
+    if (cfg_.reduce_mode != engine::ReduceMode::deterministic)
+      return {StatusCode::unimplemented, "tree",
+              "a tree node needs engine.reduce_mode deterministic (accumulate mode is not built "
+              "for trees yet)"};
+  }
   if (mode() != Mode::aggregate)
     return {StatusCode::conflict, "mode",
             "the box is in forward mode, which would send the ring's packets out unreduced: "
             "set_mode aggregate first"};
   if (auto it = rings_.find(spec.ring_id); it != rings_.end()) {
-    if (it->second.spec == spec) return {};
+    if (it->second.spec == spec && it->second.tree == tree) return {};
+    if (it->second.spec == spec)
+      return {StatusCode::conflict, "tree",
+              "ring " + std::to_string(spec.ring_id) + " is installed with " +
+                  (it->second.tree ? "a different tree" : "no tree") +
+                  ": remove it first to change its tree"};
     return {StatusCode::conflict, "id",
             "ring " + std::to_string(spec.ring_id) + " is installed with a different spec"};
   }
-  const uint64_t need = engine::ring_memory_bytes(spec, cfg_.reduce_mode);
+  // A tree node keeps its child boxes' partials too (box_data).
+  const uint64_t need = engine::ring_memory_bytes(spec, cfg_.reduce_mode) +
+                        (tree ? engine::tree_memory_bytes(spec, *tree) : 0);
   if (memory_reserved_ + need > cfg_.engine_memory)
     return {StatusCode::resource_exhausted, "memory",
             "ring needs " + std::to_string(need) + " bytes; " +
                 std::to_string(cfg_.engine_memory - memory_reserved_) +
                 " of memory.engine=" + std::to_string(cfg_.engine_memory) + " are free"};
   // Held packets keep their mbufs: all rings together may hold at most half
-  // the pool, or RX could starve and stall every job.
+  // the pool, or RX could starve and stall every job. A tree node holds
+  // every local rank's packet while its cell awaits the parent's result.
+  unsigned holders = spec.ranks() - 1;
+  if (tree) {
+    holders = 0;
+    for (const engine::TreeChild& c : tree->children)
+      holders += c.kind == engine::TreeChild::Kind::rank;
+  }
   const uint64_t held_max =
       cfg_.reduce_mode == engine::ReduceMode::deterministic
-          ? uint64_t{engine::slots_for_window(spec.window)} * spec.msg_len * (spec.ranks() - 1)
+          ? uint64_t{engine::slots_for_window(spec.window)} * spec.msg_len * holders
           : 0;
   if (mbufs_reserved_ + held_max > cfg_.mbufs / 2)
     return {
@@ -192,13 +240,14 @@ Status Dataplane::install_ring(const engine::RingSpec& spec) {
             " mbufs are left for holding (half stay for RX): raise memory.mbufs, or lower "
             "window/msg_len"};
   unsigned owner = 0;
-  if (Status s = place(spec, owner); !s) return s;
+  if (Status s = place(spec, tree, owner); !s) return s;
   // The ring's state is built here, on the control thread (allocation and
   // zero-fill: milliseconds for a large ring); the worker only attaches it.
   // Whatever the worker does not take is freed here too.
   const auto t0 = std::chrono::steady_clock::now();
   engine::PreparedRing prepared;
-  if (Status s = engine::Engine::prepare_ring(workers_[owner]->engine->config(), spec, prepared);
+  if (Status s = engine::Engine::prepare_ring(workers_[owner]->engine->config(), spec,
+                                              tree ? &*tree : nullptr, prepared);
       !s)
     return s;
   const auto t1 = std::chrono::steady_clock::now();
@@ -214,20 +263,23 @@ Status Dataplane::install_ring(const engine::RingSpec& spec) {
     return s;  // nothing changed: the command was cancelled before it ran
   if (!result) return result;
   // The engine has the ring: now point its links at the owner.
-  for (uint64_t key : links_of(spec)) {
+  for (uint64_t key : links_of(spec, tree)) {
     LinkUse& use =
         link_use_.try_emplace(key, LinkUse{static_cast<uint16_t>(owner), 0}).first->second;
     ++use.rings;
   }
+  if (tree)
+    ++tree_use_.try_emplace(spec.ring_id, LinkUse{static_cast<uint16_t>(owner), 0})
+          .first->second.rings;
   publish_link_use();
-  rings_[spec.ring_id] = {spec, owner, need, held_max};
+  rings_[spec.ring_id] = {spec, tree, owner, need, held_max};
   memory_reserved_ += need;
   mbufs_reserved_ += held_max;
   spdlog::info(
-      "ring {} installed on worker {} ({} ranks, {} bytes reserved; built in {:.2f} ms on the "
+      "ring {}{} installed on worker {} ({} ranks, {} bytes reserved; built in {:.2f} ms on the "
       "control thread, attached in {:.2f} us on the worker)",
-      spec.ring_id, owner, spec.ranks(), need,
-      std::chrono::duration<double, std::milli>(t1 - t0).count(),
+      spec.ring_id, tree ? (tree->has_parent ? " (tree node)" : " (tree root)") : "", owner,
+      spec.ranks(), need, std::chrono::duration<double, std::milli>(t1 - t0).count(),
       double(attach_cycles) * 1e6 / double(rte_get_tsc_hz()));
   return {};
 }
@@ -259,7 +311,7 @@ Status Dataplane::remove_ring(uint32_t ring_id) {
   detached.reset();
   if (!result) return result;
   rings_.erase(it);
-  retiring_.push_back({e.spec, e.owner,
+  retiring_.push_back({e.spec, e.tree, e.owner,
                        std::chrono::steady_clock::now() +
                            std::chrono::milliseconds(cfg_.retire_grace_ms) + kRetireMargin});
   // The engine freed the ring's cells and its held packets at once.
@@ -287,10 +339,14 @@ void Dataplane::housekeeping() {
   if (std::none_of(retiring_.begin(), retiring_.end(), due)) return;
   for (const Retiring& r : retiring_) {
     if (!due(r)) continue;
-    for (uint64_t key : links_of(r.spec)) {
+    for (uint64_t key : links_of(r.spec, r.tree)) {
       auto it = link_use_.find(key);
       if (it != link_use_.end() && --it->second.rings == 0) link_use_.erase(it);
     }
+    if (r.tree)
+      if (auto it = tree_use_.find(r.spec.ring_id);
+          it != tree_use_.end() && --it->second.rings == 0)
+        tree_use_.erase(it);
     spdlog::info("ring {} retired: its links are released", r.spec.ring_id);
   }
   std::erase_if(retiring_, due);

@@ -55,4 +55,9 @@ Status validate_tree(const RingSpec& ring, const TreeSpec& t) {
   return {};
 }
 
+uint64_t tree_memory_bytes(const RingSpec& ring, const TreeSpec& tree) noexcept {
+  return uint64_t{slots_for_window(ring.window)} * ring.msg_len * tree.boxes.size() *
+         ring.payload_bytes;
+}
+
 }  // namespace netreduce::engine

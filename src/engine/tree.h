@@ -136,4 +136,8 @@ struct TreeCounters {
   uint64_t finals_received = 0;    // from a child box, delivered
 };
 
+// Bytes a tree node adds to its ring's memory (ring_memory_bytes): the
+// child boxes' partials, one payload per child box per cell.
+uint64_t tree_memory_bytes(const RingSpec& ring, const TreeSpec& tree) noexcept;
+
 }  // namespace netreduce::engine

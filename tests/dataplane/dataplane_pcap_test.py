@@ -20,7 +20,12 @@ bad_bytes (invalid UTF-8 and other bytes on the control socket: answered, the
 box keeps forwarding) | slow_client (clients that flood requests and never
 read: others are answered within 1 s, SIGTERM still stops the box) |
 control_access (socket mode 0660 whatever the umask, peers of other uids refused
-unless in control.group, control.max_clients, a second box refused).
+unless in control.group, control.max_clients, a second box refused) |
+tree_leaf / tree_root / tree_steering / tree_bad_json (multi-rack tree nodes: a leaf's
+partials up and results into held packets; a root's results down through each child's
+port; the same root and leaf on 2 workers, box-to-box frames steered by tree id; malformed
+"tree" fields refused by name). Box-to-box frames come from tests/tools/b2b_golden.py's
+scapy layer and CRC32C, sums from numpy.
 """
 import ctypes
 import json
@@ -1046,6 +1051,277 @@ def polling_scenario(tmp, in_pcap):
     print("polling: paused for 0.5 s: %d packets received (were moving before); resumed: %d more" % (b - a, c - b))
 
 
+# ---- multi-rack tree nodes (issue #15: the data plane part) ----------------------
+# Box-to-box frames are built and checked with tests/tools/b2b_golden.py's scapy
+# layer (its own field description and a textbook CRC32C), never with the box's code.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from b2b_golden import B2B, CHECKSUM_AT, crc32c  # noqa: E402
+
+LEAF = {"ip": "10.9.0.1", "mac": "02:00:00:00:09:01"}
+LEAF2 = {"ip": "10.9.0.2", "mac": "02:00:00:00:09:02"}
+SPINE = {"ip": "10.9.0.9", "mac": "02:00:00:00:09:09"}
+B2B_PORT = 4792
+# No claim-all period after start (rings.retire_grace_ms 0): traffic of ranks this box
+# does not hold is forwarded from the first packet on, as it would be once a restarted
+# box's grace has passed.
+TREE_EXTRA = {"rings": {"retire_grace_ms": 0}}
+
+
+def position_data(d, k, pmtu):
+    """The data of packet position k of a message (float32 elements of d; the INA header
+    is not data)."""
+    lo = 0 if k == 0 else (k * pmtu - 24) // 4
+    return d[lo: lo + ((pmtu - 24) // 4 if k == 0 else pmtu // 4)]
+
+
+def b2b_frame(src, dst, kind, tree_id, m, k, msg_len, child, data):
+    return (Ether(src=src["mac"], dst=dst["mac"]) / IP(src=src["ip"], dst=dst["ip"], flags="DF", ttl=64)
+            / UDP(sport=0xC123, dport=B2B_PORT, chksum=0)
+            / B2B(kind=kind, tree_id=tree_id, msg_id=m, k=k, msg_len=msg_len, child=child, dtype=FP32, op=SUM)
+            / Raw(data.tobytes()))
+
+
+def check_b2b(f, src, dst, kind, tree_id, msg_len, child):
+    """A frame the box sent: addresses, a valid IPv4 checksum, UDP checksum 0, the header's
+    fields and CRC32C (recomputed here). Returns (m, k, data as float32)."""
+    b = raw(f)
+    assert f[Ether].src == src["mac"] and f[Ether].dst == dst["mac"], f.summary()
+    assert f[IP].src == src["ip"] and f[IP].dst == dst["ip"], f.summary()
+    ipc = f[IP].chksum
+    again = f[IP].copy()
+    again.chksum = None
+    assert IP(raw(again)).chksum == ipc, "bad IPv4 checksum"
+    assert f[UDP].chksum == 0 and f[UDP].dport == B2B_PORT, f.summary()
+    h = f[B2B]
+    payload = raw(f[UDP].payload)
+    assert crc32c(payload[:CHECKSUM_AT] + b"\0\0\0\0" + payload[CHECKSUM_AT + 4:]) == h.checksum, "bad CRC32C"
+    assert (h.magic, h.version, h.kind, h.tree_id, h.msg_len, h.child, h.dtype, h.op) == \
+        (0x4E52, 1, kind, tree_id, msg_len, child, FP32, SUM), h.show(dump=True)
+    data = payload[32:]
+    assert h.length == len(data)
+    assert len(b) == 14 + 20 + 8 + 32 + len(data), "frame length"
+    return h.msg_id, h.k, np.frombuffer(data, dtype=np.float32)
+
+
+def leaf_tree():
+    return {"self": LEAF, "children": [{"rank": 0}, {"rank": 1}],
+            "parent": dict(SPINE, port="b"), "index_at_parent": 1}
+
+
+def tree_leaf_scenario(tmp, in_pcap, rng, workers=1):
+    """A leaf with ranks 0 and 1 of a 4-rank ring: their WRITEs are held, the partial
+    (numpy sum of the two) goes up toward the parent by port B; the parent's results
+    (later in the same capture) are written into the held packets, which leave with valid
+    ICRCs; ranks 2 and 3 (another rack) pass untouched. With 2 workers the ring sits on the
+    one without the RX queue: its local ranks' packets (by link) and the parent's results
+    (by tree id) must both reach it."""
+    pmtu, ppm, msgs, rid = 1024, 4, 2, 21
+    frames, data, cap = ina_packets(rid, 4, 5, msgs, ppm, pmtu, rng)
+    total = {}
+    results = []
+    for m in range(msgs):
+        rack0 = (data[(0, m)] + data[(1, m)]).astype(np.float32)
+        rack1 = (data[(2, m)] + data[(3, m)]).astype(np.float32)
+        total[m] = (rack0 + rack1).astype(np.float32)  # the parent's result, in child order
+        for k in range(ppm):
+            results.append(b2b_frame(SPINE, LEAF, 2, rid, m, k, ppm, 1, position_data(total[m], k, pmtu)))
+    wrpcap(in_pcap, frames + results)
+    specs = [dict(ring_spec(rid, 4, 5, ppm, pmtu), tree=leaf_tree())]
+    if workers > 1:  # an ordinary ring first takes worker 0 (the one with the RX queue)
+        specs.insert(0, ring_spec(1, 2, 1, ppm, pmtu))
+    out, final, status, rings = run_dataplane(tmp, in_pcap, specs, workers, extra=TREE_EXTRA)
+    local = {ip(0, 5), ip(1, 5)}
+    # Ranks 2 and 3: byte-identical.
+    outs = {raw(f) for f in out}
+    remote = [f for f in frames if f[IP].src not in local]
+    for f in remote:
+        assert raw(f) in outs, "a frame of another rack was changed or lost: %s" % f.summary()
+    # Partials: one per position, the numpy sum of ranks 0 and 1, to the parent.
+    partials = [f for f in out if UDP in f and f[UDP].dport == B2B_PORT]
+    assert len(partials) == msgs * ppm, "%d partials" % len(partials)
+    seen = set()
+    for f in partials:
+        m, k, got = check_b2b(f, LEAF, SPINE, 1, rid, ppm, 1)
+        want = position_data((data[(0, m)] + data[(1, m)]).astype(np.float32), k, pmtu)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), "partial (%d, %d)" % (m, k)
+        seen.add((m, k))
+    assert seen == {(m, k) for m in range(msgs) for k in range(ppm)}
+    # The held packets left with the parent's result and a valid ICRC (scapy).
+    by_key = {(f[IP].src, f[BTH].psn): raw(f) for f in frames}
+    released = 0
+    for f in out:
+        if BTH not in f or f[IP].src not in local:
+            continue
+        b = raw(f)
+        orig = by_key[(f[IP].src, f[BTH].psn)]
+        assert len(b) == len(orig)
+        assert struct.unpack("<I", Ether(b)[BTH].compute_icrc(None))[0] == struct.unpack("<I", b[-4:])[0], \
+            "bad ICRC"
+        op = f[BTH].opcode
+        off = 14 + 20 + 8 + 12 + (16 + 24 if op == 0x06 else 0) + (4 if op == 0x09 else 0)
+        assert b[:off] == orig[:off], "headers changed"
+        r = 0 if f[IP].src == ip(0, 5) else 1
+        m, k = divmod((f[BTH].psn - (1000 + r * 100)) & 0xFFFFFF, ppm)
+        got = np.frombuffer(b[off:-4], dtype=np.float32)
+        want = position_data(total[m], k, pmtu)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), "result (%d, %d) rank %d" % (m, k, r)
+        released += 1
+    assert released == 2 * msgs * ppm, "released %d" % released
+    assert len(out) == len(remote) + len(partials) + released, "unexpected frames out: %d" % len(out)
+    ring = [r for r in rings["rings"] if r["spec"]["id"] == rid][0]
+    assert ring["spec"]["tree"] == dict(leaf_tree(), boxes=[]), ring["spec"]
+    tree = ring["counters"]["tree"]
+    want = {"partials_sent": msgs * ppm, "partials_resent": 0, "partials_received": 0,
+            "results_received": msgs * ppm, "results_sent": 0, "results_resent": 0,
+            "queries_sent": 0, "finals_sent": 0, "finals_received": 0}
+    assert {k: tree.get(k) for k in want} == want, tree
+    assert ring["counters"]["cells_completed"] == msgs * ppm and ring["held_packets"] == 0, ring
+    reasons = final["reasons"]
+    assert reasons["held"] == 2 * msgs * ppm and reasons["result_taken"] == msgs * ppm, reasons
+    # The other rack's first packets meet no ring link of this box; their later ones then
+    # belong to no message the box tracks (ordinary traffic): all forwarded.
+    firsts = sum(1 for f in remote if f[BTH].opcode == 0x06)
+    assert reasons["fwd_not_ring_link"] == firsts and \
+        reasons["fwd_not_ring_link"] + reasons["fwd_no_ina"] == len(remote), reasons
+    # Memory: the leaf keeps no child box data; the reservation is the ring's.
+    assert status["memory"]["engine_reserved_bytes"] == sum(r["memory_bytes"] for r in rings["rings"]), \
+        (status["memory"], rings["rings"])
+    dispatched = [w["dispatched"] for w in final["workers"]]
+    if workers > 1:
+        assert ring["worker"] == 1, ring["worker"]
+        # The local ranks' packets and the parent's results went over; the other rack's did not.
+        assert dispatched == [2 * msgs * ppm + len(results), 0], dispatched
+    print("tree_leaf (%d worker%s): %d partials up (numpy sums, CRC32C ok), %d held packets released with "
+          "the parent's result (ICRC ok), %d frames of the other rack untouched; dispatched %s" %
+          (workers, "s" if workers > 1 else "", len(partials), released, len(remote), dispatched))
+
+
+def root_tree():
+    return {"self": SPINE, "children": [{"box": 0}, {"box": 1}],
+            "boxes": [dict(LEAF, port="a"), dict(LEAF2, port="b")]}
+
+
+def tree_root_scenario(tmp, in_pcap, rng, workers):
+    """A root with two child boxes and no local rank: partials from both in (port A), the
+    result (numpy, child order) out to each child through its own port: leaf 1 by port A,
+    leaf 2 by port B. With 2 workers the ring sits on the worker without the RX queue: the
+    box-to-box frames must be steered to it by tree id."""
+    pmtu, ppm, msgs, rid = 1024, 3, 2, 22
+    cap = ppm * pmtu - 24
+    parts, frames = {}, []
+    for m in range(msgs):
+        for c in range(2):
+            parts[(c, m)] = (rng.integers(-1000, 1000, cap // 4) / 8).astype(np.float32)
+        for k in range(ppm):
+            for c, box in ((1, LEAF2), (0, LEAF)):  # arrival order is not child order
+                frames.append(b2b_frame(box, SPINE, 1, rid, m, k, ppm, c, position_data(parts[(c, m)], k, pmtu)))
+    # A frame for another box crosses untouched.
+    transit = b2b_frame(LEAF, {"ip": "10.9.0.7", "mac": "02:00:00:00:09:07"}, 1, rid, 0, 0, ppm, 0,
+                        position_data(parts[(0, 0)], 0, pmtu))
+    wrpcap(in_pcap, frames + [transit])
+    rings = [dict(ring_spec(rid, 4, 6, ppm, pmtu), tree=root_tree())]
+    if workers > 1:  # an ordinary ring first takes worker 0 (the one with the RX queue)
+        rings.insert(0, ring_spec(1, 2, 1, ppm, pmtu))
+    out1, final, status, listed = run_dataplane(tmp, in_pcap, rings, workers, extra=TREE_EXTRA)
+    out0 = rdpcap(os.path.join(tmp, "out0.pcap"))
+    ring = [r for r in listed["rings"] if r["spec"]["id"] == rid][0]
+    for port, out, child, box in ((0, out0, 0, LEAF), (1, out1, 1, LEAF2)):
+        res = [f for f in out if UDP in f and f[UDP].dport == B2B_PORT and f[IP].dst == box["ip"]]
+        assert len(res) == msgs * ppm, "port %d: %d results for child %d" % (port, len(res), child)
+        seen = set()
+        for f in res:
+            m, k, got = check_b2b(f, SPINE, box, 2, rid, ppm, child)
+            want = position_data((parts[(0, m)] + parts[(1, m)]).astype(np.float32), k, pmtu)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), "result (%d, %d)" % (m, k)
+            seen.add((m, k))
+        assert len(seen) == msgs * ppm
+    assert raw(transit) in {raw(f) for f in out1}, "a frame for another box was not forwarded untouched"
+    assert len(out0) == msgs * ppm and len(out1) == msgs * ppm + 1, (len(out0), len(out1))
+    tree = ring["counters"]["tree"]
+    assert tree["partials_received"] == 2 * msgs * ppm and tree["results_sent"] == 2 * msgs * ppm, tree
+    assert tree["partials_sent"] == 0 and tree["results_received"] == 0, tree
+    reasons = final["reasons"]
+    assert reasons["partial_taken"] == 2 * msgs * ppm and reasons["fwd_b2b_transit"] == 1, reasons
+    # The child boxes' partials are part of the ring's reservation (box_data).
+    slots = 8  # window 4 -> 2N rounded up
+    assert ring["memory_bytes"] >= slots * ppm * 2 * pmtu, ring
+    assert status["memory"]["engine_reserved_bytes"] == ring["memory_bytes"] + (
+        sum(r["memory_bytes"] for r in listed["rings"] if r["spec"]["id"] != rid)), status["memory"]
+    dispatched = [w["dispatched"] for w in final["workers"]]
+    if workers > 1:
+        assert ring["worker"] == 1, ring["worker"]
+        # Every partial, and the frame for another box (its tree id is this ring's), went over.
+        assert dispatched[0] == len(frames) + 1 and dispatched[1] == 0, dispatched
+    print("tree_root (%d worker%s): %d partials in, %d results out (port A %d, port B %d), exact; "
+          "dispatched %s" % (workers, "s" if workers > 1 else "", len(frames), 2 * msgs * ppm,
+                             msgs * ppm, msgs * ppm, dispatched))
+
+
+def tree_bad_json_scenario(tmp, in_pcap):
+    """Each malformed tree field refused with its field named, nothing installed; the
+    same ring and tree again is ok, another tree a conflict; accumulate mode refuses trees."""
+    wrpcap(in_pcap, [])
+    good = dict(ring_spec(31, 4, 7, 4, 1024), tree=leaf_tree())
+    msgs = []
+
+    def bad(ctl, tree, field, code="invalid_argument", ring=None):
+        r = ctl(cmd="install_ring", ring=dict(ring or good, tree=tree))
+        assert r["ok"] is False, (tree, r)
+        assert r["error"]["code"] == code and r["error"]["field"] == field, (tree, field, r)
+        msgs.append(r["error"]["message"])
+
+    def during(ctl):
+        t = leaf_tree
+        bad(ctl, [], "tree")
+        bad(ctl, dict(t(), colour=1), "tree.colour")
+        bad(ctl, {k: v for k, v in t().items() if k != "self"}, "tree.self")
+        bad(ctl, dict(t(), self=dict(LEAF, ip="10.9.0.256")), "tree.self.ip")
+        bad(ctl, dict(t(), self=dict(LEAF, mac="02:00:00:00:09")), "tree.self.mac")
+        bad(ctl, dict(t(), children=[]), "tree.children")
+        bad(ctl, dict(t(), children=[{"rank": 0}, {"node": 1}]), "tree.children[1]")
+        bad(ctl, dict(t(), children=[{"rank": 0}, {"rank": 4}]), "tree.children")
+        bad(ctl, dict(t(), children=[{"rank": 0}, {"rank": 0}]), "tree.children")
+        bad(ctl, dict(t(), children=[{"rank": 0}, {"box": 0}]), "tree.children")
+        bad(ctl, dict(t(), boxes=[dict(LEAF2)], children=[{"rank": 0}, {"box": 0}]), "tree.boxes[0].port")
+        bad(ctl, dict(t(), boxes=[dict(LEAF2, port="c")], children=[{"rank": 0}, {"box": 0}]),
+            "tree.boxes[0].port")
+        bad(ctl, dict(t(), boxes=[dict(LEAF, port="a")], children=[{"rank": 0}, {"box": 0}]), "tree.boxes")
+        bad(ctl, dict(t(), parent=dict(SPINE)), "tree.parent.port")
+        bad(ctl, dict(t(), parent=dict(LEAF, port="b")), "tree.parent")
+        bad(ctl, {k: v for k, v in t().items() if k not in ("parent", "index_at_parent")}, "tree.parent")
+        bad(ctl, dict(t(), index_at_parent=16), "tree.index_at_parent")
+        bad(ctl, dict(t(), index_at_parent=-1), "tree.index_at_parent")
+        bad(ctl, t(), "window", ring=dict(good, window=0))  # the ring's own fields first
+        listed = ctl(cmd="list_rings")
+        assert listed["rings"] == [], listed
+        assert ctl(cmd="status")["memory"]["engine_reserved_bytes"] == 0
+        assert ctl(cmd="install_ring", ring=good)["ok"]
+        assert ctl(cmd="install_ring", ring=good)["ok"]  # the same ring and tree: ok
+        bad(ctl, dict(t(), index_at_parent=2), "tree", "conflict")
+        plain = {k: v for k, v in good.items() if k != "tree"}
+        r = ctl(cmd="install_ring", ring=plain)
+        assert r["ok"] is False and r["error"]["code"] == "conflict" and r["error"]["field"] == "tree", r
+        got = ctl(cmd="get_ring", id=31)["ring"]
+        assert got["spec"]["tree"] == dict(leaf_tree(), boxes=[]), got["spec"]
+        assert set(got["counters"]["tree"]) >= {"partials_sent", "partials_resent", "partials_received",
+                                                "results_received", "results_sent", "results_resent"}, got
+    run_dataplane(tmp, in_pcap, [], 1, during=during)
+    # Accumulate mode: a tree is refused, the box stays empty.
+    tmp2 = os.path.join(tmp, "acc")
+    os.mkdir(tmp2)
+
+    def during_acc(ctl):
+        r = ctl(cmd="install_ring", ring=good)
+        assert r["ok"] is False and r["error"]["code"] == "unimplemented" and r["error"]["field"] == "tree", r
+        msgs.append(r["error"]["message"])
+        assert ctl(cmd="list_rings")["rings"] == []
+    run_dataplane(tmp2, in_pcap, [], 1, during=during_acc, extra={"engine": {"reduce_mode": "accumulate"}})
+    print("tree_bad_json: %d malformed trees refused with their field named; same tree ok, another a "
+          "conflict" % len(msgs))
+    for m in msgs[:4] + msgs[-2:]:
+        print("  e.g. " + m)
+
+
 def main():
     scenario = sys.argv[2]
     rng = np.random.default_rng(7)
@@ -1187,6 +1463,17 @@ def main():
                   len(results))
             for m in results[:6]:
                 print("  e.g. " + m)
+        elif scenario == "tree_leaf":
+            tree_leaf_scenario(tmp, in_pcap, rng)
+        elif scenario == "tree_root":
+            tree_root_scenario(tmp, in_pcap, rng, 1)
+        elif scenario == "tree_steering":
+            tree_root_scenario(tmp, in_pcap, rng, 2)
+            leaf = os.path.join(tmp, "leaf")
+            os.mkdir(leaf)
+            tree_leaf_scenario(leaf, os.path.join(leaf, "in.pcap"), rng, 2)
+        elif scenario == "tree_bad_json":
+            tree_bad_json_scenario(tmp, in_pcap)
         elif scenario == "idle":
             idle_scenario(tmp, in_pcap, rng)
         elif scenario == "polling":
