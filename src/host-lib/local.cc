@@ -37,9 +37,16 @@ struct LocalGroup::Header {
   // 0, or local rank + 1 of the first rank that failed (it CASes 0 -> kClaimed,
   // writes `failure`, then stores l + 1 with release); read by all.
   std::atomic<uint32_t> failed;
-  char failure[512];             // written by that rank before it rings; read by the others
+  char failure[512];  // written by that rank before it rings; read by the others
   // Barriers reached: arrived[l] is written by local rank l only, read by all.
   alignas(64) std::atomic<uint64_t> arrived[kMaxLocalRanks];
+  // The call each local rank makes: call[l] written by local rank l before
+  // the first barrier of a call, read by all after it (so every rank sees
+  // a disagreement at once instead of a barrier timing out).
+  struct Call {
+    uint64_t count;
+    uint32_t dtype, op;
+  } call[kMaxLocalRanks];
 };
 
 namespace {
@@ -85,6 +92,11 @@ std::string ranks_list(const std::vector<unsigned>& r) {
   return s;
 }
 
+std::string describe_call(uint64_t count, uint32_t dtype, uint32_t op) {
+  return "count " + std::to_string(count) + " " + to_string(static_cast<DataType>(dtype)) + " " +
+         to_string(static_cast<Op>(op));
+}
+
 }  // namespace
 
 std::string local_segment_name(uint64_t nonce, unsigned host) {
@@ -110,10 +122,11 @@ Error check_local_options(const Options& o) {
   if (o.local_rank != -1 &&
       (o.local_rank < 0 || (o.local_size != -1 && o.local_rank >= o.local_size) ||
        o.local_rank >= static_cast<int>(kMaxLocalRanks)))
-    return Error::make(ErrorCode::invalid_argument,
-                       "local_rank: " + std::to_string(o.local_rank) + " is outside 0.." +
-                           std::to_string((o.local_size != -1 ? o.local_size : kMaxLocalRanks) - 1) +
-                           " (or -1: discover)");
+    return Error::make(
+        ErrorCode::invalid_argument,
+        "local_rank: " + std::to_string(o.local_rank) + " is outside 0.." +
+            std::to_string((o.local_size != -1 ? o.local_size : kMaxLocalRanks) - 1) +
+            " (or -1: discover)");
   return {};
 }
 
@@ -204,8 +217,12 @@ Error LocalGroup::create(const std::string& name, unsigned l, unsigned n, unsign
     if (fd < 0)
       return Error::make(ErrorCode::internal,
                          who + ": shm_open(" + name + ") failed: " + std::strerror(errno));
-    if (ftruncate(fd, static_cast<off_t>(g->bytes_)) != 0) {
-      const int err = errno;
+    // posix_fallocate, not only ftruncate: a tmpfs too small for the
+    // segment (a container's 64 MB /dev/shm) is an error here, not a SIGBUS
+    // at the first touch of a page that has no room.
+    int err = ftruncate(fd, static_cast<off_t>(g->bytes_)) != 0 ? errno : 0;
+    if (err == 0) err = posix_fallocate(fd, 0, static_cast<off_t>(g->bytes_));
+    if (err != 0) {
       close(fd);
       shm_unlink(name.c_str());
       return Error::make(ErrorCode::internal, who + ": sizing the shared segment " + name + " to " +
@@ -217,7 +234,7 @@ Error LocalGroup::create(const std::string& name, unsigned l, unsigned n, unsign
     for (;;) {
       fd = shm_open(name.c_str(), O_RDWR, 0600);
       if (fd >= 0) {
-        struct stat st{};
+        struct stat st {};
         if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= g->bytes_) break;
         close(fd);
         fd = -1;
@@ -236,8 +253,8 @@ Error LocalGroup::create(const std::string& name, unsigned l, unsigned n, unsign
   close(fd);
   if (p == MAP_FAILED) {
     shm_unlink(name.c_str());
-    return Error::make(ErrorCode::internal,
-                       who + ": mmap of the shared segment " + name + " failed: " + strerror(errno));
+    return Error::make(ErrorCode::internal, who + ": mmap of the shared segment " + name +
+                                                " failed: " + strerror(errno));
   }
   g->base_ = p;
   g->h_ = static_cast<Header*>(p);
@@ -316,19 +333,19 @@ Error LocalGroup::barrier(const char* what, Clock::time_point deadline) {
   for (;;) {
     const uint32_t b = h.bell.load(std::memory_order_acquire);
     if (const uint32_t f = h.failed.load(std::memory_order_acquire); f != 0 && f != kClaimed)
-      return fail(Error::make(ErrorCode::transport, who() + ": local rank " +
-                                                        std::to_string(f - 1) + " failed (" +
-                                                        h.failure + ")"),
-                  false);
+      return fail(
+          Error::make(ErrorCode::transport, who() + ": local rank " + std::to_string(f - 1) +
+                                                " failed (" + h.failure + ")"),
+          false);
     std::vector<unsigned> missing;
     for (unsigned j = 0; j < n_; ++j)
       if (h.arrived[j].load(std::memory_order_acquire) < k) missing.push_back(j);
     if (missing.empty()) return {};
     if (Clock::now() >= deadline)
-      return fail(Error::make(ErrorCode::timeout,
-                              who() + ": local rank" + (missing.size() > 1 ? "s " : " ") +
-                                  ranks_list(missing) + " did not arrive (" + what +
-                                  ") within the timeout"),
+      return fail(Error::make(ErrorCode::timeout, who() + ": local rank" +
+                                                      (missing.size() > 1 ? "s " : " ") +
+                                                      ranks_list(missing) + " did not arrive (" +
+                                                      what + ") within the timeout"),
                   true);
     futex_wait(&h.bell, b, deadline);
   }
@@ -353,34 +370,51 @@ Error LocalGroup::allreduce(Collective& ring, const void* send, void* recv, size
   if (count > (size_t{1} << 40) / es)
     return Error::make(ErrorCode::invalid_argument,
                        "count: " + std::to_string(count) + " elements is too large");
-  const reduce::ReduceFn fold =
-      reduce::kernels(reduce::best_isa(), static_cast<wire::Dtype>(t),
-                      static_cast<wire::ReduceOp>(op))
-          .reduce;
+  const reduce::ReduceFn fold = reduce::kernels(reduce::best_isa(), static_cast<wire::Dtype>(t),
+                                                static_cast<wire::ReduceOp>(op))
+                                    .reduce;
   const auto* src = static_cast<const uint8_t*>(send);
   auto* dst = static_cast<uint8_t*>(recv);
   const size_t per_chunk = chunk_ / es;
   const uint8_t* srcs[kMaxLocalRanks];
   uint8_t* res = result();
-  for (size_t off = 0; off < count; off += per_chunk) {
+  h_->call[l_] = {count, static_cast<uint32_t>(t), static_cast<uint32_t>(op)};
+  // At least one round, also for count 0: the first barrier checks the call.
+  size_t off = 0;
+  do {
     const size_t c = std::min(per_chunk, count - off);
     std::memcpy(slot(l_), src + off * es, c * es);
     if (Error e = barrier("inputs", deadline)) return e;
+    if (off == 0)
+      for (unsigned j = 0; j < n_; ++j) {
+        const Header::Call& other = h_->call[j];
+        if (other.count != count || other.dtype != static_cast<uint32_t>(t) ||
+            other.op != static_cast<uint32_t>(op))
+          return fail(
+              Error::make(
+                  ErrorCode::invalid_argument,
+                  who() + ": local rank " + std::to_string(j) + " called with " +
+                      describe_call(other.count, other.dtype, other.op) + ", this rank with " +
+                      describe_call(count, static_cast<uint32_t>(t), static_cast<uint32_t>(op)) +
+                      " (every rank must make the same calls)"),
+              false);
+      }
     const StripeRange s = stripe(c, n_, l_);
     if (s.count > 0) {
       for (unsigned j = 0; j < n_; ++j) srcs[j] = slot(j) + s.first * es;
       fold(srcs, n_, res + s.first * es, s.count);
-      if (Error e = ring.allreduce(res + s.first * es, res + s.first * es, s.count, t, op,
-                                   deadline))
-        return fail(Error::make(e.code, who() + ", shard elements [" +
-                                            std::to_string(off + s.first) + ", " +
-                                            std::to_string(off + s.first + s.count) +
-                                            "): " + e.message),
-                    true);
+      if (Error e =
+              ring.allreduce(res + s.first * es, res + s.first * es, s.count, t, op, deadline))
+        return fail(
+            Error::make(e.code, who() + ", shard elements [" + std::to_string(off + s.first) +
+                                    ", " + std::to_string(off + s.first + s.count) +
+                                    "): " + e.message),
+            true);
     }
     if (Error e = barrier("results", deadline)) return e;
     std::memcpy(dst + off * es, res, c * es);
-  }
+    off += c;
+  } while (off < count);
   return {};
 }
 

@@ -18,7 +18,10 @@
 // Collective (collective.h) whose rank is the host index and whose world is H.
 //
 // One call, on every local rank, chunk by chunk (chunks of at most
-// chunk_bytes of the tensor, element-aligned, the same on every rank):
+// chunk_bytes of the tensor, element-aligned, the same on every rank; one
+// empty round for count 0). Each rank first writes its call (count, dtype,
+// op) into its header entry; after the first barrier A every rank compares
+// them, so local ranks that disagree fail at once, naming each other.
 //   1. copy the chunk into my input slot of the segment;      barrier A
 //   2. shard l of the chunk (plan.h's stripe rule with n shards: shard l
 //      holds c / n elements plus one if l < c % n) is folded over the n input
@@ -40,7 +43,8 @@
 //
 // Segment. One POSIX shm segment per communicator and host, named from the
 // job (a nonce rank 0 chose) and the host index. Local rank 0 creates it
-// (O_EXCL), sizes it, initialises the header and publishes the magic last;
+// (O_EXCL), sizes and allocates it (posix_fallocate: a full /dev/shm is an
+// error at creation, not a SIGBUS later), initialises the header and publishes the magic last;
 // the others open it (retrying every millisecond until the deadline). Every
 // rank then waits at the first barrier, after which everybody unlinks the
 // name (ENOENT is fine): from then on a crash leaks nothing. Errors and

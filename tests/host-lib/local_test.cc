@@ -453,3 +453,31 @@ TEST_CASE("local ranks: validation names the field, the hosts and the ranks",
           0);
   }
 }
+
+TEST_CASE("local ranks: local ranks that disagree on the call are told at once",
+          "[hostlib][local][args]") {
+  const unsigned H = 2, n = 2, P = H * n;
+  Job job(local_box(H, n), local_options());
+  std::vector<std::vector<float>> buf(P, std::vector<float>(8, 1.0f));
+  std::vector<AllreduceHandle> h(P);
+  for (unsigned r = 0; r < P; ++r) {
+    const size_t count = r == 1 ? 6 : 5;  // host 0's local rank 1 disagrees
+    REQUIRE(job.comms[r]
+                ->allreduce_async(buf[r].data(), buf[r].data(), count, DataType::fp32, Op::sum,
+                                  h[r], 300)
+                .ok());
+  }
+  std::vector<Error> errs(P);
+  for (unsigned r = 0; r < P; ++r) errs[r] = h[r].wait();
+  INFO(errs[0].message);
+  CHECK(errs[0].code == ErrorCode::invalid_argument);
+  CHECK(errs[0].message ==
+        "local rank 0 of 2 on host 0: local rank 1 called with count 6 fp32 sum, this rank with "
+        "count 5 fp32 sum (every rank must make the same calls)");
+  CHECK(errs[1].message ==
+        "local rank 1 of 2 on host 0: local rank 0 called with count 5 fp32 sum, this rank with "
+        "count 6 fp32 sum (every rank must make the same calls)");
+  // Host 1 agrees locally; its rings then miss host 0 and time out.
+  CHECK(errs[2].code == ErrorCode::timeout);
+  CHECK(errs[3].code == ErrorCode::timeout);
+}
