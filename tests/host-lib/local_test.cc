@@ -22,6 +22,7 @@
 
 #include "host-lib/fixture.h"
 #include "host-lib/plan.h"
+#include "netreduce/netreduce.h"
 
 using namespace netreduce;
 using namespace netreduce::host;
@@ -480,4 +481,50 @@ TEST_CASE("local ranks: local ranks that disagree on the call are told at once",
   // Host 1 agrees locally; its rings then miss host 0 and time out.
   CHECK(errs[2].code == ErrorCode::timeout);
   CHECK(errs[3].code == ErrorCode::timeout);
+}
+
+TEST_CASE("local ranks: the verbs communicator refuses them; the C API's sized options",
+          "[hostlib][local][capi]") {
+  // Checked before any device is touched.
+  Options o;
+  o.local_size = 2;
+  std::unique_ptr<Communicator> v;
+  Error e = Communicator::create(0, 2, "", 0, "127.0.0.1:1", o, v);
+  CHECK(e.code == ErrorCode::invalid_argument);
+  CHECK(e.message ==
+        "local_size 2, local_rank -1: local ranks (parallel NetReduce) are not supported by the "
+        "verbs communicator yet; run one rank per ring member (local_size -1 or 1)");
+  o.local_size = 40;
+  e = Communicator::create(0, 2, "", 0, "127.0.0.1:1", o, v);
+  CHECK(e.message.find("local_size: 40 is outside 1..16") == 0);
+
+  // C API: the fields carry the C++ defaults; the macros pass the header's size.
+  nr_options co;
+  std::memset(&co, 0x5A, sizeof co);
+  nr_options_init(&co);
+  CHECK(co.local_rank == -1);
+  CHECK(co.local_size == -1);
+  CHECK(co.host_id == nullptr);
+  CHECK(co.rings == 0);
+  co.local_size = 2;
+  nr_comm* cc = nullptr;
+  CHECK(nr_comm_create(0, 2, "", 0, "127.0.0.1:1", &co, &cc) == NR_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(nr_last_error()).find("local_size 2, local_rank -1: local ranks") == 0);
+  // A caller built before the size rule passes 104 bytes: the fields past
+  // them are not read (here: garbage that would be refused) and default.
+  nr_options old;
+  std::memset(&old, 0x5A, sizeof old);
+  nr_options_init_sized(&old, 104);
+  CHECK(old.rings == 0);
+  CHECK(old.local_size == 0x5A5A5A5A);  // not written
+  old.connect_timeout_ms = 100;
+  CHECK(nr_comm_create_sized(0, 2, "", 0, "127.0.0.1:1", &old, 104, &cc) !=
+        NR_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(nr_last_error()).find("local") == std::string::npos);
+  // A struct larger than this library knows (a newer header) is refused.
+  CHECK(nr_comm_create_sized(0, 2, "", 0, "127.0.0.1:1", &co, sizeof co + 8, &cc) ==
+        NR_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(nr_last_error()).find("opts_size: " + std::to_string(sizeof co + 8)) == 0);
+  CHECK(nr_comm_local_rank(nullptr) == -1);
+  CHECK(nr_comm_local_size(nullptr) == -1);
 }

@@ -134,7 +134,9 @@ struct Options {
   // identity are one host; local ranks numbered in global rank order). Every
   // host must run the same number of ranks; explicit local ranks must be
   // 0..local_size-1 once each per host (all of a host's ranks give one, or
-  // none). local_size 1 is the plain communicator, byte for byte.
+  // none). local_size 1 is the plain communicator, byte for byte. So far
+  // only the loopback transport runs local ranks; the verbs communicator
+  // refuses local_size > 1 (and local_rank > 0), and -1 means 1 there.
   int local_rank = -1;
   int local_size = -1;
   // The host identity; empty: NETREDUCE_HOST_ID, else
