@@ -528,3 +528,26 @@ TEST_CASE("local ranks: the verbs communicator refuses them; the C API's sized o
   CHECK(nr_comm_local_rank(nullptr) == -1);
   CHECK(nr_comm_local_size(nullptr) == -1);
 }
+
+TEST_CASE("local ranks: a rank whose ring fails tells its local peers at once",
+          "[hostlib][local][timeout]") {
+  // count 1, n 2: shard 0 holds the element, shard 1 is empty. Host 1's
+  // local rank 0 never calls, so host 0's ring 0 times out; host 0's local
+  // rank 1 (nothing to send) waits at the results barrier and learns why
+  // from local rank 0, not from its own deadline.
+  const unsigned H = 2, n = 2, P = H * n;
+  Job job(local_box(H, n), local_options());
+  std::vector<std::vector<uint8_t>> in(P, std::vector<uint8_t>(4, 0)), out;
+  const auto errs = job.run(in, out, 1, DataType::fp32, Op::sum, 300, {0, 1, 3});
+  INFO(errs[0].message);
+  REQUIRE(errs[0].code == ErrorCode::timeout);
+  CHECK(errs[0].message.find("local rank 0 of 2 on host 0, shard elements [0, 1): rank 0: "
+                             "all-reduce (ina path, ring 7) timed out") == 0);
+  INFO(errs[1].message);
+  CHECK(errs[1].code == ErrorCode::transport);
+  CHECK(errs[1].message.find("local rank 1 of 2 on host 0: local rank 0 failed (" +
+                             errs[0].message.substr(0, 200)) == 0);
+  INFO(errs[3].message);
+  CHECK(errs[3].message ==
+        "local rank 1 of 2 on host 1: local rank 0 did not arrive (inputs) within the timeout");
+}
