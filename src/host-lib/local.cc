@@ -20,7 +20,6 @@
 
 #include "host-lib/plan.h"
 #include "reduce/reduce.h"
-#include "wire/ina.h"
 
 namespace netreduce::host {
 
@@ -357,19 +356,8 @@ Error LocalGroup::allreduce(Collective& ring, const void* send, void* recv, size
                             DataType t, Op op, Clock::time_point deadline) {
   if (!failed_.ok())
     return Error::make(failed_.code, "communicator unusable after: " + failed_.message);
+  if (Error e = Collective::check_args(send, recv, count, t, op)) return e;
   const size_t es = element_size(t);
-  if (es == 0)
-    return Error::make(ErrorCode::invalid_argument,
-                       "dtype: " + std::to_string(static_cast<int>(t)) + " is not a data type");
-  if (!wire::is_valid_op(static_cast<uint8_t>(op)))
-    return Error::make(ErrorCode::invalid_argument,
-                       "op: " + std::to_string(static_cast<int>(op)) + " is not sum, min or max");
-  if (count > 0 && (send == nullptr || recv == nullptr))
-    return Error::make(ErrorCode::invalid_argument,
-                       std::string(send == nullptr ? "send" : "recv") + ": null buffer");
-  if (count > (size_t{1} << 40) / es)
-    return Error::make(ErrorCode::invalid_argument,
-                       "count: " + std::to_string(count) + " elements is too large");
   const reduce::ReduceFn fold = reduce::kernels(reduce::best_isa(), static_cast<wire::Dtype>(t),
                                                 static_cast<wire::ReduceOp>(op))
                                     .reduce;

@@ -551,3 +551,18 @@ TEST_CASE("local ranks: a rank whose ring fails tells its local peers at once",
   CHECK(errs[3].message ==
         "local rank 1 of 2 on host 1: local rank 0 did not arrive (inputs) within the timeout");
 }
+
+TEST_CASE("local ranks: bad arguments are refused before the local stage",
+          "[hostlib][local][args]") {
+  Job job(local_box(2, 2), local_options());
+  std::vector<float> buf(16);
+  const Error e = job.comms[0]->allreduce(buf.data(), buf.data() + 1, 8, DataType::fp32, Op::sum);
+  CHECK(e.message == "recv: overlaps send without being the same buffer");
+  const Error d =
+      job.comms[1]->allreduce(buf.data(), buf.data(), 8, static_cast<DataType>(9), Op::sum);
+  CHECK(d.message == "dtype: 9 is not a data type");
+  // Nothing was entered: the communicators still work.
+  std::vector<std::vector<uint8_t>> in(4, std::vector<uint8_t>(8, 1)), out;
+  require_ok(job.run(in, out, 2, DataType::int32, Op::sum));
+  for (const auto& o : out) CHECK(o == ina_reference(in, 2, DataType::int32, Op::sum));
+}
