@@ -14,12 +14,15 @@
 #include "host-lib/local.h"
 
 #include <dirent.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <set>
 #include <thread>
 
+#include "host-lib/collective.h"
 #include "host-lib/fixture.h"
 #include "host-lib/plan.h"
 #include "netreduce/netreduce.h"
@@ -565,4 +568,87 @@ TEST_CASE("local ranks: bad arguments are refused before the local stage",
   std::vector<std::vector<uint8_t>> in(4, std::vector<uint8_t>(8, 1)), out;
   require_ok(job.run(in, out, 2, DataType::int32, Op::sum));
   for (const auto& o : out) CHECK(o == ina_reference(in, 2, DataType::int32, Op::sum));
+}
+
+namespace {
+
+// One local rank as a process of its own: a one-host ring (a loopback
+// fabric of world 1 in this process: the cross-host stage is the identity)
+// behind the shared segment. Exit status: 0 if every call matched the local
+// fold, 2 if set-up failed, 3 if a call failed, 4 on a wrong result; with
+// `die_after` >= 0 the process dies (_exit) before call `die_after`.
+int local_process(const std::string& name, unsigned l, unsigned n, uint64_t seed, int die_after,
+                  int timeout_ms) {
+  LoopbackFabric f(ring_fabric(1, 4096));
+  std::unique_ptr<Transport> t;
+  if (!f.transport(0, t).ok()) return 2;
+  CollectiveConfig cc;
+  cc.path = Path::ring;
+  std::unique_ptr<Collective> ring;
+  if (!Collective::create(*t, cc, ring).ok()) return 2;
+  std::unique_ptr<LocalGroup> g;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  if (!LocalGroup::create(name, l, n, 0, kChunk, deadline, g).ok()) return 2;
+  for (int call = 0; call < 6; ++call) {
+    if (call == die_after) _exit(9);
+    std::mt19937_64 rng(seed + call);  // every process draws every rank's input
+    const DataType ty = kTypes[call % 6];
+    const size_t count = 3 * kChunk / element_size(ty) + call;
+    std::vector<std::vector<uint8_t>> in;
+    for (unsigned j = 0; j < n; ++j) in.push_back(make_input(rng, ty, count, false));
+    std::vector<uint8_t> out(in[l].size());
+    const Error e = g->allreduce(*ring, in[l].data(), out.data(), count, ty, Op::max,
+                                 Clock::now() + std::chrono::milliseconds(timeout_ms));
+    if (!e.ok()) {
+      std::fprintf(stderr, "%s\n", e.message.c_str());
+      return 3;
+    }
+    std::vector<const uint8_t*> p;
+    for (const auto& v : in) p.push_back(v.data());
+    if (out != fold(p, out.size(), ty, Op::max)) return 4;
+  }
+  return 0;
+}
+
+// Forks n local ranks (those in `absent` never start) and returns their exit
+// statuses (-1: did not start).
+std::vector<int> run_processes(const std::string& name, unsigned n, std::set<unsigned> absent,
+                               int die_rank, int timeout_ms) {
+  std::vector<pid_t> pids(n, -1);
+  for (unsigned l = 0; l < n; ++l) {
+    if (absent.count(l)) continue;
+    const pid_t pid = fork();
+    if (pid == 0)
+      _exit(local_process(name, l, n, 1658, static_cast<int>(l) == die_rank ? 3 : -1, timeout_ms));
+    pids[l] = pid;
+  }
+  std::vector<int> status(n, -1);
+  for (unsigned l = 0; l < n; ++l) {
+    if (pids[l] < 0) continue;
+    int st = 0;
+    waitpid(pids[l], &st, 0);  // each child has its own deadlines
+    status[l] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+  return status;
+}
+
+}  // namespace
+
+TEST_CASE("local ranks as processes: one segment, futex barriers across processes",
+          "[hostlib][local][process]") {
+  const std::string name = local_segment_name(std::random_device{}(), 0);
+  const std::string entry = name.substr(1);
+  SECTION("n = 3, six calls of three chunks, every dtype") {
+    CHECK(run_processes(name, 3, {}, -1, 5000) == std::vector<int>{0, 0, 0});
+  }
+  SECTION("a local rank that never starts") {
+    // Local rank 0 (the creator) names it; the others saw the segment.
+    CHECK(run_processes(name, 3, {2}, -1, 300) == std::vector<int>{2, 2, -1});
+  }
+  SECTION("a local rank that dies between calls") {
+    // Local rank 1 exits before its fourth call: the others fail that call
+    // (3) at their deadline instead of hanging.
+    CHECK(run_processes(name, 3, {}, 1, 300) == std::vector<int>{3, 9, 3});
+  }
+  CHECK(shm_entries(entry).empty());
 }
