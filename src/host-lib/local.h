@@ -9,8 +9,9 @@
 // the ranks with one identity are one host. Hosts are numbered by their
 // lowest global rank. Local ranks are given (Options::local_rank, every rank
 // of the host, 0..n-1 once each) or, when none is given, numbered in global
-// rank order. resolve_locality() checks and numbers; the verbs communicator
-// feeds it every rank's claim through the bootstrap's allgather.
+// rank order. resolve_locality() checks and numbers every rank's claim (for
+// the verbs communicator's bootstrap allgather; not wired yet: verbs refuses
+// local_size > 1 today, and the loopback fabric numbers ranks itself).
 //
 // Rings. Local rank l of every host forms ring l (H members, host order):
 // its own QPs and, with the box, its own ring id (R stripes: rings l R ..
