@@ -114,8 +114,7 @@ Error Communicator::allreduce_async(const void* send, void* recv, size_t count, 
 }
 
 int Communicator::rank() const noexcept {
-  return impl_->global_rank >= 0 ? impl_->global_rank
-                                 : static_cast<int>(impl_->transport->rank());
+  return impl_->global_rank >= 0 ? impl_->global_rank : static_cast<int>(impl_->transport->rank());
 }
 int Communicator::world() const noexcept {
   return impl_->global_world >= 0 ? impl_->global_world

@@ -49,7 +49,7 @@ struct LoopbackFabric::Impl {
   };
   // One host (one rank without local ranks).
   struct RankState {
-    std::vector<Lane> lanes;                // local rank l's at [l R, l R + R)
+    std::vector<Lane> lanes;                 // local rank l's at [l R, l R + R)
     std::vector<std::deque<Completion>> cq;  // per local rank: its lanes' completions
     std::condition_variable cv;
     std::vector<bool> taken;  // per local rank
