@@ -7,6 +7,7 @@
 //       [--window 0] [--timeout-ms 30000] [--qp-timeout 14] [--force-ring]
 //       [--rings 0]
 //   netreduce-allreduce-perf --loopback [--loopback-box] --world P ...
+//       [--local-size n]
 //       (self-test without RDMA: P ranks as threads of this process)
 //
 // -d and -o take one name, a comma-separated list or "all": the sweep runs
@@ -14,6 +15,13 @@
 // --rings R stripes every tensor over R rings (Options::rings; 0: 1). At the end rank 0 reports the
 // bytes each ring carried (its stripes of every call, this rank's data) and the total; with
 // --loopback-box also each ring's bytes as the box counted them (all ranks).
+// --local-size n (parallel NetReduce, Options::local_size): the P ranks are
+// P / n hosts of n local ranks, all threads of this one process (--loopback
+// only: the verbs communicator does not run local ranks yet and refuses it).
+// Local rank l of every host forms ring l (R stripes: rings l R .. l R + R - 1),
+// which carries shard l of every local chunk (ring_buffer_bytes). The table
+// then lists host 0's n x R rings, and with --loopback-box each host's
+// payload bytes into the box, which equal one rank's data (not n x).
 // For each size: warm-up calls, then n timed calls; time is the mean per call.
 // algbw = bytes / time; busbw = algbw * 2 (P - 1) / P (nccl-tests' convention
 // for all-reduce, so ring and INA compare on the same scale). With -c 1 every
@@ -30,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "host-lib/local.h"
 #include "host-lib/loopback.h"
 #include "host-lib/plan.h"
 #include "netreduce/netreduce.hpp"
@@ -142,24 +151,34 @@ struct SweepParams {
   double factor;
   int iters, warmup;
   bool check;
+  size_t chunk_bytes;  // the local stage's chunk (Options::ring_buffer_bytes)
 };
 
-// Bytes of this rank's data each ring carried: the stripes of a call of
-// `bytes` bytes (plan.h's rule, in elements), added per call.
-void add_stripes(std::vector<uint64_t>& per_ring, size_t count, size_t esize) {
+// Bytes of this rank's data each of its rings carried in a call of `count`
+// elements (plan.h's stripe rule), added per call. With local ranks the
+// rank's ring carries its shard (the same rule over local_size) of every
+// local chunk of `chunk_bytes`, striped over the rings.
+void add_stripes(std::vector<uint64_t>& per_ring, size_t count, size_t esize, unsigned local_rank,
+                 unsigned local_size, size_t chunk_bytes) {
   const unsigned R = static_cast<unsigned>(per_ring.size());
-  for (unsigned g = 0; g < R; ++g) per_ring[g] += host::stripe(count, R, g).count * esize;
+  const size_t per_chunk = local_size > 1 ? chunk_bytes / esize : count;
+  for (size_t off = 0; off < count; off += per_chunk) {
+    const size_t c = std::min(per_chunk, count - off);
+    const size_t shard = host::stripe(c, local_size, local_rank).count;
+    for (unsigned g = 0; g < R; ++g) per_ring[g] += host::stripe(shard, R, g).count * esize;
+  }
 }
 
-void print_ring_bytes(const Communicator& comm, const std::vector<uint64_t>& per_ring,
+// ids[g], per_ring[g]: ring g's id and the bytes it carried for one host;
+// box_bytes (if any): what the box aggregated on it (all hosts' copies).
+void print_ring_bytes(const std::vector<uint32_t>& ids, const std::vector<uint64_t>& per_ring,
                       const std::vector<uint64_t>& box_bytes) {
   std::printf("# %4s %10s %16s%s\n", "ring", "id", "bytes",
               box_bytes.empty() ? "" : "        box bytes");
   uint64_t total = 0, box_total = 0;
   for (size_t g = 0; g < per_ring.size(); ++g) {
     total += per_ring[g];
-    std::printf("# %4zu %10u %16llu", g, comm.ring_id(static_cast<int>(g)),
-                static_cast<unsigned long long>(per_ring[g]));
+    std::printf("# %4zu %10u %16llu", g, ids[g], static_cast<unsigned long long>(per_ring[g]));
     if (g < box_bytes.size()) {
       box_total += box_bytes[g];
       std::printf(" %16llu", static_cast<unsigned long long>(box_bytes[g]));
@@ -184,6 +203,11 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
     std::printf("# rings %d (ids", comm.rings());
     for (int g = 0; g < comm.rings(); ++g) std::printf(" %u", comm.ring_id(g));
     std::printf("): each tensor cut into %d stripes\n", comm.rings());
+    if (comm.local_size() > 1)
+      std::printf(
+          "# local size %d: %d hosts; local rank l of every host forms ring l (%d x %d "
+          "rings)\n",
+          comm.local_size(), world / comm.local_size(), comm.local_size(), comm.rings());
     std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s\n", "size(B)", "count", "type", "op",
                 "path", "time(us)", "algbw", "busbw", "errors");
     std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s\n", "", "(elements)", "", "", "", "",
@@ -191,6 +215,10 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
   }
   std::vector<uint8_t> in(std::max<size_t>(max_bytes, 8)), out(in.size());
   ring_bytes.assign(static_cast<size_t>(comm.rings()), 0);
+  const auto add = [&](size_t count, size_t es) {
+    add_stripes(ring_bytes, count, es, static_cast<unsigned>(comm.local_rank()),
+                static_cast<unsigned>(comm.local_size()), p.chunk_bytes);
+  };
   size_t total_errors = 0;
   int status = 0;
   for (size_t sweep_i = 0; status == 0 && sweep_i < p.types.size() * p.ops.size(); ++sweep_i) {
@@ -203,12 +231,12 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
       Error err;
       for (int i = 0; i < warmup && err.ok(); ++i) {
         err = comm.allreduce(in.data(), out.data(), count, t, o);
-        add_stripes(ring_bytes, count, es);
+        add(count, es);
       }
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < iters && err.ok(); ++i)
         err = comm.allreduce(in.data(), out.data(), count, t, o);
-      for (int i = 0; i < iters; ++i) add_stripes(ring_bytes, count, es);
+      for (int i = 0; i < iters; ++i) add(count, es);
       const double us =
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
           iters;
@@ -216,7 +244,7 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
       if (err.ok() && check_on) {
         std::memset(out.data(), 0xA5, count * es);
         err = comm.allreduce(in.data(), out.data(), count, t, o);
-        add_stripes(ring_bytes, count, es);
+        add(count, es);
         if (err.ok()) errors = check(t, o, out, count, world);
       }
       if (!err.ok()) {
@@ -290,6 +318,11 @@ int main(int argc, char** argv) {
                  "rings side by side, each tensor striped over them (1..8; 0: the box's worker "
                  "count from the daemon, or 1)")
       ->check(CLI::Range(0u, host::kMaxRings));
+  int local_size = 1;
+  app.add_option("--local-size", local_size,
+                 "ranks per host (parallel NetReduce): --world ranks are world / n hosts of n "
+                 "local ranks, threads of this process (--loopback only)")
+      ->check(CLI::Range(1u, host::kMaxLocalRanks));
   bool loopback = false, loopback_box = false;
   app.add_flag("--loopback", loopback,
                "self-test without RDMA: all --world ranks as threads over the loopback transport");
@@ -324,6 +357,8 @@ int main(int argc, char** argv) {
     bad = "--world: must be in 1..64";
   } else if (!loopback && (rank < 0 || rank >= world)) {
     bad = "--rank: must be in 0..world-1";
+  } else if (world % local_size != 0) {
+    bad = "--local-size: must divide --world (every host runs the same number of ranks)";
   } else if (!loopback && bootstrap.empty()) {
     bad = "--bootstrap: required (host:port of rank 0)";
   }
@@ -331,8 +366,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "netreduce-allreduce-perf: %s\n", bad.c_str());
     return 1;
   }
-  const SweepParams sp{types, ops, min_bytes, max_bytes, factor, iters, warmup, check_on != 0};
+  const SweepParams sp{types,     ops,           min_bytes,
+                       max_bytes, factor,        iters,
+                       warmup,    check_on != 0, opt.ring_buffer_bytes};
   if (!loopback) {
+    if (local_size > 1) opt.local_size = local_size;  // the verbs communicator refuses it
     std::unique_ptr<Communicator> comm;
     if (Error e = Communicator::create(rank, world, device, gid_index, bootstrap, opt, comm)) {
       std::fprintf(stderr, "netreduce-allreduce-perf: rank %d: %s\n", rank, e.message.c_str());
@@ -340,13 +378,17 @@ int main(int argc, char** argv) {
     }
     std::vector<uint64_t> ring_bytes;
     const int status = sweep(*comm, sp, ring_bytes);
-    if (rank == 0) print_ring_bytes(*comm, ring_bytes, {});
+    std::vector<uint32_t> ids;
+    for (int g = 0; g < comm->rings(); ++g) ids.push_back(comm->ring_id(g));
+    if (rank == 0) print_ring_bytes(ids, ring_bytes, {});
     return status;
   }
   // Self-test without RDMA: every rank a thread of this process over the
   // loopback transport, through an in-process engine (--loopback-box).
   host::LoopbackConfig lc;
-  lc.world = static_cast<unsigned>(world);
+  const unsigned n = static_cast<unsigned>(local_size), hosts = static_cast<unsigned>(world) / n;
+  lc.world = hosts;
+  lc.local_size = n;
   lc.box = loopback_box;
   lc.rings = opt.rings ? opt.rings : 1;
   lc.ring.ring_id = 1;
@@ -360,26 +402,52 @@ int main(int argc, char** argv) {
       std::max(opt.ring_buffer_bytes, size_t{lc.ring.window} * opt.msg_len * opt.payload_bytes);
   host::LoopbackFabric fabric(lc);
   std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r)
-    if (Error e =
-            host::make_loopback_communicator(fabric, static_cast<unsigned>(r), opt, comms[r])) {
-      std::fprintf(stderr, "netreduce-allreduce-perf: loopback rank %d: %s\n", r,
-                   e.message.c_str());
-      return 1;
-    }
+  {
+    // A host's local ranks wait for each other: create them all at once.
+    std::vector<Error> errs(comms.size());
+    std::vector<std::thread> th;
+    for (int r = 0; r < world; ++r)
+      th.emplace_back([&, r] {
+        errs[r] = host::make_loopback_communicator(fabric, static_cast<unsigned>(r), opt, comms[r]);
+      });
+    for (auto& t : th) t.join();
+    for (int r = 0; r < world; ++r)
+      if (!errs[r].ok()) {
+        std::fprintf(stderr, "netreduce-allreduce-perf: loopback rank %d: %s\n", r,
+                     errs[r].message.c_str());
+        return 1;
+      }
+  }
   std::vector<int> rc(static_cast<size_t>(world));
   std::vector<std::vector<uint64_t>> ring_bytes(static_cast<size_t>(world));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] { rc[r] = sweep(*comms[r], sp, ring_bytes[r]); });
   for (auto& t : threads) t.join();
-  // The box's own count per ring: data bytes aggregated, all ranks' copies.
-  std::vector<uint64_t> box_bytes;
-  for (unsigned g = 0; loopback_box && g < lc.rings; ++g) {
+  // Host 0's rings (local rank l's R rings are l R .. l R + R - 1) and the
+  // box's own count per ring: data bytes aggregated, all hosts' copies.
+  std::vector<uint32_t> ids;
+  std::vector<uint64_t> host_ring_bytes, box_bytes;
+  for (unsigned l = 0; l < n; ++l)
+    for (unsigned g = 0; g < lc.rings; ++g) {
+      ids.push_back(comms[l]->ring_id(static_cast<int>(g)));
+      host_ring_bytes.push_back(ring_bytes[l][g]);
+    }
+  for (unsigned g = 0; loopback_box && g < n * lc.rings; ++g) {
     const auto info = fabric.box_ring(g);
     box_bytes.push_back(info ? info->counters.bytes_aggregated : 0);
   }
-  print_ring_bytes(*comms[0], ring_bytes[0], box_bytes);
+  print_ring_bytes(ids, host_ring_bytes, box_bytes);
+  if (loopback_box) {
+    // Per host, the payload on the wire into the box: one rank's data.
+    uint64_t one_rank = 0;
+    for (uint64_t b : host_ring_bytes) one_rank += b;
+    for (unsigned h = 0; h < hosts; ++h)
+      std::printf(
+          "# host %u: %llu payload bytes on the wire into the box (one rank's data: %llu)\n", h,
+          static_cast<unsigned long long>(fabric.host_bytes_into_box(h)),
+          static_cast<unsigned long long>(one_rank));
+  }
   for (int r : rc)
     if (r != 0) return r;
   return 0;

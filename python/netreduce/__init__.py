@@ -15,7 +15,8 @@ threads (the DDP hook's completion thread relies on it).
         op_timeout_ms=5000. Rank 0 listens at `bootstrap`.
     .allreduce(buf, op="sum")        in place, blocking
     .allreduce_async(buf, op="sum")  -> Request (.wait(), .test())
-    .path ("ina" or "ring"), .path_reason, .ring_id, .rings, .rank, .world
+    .path ("ina" or "ring"), .path_reason, .ring_id, .rings, .rank, .world,
+    .local_rank, .local_size
     .close() / with-statement
 
 Buffers: numpy arrays and torch tensors (CPU), C-contiguous, writable, of
@@ -43,7 +44,7 @@ DTYPES = {"float32": _lib.FP32, "float16": _lib.FP16, "bfloat16": _lib.BF16, "in
           "int64": _lib.INT64, "float64": _lib.FP64}
 # Options accepted as keyword arguments: the fields of nr_options.
 OPTIONS = tuple(name for name, _ in _lib.Options._fields_)
-_STRING_OPTIONS = ("daemon", "token", "ipv4")
+_STRING_OPTIONS = ("daemon", "token", "ipv4", "host_id")
 
 
 class NetreduceError(RuntimeError):
@@ -144,7 +145,7 @@ def make_options(options):
     TypeError). Returns (struct, keep-alive list for its strings)."""
     L = _lib.lib()
     o = _lib.Options()
-    L.nr_options_init(ctypes.byref(o))
+    L.nr_options_init_sized(ctypes.byref(o), ctypes.sizeof(o))
     keep = []
     for k, v in options.items():
         if k not in OPTIONS:
@@ -232,8 +233,8 @@ class Communicator:
         opts, keep = make_options(options)
         L = _lib.lib()
         h = ctypes.c_void_p()
-        st = L.nr_comm_create(rank, world, (device or "").encode(), gid_index, bootstrap.encode(),
-                              ctypes.byref(opts), ctypes.byref(h))
+        st = L.nr_comm_create_sized(rank, world, (device or "").encode(), gid_index, bootstrap.encode(),
+                                    ctypes.byref(opts), ctypes.sizeof(opts), ctypes.byref(h))
         del keep
         self._h = None
         _check(st, "rank %d of %d: communicator" % (rank, world))
@@ -268,6 +269,16 @@ class Communicator:
     def rings(self):
         """How many rings (stripes) the communicator runs side by side."""
         return int(_lib.lib().nr_comm_rings(self._handle()))
+
+    @property
+    def local_rank(self):
+        """This rank's place among its host's ranks (0 without local ranks)."""
+        return int(_lib.lib().nr_comm_local_rank(self._handle()))
+
+    @property
+    def local_size(self):
+        """Local ranks per host (1 without local ranks)."""
+        return int(_lib.lib().nr_comm_local_size(self._handle()))
 
     @property
     def closed(self):

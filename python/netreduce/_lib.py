@@ -51,6 +51,11 @@ class Options(ctypes.Structure):
         ("qp_timeout", ctypes.c_uint8),
         ("delete_ring_at_close", ctypes.c_int),
         ("rings", ctypes.c_uint32),
+        # Since the size rule (netreduce.h): passed with ctypes.sizeof(Options)
+        # to nr_options_init_sized / nr_comm_create_sized.
+        ("local_rank", ctypes.c_int),
+        ("local_size", ctypes.c_int),
+        ("host_id", ctypes.c_char_p),
     ]
 
 
@@ -87,9 +92,9 @@ def lib():
                               + "; ".join(errors))
         P, I, U32, SZ = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_size_t
         sigs = {
-            "nr_options_init": (None, [ctypes.POINTER(Options)]),
-            "nr_comm_create": (I, [I, I, ctypes.c_char_p, I, ctypes.c_char_p, ctypes.POINTER(Options),
-                                   ctypes.POINTER(P)]),
+            "nr_options_init_sized": (None, [ctypes.POINTER(Options), SZ]),
+            "nr_comm_create_sized": (I, [I, I, ctypes.c_char_p, I, ctypes.c_char_p,
+                                         ctypes.POINTER(Options), SZ, ctypes.POINTER(P)]),
             "nr_comm_destroy": (None, [P]),
             "nr_allreduce": (I, [P, P, P, SZ, I, I, I]),
             "nr_allreduce_async": (I, [P, P, P, SZ, I, I, I, ctypes.POINTER(P)]),
@@ -101,6 +106,8 @@ def lib():
             "nr_comm_world": (I, [P]),
             "nr_comm_ring_id": (U32, [P]),
             "nr_comm_rings": (I, [P]),
+            "nr_comm_local_rank": (I, [P]),
+            "nr_comm_local_size": (I, [P]),
             "nr_last_error": (ctypes.c_char_p, []),
             "nr_status_string": (ctypes.c_char_p, [I]),
         }

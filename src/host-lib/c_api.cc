@@ -1,4 +1,6 @@
 // The C API: thin wrappers over the C++ Communicator; no exception crosses it.
+#include <cstddef>
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -24,10 +26,15 @@ nr_status set(const Error& e) {
   g_last_error = e.message;
   return static_cast<nr_status>(static_cast<int>(e.code));
 }
-nr_status invalid(const char* msg) {
-  g_last_error = msg;
+nr_status invalid(std::string msg) {
+  g_last_error = std::move(msg);
   return NR_ERR_INVALID_ARGUMENT;
 }
+
+// nr_options as binaries built before the size rule (netreduce.h) know it:
+// up to `rings`, which took the 0.1.0 layout's tail padding.
+constexpr size_t kPreRuleOptionsSize = offsetof(nr_options, local_rank);
+static_assert(sizeof(void*) != 8 || kPreRuleOptionsSize == 104);
 
 template <typename F>
 nr_status guarded(F&& f) noexcept {
@@ -49,57 +56,76 @@ nr_status guarded(F&& f) noexcept {
 
 extern "C" {
 
-void nr_options_init(nr_options* o) {
-  if (!o) return;
+void nr_options_init_sized(nr_options* o, size_t size) {
+  if (!o || size > sizeof(nr_options)) return;
   const netreduce::Options d;
-  o->msg_len = d.msg_len;
-  o->payload_bytes = d.payload_bytes;
-  o->window = d.window;
-  o->link_gbps = d.link_gbps;
-  o->rtt_us = d.rtt_us;
-  o->ring_id = d.ring_id;
-  o->daemon = nullptr;
-  o->token = nullptr;
-  o->force_ring = d.force_ring ? 1 : 0;
-  o->connect_timeout_ms = d.connect_timeout_ms;
-  o->daemon_timeout_ms = d.daemon_timeout_ms;
-  o->op_timeout_ms = d.op_timeout_ms;
-  o->ring_buffer_bytes = d.ring_buffer_bytes;
-  o->port = d.port;
-  o->ipv4 = nullptr;
-  o->lease_ms = d.lease_ms;
-  o->qp_timeout = d.qp_timeout;
-  o->delete_ring_at_close = d.delete_ring_at_close ? 1 : 0;
-  o->rings = d.rings;
+  nr_options v{};
+  v.msg_len = d.msg_len;
+  v.payload_bytes = d.payload_bytes;
+  v.window = d.window;
+  v.link_gbps = d.link_gbps;
+  v.rtt_us = d.rtt_us;
+  v.ring_id = d.ring_id;
+  v.daemon = nullptr;
+  v.token = nullptr;
+  v.force_ring = d.force_ring ? 1 : 0;
+  v.connect_timeout_ms = d.connect_timeout_ms;
+  v.daemon_timeout_ms = d.daemon_timeout_ms;
+  v.op_timeout_ms = d.op_timeout_ms;
+  v.ring_buffer_bytes = d.ring_buffer_bytes;
+  v.port = d.port;
+  v.ipv4 = nullptr;
+  v.lease_ms = d.lease_ms;
+  v.qp_timeout = d.qp_timeout;
+  v.delete_ring_at_close = d.delete_ring_at_close ? 1 : 0;
+  v.rings = d.rings;
+  v.local_rank = d.local_rank;
+  v.local_size = d.local_size;
+  v.host_id = nullptr;
+  std::memcpy(o, &v, size);  // the caller's struct: only the bytes it has
 }
 
-nr_status nr_comm_create(int rank, int world, const char* device, int gid_index,
-                         const char* bootstrap, const nr_options* opts, nr_comm** out) {
+void(nr_options_init)(nr_options* o) { nr_options_init_sized(o, kPreRuleOptionsSize); }
+
+nr_status nr_comm_create_sized(int rank, int world, const char* device, int gid_index,
+                               const char* bootstrap, const nr_options* opts, size_t opts_size,
+                               nr_comm** out) {
   return guarded([&]() -> nr_status {
     if (!out) return invalid("out: null pointer");
     *out = nullptr;
     if (!bootstrap) return invalid("bootstrap: null (expected \"host:port\")");
+    if (opts && (opts_size < kPreRuleOptionsSize || opts_size > sizeof(nr_options)))
+      return invalid("opts_size: " + std::to_string(opts_size) + " bytes, this library knows " +
+                     std::to_string(kPreRuleOptionsSize) + ".." +
+                     std::to_string(sizeof(nr_options)) + " (a newer header?)");
     netreduce::Options o;
     if (opts) {
-      o.msg_len = opts->msg_len;
-      o.payload_bytes = opts->payload_bytes;
-      o.window = opts->window;
-      o.link_gbps = opts->link_gbps;
-      o.rtt_us = opts->rtt_us;
-      o.ring_id = opts->ring_id;
-      o.daemon = opts->daemon ? opts->daemon : "";
-      o.token = opts->token ? opts->token : "";
-      o.force_ring = opts->force_ring != 0;
-      o.connect_timeout_ms = opts->connect_timeout_ms;
-      o.daemon_timeout_ms = opts->daemon_timeout_ms;
-      o.op_timeout_ms = opts->op_timeout_ms;
-      o.ring_buffer_bytes = opts->ring_buffer_bytes;
-      o.port = opts->port;
-      o.ipv4 = opts->ipv4 ? opts->ipv4 : "";
-      o.lease_ms = opts->lease_ms;
-      o.qp_timeout = opts->qp_timeout;
-      o.delete_ring_at_close = opts->delete_ring_at_close != 0;
-      o.rings = opts->rings;
+      // The caller's bytes over the defaults: fields it lacks keep theirs.
+      nr_options v;
+      nr_options_init_sized(&v, sizeof v);
+      std::memcpy(&v, opts, opts_size);
+      o.msg_len = v.msg_len;
+      o.payload_bytes = v.payload_bytes;
+      o.window = v.window;
+      o.link_gbps = v.link_gbps;
+      o.rtt_us = v.rtt_us;
+      o.ring_id = v.ring_id;
+      o.daemon = v.daemon ? v.daemon : "";
+      o.token = v.token ? v.token : "";
+      o.force_ring = v.force_ring != 0;
+      o.connect_timeout_ms = v.connect_timeout_ms;
+      o.daemon_timeout_ms = v.daemon_timeout_ms;
+      o.op_timeout_ms = v.op_timeout_ms;
+      o.ring_buffer_bytes = v.ring_buffer_bytes;
+      o.port = v.port;
+      o.ipv4 = v.ipv4 ? v.ipv4 : "";
+      o.lease_ms = v.lease_ms;
+      o.qp_timeout = v.qp_timeout;
+      o.delete_ring_at_close = v.delete_ring_at_close != 0;
+      o.rings = v.rings;
+      o.local_rank = v.local_rank;
+      o.local_size = v.local_size;
+      o.host_id = v.host_id ? v.host_id : "";
     }
     auto c = std::make_unique<nr_comm>();
     const Error e = netreduce::Communicator::create(rank, world, device ? device : "", gid_index,
@@ -108,6 +134,12 @@ nr_status nr_comm_create(int rank, int world, const char* device, int gid_index,
     *out = c.release();
     return NR_OK;
   });
+}
+
+nr_status(nr_comm_create)(int rank, int world, const char* device, int gid_index,
+                          const char* bootstrap, const nr_options* opts, nr_comm** out) {
+  return nr_comm_create_sized(rank, world, device, gid_index, bootstrap, opts, kPreRuleOptionsSize,
+                              out);
 }
 
 void nr_comm_destroy(nr_comm* comm) {
@@ -179,6 +211,8 @@ int nr_comm_rank(const nr_comm* comm) { return comm && comm->c ? comm->c->rank()
 int nr_comm_world(const nr_comm* comm) { return comm && comm->c ? comm->c->world() : -1; }
 uint32_t nr_comm_ring_id(const nr_comm* comm) { return comm && comm->c ? comm->c->ring_id() : 0; }
 int nr_comm_rings(const nr_comm* comm) { return comm && comm->c ? comm->c->rings() : -1; }
+int nr_comm_local_rank(const nr_comm* comm) { return comm && comm->c ? comm->c->local_rank() : -1; }
+int nr_comm_local_size(const nr_comm* comm) { return comm && comm->c ? comm->c->local_size() : -1; }
 
 const char* nr_last_error(void) { return g_last_error.c_str(); }
 

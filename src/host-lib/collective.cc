@@ -107,7 +107,7 @@ Error Collective::create(Transport& transport, const CollectiveConfig& cfg,
   return {};
 }
 
-Error Collective::check_args(const void* send, void* recv, size_t count, DataType t, Op op) const {
+Error Collective::check_args(const void* send, void* recv, size_t count, DataType t, Op op) {
   if (element_size(t) == 0)
     return Error::make(ErrorCode::invalid_argument,
                        "dtype: " + std::to_string(static_cast<int>(t)) + " is not a data type");

@@ -85,12 +85,15 @@ class Collective {
   Error ina_allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
                       Clock::time_point deadline);
 
+  // The arguments of a call (dtype, op, buffers, size, overlap), as
+  // allreduce checks them; also the local stage's (local.h).
+  static Error check_args(const void* send, void* recv, size_t count, DataType t, Op op);
+
   const CollectiveConfig& config() const noexcept { return cfg_; }
   unsigned rings() const noexcept { return static_cast<unsigned>(rings_.size()); }
 
  private:
   Collective(Transport& t, const CollectiveConfig& cfg);
-  Error check_args(const void* send, void* recv, size_t count, DataType t, Op op) const;
   Error fail(Error e);
   // "ring i of R (id X, stripe bytes [a, b))" for errors.
   std::string ring_name(unsigned i, const StripeRange& s, size_t esize) const;

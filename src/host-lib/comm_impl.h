@@ -11,6 +11,7 @@
 
 #include "host-lib/collective.h"
 #include "host-lib/daemon.h"
+#include "host-lib/local.h"
 #include "host-lib/transport.h"
 #include "netreduce/netreduce.hpp"
 
@@ -37,6 +38,13 @@ struct Communicator::Impl {
   std::shared_ptr<void> keepalive;
   std::unique_ptr<host::Transport> transport;
   std::unique_ptr<host::Collective> collective;
+  // Parallel NetReduce (local_size > 1): the host's shared segment; then
+  // `collective` is this local rank's ring across the hosts (its rank the
+  // host index, its world the host count) and the global rank and world
+  // below are the job's. Null and -1 otherwise (the transport's are).
+  std::unique_ptr<host::LocalGroup> local;
+  int global_rank = -1, global_world = -1;
+  unsigned host = 0;
   // Rank 0 of an INA communicator: its rings at the daemon, one per stripe
   // (lease renewals; deleted with their credentials once the queued calls
   // are done). Empty otherwise.

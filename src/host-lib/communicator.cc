@@ -51,6 +51,7 @@ Communicator::Impl::~Impl() {
   cv_.notify_all();
   thread_.join();                      // queued calls finish first; each has a deadline
   if (close_barrier) close_barrier();  // every rank done: no write of a peer still needs our QPs
+  local.reset();                       // unmaps (and unlinks, if still named) the segment
   owned_rings.clear();                 // then the rings are deleted: nothing of ours is in flight
   collective.reset();
   transport.reset();
@@ -81,7 +82,8 @@ Error Communicator::Impl::submit(const void* send, void* recv, size_t count, Dat
     queue_.push_back([this, st, send, recv, count, t, op, ms] {
       // The deadline runs from when the call starts, not from when it was queued.
       const auto deadline = host::Clock::now() + std::chrono::milliseconds(ms);
-      Error e = collective->allreduce(send, recv, count, t, op, deadline);
+      Error e = local ? local->allreduce(*collective, send, recv, count, t, op, deadline)
+                      : collective->allreduce(send, recv, count, t, op, deadline);
       std::lock_guard g(st->mu);
       st->result = std::move(e);
       st->done = true;
@@ -111,8 +113,22 @@ Error Communicator::allreduce_async(const void* send, void* recv, size_t count, 
   return {};
 }
 
-int Communicator::rank() const noexcept { return static_cast<int>(impl_->transport->rank()); }
-int Communicator::world() const noexcept { return static_cast<int>(impl_->transport->world()); }
+int Communicator::rank() const noexcept {
+  return impl_->global_rank >= 0 ? impl_->global_rank : static_cast<int>(impl_->transport->rank());
+}
+int Communicator::world() const noexcept {
+  return impl_->global_world >= 0 ? impl_->global_world
+                                  : static_cast<int>(impl_->transport->world());
+}
+int Communicator::local_rank() const noexcept {
+  return impl_->local ? static_cast<int>(impl_->local->local_rank()) : 0;
+}
+int Communicator::local_size() const noexcept {
+  return impl_->local ? static_cast<int>(impl_->local->local_size()) : 1;
+}
+int Communicator::host() const noexcept {
+  return impl_->local ? static_cast<int>(impl_->host) : static_cast<int>(impl_->transport->rank());
+}
 Path Communicator::path() const noexcept { return impl_->collective->config().path; }
 const std::string& Communicator::path_reason() const noexcept {
   return impl_->collective->config().reason;

@@ -4,10 +4,12 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <random>
 #include <set>
 #include <vector>
 
 #include "host-lib/comm_impl.h"
+#include "host-lib/local.h"
 #include "host-lib/plan.h"
 #include "wire/message.h"
 #include "wire/parse.h"
@@ -45,11 +47,12 @@ struct LoopbackFabric::Impl {
     // on it. Completions thus stay in order and the writer times out.
     bool stalled = false;
   };
+  // One host (one rank without local ranks).
   struct RankState {
-    std::vector<Lane> lanes;
-    std::deque<Completion> cq;  // every lane's completions
+    std::vector<Lane> lanes;                 // local rank l's at [l R, l R + R)
+    std::vector<std::deque<Completion>> cq;  // per local rank: its lanes' completions
     std::condition_variable cv;
-    bool taken = false;
+    std::vector<bool> taken;  // per local rank
   };
   mutable std::mutex mu;
   std::vector<std::unique_ptr<RankState>> ranks;
@@ -59,6 +62,8 @@ struct LoopbackFabric::Impl {
   std::set<WriteRec*> writes;  // writes not fully delivered
   uint64_t into_box = 0, dropped = 0;
   uint16_t pmtu = 1024;
+  unsigned group_lanes = 1;            // lanes per local rank (R)
+  std::vector<uint64_t> host_payload;  // INA payload bytes each host sent into the box
   unsigned installed = 0;  // rings installed in the box (ids ring.ring_id + 0..installed-1)
 
   ~Impl() {
@@ -68,7 +73,7 @@ struct LoopbackFabric::Impl {
 
   // Lock held.
   void complete(unsigned rank, const Completion& c) {
-    ranks[rank]->cq.push_back(c);
+    ranks[rank]->cq[c.lane / group_lanes].push_back(c);
     ranks[rank]->cv.notify_all();
   }
 
@@ -135,6 +140,7 @@ struct LoopbackFabric::Impl {
     m.with_imm = true;
     m.imm = imm;
     const uint32_t packets = wire::message_packets(m.data_bytes, pmtu);
+    host_payload[sender] += m.data_bytes;
     tx.psn = wire::psn_add(m.psn0, packets);
     auto* w = new WriteRec{sender, receiver, lane, wr_id, imm, static_cast<uint32_t>(len), packets};
     writes.insert(w);
@@ -186,12 +192,12 @@ namespace {
 
 class LoopbackTransport final : public Transport {
  public:
-  LoopbackTransport(LoopbackFabric::Impl& f, unsigned rank) : f_(f), rank_(rank) {}
+  // Host `rank`'s local rank `group`: lanes [group R, group R + R) of the host.
+  LoopbackTransport(LoopbackFabric::Impl& f, unsigned rank, unsigned group)
+      : f_(f), rank_(rank), group_(group), lane0_(group * f.group_lanes) {}
   unsigned rank() const noexcept override { return rank_; }
   unsigned world() const noexcept override { return static_cast<unsigned>(f_.ranks.size()); }
-  unsigned lanes() const noexcept override {
-    return static_cast<unsigned>(f_.ranks[rank_]->lanes.size());
-  }
+  unsigned lanes() const noexcept override { return f_.group_lanes; }
 
   Error register_memory(void* addr, size_t len, Region& out) override {
     if (addr == nullptr || len == 0)
@@ -200,21 +206,22 @@ class LoopbackTransport final : public Transport {
     return {};
   }
   const Region& recv_region(unsigned lane) const noexcept override {
-    return f_.ranks[rank_]->lanes[lane].recv_region;
+    return f_.ranks[rank_]->lanes[lane0_ + lane].recv_region;
   }
   size_t successor_recv_bytes() const noexcept override {
     return f_.ranks[successor()]->lanes[0].recv.size();
   }
   unsigned max_outstanding_writes() const noexcept override { return 1024; }
 
-  Error post_write_imm(unsigned lane, const Region& src, size_t off, size_t len, size_t remote_off,
-                       uint32_t imm, uint64_t wr_id) override {
+  Error post_write_imm(unsigned local_lane, const Region& src, size_t off, size_t len,
+                       size_t remote_off, uint32_t imm, uint64_t wr_id) override {
     std::lock_guard lk(f_.mu);
     const unsigned succ = successor();
-    if (lane >= lanes())
+    if (local_lane >= lanes())
       return Error::make(ErrorCode::internal, "rank " + std::to_string(rank_) + ": lane " +
-                                                  std::to_string(lane) + " of " +
+                                                  std::to_string(local_lane) + " of " +
                                                   std::to_string(lanes()));
+    const unsigned lane = lane0_ + local_lane;
     auto& rx = f_.ranks[succ]->lanes[lane];
     if (off + len > src.len || remote_off + len > rx.recv.size())
       return Error::make(ErrorCode::transport,
@@ -238,18 +245,20 @@ class LoopbackTransport final : public Transport {
   Error poll(Completion* out, unsigned max, unsigned& n, Clock::time_point deadline) override {
     std::unique_lock lk(f_.mu);
     auto& me = *f_.ranks[rank_];
+    auto& cq = me.cq[group_];
     n = 0;
-    me.cv.wait_until(lk, deadline, [&] { return !me.cq.empty(); });
-    while (n < max && !me.cq.empty()) {
-      out[n++] = me.cq.front();
-      me.cq.pop_front();
+    me.cv.wait_until(lk, deadline, [&] { return !cq.empty(); });
+    while (n < max && !cq.empty()) {
+      out[n] = cq.front();
+      out[n++].lane -= lane0_;
+      cq.pop_front();
     }
     return {};
   }
 
  private:
   LoopbackFabric::Impl& f_;
-  unsigned rank_;
+  unsigned rank_, group_, lane0_;
 };
 
 }  // namespace
@@ -259,10 +268,22 @@ LoopbackFabric::LoopbackFabric(const LoopbackConfig& cfg) : cfg_(cfg), impl_(new
     impl_->box_error = e;
     cfg_.rings = 1;
   }
+  if (cfg.local_size < 1 || cfg.local_size > kMaxLocalRanks) {
+    impl_->box_error = Error::make(ErrorCode::invalid_argument,
+                                   "local_size: " + std::to_string(cfg.local_size) +
+                                       " is outside 1.." + std::to_string(kMaxLocalRanks));
+    cfg_.local_size = 1;
+  }
+  nonce_ = std::random_device{}() * 0x100000001ull ^ std::random_device{}();
+  impl_->group_lanes = cfg_.rings;
+  impl_->host_payload.assign(cfg.world, 0);
+  const unsigned lanes = cfg_.rings * cfg_.local_size;
   for (unsigned r = 0; r < cfg.world; ++r) {
     auto s = std::make_unique<Impl::RankState>();
-    s->lanes.resize(cfg_.rings);
-    for (unsigned g = 0; g < cfg_.rings; ++g) {
+    s->lanes.resize(lanes);
+    s->cq.resize(cfg_.local_size);
+    s->taken.assign(cfg_.local_size, false);
+    for (unsigned g = 0; g < lanes; ++g) {
       Impl::Lane& l = s->lanes[g];
       l.recv.assign(cfg.recv_bytes, 0);
       l.recv_region = {l.recv.data(), l.recv.size(), 2, 2};
@@ -276,7 +297,7 @@ LoopbackFabric::LoopbackFabric(const LoopbackConfig& cfg) : cfg_(cfg), impl_(new
     for (unsigned r = 0; r < cfg.world; ++r) cfg_.ring.members.push_back(rank_ip(r));
     impl_->pmtu = cfg_.ring.payload_bytes;
     impl_->box = std::make_unique<engine::Engine>(cfg_.engine);
-    for (unsigned g = 0; g < cfg_.rings && impl_->box_error.ok(); ++g) {
+    for (unsigned g = 0; g < lanes && impl_->box_error.ok(); ++g) {
       engine::RingSpec spec = cfg_.ring;
       spec.ring_id += g;
       const Status st = impl_->box->install_ring(spec);
@@ -300,17 +321,23 @@ LoopbackFabric::~LoopbackFabric() {
 
 Error LoopbackFabric::transport(unsigned rank, std::unique_ptr<Transport>& out) {
   std::lock_guard lk(impl_->mu);
-  if (rank >= cfg_.world)
-    return Error::make(
-        ErrorCode::invalid_argument,
-        "rank: " + std::to_string(rank) + " is outside 0.." + std::to_string(cfg_.world - 1));
+  const unsigned n = cfg_.local_size, P = cfg_.world * n;
+  if (rank >= P)
+    return Error::make(ErrorCode::invalid_argument,
+                       "rank: " + std::to_string(rank) + " is outside 0.." + std::to_string(P - 1));
   if (!impl_->box_error.ok()) return impl_->box_error;
-  if (impl_->ranks[rank]->taken)
+  const unsigned host = rank / n, l = rank % n;
+  if (impl_->ranks[host]->taken[l])
     return Error::make(ErrorCode::invalid_argument,
                        "rank: " + std::to_string(rank) + " taken twice");
-  impl_->ranks[rank]->taken = true;
-  out = std::make_unique<LoopbackTransport>(*impl_, rank);
+  impl_->ranks[host]->taken[l] = true;
+  out = std::make_unique<LoopbackTransport>(*impl_, host, l);
   return {};
+}
+
+uint64_t LoopbackFabric::host_bytes_into_box(unsigned host) const {
+  std::lock_guard lk(impl_->mu);
+  return host < impl_->host_payload.size() ? impl_->host_payload[host] : 0;
 }
 
 uint64_t LoopbackFabric::packets_into_box() const {
@@ -339,15 +366,34 @@ Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Op
                                                           std::to_string(R) + " (give 0 or " +
                                                           std::to_string(R) + ")");
   }
+  const unsigned n = fabric.config().local_size;
+  if (Error e = check_local_options(options)) return e;
+  if (options.local_size != -1 && static_cast<unsigned>(options.local_size) != n)
+    return Error::make(ErrorCode::invalid_argument,
+                       "local_size: " + std::to_string(options.local_size) +
+                           " where the loopback fabric has " + std::to_string(n));
+  if (options.local_rank != -1 && static_cast<unsigned>(options.local_rank) != rank % n)
+    return Error::make(ErrorCode::invalid_argument,
+                       "local_rank: " + std::to_string(options.local_rank) + " where rank " +
+                           std::to_string(rank) + " of the loopback fabric is local rank " +
+                           std::to_string(rank % n));
   std::unique_ptr<Transport> t;
   if (Error e = fabric.transport(rank, t)) return e;
+  std::unique_ptr<LocalGroup> local;
+  if (n > 1) {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
+    if (Error e = LocalGroup::create(local_segment_name(fabric.nonce(), rank / n), rank % n, n,
+                                     rank / n, options.ring_buffer_bytes, deadline, local))
+      return e;
+  }
   CollectiveConfig cc;
   const bool box = fabric.config().box && !options.force_ring;
   cc.path = box ? Path::ina : Path::ring;
   cc.reason = box ? "loopback box (engine::Engine in process)"
                   : (fabric.config().box ? "ring forced by options" : "loopback without a box");
   if (box)
-    for (unsigned g = 0; g < R; ++g) cc.ring_ids.push_back(fabric.config().ring.ring_id + g);
+    for (unsigned g = 0; g < R; ++g)
+      cc.ring_ids.push_back(fabric.config().ring.ring_id + (rank % n) * R + g);
   cc.msg_len = box ? fabric.config().ring.msg_len : options.msg_len;
   cc.pmtu = box ? fabric.config().ring.payload_bytes : options.payload_bytes;
   cc.window = options.window != 0 ? options.window
@@ -355,8 +401,15 @@ Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Op
                                                     size_t{cc.msg_len} * cc.pmtu);
   std::unique_ptr<Collective> c;
   if (Error e = Collective::create(*t, cc, c)) return e;
-  out = std::make_unique<Communicator>(
-      std::make_unique<Communicator::Impl>(std::move(t), std::move(c), options));
+  const unsigned host = t->rank();
+  auto impl = std::make_unique<Communicator::Impl>(std::move(t), std::move(c), options);
+  if (n > 1) {
+    impl->local = std::move(local);
+    impl->global_rank = static_cast<int>(rank);
+    impl->global_world = static_cast<int>(fabric.config().world * n);
+    impl->host = host;
+  }
+  out = std::make_unique<Communicator>(std::move(impl));
   return {};
 }
 

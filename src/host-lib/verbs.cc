@@ -33,6 +33,7 @@
 #include "host-lib/bootstrap.h"
 #include "host-lib/comm_impl.h"
 #include "host-lib/daemon.h"
+#include "host-lib/local.h"
 
 namespace netreduce {
 namespace host {
@@ -447,6 +448,16 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
     return Error::make(ErrorCode::invalid_argument, "timeouts must be positive");
   if (options.rings != 0)
     if (Error e = check_rings(options.rings)) return e;
+  // Parallel NetReduce is not wired into the verbs communicator yet (local.h
+  // has the transport-independent stage; what remains is a transport per
+  // local ring over the hosts, and rank 0 registering local_size x R rings).
+  if (Error e = check_local_options(options)) return e;
+  if (options.local_size > 1 || options.local_rank > 0)
+    return Error::make(ErrorCode::invalid_argument,
+                       "local_size " + std::to_string(options.local_size) + ", local_rank " +
+                           std::to_string(options.local_rank) +
+                           ": local ranks (parallel NetReduce) are not supported by the verbs "
+                           "communicator yet; run one rank per ring member (local_size -1 or 1)");
   const auto deadline = Clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
 
   CollectiveConfig cc;

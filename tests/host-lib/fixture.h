@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "engine/reference.h"
@@ -109,9 +110,21 @@ inline std::vector<uint8_t> ring_order_reference(const std::vector<std::vector<u
 struct Job {
   LoopbackFabric fabric;
   std::vector<std::unique_ptr<Communicator>> comms;
-  Job(const LoopbackConfig& cfg, const Options& o) : fabric(cfg), comms(cfg.world) {
-    for (unsigned r = 0; r < cfg.world; ++r) {
-      const Error e = make_loopback_communicator(fabric, r, o, comms[r]);
+  // With local ranks (cfg.local_size > 1) the job has world x local_size
+  // ranks, created at once (a host's local ranks wait for each other).
+  Job(const LoopbackConfig& cfg, const Options& o)
+      : fabric(cfg), comms(size_t{cfg.world} * cfg.local_size) {
+    std::vector<Error> errs(comms.size());
+    if (cfg.local_size <= 1) {
+      for (unsigned r = 0; r < comms.size(); ++r)
+        errs[r] = make_loopback_communicator(fabric, r, o, comms[r]);
+    } else {
+      std::vector<std::thread> th;
+      for (unsigned r = 0; r < comms.size(); ++r)
+        th.emplace_back([&, r] { errs[r] = make_loopback_communicator(fabric, r, o, comms[r]); });
+      for (auto& x : th) x.join();
+    }
+    for (const Error& e : errs) {
       INFO(e.message);
       REQUIRE(e.ok());
     }

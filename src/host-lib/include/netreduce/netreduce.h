@@ -57,20 +57,43 @@ typedef struct {
   uint8_t port;
   const char* ipv4;  /* NULL: from the GID */
   uint32_t lease_ms; /* ring lease at the daemon, renewed by rank 0; 0: none */
-  /* The layout above and below is the first release's (0.1.0). A field
-     added later needs a size member first (set by nr_options_init, checked
-     by nr_comm_create): a caller built against an older header passes a
-     shorter struct. Bindings mirror it field for field. */
+  /* The layout above and below is the first release's (0.1.0); rings
+     took its tail padding (sizeof stayed 104 on LP64). */
   uint8_t qp_timeout;       /* RC retransmission timeout exponent (4.096 us x 2^n) */
   int delete_ring_at_close; /* 0: rank 0 leaves its ring to its lease at close */
   uint32_t rings;           /* rings side by side (striping), 1..8; 0: 1 (netreduce.hpp) */
+  /* Since the size rule (below). Parallel NetReduce (netreduce.hpp Options):
+     this rank's place among the ranks of its host. */
+  int local_rank;      /* -1: discovered; 0..local_size-1 */
+  int local_size;      /* -1: discovered; 1: no local ranks */
+  const char* host_id; /* NULL: NETREDUCE_HOST_ID, else boot id + hostname */
 } nr_options;
 
+/* ABI rule for nr_options. The struct only grows, at its end, and the
+   library must know how much of it a caller has: nr_options_init and
+   nr_comm_create below are macros that pass sizeof(nr_options) as the
+   caller's header knows it to nr_options_init_sized / nr_comm_create_sized,
+   which write or read only that many bytes and take the defaults for the
+   fields a shorter struct lacks; a size larger than this library knows
+   (a newer header) is refused with NR_ERR_INVALID_ARGUMENT. (A size member
+   in the struct cannot do this: a caller built before it existed has none
+   for the library to find.) The plain symbols nr_options_init and
+   nr_comm_create stay exported for binaries built before the rule and take
+   the struct as it was then (104 bytes, up to rings). Bindings call the
+   _sized functions with their mirror's size. */
+void nr_options_init_sized(nr_options* o, size_t size);
+nr_status nr_comm_create_sized(int rank, int world, const char* device, int gid_index,
+                               const char* bootstrap, const nr_options* opts, size_t opts_size,
+                               nr_comm** out);
 void nr_options_init(nr_options* o);
+#define nr_options_init(o) nr_options_init_sized((o), sizeof(nr_options))
 
 /* device NULL or "": the first RDMA device. opts NULL: defaults. */
 nr_status nr_comm_create(int rank, int world, const char* device, int gid_index,
                          const char* bootstrap, const nr_options* opts, nr_comm** out);
+#define nr_comm_create(rank, world, device, gid_index, bootstrap, opts, out)        \
+  nr_comm_create_sized((rank), (world), (device), (gid_index), (bootstrap), (opts), \
+                       sizeof(nr_options), (out))
 void nr_comm_destroy(nr_comm* comm);
 
 /* timeout_ms < 0: the communicator's op_timeout_ms. */
@@ -89,6 +112,10 @@ nr_status nr_comm_path(const nr_comm* comm, nr_path* path, const char** reason);
 /* Rings (stripes) the communicator runs; -1 for a null comm. */
 int nr_comm_rings(const nr_comm* comm);
 int nr_comm_rank(const nr_comm* comm);
+/* Parallel NetReduce: local rank and local ranks per host (0 and 1 without;
+   -1 for a null comm). */
+int nr_comm_local_rank(const nr_comm* comm);
+int nr_comm_local_size(const nr_comm* comm);
 int nr_comm_world(const nr_comm* comm);
 /* The ring id registered with the daemon (0 for a null comm). */
 uint32_t nr_comm_ring_id(const nr_comm* comm);

@@ -20,6 +20,16 @@
 // into R element-aligned stripes (stripe i: count / R elements, one more for
 // i < count % R) and stripe i runs on ring i, all at once. The ring path
 // stripes the same way.
+// Parallel NetReduce (Options::local_size = n > 1, paper section 3.4): the
+// n ranks of one host (processes or threads) share a POSIX shm segment;
+// each call reduce-scatters inside the host (local rank l folds shard l of
+// every local rank's tensor, in local-rank order), ring l (local rank l of
+// every host, in host order) all-reduces shard l across the hosts (through
+// the box, or the ring fallback), and the host all-gathers the shards. Per
+// host, the wire carries one tensor's bytes, not n. Bit-exact rule (INA
+// path), per element: fold over hosts in ring order of (fold over local
+// ranks in local order). Composes with rings: ring l is striped over R
+// rings, the job registers n x R ring ids (ring l R + s for stripe s).
 //
 // Errors are values, never exceptions. Every wait has a deadline; on expiry
 // the error names the peer rank, the message id and what was missing.
@@ -119,6 +129,20 @@ struct Options {
   // give the same value. With an explicit ring_id, ring
   // i registers id ring_id + i; derived ids are derived per ring.
   unsigned rings = 0;
+  // Parallel NetReduce: this rank's place among the ranks of its host. -1
+  // (default): discovered through the bootstrap (ranks with the same host
+  // identity are one host; local ranks numbered in global rank order). Every
+  // host must run the same number of ranks; explicit local ranks must be
+  // 0..local_size-1 once each per host (all of a host's ranks give one, or
+  // none). local_size 1 is the plain communicator, byte for byte. So far
+  // only the loopback transport runs local ranks; the verbs communicator
+  // refuses local_size > 1 (and local_rank > 0), and -1 means 1 there.
+  int local_rank = -1;
+  int local_size = -1;
+  // The host identity; empty: NETREDUCE_HOST_ID, else
+  // /proc/sys/kernel/random/boot_id + "/" + hostname. Tests set it to run
+  // several "hosts" on one machine.
+  std::string host_id;
 };
 
 class AllreduceHandle;
@@ -156,6 +180,9 @@ class Communicator {
   uint16_t window() const noexcept;
   int rings() const noexcept;                 // rings (stripes) per call
   uint32_t ring_id(int ring) const noexcept;  // ring i's id at the box; 0 on the ring path
+  int local_rank() const noexcept;            // 0 without local ranks
+  int local_size() const noexcept;            // local ranks per host (1: none)
+  int host() const noexcept;                  // host index (rank on the ring across hosts)
 
   Impl& impl() noexcept { return *impl_; }
 

@@ -1,0 +1,58 @@
+"""netreduce-allreduce-perf --local-size n over the loopback box: H hosts of
+n local ranks (threads), ring l = local rank l of every host, striped R
+ways. The report's table lists host 0's n x R rings: ring l R + s carries
+stripe s of shard l of every call (the rules written out here: shard l of
+count elements holds count // n, one more for l < count % n; stripe s of a
+shard likewise over R), the box counts H copies of it, and each host's
+payload bytes into the box equal one rank's data, not n x. Exit status 0
+(every size checked exact)."""
+import re
+import subprocess
+import sys
+
+exe = sys.argv[1]
+H, N, R, ESIZE = 2, 3, 2, 4
+SIZES_B = [4, 32, 256, 2048, 16384]  # -b 4 -e 16K -f 8, fp32 (all within one local chunk)
+CALLS = 1 + 2 + 1                    # -w 1, -n 2, the check call
+
+
+def part(count, parts, i):
+    return count // parts + (1 if i < count % parts else 0)
+
+
+p = subprocess.run([exe, "--loopback", "--loopback-box", "--world", str(H * N), "--local-size", str(N),
+                    "--rings", str(R), "-b", "4", "-e", "16K", "-f", "8", "-n", "2", "-w", "1",
+                    "-d", "fp32", "-o", "sum"], capture_output=True, text=True, timeout=120)
+out = p.stdout + p.stderr
+failures = []
+if p.returncode != 0:
+    failures.append(f"exit {p.returncode}: {out}")
+if not re.search(rf"^# local size {N}: {H} hosts; local rank l of every host forms ring l \({N} x {R} rings\)",
+                 out, re.M):
+    failures.append("no '# local size' line")
+want = [0] * (N * R)
+one_rank = 0
+for b in SIZES_B:
+    count = b // ESIZE
+    one_rank += count * ESIZE * CALLS
+    for l in range(N):
+        shard = part(count, N, l)
+        for s in range(R):
+            want[l * R + s] += part(shard, R, s) * ESIZE * CALLS
+rows = {m.group(1): (int(m.group(2)), int(m.group(3)), int(m.group(4)) if m.group(4) else None)
+        for m in re.finditer(r"^#\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", out, re.M)}
+for g in range(N * R):
+    got = rows.get(str(g))
+    if got != (1 + g, want[g], H * want[g]):
+        failures.append(f"ring {g}: {got}, expected {(1 + g, want[g], H * want[g])}")
+m = re.search(r"^#\s+all\s+(\d+)\s+(\d+)$", out, re.M)
+if not m or (int(m.group(1)), int(m.group(2))) != (one_rank, H * one_rank):
+    failures.append(f"all: {m and m.groups()}, expected {(one_rank, H * one_rank)}")
+for h in range(H):
+    if not re.search(rf"^# host {h}: {one_rank} payload bytes on the wire into the box "
+                     rf"\(one rank's data: {one_rank}\)$", out, re.M):
+        failures.append(f"host {h}: no line with {one_rank} bytes")
+for f in failures:
+    print("FAIL", f)
+print(out if failures else "ok")
+sys.exit(1 if failures else 0)
