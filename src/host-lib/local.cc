@@ -371,7 +371,7 @@ Error LocalGroup::allreduce(Collective& ring, const void* send, void* recv, size
   size_t off = 0;
   do {
     const size_t c = std::min(per_chunk, count - off);
-    std::memcpy(slot(l_), src + off * es, c * es);
+    if (c) std::memcpy(slot(l_), src + off * es, c * es);  // count 0: send may be null
     if (Error e = barrier("inputs", deadline)) return e;
     if (off == 0)
       for (unsigned j = 0; j < n_; ++j) {
@@ -400,7 +400,7 @@ Error LocalGroup::allreduce(Collective& ring, const void* send, void* recv, size
             true);
     }
     if (Error e = barrier("results", deadline)) return e;
-    std::memcpy(dst + off * es, res, c * es);
+    if (c) std::memcpy(dst + off * es, res, c * es);
     off += c;
   } while (off < count);
   return {};
