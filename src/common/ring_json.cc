@@ -50,14 +50,16 @@ json ring_to_json(const RingSpec& s) {
   for (unsigned o = 1; o < 8; ++o)
     if (wire::is_valid_op(static_cast<uint8_t>(o)) && s.allows_op(static_cast<uint8_t>(o)))
       ops.push_back(std::string(wire::to_string(static_cast<wire::ReduceOp>(o))));
-  return {{"id", s.ring_id},
-          {"members", members},
-          {"msg_len", s.msg_len},
-          {"window", s.window},
-          {"payload_bytes", s.payload_bytes},
-          {"dtypes", dtypes},
-          {"ops", ops},
-          {"memory_quota", s.memory_quota}};
+  json j = {{"id", s.ring_id},
+            {"members", members},
+            {"msg_len", s.msg_len},
+            {"window", s.window},
+            {"payload_bytes", s.payload_bytes},
+            {"dtypes", dtypes},
+            {"ops", ops},
+            {"memory_quota", s.memory_quota}};
+  if (!s.qpns.empty()) j["qpns"] = s.qpns;  // absent when not given, as before
+  return j;
 }
 
 namespace {
@@ -99,8 +101,9 @@ Status get_uint(const json& j, const char* key, T& out, bool required, uint64_t 
 
 Status ring_from_json(const json& j, RingSpec& out) {
   if (!j.is_object()) return Status::invalid("", "a ring must be a JSON object");
-  static const std::set<std::string> known = {
-      "id", "members", "msg_len", "window", "payload_bytes", "dtypes", "ops", "memory_quota"};
+  static const std::set<std::string> known = {"id",     "members",       "msg_len",
+                                              "window", "payload_bytes", "dtypes",
+                                              "ops",    "memory_quota",  "qpns"};
   for (const auto& [k, v] : j.items())
     if (!known.count(k)) return Status::invalid(k, "unknown field");
   RingSpec s;
@@ -165,6 +168,16 @@ Status ring_from_json(const json& j, RingSpec& out) {
       return Status::invalid(key, "must name at least one entry (omit it to allow all)");
     return {};
   };
+  if (j.contains("qpns")) {
+    const json& q = j.at("qpns");
+    if (!q.is_array()) return Status::invalid("qpns", "must be an array of QP numbers");
+    for (size_t i = 0; i < q.size(); ++i) {
+      if (!q[i].is_number_integer() || q[i].get<int64_t>() < 0 || q[i].get<int64_t>() > 0xFFFFFF)
+        return Status::invalid("qpns[" + std::to_string(i) + "]",
+                               "must be a QP number (an integer 0..16777215)");
+      s.qpns.push_back(q[i].get<uint32_t>());
+    }
+  }
   if (Status st = mask_of("dtypes", s.dtype_mask, true); !st) return st;
   if (Status st = mask_of("ops", s.op_mask, false); !st) return st;
   if (Status st = validate_fields(s); !st) return st;

@@ -6,7 +6,9 @@
 //   {"id": 7, "members": ["10.0.0.1", "10.0.0.2", ...],     rank = index
 //    "msg_len": 64, "window": 8, "payload_bytes": 4096,
 //    "dtypes": ["fp32", "bf16"], "ops": ["sum"],             optional: all allowed
-//    "memory_quota": 0}                                      optional, bytes
+//    "memory_quota": 0,                                      optional, bytes
+//    "qpns": [17, 17, 18, ...]}                              optional: rank -> its receiving
+//                                                            QP number (ring_spec.h)
 // "members" may also be [{"rank": 0, "address": "10.0.0.1"}, ...] with every
 // rank 0..P-1 exactly once. Decoding validates types and names the field at
 // fault, and validate_fields (common/ring_spec.h) checks the values; the

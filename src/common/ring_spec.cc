@@ -50,6 +50,15 @@ Status validate_fields(const RingSpec& s) {
   for (unsigned o = 0; o < 8; ++o)
     if (((s.op_mask >> o) & 1) && !wire::is_valid_op(static_cast<uint8_t>(o)))
       return Status::invalid("op_mask", "bit " + std::to_string(o) + " is not a reduction op");
+  if (!s.qpns.empty()) {
+    if (s.qpns.size() != p)
+      return Status::invalid("qpns", "needs one QP number per member (" + std::to_string(p) +
+                                         "), got " + std::to_string(s.qpns.size()));
+    for (unsigned r = 0; r < p; ++r)
+      if (s.qpns[r] > 0xFFFFFF)
+        return Status::invalid("qpns[" + std::to_string(r) + "]",
+                               "a QP number has 24 bits (0..16777215)");
+  }
   return {};
 }
 

@@ -9,6 +9,13 @@
 // (DESIGN.md section 4): the box keeps S >= 2N message slots per ring (S is
 // 2N rounded up to a power of two so that msg_id mod S is wrap-safe).
 //
+// qpns (optional): qpns[r] is the number of the QP on which member r
+// receives this ring's WRITEs (its predecessor's packets carry it as the
+// BTH destination QP). The box never needs it to aggregate; given, it lets
+// the data plane tell apart rings over the same members (the stripes of
+// one job, Options::rings) by connection and run them on different worker
+// lcores (dataplane/rings.cc). Empty: not given.
+//
 // Layering: this file knows the wire's dtype and op codes and nothing of the
 // engine. The engine (engine/ring.h) adds what depends on its records: the
 // memory a ring needs and the check of a ring's memory quota against it.
@@ -35,6 +42,7 @@ struct RingSpec {
   uint8_t dtype_mask = 0;         // bit (1 << dtype) for each allowed wire::Dtype; 0 = all
   uint8_t op_mask = 0;            // bit (1 << op) for each allowed wire::ReduceOp; 0 = all
   uint64_t memory_quota = 0;      // bytes this ring may hold; 0 = no per-ring quota
+  std::vector<uint32_t> qpns;     // rank -> receiving QP number (24 bits); empty: not given
 
   unsigned ranks() const noexcept { return static_cast<unsigned>(members.size()); }
   bool allows_dtype(uint8_t d) const noexcept { return dtype_mask == 0 || (dtype_mask >> d) & 1; }

@@ -13,13 +13,16 @@
 // joins that ring's worker, since a link's packets must all meet in one
 // engine. A ring sharing links with rings on two different workers is
 // refused; a link's owner never changes while a ring uses it (reference
-// counts, rings.cc).
+// counts, rings.cc). Rings that give their QP numbers (spec.qpns: the
+// stripes of one job over the same members) are spread instead: the least
+// loaded worker, their shared links split, dispatched by connection.
 //
 // Dispatch. NIC RSS spreads packets by 5-tuple, not by ring, so a packet may
 // arrive on any worker's queue. The dispatch stage (dispatch.cc, after classify) looks up the
 // packet's link (IPv4 src, dst) in the link table: packets of a link owned
 // by another worker go to that worker's inbox (an rte_ring, multi-producer /
-// single-consumer); everything else is processed where it arrived. A ring
+// single-consumer); on a split link the receiving connection (dst, BTH dest
+// QP) names the worker; everything else is processed where it arrived. A ring
 // installed with a tree (this box's node of a multi-rack tree, engine/tree.h)
 // owns only its local ranks' links, and its box-to-box frames (UDP
 // wire::kB2bPort) are steered the same way by their header's tree id (= ring
@@ -107,6 +110,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json_fwd.hpp>
@@ -286,7 +290,13 @@ class Dataplane {
     uint16_t owner;  // never changes while rings > 0
     uint32_t rings;  // rings (installed or retiring) using the link
   };
-  std::unordered_map<uint64_t, LinkUse> link_use_;
+  // Link -> worker -> rings (installed or retiring) on that worker using it.
+  // One worker: dispatch by link. Several: a split link (only rings that all
+  // give qpns share a link across workers, see place()).
+  std::unordered_map<uint64_t, std::map<uint16_t, uint32_t>> link_use_;
+  // Receiving connection (dst, dest QP; LinkTable::conn_key) -> owner and
+  // rings using it, for the rings that give qpns.
+  std::unordered_map<uint64_t, LinkUse> conn_use_;
   // Tree id (= ring id) -> owner, for the rings installed or retiring with a
   // tree and their count (the same id installed again while the old one
   // retires: one owner, since the new ring joins the tombstone's worker only

@@ -1,10 +1,14 @@
 // Stage: dispatch. Frames of a ring link owned by another worker go to that
-// worker's inbox (it classifies them again on arrival); so do box-to-box
-// frames (UDP wire::kB2bPort) of a tree another worker owns, looked up by
-// the header's tree id. Everything else stays, compacted in place. Cost: one
-// hash lookup per RDMA WRITE, on the parse classify made, and one per UDP
-// frame to the box-to-box port while a tree is installed (RoCE frames never
-// look at the tree table); skipped entirely with a single worker.
+// worker's inbox (it classifies them again on arrival); on a split link
+// (rings on several workers share it: rings that gave their QP numbers) the
+// frame's receiving connection (dst, BTH dest QP) names the worker, and a
+// connection of no ring stays (its engine forwards it, as any traffic it
+// does not own). Box-to-box frames (UDP wire::kB2bPort) of a tree another
+// worker owns go by the header's tree id. Everything else stays, compacted
+// in place. Cost: one hash lookup per RDMA WRITE, on the parse classify
+// made (two on a split link), and one per UDP frame to the box-to-box port
+// while a tree is installed (RoCE frames never look at the tree table);
+// skipped entirely with a single worker.
 #include <rte_mbuf.h>
 #include <rte_ring.h>
 
@@ -27,7 +31,14 @@ unsigned dispatch(Lcore& lc, engine::Frame* frames, unsigned n) {
     if (f.st == wire::ParseStatus::ok && wire::is_rdma_write(f.p.opcode)) {
       const auto* ip = reinterpret_cast<const wire::Ipv4Hdr*>(f.pkt.data + f.p.l3);
       auto it = links->owner.find(LinkTable::key(ip->src.host(), ip->dst.host()));
-      if (it != links->owner.end()) owner = it->second;
+      if (it != links->owner.end()) {
+        owner = it->second;
+        if (owner == LinkTable::kSplit) {
+          const auto* bth = reinterpret_cast<const wire::Bth*>(f.pkt.data + f.p.bth);
+          auto c = links->conn_owner.find(LinkTable::conn_key(ip->dst.host(), bth->dest_qp.host()));
+          owner = c != links->conn_owner.end() ? c->second : w.index;
+        }
+      }
     } else if (f.st == wire::ParseStatus::not_roce_port && f.p.l3 != 0 &&
                !links->tree_owner.empty()) {
       // classify stopped at the UDP port: IPv4 without options at l3 (l3 is

@@ -32,15 +32,21 @@ namespace netreduce::dataplane {
 inline constexpr unsigned kMaxBurst = 256;
 inline constexpr unsigned kMaxWorkers = 64;
 
-// (src, dst) address pair of adjacent ring members -> owning worker index;
-// tree id (= ring id) -> the worker owning that ring's tree node, for the
-// box-to-box frames (UDP wire::kB2bPort) dispatch steers by their tree id.
-// Written by the control thread (a new table per change, published RCU);
-// read by dispatch.
+// (src, dst) address pair of adjacent ring members -> owning worker index,
+// or kSplit when rings on several workers use the link (rings over the same
+// members that give their QP numbers, e.g. the stripes of one job): then
+// the packet's receiving connection (dst, BTH dest QP) -> owning worker
+// decides; tree id (= ring id) -> the worker owning that ring's tree node,
+// for the box-to-box frames (UDP wire::kB2bPort) dispatch steers by their
+// tree id. Written by the control thread (a new table per change, published
+// RCU); read by dispatch.
 struct LinkTable {
+  static constexpr uint16_t kSplit = 0xFFFF;
   std::unordered_map<uint64_t, uint16_t> owner;
+  std::unordered_map<uint64_t, uint16_t> conn_owner;  // conn_key -> worker (split links only)
   std::unordered_map<uint32_t, uint16_t> tree_owner;
   static uint64_t key(uint32_t src, uint32_t dst) { return uint64_t{src} << 32 | dst; }
+  static uint64_t conn_key(uint32_t dst, uint32_t qpn) { return uint64_t{dst} << 24 | qpn; }
 };
 
 // A piece of control work run on a worker between bursts. Allocated by the

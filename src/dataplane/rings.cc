@@ -1,15 +1,28 @@
 // Ring placement and lifecycle (control thread only).
 //
 // Placement. A link is an ordered pair of adjacent ring members (src, dst);
-// all packets of a link must meet in one engine, because they carry one
-// connection's PSN sequence. `link_use_` counts, per link, the rings using it
-// (installed and retiring alike) and the worker that owns it. A new ring
-// goes to the worker that owns any of its links, or to the least loaded
-// worker when none is owned. A ring whose links are owned by two different
-// workers is refused (conflict, naming the rings and workers): placing it
-// would re-point one worker's links to the other and strand that ring's
-// packets on a worker without it. A link's owner never changes while any ring
-// uses it; it is dropped when its last ring is gone.
+// all packets of one connection must meet in one engine, because they carry
+// one PSN sequence. Without QP numbers the box knows a ring's links only, so
+// a link is owned by one worker: `link_use_` counts, per link, the rings
+// using it on each worker (installed and retiring alike). A new ring goes to
+// the worker that owns any of its links, or to the least loaded worker when
+// none is owned. A ring whose links are owned by two different workers is
+// refused (conflict, naming the rings and workers): placing it would
+// re-point one worker's links to the other and strand that ring's packets
+// on a worker without it. A link's owner never changes while any ring uses
+// it; it is dropped when its last ring is gone.
+//
+// Spreading (issue #16). A ring that gives its QP numbers (spec.qpns), and
+// whose link-sharing rings all do too (the stripes of one job: the same
+// members, one QP pair per ring), is placed on the least loaded worker,
+// preferring workers without a ring sharing its links: its links may then
+// be split over workers, and dispatch sends a split link's packets by their
+// receiving connection (dst, dest QP; `conn_use_`). Every connection of a
+// ring on a split link is known, so none of its packets can reach another
+// worker's engine. A ring installed again while its namesake retires joins
+// the tombstone's worker (the engine re-binds retired connections only
+// there); a connection another installed ring uses is refused. Trees keep
+// the link rule.
 //
 // Retirement. Removing a ring must make its running job fail, never hand
 // it unreduced data: packets of the ring still in flight (later positions of
@@ -49,6 +62,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "dataplane/dataplane.h"
 
@@ -78,6 +92,18 @@ std::vector<uint64_t> links_of(const engine::RingSpec& spec,
   return out;
 }
 
+// The receiving connections of the links the box owns (links_of's order):
+// the successor's address and QP number. Empty without qpns.
+std::vector<uint64_t> conns_of(const engine::RingSpec& spec,
+                               const std::optional<engine::TreeSpec>& tree) {
+  std::vector<uint64_t> out;
+  if (spec.qpns.empty() || tree) return out;
+  const unsigned p = spec.ranks();
+  for (unsigned r = 0; r < p; ++r)
+    out.push_back(LinkTable::conn_key(spec.members[(r + 1) % p], spec.qpns[(r + 1) % p]));
+  return out;
+}
+
 std::string join_ids(const std::set<uint32_t>& ids) {
   std::string s;
   for (uint32_t id : ids) s += (s.empty() ? "" : ", ") + std::to_string(id);
@@ -101,7 +127,10 @@ void Dataplane::publish_links(std::unique_ptr<LinkTable> t) {
 void Dataplane::publish_link_use() {
   auto next = std::make_unique<LinkTable>();
   next->owner.reserve(link_use_.size());
-  for (const auto& [key, use] : link_use_) next->owner.emplace(key, use.owner);
+  for (const auto& [key, by] : link_use_)
+    next->owner.emplace(key, by.size() == 1 ? by.begin()->first : LinkTable::kSplit);
+  next->conn_owner.reserve(conn_use_.size());
+  for (const auto& [key, use] : conn_use_) next->conn_owner.emplace(key, use.owner);
   next->tree_owner.reserve(tree_use_.size());
   for (const auto& [id, use] : tree_use_) next->tree_owner.emplace(id, use.owner);
   publish_links(std::move(next));
@@ -114,10 +143,60 @@ Status Dataplane::place(const engine::RingSpec& spec, const std::optional<engine
   std::map<unsigned, std::set<uint32_t>> owners;
   const std::vector<uint64_t> mine = links_of(spec, tree);
   for (uint64_t key : mine)
-    if (auto it = link_use_.find(key); it != link_use_.end()) owners[it->second.owner];
+    if (auto it = link_use_.find(key); it != link_use_.end())
+      for (const auto& [w, n] : it->second) owners[w];
   if (tree)
     if (auto it = tree_use_.find(spec.ring_id); it != tree_use_.end())
       owners[it->second.owner].insert(spec.ring_id);
+  // Spreading (see the top): this ring and every ring sharing a link with it
+  // give their QP numbers.
+  const auto shares = [&](const engine::RingSpec& other, const std::optional<engine::TreeSpec>& t) {
+    for (uint64_t key : links_of(other, t))
+      if (std::find(mine.begin(), mine.end(), key) != mine.end()) return true;
+    return false;
+  };
+  bool spread = !spec.qpns.empty() && !tree;
+  std::vector<unsigned> sharing(workers_.size(), 0);  // per worker: rings sharing a link
+  for (const auto& [id, e] : rings_)
+    if (shares(e.spec, e.tree)) {
+      spread = spread && !e.spec.qpns.empty() && !e.tree;
+      ++sharing[e.owner];
+    }
+  for (const Retiring& r : retiring_)
+    if (shares(r.spec, r.tree)) {
+      spread = spread && !r.spec.qpns.empty() && !r.tree;
+      ++sharing[r.owner];
+    }
+  if (spread) {
+    // A connection is one ring's: an installed ring using it refuses this
+    // one (a retiring one is the tombstone of this id, on its worker).
+    const std::vector<uint64_t> conns = conns_of(spec, tree);
+    for (const auto& [id, e] : rings_)
+      for (uint64_t c : conns_of(e.spec, e.tree))
+        if (std::find(conns.begin(), conns.end(), c) != conns.end())
+          return {StatusCode::conflict, "qpns",
+                  "ring " + std::to_string(spec.ring_id) + " names a receiving QP (address and " +
+                      "QP number) that ring " + std::to_string(id) +
+                      " uses: each connection belongs to one ring"};
+    // The tombstone of this id, or of a connection this ring reuses, keeps
+    // its packets on its worker: join it.
+    for (const Retiring& r : retiring_) {
+      bool reuses = r.spec.ring_id == spec.ring_id;
+      for (uint64_t c : conns_of(r.spec, r.tree))
+        reuses = reuses || std::find(conns.begin(), conns.end(), c) != conns.end();
+      if (reuses) {
+        owner = r.owner;
+        return {};
+      }
+    }
+    std::vector<unsigned> load(workers_.size(), 0);
+    for (const auto& [id, e] : rings_) ++load[e.owner];
+    for (const Retiring& r : retiring_) ++load[r.owner];
+    owner = 0;
+    for (unsigned w = 1; w < workers_.size(); ++w)
+      if (std::tie(load[w], sharing[w]) < std::tie(load[owner], sharing[owner])) owner = w;
+    return {};
+  }
   if (owners.size() > 1) {
     const auto name = [&](const engine::RingSpec& other, const std::optional<engine::TreeSpec>& t,
                           unsigned w) {
@@ -134,7 +213,8 @@ Status Dataplane::place(const engine::RingSpec& spec, const std::optional<engine
             "ring " + std::to_string(spec.ring_id) +
                 " shares links (adjacent member pairs) with rings on different workers (" + who +
                 "); a link's packets must all meet in one worker: remove one of those rings "
-                "first, or change the member order"};
+                "first, or change the member order (rings that all give their QP numbers, "
+                "\"qpns\", may share links across workers)"};
   }
   if (owners.size() == 1) {
     owner = owners.begin()->first;
@@ -263,11 +343,9 @@ Status Dataplane::install_ring(const engine::RingSpec& spec,
     return s;  // nothing changed: the command was cancelled before it ran
   if (!result) return result;
   // The engine has the ring: now point its links at the owner.
-  for (uint64_t key : links_of(spec, tree)) {
-    LinkUse& use =
-        link_use_.try_emplace(key, LinkUse{static_cast<uint16_t>(owner), 0}).first->second;
-    ++use.rings;
-  }
+  for (uint64_t key : links_of(spec, tree)) ++link_use_[key][static_cast<uint16_t>(owner)];
+  for (uint64_t key : conns_of(spec, tree))
+    ++conn_use_.try_emplace(key, LinkUse{static_cast<uint16_t>(owner), 0}).first->second.rings;
   if (tree)
     ++tree_use_.try_emplace(spec.ring_id, LinkUse{static_cast<uint16_t>(owner), 0})
           .first->second.rings;
@@ -341,8 +419,14 @@ void Dataplane::housekeeping() {
     if (!due(r)) continue;
     for (uint64_t key : links_of(r.spec, r.tree)) {
       auto it = link_use_.find(key);
-      if (it != link_use_.end() && --it->second.rings == 0) link_use_.erase(it);
+      if (it == link_use_.end()) continue;
+      auto w = it->second.find(static_cast<uint16_t>(r.owner));
+      if (w != it->second.end() && --w->second == 0) it->second.erase(w);
+      if (it->second.empty()) link_use_.erase(it);
     }
+    for (uint64_t key : conns_of(r.spec, r.tree))
+      if (auto it = conn_use_.find(key); it != conn_use_.end() && --it->second.rings == 0)
+        conn_use_.erase(it);
     if (r.tree)
       if (auto it = tree_use_.find(r.spec.ring_id);
           it != tree_use_.end() && --it->second.rings == 0)

@@ -33,6 +33,34 @@ TEST_CASE("ring spec round trip through JSON", "[common][json]") {
   CHECK(back == s);
 }
 
+TEST_CASE("qpns: optional, one 24-bit QP number per member, round trip", "[common][json]") {
+  json j = json::parse(R"({"id": 1, "msg_len": 4, "window": 2, "payload_bytes": 1024,
+    "members": ["10.0.0.1", "10.0.0.2", "10.0.0.3"]})");
+  RingSpec s;
+  REQUIRE(ring_from_json(j, s).ok());
+  CHECK(s.qpns.empty());
+  CHECK(!ring_to_json(s).contains("qpns"));  // absent when not given: the JSON as before
+  j["qpns"] = {17, 16777215, 0};
+  REQUIRE(ring_from_json(j, s).ok());
+  CHECK(s.qpns == std::vector<uint32_t>{17, 16777215, 0});
+  RingSpec back;
+  REQUIRE(ring_from_json(ring_to_json(s), back).ok());
+  CHECK(back.qpns == s.qpns);
+  const std::vector<std::pair<json, std::string>> bad = {
+      {json{17, 18}, "qpns"},               // one per member
+      {json{17, 18, 16777216}, "qpns[2]"},  // 24 bits
+      {json{17, -1, 3}, "qpns[1]"},
+      {json{17, "18", 3}, "qpns[1]"},
+      {json("17"), "qpns"}};
+  for (const auto& [q, field] : bad) {
+    j["qpns"] = q;
+    const Status st = ring_from_json(j, s);
+    INFO(q.dump());
+    CHECK(!st.ok());
+    CHECK(st.field() == field);
+  }
+}
+
 TEST_CASE("members as rank/address objects, in any order", "[common][json]") {
   const json j = json::parse(R"({"id": 1, "msg_len": 4, "window": 2, "payload_bytes": 1024,
     "members": [{"rank": 2, "address": "10.0.0.3"}, {"rank": 0, "address": "10.0.0.1"},

@@ -53,9 +53,10 @@ def ip(r, base):
     return "10.%d.0.%d" % (base, r + 1)
 
 
-def ina_packets(ring_id, ranks, base, msgs, pkts_per_msg, pmtu, rng, psn_base=1000):
+def ina_packets(ring_id, ranks, base, msgs, pkts_per_msg, pmtu, rng, psn_base=1000, qpn_base=0x100):
     """Frames of `msgs` messages from every rank, interleaved rank by rank per
-    packet position, plus the data each rank sent."""
+    packet position, plus the data each rank sent. Rank r receives on QP
+    qpn_base + r."""
     cap = pkts_per_msg * pmtu - 24
     data = {}  # (rank, msg) -> float32 array
     frames = []
@@ -80,7 +81,7 @@ def ina_packets(ring_id, ranks, base, msgs, pkts_per_msg, pmtu, rng, psn_base=10
                 pkt = (Ether(src="02:00:00:00:%02x:%02x" % (base, r), dst="02:00:00:00:%02x:%02x" % (base, (r + 1) % ranks))
                        / IP(src=ip(r, base), dst=ip((r + 1) % ranks, base), flags="DF", ttl=64)
                        / UDP(sport=0xC000 + r, dport=4791, chksum=0)
-                       / BTH(opcode=op, dqpn=0x100 + (r + 1) % ranks, psn=psn, ackreq=int(op == 0x09))
+                       / BTH(opcode=op, dqpn=qpn_base + (r + 1) % ranks, psn=psn, ackreq=int(op == 0x09))
                        / Raw(ext + imm + payload))
                 frames.append(pkt)
     return frames, data, cap
@@ -325,7 +326,7 @@ def run_dataplane(tmp, in_pcap, rings, workers, loop=False, during=None, extra=N
     return frames, final, status, rings_now
 
 
-def check_released(out_frames, in_frames, data, ranks, pmtu, cap):
+def check_released(out_frames, in_frames, data, ranks, pmtu, cap, psn_base=1000):
     """Every INA frame in the output: reduced data, own headers, valid ICRC."""
     by_key = {}
     for f in in_frames:
@@ -354,7 +355,7 @@ def check_released(out_frames, in_frames, data, ranks, pmtu, cap):
         else:
             assert b[:pay_off] == orig[:pay_off], "headers changed"
             rank = [r for r in range(ranks) if ip(r, int(src.split(".")[1])) == src][0]
-            rel = (f[BTH].psn - (1000 + rank * 100)) & 0xFFFFFF
+            rel = (f[BTH].psn - (psn_base + rank * 100)) & 0xFFFFFF
             m, k = divmod(rel, (cap + 24) // pmtu)  # packets per message
             got = np.frombuffer(b[pay_off:-4], dtype=np.float32)
             lo = (k * pmtu - 24) // 4
@@ -689,6 +690,47 @@ def placement_scenario(tmp, rng):
     print("placement: rings 1 and 2 on workers %d and %d; a ring sharing links with both refused (%r); "
           "a ring sharing ring 1's link joined worker %d and left; %d + %d frames aggregated byte-exact" %
           (owners[1], owners[2], msg[:90], owners[1], na, nb))
+
+
+def stripes_scenario(tmp, in_pcap, rng):
+    """Two stripes of one job (issue #16): rings 41 and 42 over the same three members,
+    each with its own QPs (qpns). On 2 workers with one RX queue the box spreads them:
+    ring 41 on worker 0, ring 42 on worker 1, their links split; ring 42's packets reach
+    worker 1 by their receiving connection (dst, dest QP), ring 41's stay. Both exact
+    (numpy, scapy ICRC). A ring over those members without qpns is refused naming
+    "qpns"; one reusing ring 41's QPs is refused on field qpns."""
+    pmtu, ppm = 1024, 4
+    fa, da, cap = ina_packets(41, 3, 7, 2, ppm, pmtu, rng, psn_base=1000, qpn_base=0x100)
+    fb, db, _ = ina_packets(42, 3, 7, 2, ppm, pmtu, rng, psn_base=60000, qpn_base=0x200)
+    wrpcap(in_pcap, [x for pair in zip(fa, fb) for x in pair])
+    qa, qb = [0x100 + r for r in range(3)], [0x200 + r for r in range(3)]
+    specs = [dict(ring_spec(41, 3, 7, ppm, pmtu), qpns=qa), dict(ring_spec(42, 3, 7, ppm, pmtu), qpns=qb)]
+    refused = []
+
+    def during(ctl):
+        r = ctl(cmd="install_ring", ring=ring_spec(43, 3, 7, ppm, pmtu))
+        assert not r["ok"] and r["error"]["code"] == "conflict" and '"qpns"' in r["error"]["message"], r
+        r2 = ctl(cmd="install_ring", ring=dict(ring_spec(44, 3, 7, ppm, pmtu), qpns=qa))
+        assert not r2["ok"] and r2["error"]["code"] == "conflict" and r2["error"]["field"] == "qpns", r2
+        r3 = ctl(cmd="install_ring", ring=dict(ring_spec(45, 3, 7, ppm, pmtu), qpns=[1, 2]))
+        assert not r3["ok"] and r3["error"]["field"] == "qpns", r3
+        refused.extend([r, r2, r3])
+    out, final, status, rings = run_dataplane(tmp, in_pcap, specs, 2, during=during)
+    owners = {r["spec"]["id"]: r["worker"] for r in rings["rings"]}
+    assert owners == {41: 0, 42: 1}, owners
+    assert [r["spec"].get("qpns") for r in sorted(rings["rings"], key=lambda r: r["spec"]["id"])] == [qa, qb]
+    oa = [f for f in out if BTH in f and f[BTH].dqpn in qa]
+    ob = [f for f in out if BTH in f and f[BTH].dqpn in qb]
+    na = check_released(oa, fa, da, 3, pmtu, cap)
+    nb = check_released(ob, fb, db, 3, pmtu, cap, psn_base=60000)
+    assert (na, nb) == (len(fa), len(fb)), (na, len(fa), nb, len(fb))
+    for r in rings["rings"]:
+        assert r["counters"]["messages_completed"] == 2 and r["counters"]["cells_completed"] == 2 * ppm, r
+    dispatched = [w["dispatched"] for w in final["workers"]]
+    assert dispatched == [len(fb), 0], "ring 42's packets, and only they, go to worker 1: %s" % dispatched
+    print("stripes: rings 41 and 42 over the same members on workers %s; %d + %d packets exact; "
+          "dispatched %s; refused: %s" % (owners, na, nb, dispatched,
+                                          "; ".join(x["error"]["message"][:70] for x in refused)))
 
 
 def wait_retired(ctl, timeout=20):
@@ -1348,6 +1390,8 @@ def main():
             assert tel["held"] == len(frames) and tel["fwd_not_write"] == 5, tel
             print("one_ring: %d INA packets aggregated and checked, %d other frames forwarded unchanged" %
                   (n, len(others)))
+        elif scenario == "stripes":
+            stripes_scenario(tmp, in_pcap, rng)
         elif scenario == "two_rings":
             fa, da, cap = ina_packets(1, 3, 1, 2, ppm, pmtu, rng)
             fb, db, _ = ina_packets(2, 2, 2, 2, ppm, pmtu, rng)
