@@ -31,6 +31,9 @@ Steps, each reported on its own and each able to fail:
      its own ring with its own QPs and id; same checks (the nested rule with
      one local rank is the ring order), box counts per ring exactly 3 x its
      stripes' bytes, per-guest payload exactly M plus headers.
+  parallel-discover: as parallel-ina (fp32 sum, 8 B..32 KiB) with neither
+     --local-size nor --local-rank: the bootstrap finds that each guest (one
+     boot id) runs two ranks and numbers them in rank order.
 A report per step (figures, counters) is printed and saved next to the run.
 """
 import argparse
@@ -49,6 +52,7 @@ BOOT_PORT = 29510
 INA_HEADER, QP_TIMEOUT = sa.INA_HEADER, sa.QP_TIMEOUT
 DTYPES = sa.DTYPES
 RUN = ["-d", "fp32,fp64", "-o", "sum", "-b", "8", "-e", "256K", "-f", "8", "-n", "1", "-w", "0", "-c", "1"]
+RUN_SMALL = ["-d", "fp32", "-o", "sum", "-b", "8", "-e", "32K", "-f", "8", "-n", "1", "-w", "0", "-c", "1"]
 
 Failed, expect = nrlab.Failed, nrlab.expect
 
@@ -59,12 +63,12 @@ def part(count, parts, i):
     return count // parts + (1 if i < count % parts else 0)
 
 
-def ring_calls(n, R):
+def ring_calls(n, R, run):
     """{ring k = l R + s: [(dtype, bytes) of every all-reduce it carries]}:
     stripe s of shard l of every call (one local chunk: the sizes stay far
     below ring_buffer_bytes), and the probe (int32 x 1 per ring)."""
     out = {}
-    for d, _, b in sa.expected_calls(RUN):
+    for d, _, b in sa.expected_calls(run):
         es = DTYPES[d]
         for l in range(n):
             shard = part(b // es, n, l)
@@ -79,7 +83,7 @@ class ParJob:
     """One perf run: `per_guest` processes in each guest, global rank
     g * per_guest + l, all at once."""
 
-    def __init__(self, lab, a, daemon, per_guest, extra, tag):
+    def __init__(self, lab, a, daemon, per_guest, extra, tag, run, discover):
         self.lab, self.tag, self.per_guest = lab, tag, per_guest
         env = {"NETREDUCE_DAEMON": daemon.url, "NETREDUCE_TOKEN_FILE": daemon.token_file}
         world = GUESTS * per_guest
@@ -90,8 +94,8 @@ class ParJob:
                 rank = lab.guests.index(g) * per_guest + l
                 argv = [a.perf, "--rank", rank, "--world", world, "--bootstrap", "%s:%d" % (g0.ip, BOOT_PORT),
                         "--device", "rxe0", "--gid-index", g.gid_index, "--qp-timeout", QP_TIMEOUT,
-                        "--keep-ring", "--check-order"] + list(extra) + RUN
-                if per_guest > 1:
+                        "--keep-ring", "--check-order"] + list(extra) + run
+                if per_guest > 1 and not discover:
                     argv += ["--local-size", per_guest, "--local-rank", l]
                 self.jobs.append(g.spawn(argv, env=env))
 
@@ -105,7 +109,7 @@ class ParJob:
         return results
 
 
-def check_output(tag, results, n, R):
+def check_output(tag, results, n, R, run):
     """Rank 0's table and summary; returns (reason, the job's ring ids)."""
     out = results[0].out
     m = re.search(r"^# netreduce-allreduce-perf: world (\d+), path (\w+) \((.*)\), ring (\d+), window (\d+)$",
@@ -125,7 +129,7 @@ def check_output(tag, results, n, R):
         f = line.split()
         if len(f) == 9 and not line.startswith("#") and f[0].isdigit():
             rows.append((f[2], f[3], int(f[0]), f[4], f[8]))
-    want = sorted({(d, o, b) for d, o, b in sa.expected_calls(RUN)})
+    want = sorted({(d, o, b) for d, o, b in sa.expected_calls(run)})
     expect(sorted((d, o, b) for d, o, b, _, _ in rows) == want, "%s: rows %s, expected %s" % (tag, rows, want))
     for d, o, b, path, errors in rows:
         expect(path == "ina" and errors == "0", "%s: %s %s %d B: path %s, %s errors" % (tag, d, o, b, path, errors))
@@ -142,12 +146,12 @@ def check_output(tag, results, n, R):
     return reason, ids, (int(om.group(1)), int(om.group(2)))
 
 
-def run_step(lab, a, daemon, rep, n, R):
-    tag = "%d guests x %d local ranks, %d stripe(s)" % (GUESTS, n, R)
+def run_step(lab, a, daemon, rep, n, R, run=RUN, discover=False):
+    tag = "%d guests x %d local ranks%s, %d stripe(s)" % (GUESTS, n, " (discovered)" if discover else "", R)
     cap = lab.capture(("swa",))
     rx0, tx0, t = sa.rxe_all(lab), sa.tx_bytes(lab), time.monotonic()
     try:
-        job = ParJob(lab, a, daemon, n, ["--rings", str(R)] if R > 1 else [], tag)
+        job = ParJob(lab, a, daemon, n, ["--rings", str(R)] if R > 1 else [], tag, run, discover)
         results = job.wait(900)
     except BaseException:
         cap.stop()
@@ -156,15 +160,16 @@ def run_step(lab, a, daemon, rep, n, R):
     tx = [b - a_ for a_, b in zip(tx0, sa.tx_bytes(lab))]
     time.sleep(1)
     path, kdrops = cap.stop()["swa"]
-    reason, ids, (checked, other) = check_output(tag, results, n, R)
-    rep.line("%s: P = %d, fp32 and fp64 sum, 8 B..256 KiB, each size timed once and checked once against the "
-             "nested order rule" % (tag, GUESTS * n))
+    reason, ids, (checked, other) = check_output(tag, results, n, R, run)
+    a_ = dict(zip(run[::2], run[1::2]))
+    rep.line("%s: P = %d, %s sum, %s B..%s B, each size timed once and checked once against the nested order "
+             "rule" % (tag, GUESTS * n, a_["-d"], a_["-b"], a_["-e"]))
     rep.figure("job wall time", "%.1f" % secs, "s")
     rep.figure("path reason", reason)
     rep.figure("order check: elements / differing under the other nesting", "%d / %d" % (checked, other))
 
     # The box's count per ring.
-    calls = ring_calls(n, R)
+    calls = ring_calls(n, R, run)
     for k, rid in enumerate(ids):
         c = daemon.ring(rid)["counters"]
         wb = GUESTS * sum(b for _, b in calls[k])
@@ -179,7 +184,7 @@ def run_step(lab, a, daemon, rep, n, R):
                (tag, rid, c["messages_completed"], wm))
 
     # Per guest: one rank's M plus headers, whatever n and R.
-    m = sum(b for _, _, b in sa.expected_calls(RUN))
+    m = sum(b for _, _, b in sa.expected_calls(run))
     want_wire = sum(b + INA_HEADER * sa.messages(b, DTYPES[d]) for k in calls for d, b in calls[k])
     expect(kdrops == 0, "%s: the capture dropped %d frames" % (tag, kdrops))
     by_src = sa.write_payload_by_source(nrlab.pcap_frames(path))
@@ -203,18 +208,22 @@ def step_striped(lab, a, daemon, reports):
     run_step(lab, a, daemon, reports["striped"], 1, 2)
 
 
+def step_discover(lab, a, daemon, reports):
+    run_step(lab, a, daemon, reports["parallel-discover"], 2, 1, RUN_SMALL, discover=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dataplane", required=True)
     ap.add_argument("--daemon", required=True, help="netreduced")
     ap.add_argument("--perf", required=True, help="netreduce-allreduce-perf")
     ap.add_argument("--workdir")
-    ap.add_argument("--steps", default="parallel-ina,striped")
+    ap.add_argument("--steps", default="parallel-ina,striped,parallel-discover")
     a = ap.parse_args()
     for k in ("dataplane", "daemon", "perf"):
         setattr(a, k, os.path.abspath(getattr(a, k)))
     t0 = time.monotonic()
-    steps = {"parallel-ina": step_parallel, "striped": step_striped}
+    steps = {"parallel-ina": step_parallel, "striped": step_striped, "parallel-discover": step_discover}
     chosen = a.steps.split(",")
     for s in chosen:
         if s not in steps:
