@@ -5,7 +5,8 @@
 //       [--device rxe0] [--gid-index -1] [-b 8] [-e 32M] [-f 2] [-d fp32]
 //       [-o sum] [-n 20] [-w 5] [-c 1] [--msg-len 4] [--payload 1024]
 //       [--window 0] [--timeout-ms 30000] [--qp-timeout 14] [--force-ring]
-//       [--rings 0]
+//       [--rings 0] [--local-size n] [--local-rank l] [--host-id ID]
+//       [--check-order]
 //   netreduce-allreduce-perf --loopback [--loopback-box] --world P ...
 //       [--local-size n]
 //       (self-test without RDMA: P ranks as threads of this process)
@@ -16,8 +17,11 @@
 // bytes each ring carried (its stripes of every call, this rank's data) and the total; with
 // --loopback-box also each ring's bytes as the box counted them (all ranks).
 // --local-size n (parallel NetReduce, Options::local_size): the P ranks are
-// P / n hosts of n local ranks, all threads of this one process (--loopback
-// only: the verbs communicator does not run local ranks yet and refuses it).
+// P / n hosts of n local ranks: with --loopback all threads of this one
+// process; over verbs one process per rank (--rank is the global rank; a
+// host's ranks are found by host identity, --host-id or NETREDUCE_HOST_ID or
+// the boot id, and numbered in rank order unless --local-rank is given;
+// without --local-size the count is discovered too).
 // Local rank l of every host forms ring l (R stripes: rings l R .. l R + R - 1),
 // which carries shard l of every local chunk (ring_buffer_bytes). The table
 // then lists host 0's n x R rings, and with --loopback-box each host's
@@ -27,8 +31,10 @@
 // for all-reduce, so ring and INA compare on the same scale). With -c 1 every
 // size is also checked: rank r's element i is ((7 i + 13 r) mod 9) - 4, whose
 // sum, min and max over ranks are exact in every data type, and every element
-// of the result is compared. Exit status: 0 if every call succeeded and every
-// check passed; 2 if there is no RDMA device; 1 otherwise.
+// of the result is compared. --check-order replaces, for fp32/fp64 sums on
+// the INA path, that pattern by order-sensitive values and the reference by
+// parallel NetReduce's nested order (check_order below). Exit status: 0 if every call succeeded and
+// every check passed; 2 if there is no RDMA device; 1 otherwise.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
@@ -128,6 +134,55 @@ void fill(DataType t, std::vector<uint8_t>& buf, size_t count, int rank) {
   for (size_t i = 0; i < count; ++i) store(t, buf.data() + i * es, pattern(i, rank));
 }
 
+// --check-order (fp32 and fp64 sums, INA path): values whose sum depends on
+// the order of the adds (mixed signs, exponents spread wider than the
+// mantissa), a function of (element, host, local rank). The reference is the
+// nested rule of parallel NetReduce, written out here in plain adds of the
+// element type: per host, the local ranks folded in local order, then the
+// hosts folded in ring (host) order. `other` counts the elements whose sum
+// differs under the other nesting (hosts first, then local ranks): how much
+// the check discriminates.
+template <typename T>
+T order_value(size_t i, unsigned h, unsigned l) {
+  const int spread = sizeof(T) == 4 ? 24 : 80;
+  const int e =
+      static_cast<int>((3 * i + 11 * h + 5 * l) % static_cast<size_t>(spread)) - spread / 2;
+  const T m = static_cast<T>(1 + (7 * i + 13 * h + 5 * l) % 9) +
+              std::ldexp(static_cast<T>((31 * i + 17 * h + 7 * l) % 1024), -20);
+  const T v = std::ldexp(m, e);
+  return (i + h + 2 * l) % 3 == 0 ? -v : v;
+}
+
+template <typename T>
+void fill_order(std::vector<uint8_t>& buf, size_t count, unsigned h, unsigned l) {
+  for (size_t i = 0; i < count; ++i) {
+    const T v = order_value<T>(i, h, l);
+    std::memcpy(buf.data() + i * sizeof(T), &v, sizeof(T));
+  }
+}
+
+template <typename T>
+size_t check_order(const std::vector<uint8_t>& got, size_t count, unsigned hosts, unsigned n,
+                   size_t& other) {
+  size_t errors = 0;
+  for (size_t i = 0; i < count; ++i) {
+    T nested = 0, transposed = 0;
+    for (unsigned h = 0; h < hosts; ++h) {
+      T local = order_value<T>(i, h, 0);
+      for (unsigned l = 1; l < n; ++l) local = local + order_value<T>(i, h, l);
+      nested = h == 0 ? local : nested + local;
+    }
+    for (unsigned l = 0; l < n; ++l) {
+      T across = order_value<T>(i, 0, l);
+      for (unsigned h = 1; h < hosts; ++h) across = across + order_value<T>(i, h, l);
+      transposed = l == 0 ? across : transposed + across;
+    }
+    if (std::memcmp(&nested, got.data() + i * sizeof(T), sizeof(T)) != 0) ++errors;
+    if (std::memcmp(&nested, &transposed, sizeof(T)) != 0) ++other;
+  }
+  return errors;
+}
+
 size_t check(DataType t, Op op, const std::vector<uint8_t>& got, size_t count, int world) {
   const size_t es = element_size(t);
   std::vector<uint8_t> want(es);
@@ -151,6 +206,7 @@ struct SweepParams {
   double factor;
   int iters, warmup;
   bool check;
+  bool check_order;    // fp32/fp64 sums: order-sensitive values, the nested rule (INA path)
   size_t chunk_bytes;  // the local stage's chunk (Options::ring_buffer_bytes)
 };
 
@@ -219,15 +275,31 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
     add_stripes(ring_bytes, count, es, static_cast<unsigned>(comm.local_rank()),
                 static_cast<unsigned>(comm.local_size()), p.chunk_bytes);
   };
-  size_t total_errors = 0;
+  size_t total_errors = 0, order_checked = 0, order_other = 0;
   int status = 0;
+  const unsigned n = static_cast<unsigned>(comm.local_size()),
+                 hosts = static_cast<unsigned>(world) / n, h = static_cast<unsigned>(comm.host()),
+                 l = static_cast<unsigned>(comm.local_rank());
+  if (p.check_order && comm.path() != Path::ina) {
+    if (rank == 0)
+      std::printf("# order check: the path is %s (%s); the nested rule is the INA path's\n",
+                  to_string(comm.path()), comm.path_reason().c_str());
+    return 1;
+  }
   for (size_t sweep_i = 0; status == 0 && sweep_i < p.types.size() * p.ops.size(); ++sweep_i) {
     const DataType t = p.types[sweep_i / p.ops.size()];
     const Op o = p.ops[sweep_i % p.ops.size()];
     const size_t es = element_size(t);
     for (size_t bytes = std::max(min_bytes, es); bytes <= max_bytes;) {
       const size_t count = bytes / es;
-      fill(t, in, count, rank);
+      const bool ordered =
+          p.check_order && o == Op::sum && (t == DataType::fp32 || t == DataType::fp64);
+      if (!ordered)
+        fill(t, in, count, rank);
+      else if (t == DataType::fp32)
+        fill_order<float>(in, count, h, l);
+      else
+        fill_order<double>(in, count, h, l);
       Error err;
       for (int i = 0; i < warmup && err.ok(); ++i) {
         err = comm.allreduce(in.data(), out.data(), count, t, o);
@@ -245,7 +317,12 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
         std::memset(out.data(), 0xA5, count * es);
         err = comm.allreduce(in.data(), out.data(), count, t, o);
         add(count, es);
-        if (err.ok()) errors = check(t, o, out, count, world);
+        if (err.ok() && !ordered) errors = check(t, o, out, count, world);
+        if (err.ok() && ordered) {
+          errors = t == DataType::fp32 ? check_order<float>(out, count, hosts, n, order_other)
+                                       : check_order<double>(out, count, hosts, n, order_other);
+          order_checked += count;
+        }
       }
       if (!err.ok()) {
         std::fprintf(stderr, "netreduce-allreduce-perf: rank %d: size %zu: %s\n", rank, count * es,
@@ -266,6 +343,11 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
       bytes = next > bytes ? next : bytes + 1;
     }
   }
+  if (rank == 0 && p.check_order)
+    std::printf(
+        "# order check: %zu elements against the nested rule (local ranks in local order, then "
+        "%u hosts in ring order); %zu of them differ under the other nesting\n",
+        order_checked, hosts, order_other);
   if (rank == 0)
     std::printf("# errors: %zu, status: %s\n", total_errors,
                 status == 0 && total_errors == 0 ? "ok" : "FAILED");
@@ -321,8 +403,20 @@ int main(int argc, char** argv) {
   int local_size = 1;
   app.add_option("--local-size", local_size,
                  "ranks per host (parallel NetReduce): --world ranks are world / n hosts of n "
-                 "local ranks, threads of this process (--loopback only)")
+                 "local ranks (--loopback: threads of this process; verbs: one process per "
+                 "rank, default: discovered)")
       ->check(CLI::Range(1u, host::kMaxLocalRanks));
+  app.add_option("--local-rank", opt.local_rank,
+                 "this process's local rank on its host (verbs; default -1: discovered, local "
+                 "ranks in global rank order)")
+      ->check(CLI::Range(-1, static_cast<int>(host::kMaxLocalRanks) - 1));
+  app.add_option("--host-id", opt.host_id,
+                 "this process's host identity (verbs; default: NETREDUCE_HOST_ID, else boot id "
+                 "and hostname)");
+  bool check_order = false;
+  app.add_flag("--check-order", check_order,
+               "fp32/fp64 sums: order-sensitive values checked against the nested rule (local "
+               "ranks, then hosts in ring order); needs the INA path");
   bool loopback = false, loopback_box = false;
   app.add_flag("--loopback", loopback,
                "self-test without RDMA: all --world ranks as threads over the loopback transport");
@@ -366,11 +460,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "netreduce-allreduce-perf: %s\n", bad.c_str());
     return 1;
   }
-  const SweepParams sp{types,     ops,           min_bytes,
-                       max_bytes, factor,        iters,
-                       warmup,    check_on != 0, opt.ring_buffer_bytes};
+  const SweepParams sp{types,
+                       ops,
+                       min_bytes,
+                       max_bytes,
+                       factor,
+                       iters,
+                       warmup,
+                       check_on != 0,
+                       check_order && check_on != 0,
+                       opt.ring_buffer_bytes};
   if (!loopback) {
-    if (local_size > 1) opt.local_size = local_size;  // the verbs communicator refuses it
+    if (local_size > 1) opt.local_size = local_size;  // else discovered
     std::unique_ptr<Communicator> comm;
     if (Error e = Communicator::create(rank, world, device, gid_index, bootstrap, opt, comm)) {
       std::fprintf(stderr, "netreduce-allreduce-perf: rank %d: %s\n", rank, e.message.c_str());

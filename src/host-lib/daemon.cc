@@ -243,14 +243,21 @@ Registration setup_ring(const Options& options, const std::string& bootstrap, en
 Registration setup_rings(const Options& options, const std::string& bootstrap,
                          const engine::RingSpec& spec, unsigned rings,
                          std::vector<std::unique_ptr<OwnedRing>>& owned) {
+  return setup_rings(options, bootstrap, std::vector<engine::RingSpec>{spec}, rings, owned);
+}
+
+Registration setup_rings(const Options& options, const std::string& bootstrap,
+                         const std::vector<engine::RingSpec>& specs, unsigned stripes,
+                         std::vector<std::unique_ptr<OwnedRing>>& owned) {
   owned.clear();
   Registration all;
   std::string ids;
+  const unsigned n = static_cast<unsigned>(specs.size()), rings = n * stripes;
   for (unsigned g = 0; g < rings; ++g) {
     Options o = options;
     if (o.ring_id) o.ring_id = options.ring_id + g;  // the caller checked it does not wrap
     std::unique_ptr<OwnedRing> one;
-    Registration reg = setup_ring(o, bootstrap, spec, one);
+    Registration reg = setup_ring(o, bootstrap, specs[g / stripes], one);
     if (rings == 1) {
       reg.ring_ids = {reg.ring_id};
       if (reg.installed) owned.push_back(std::move(one));
@@ -259,7 +266,10 @@ Registration setup_rings(const Options& options, const std::string& bootstrap,
     if (!reg.installed) {
       for (auto& r : owned) r->release(/*rollback=*/true);
       owned.clear();
-      reg.reason = "ring " + std::to_string(g) + " of " + std::to_string(rings) + " (id " +
+      reg.reason = "ring " + std::to_string(g) + " of " + std::to_string(rings) +
+                   (n > 1 ? " (local rank " + std::to_string(g / stripes) + "'s ring, stripe " +
+                                std::to_string(g % stripes) + ", id "
+                          : std::string(" (id ")) +
                    std::to_string(reg.ring_id) + "): " + reg.reason;
       return reg;
     }
@@ -272,6 +282,9 @@ Registration setup_rings(const Options& options, const std::string& bootstrap,
   all.lease_ms = options.lease_ms;
   all.reason = std::to_string(rings) + " rings (ids " + ids + ") installed by the daemon at " +
                daemon_target(options).url;
+  if (n > 1)
+    all.reason +=
+        " (" + std::to_string(n) + " local rings x " + std::to_string(stripes) + " stripes)";
   return all;
 }
 

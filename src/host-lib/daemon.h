@@ -94,6 +94,16 @@ Registration setup_rings(const Options& options, const std::string& bootstrap,
                          const engine::RingSpec& spec, unsigned rings,
                          std::vector<std::unique_ptr<OwnedRing>>& owned);
 
+// Parallel NetReduce: the job's rings for local ranks 0..n-1 (specs[l]: ring
+// l's members, the IPs of local rank l of every host, in host order), each
+// striped `stripes` ways: n x stripes rings, ring l stripes + s with spec
+// specs[l] and id Options::ring_id + l stripes + s when that is given. One
+// call for the whole job, all or nothing as above; a refusal names the
+// local rank's ring and the stripe. One spec is the overload above.
+Registration setup_rings(const Options& options, const std::string& bootstrap,
+                         const std::vector<engine::RingSpec>& specs, unsigned stripes,
+                         std::vector<std::unique_ptr<OwnedRing>>& owned);
+
 // The box's worker count as the daemon reports it (GET /v1/status: the
 // length of dataplane.workers): Options::rings 0's value once placement
 // spreads one job's rings over workers (verbs.cc says why not yet). 0, with `why`, when

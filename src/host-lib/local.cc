@@ -186,12 +186,15 @@ Error resolve_locality(const std::vector<LocalityClaim>& all, unsigned rank, Loc
   out.local_size = static_cast<unsigned>(n);
   out.local_rank = local[rank];
   out.hosts = static_cast<unsigned>(ids.size());
+  out.rings.assign(n, {});
   for (unsigned h = 0; h < ids.size(); ++h) {
     const auto& m = members[ids[h]];
     if (all[rank].host_id == ids[h]) out.host = h;
-    for (unsigned r : m)
-      if (local[r] == out.local_rank) out.ring.push_back(r);
+    for (unsigned l = 0; l < n; ++l)
+      for (unsigned r : m)
+        if (local[r] == l) out.rings[l].push_back(r);
   }
+  out.ring = out.rings[out.local_rank];
   return {};
 }
 

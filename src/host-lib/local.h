@@ -9,9 +9,9 @@
 // the ranks with one identity are one host. Hosts are numbered by their
 // lowest global rank. Local ranks are given (Options::local_rank, every rank
 // of the host, 0..n-1 once each) or, when none is given, numbered in global
-// rank order. resolve_locality() checks and numbers every rank's claim (for
-// the verbs communicator's bootstrap allgather; not wired yet: verbs refuses
-// local_size > 1 today, and the loopback fabric numbers ranks itself).
+// rank order. resolve_locality() checks and numbers every rank's claim (the
+// verbs communicator's bootstrap allgather, job.h; the loopback fabric
+// numbers ranks itself).
 //
 // Rings. Local rank l of every host forms ring l (H members, host order):
 // its own QPs and, with the box, its own ring id (R stripes: rings l R ..
@@ -84,6 +84,7 @@ struct Locality {
   unsigned local_rank = 0, local_size = 1;
   unsigned host = 0, hosts = 1;  // host index (by lowest global rank), host count
   std::vector<unsigned> ring;    // global ranks of my ring (local rank l of each host), host order
+  std::vector<std::vector<unsigned>> rings;  // rings[l]: ring l's global ranks, host order
 };
 
 // Numbers hosts and local ranks from every rank's claim (index = global

@@ -1,18 +1,30 @@
 // VerbsTransport (rdma-core) and Communicator::create.
 //
-// Each rank opens the device (port, GID, PD) and joins the bootstrap; rank 0
-// decides the number of rings R (Options::rings; 1 for 0) and broadcasts it. Then each rank makes
-// one CQ and, per ring (a lane of transport.h), two RC QPs: qp_s[g] sends to the successor, qp_p[g]
-// receives from the predecessor (P = 2 gives two QPs between the same pair, one per direction), and
-// one receive region of R equal parts, part g for lane g, registered with remote write access. Its
-// address, rkey and part size, each QP's number and initial PSN, the GID, the port's active MTU and
-// the options that must agree travel through the bootstrap's allgather. Then qp_s[g] is brought to
-// RTS against the successor's qp_p[g] and qp_p[g] against the predecessor's qp_s[g] (RoCEv2: a GRH
-// with the peer's GID, path MTU = payload_bytes, so the NIC cuts messages exactly where the box
-// expects), a second allgather makes sure every QP is ready before anything is sent, and rank 0
-// registers the R rings and broadcasts the path and their ids. Distinct QPs per ring mean distinct
-// QPNs, hence distinct UDP source ports (RoCEv2 derives them from the QPN), which is what lets NIC
-// RSS and the box tell the rings apart.
+// Each rank opens the device (port, GID, PD) and joins the bootstrap; the
+// job plan (job.h) runs over it: rank 0 broadcasts the number of stripes R
+// (Options::rings; 1 for 0) and a job nonce, and an allgather of locality
+// claims numbers hosts and local ranks (local.h). A rank's ring is local rank
+// l of every host, in host order (without local ranks: every rank, in rank
+// order); the transport's rank and world are its position on that ring and
+// the host count H. With local ranks the host's shared segment is created
+// next (LocalGroup, named from the nonce and the host index). Then each rank
+// makes one CQ and, per stripe (a lane of transport.h), two RC QPs: qp_s[g]
+// sends to the ring successor, qp_p[g] receives from the predecessor (H = 2
+// gives two QPs between the same pair, one per direction), and one receive
+// region of R equal parts, part g for lane g, registered with remote write
+// access. Its address, rkey and part size, each QP's number and initial PSN,
+// the GID, the port's active MTU and the options that must agree travel
+// through the bootstrap's allgather (all ranks). Then qp_s[g] is brought to
+// RTS against the successor's qp_p[g] and qp_p[g] against the predecessor's
+// qp_s[g] (RoCEv2: a GRH with the peer's GID, path MTU = payload_bytes, so
+// the NIC cuts messages exactly where the box expects), a second allgather
+// makes sure every QP is ready before anything is sent, and rank 0 registers
+// the job's n x R rings (ring l R + s: local rank l's ring, stripe s) in one
+// call and broadcasts the path and their ids. The probe's verdict is
+// gathered over all ranks. Distinct QPs per ring mean distinct QPNs, hence
+// distinct UDP source ports (RoCEv2 derives them from the QPN), which is what
+// lets NIC RSS and the box tell the rings apart. local_size 1 is the plain
+// communicator: one ring of every rank, the same ids and the same wire bytes.
 //
 // Receives: WRITE WITH IMM consumes a receive WQE; each qp_p keeps its
 // receive queue full (zero-SGE WQEs, re-posted as completions are polled).
@@ -33,6 +45,7 @@
 #include "host-lib/bootstrap.h"
 #include "host-lib/comm_impl.h"
 #include "host-lib/daemon.h"
+#include "host-lib/job.h"
 #include "host-lib/local.h"
 
 namespace netreduce {
@@ -140,9 +153,9 @@ class VerbsTransport final : public Transport {
     wr.wr.rdma.rkey = succ_.recv_rkey;
     ibv_send_wr* bad = nullptr;
     if (const int rc = ibv_post_send(qp_s_[lane], &wr, &bad))
-      return verr("rank " + std::to_string(rank_) + ": ibv_post_send to successor rank " +
-                  std::to_string(successor()) + " (ring " + std::to_string(lane) +
-                  ") failed: " + std::strerror(rc));
+      return verr(who_ + ": ibv_post_send to successor rank " +
+                  std::to_string(global(successor())) + " (" +
+                  lane_label(local_rank_, local_size_, lane) + ") failed: " + std::strerror(rc));
     return {};
   }
 
@@ -152,7 +165,7 @@ class VerbsTransport final : public Transport {
     unsigned empty = 0;
     for (;;) {
       const int got = ibv_poll_cq(cq_, static_cast<int>(std::min(max, 16u)), wc);
-      if (got < 0) return verr("rank " + std::to_string(rank_) + ": ibv_poll_cq failed");
+      if (got < 0) return verr(who_ + ": ibv_poll_cq failed");
       for (int i = 0; i < got; ++i) {
         Completion& c = out[n++];
         c = {};
@@ -195,8 +208,8 @@ class VerbsTransport final : public Transport {
       ibv_recv_wr wr{};
       ibv_recv_wr* bad = nullptr;
       if (const int rc = ibv_post_recv(qp_p_[lane], &wr, &bad))
-        return verr("rank " + std::to_string(rank_) +
-                    ": ibv_post_recv failed: " + std::strerror(rc));
+        return verr(who_ + ": ibv_post_recv (" + lane_label(local_rank_, local_size_, lane) +
+                    ") failed: " + std::strerror(rc));
     }
     return {};
   }
@@ -212,6 +225,7 @@ class VerbsTransport final : public Transport {
     qp_timeout_ = qp_timeout;
     rank_ = rank;
     world_ = world;
+    who_ = "rank " + std::to_string(rank);
     port_ = port;
     int num = 0;
     ibv_device** list = ibv_get_device_list(&num);
@@ -302,8 +316,8 @@ class VerbsTransport final : public Transport {
         ia.cap.max_recv_sge = 1;
         ibv_qp* q = ibv_create_qp(pd_, &ia);
         if (!q)
-          return verr(devname_ + ": cannot create an RC QP for ring " + std::to_string(g) + ": " +
-                      std::strerror(errno));
+          return verr(devname_ + ": cannot create an RC QP for " +
+                      lane_label(local_rank_, local_size_, g) + ": " + std::strerror(errno));
         qs->push_back(q);
         ibv_qp_attr a{};
         a.qp_state = IBV_QPS_INIT;
@@ -360,8 +374,8 @@ class VerbsTransport final : public Transport {
     if (ibv_modify_qp(qp, &a,
                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-      return verr("rank " + std::to_string(rank_) + ": QP to RTR with rank " +
-                  std::to_string(peer) + " failed: " + std::strerror(errno));
+      return verr(who_ + ": QP to RTR with rank " + std::to_string(global(peer)) +
+                  " failed: " + std::strerror(errno));
     ibv_qp_attr b{};
     b.qp_state = IBV_QPS_RTS;
     b.timeout = qp_timeout_;  // 4.096 us x 2^qp_timeout per retransmission timeout
@@ -375,11 +389,26 @@ class VerbsTransport final : public Transport {
     if (ibv_modify_qp(qp, &b,
                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                           IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-      return verr("rank " + std::to_string(rank_) + ": QP to RTS with rank " +
-                  std::to_string(peer) + " failed: " + std::strerror(errno));
+      return verr(who_ + ": QP to RTS with rank " + std::to_string(global(peer)) +
+                  " failed: " + std::strerror(errno));
     return {};
   }
 
+  // Parallel NetReduce: this rank is position `pos` of a ring of the job's
+  // global ranks `ring` (host order), as local rank l of n. Before
+  // create_lanes. Without local ranks the ring is every rank, pos the rank.
+  void place(const std::vector<unsigned>& ring, unsigned pos, unsigned l, unsigned n) {
+    ring_ = ring;
+    rank_ = pos;
+    world_ = static_cast<unsigned>(ring.size());
+    local_rank_ = l;
+    local_size_ = n;
+    if (n > 1)
+      who_ = "rank " + std::to_string(ring[pos]) + " (host " + std::to_string(pos) +
+             ", local rank " + std::to_string(l) + ")";
+  }
+
+  // `all`: the ring's members' information, in ring (host) order.
   Error connect(const std::vector<PeerInfo>& all, uint16_t pmtu) {
     if (pmtu > mtu_bytes(active_mtu_))
       return Error::make(ErrorCode::invalid_argument, "payload_bytes: " + std::to_string(pmtu) +
@@ -404,7 +433,12 @@ class VerbsTransport final : public Transport {
     size_t len;
     ibv_mr* mr;
   };
-  unsigned rank_ = 0, world_ = 1;
+  unsigned global(unsigned pos) const { return pos < ring_.size() ? ring_[pos] : pos; }
+
+  unsigned rank_ = 0, world_ = 1;  // position on my ring, ring size (hosts)
+  unsigned local_rank_ = 0, local_size_ = 1;
+  std::vector<unsigned> ring_;  // my ring's global ranks, host order
+  std::string who_;             // "rank r" (plus host and local rank with local ranks)
   uint8_t port_ = 1, qp_timeout_ = 14;
   int gid_index_ = 0;
   ibv_gid gid_{};
@@ -448,16 +482,7 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
     return Error::make(ErrorCode::invalid_argument, "timeouts must be positive");
   if (options.rings != 0)
     if (Error e = check_rings(options.rings)) return e;
-  // Parallel NetReduce is not wired into the verbs communicator yet (local.h
-  // has the transport-independent stage; what remains is a transport per
-  // local ring over the hosts, and rank 0 registering local_size x R rings).
   if (Error e = check_local_options(options)) return e;
-  if (options.local_size > 1 || options.local_rank > 0)
-    return Error::make(ErrorCode::invalid_argument,
-                       "local_size " + std::to_string(options.local_size) + ", local_rank " +
-                           std::to_string(options.local_rank) +
-                           ": local ranks (parallel NetReduce) are not supported by the verbs "
-                           "communicator yet; run one rank per ring member (local_size -1 or 1)");
   const auto deadline = Clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
 
   CollectiveConfig cc;
@@ -470,8 +495,6 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   if (Error e = make_plan(0, DataType::fp32, cc.msg_len, cc.pmtu, probe)) return e;
 
   auto t = std::make_unique<VerbsTransport>();
-  const size_t recv_bytes =
-      recv_region_bytes(cc, static_cast<unsigned>(world), options.ring_buffer_bytes);
   if (Error e = t->open(static_cast<unsigned>(rank), static_cast<unsigned>(world), device,
                         gid_index, options.port, options.qp_timeout))
     return e;
@@ -480,25 +503,52 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
                                   bootstrap, deadline, boot))
     return e;
 
-  // Rank 0 decides the number of rings: Options::rings, or 1 for 0. Not the
-  // box's worker count (box_workers) yet: the box places rings by link, so
-  // one job's rings (same members, same links) all land on one worker, and
-  // more rings would cost its memory quota and mbufs, and each rank QPs and
-  // receive memory, for no throughput. Placement by connection (#16) makes
-  // the worker count the right default.
-  std::string rings_msg;
-  if (rank == 0) rings_msg = std::to_string(options.rings == 0 ? 1u : options.rings);
-  if (Error e = boot->broadcast(rings_msg, deadline)) return e;
-  const unsigned R = static_cast<unsigned>(std::strtoul(rings_msg.c_str(), nullptr, 10));
+  // Step 1 (job.h): rank 0 decides the number of rings per local ring (the
+  // stripes R): Options::rings, or 1 for 0. Not the box's worker count
+  // (box_workers) yet: the box places rings by link, so one job's rings
+  // (same members, same links) all land on one worker, and more rings would
+  // cost its memory quota and mbufs, and each rank QPs and receive memory,
+  // for no throughput. Placement by connection (#16) makes the worker count
+  // the right default. With it, the job nonce (shared segments' names).
+  std::string header;
+  if (rank == 0)
+    header = encode_job_header(options.rings == 0 ? 1u : options.rings, random_nonce());
+  if (Error e = boot->broadcast(header, deadline)) return e;
+  unsigned R = 0;
+  uint64_t nonce = 0;
+  if (Error e = decode_job_header(header, R, nonce)) return e;
   if (Error e = check_rings(R))
     return Error::make(ErrorCode::bootstrap, "bootstrap: rank 0 sent " + e.message);
-  if (options.ring_id != 0 && uint64_t{options.ring_id} + R - 1 > 0xFFFFFFFFu)
-    return Error::make(ErrorCode::invalid_argument, "ring_id: " + std::to_string(options.ring_id) +
-                                                        " + " + std::to_string(R - 1) +
-                                                        " (one id per ring) exceeds 2^32 - 1");
-  if (Error e = t->create_lanes(R, recv_bytes)) return e;
 
+  // Step 2: locality. Hosts, local ranks, and my ring (local rank l of every host).
+  std::vector<std::string> blobs;
+  {
+    LocalityClaim mine{host_identity(options), options.local_rank, options.local_size};
+    if (Error e = boot->allgather(encode_claim(mine), blobs, deadline)) return e;
+  }
+  std::vector<LocalityClaim> claims(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r)
+    if (Error e = decode_claim(blobs[r], static_cast<unsigned>(r), claims[r])) return e;
+  Locality loc;
+  if (Error e = resolve_locality(claims, static_cast<unsigned>(rank), loc)) return e;
+  const unsigned n = loc.local_size, H = loc.hosts;
+  if (options.ring_id != 0 && uint64_t{options.ring_id} + n * R - 1 > 0xFFFFFFFFu)
+    return Error::make(ErrorCode::invalid_argument, "ring_id: " + std::to_string(options.ring_id) +
+                                                        " + " + std::to_string(n * R - 1) +
+                                                        " (one id per ring) exceeds 2^32 - 1");
+  t->place(loc.ring, loc.host, loc.local_rank, n);
+  // The host's shared segment: every local rank of the host meets here.
+  std::unique_ptr<LocalGroup> local;
+  if (n > 1)
+    if (Error e = LocalGroup::create(local_segment_name(nonce, loc.host), loc.local_rank, n,
+                                     loc.host, options.ring_buffer_bytes, deadline, local))
+      return e;
+
+  // Step 3: QPs of my ring (R lanes), exchanged among all ranks.
+  const size_t recv_bytes = recv_region_bytes(cc, H, options.ring_buffer_bytes);
+  if (Error e = t->create_lanes(R, recv_bytes)) return e;
   PeerInfo mine = t->local_info();
+  mine.world = static_cast<uint32_t>(world);
   if (!options.ipv4.empty() && !ipv4_from_string(options.ipv4, mine.ipv4))
     return Error::make(ErrorCode::invalid_argument,
                        "ipv4: '" + options.ipv4 + "' is not an IPv4 address");
@@ -508,7 +558,6 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   mine.force_ring = options.force_ring ? 1 : 0;
   mine.rings_option = options.rings;
 
-  std::vector<std::string> blobs;
   if (Error e = boot->allgather(std::string(reinterpret_cast<const char*>(&mine), sizeof mine),
                                 blobs, deadline))
     return e;
@@ -529,59 +578,57 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
                              "ring_buffer_bytes, force_ring or rings) than rank " +
                              std::to_string(rank));
   }
-  if (Error e = t->connect(all, cc.pmtu)) return e;
+  {
+    std::vector<PeerInfo> ring;
+    for (unsigned g : loc.ring) ring.push_back(all[g]);
+    if (Error e = t->connect(ring, cc.pmtu)) return e;
+  }
   // Everyone's QPs are ready before anyone sends.
   if (Error e = boot->allgather("ready", blobs, deadline)) return e;
 
-  // Rank 0 decides the path and tells everyone. It owns the rings it
-  // registered: renewed while the communicator lives, deleted at the end (or
-  // right away when the probe sends every rank to the ring path, or create
-  // fails after this point).
+  // Step 4: rank 0 decides the path and tells everyone. It owns the rings it
+  // registered (all n x R of the job): renewed while the communicator lives,
+  // deleted at the end (or right away when the probe sends every rank to the
+  // ring path, or create fails after this point).
   std::string decision;
   std::vector<std::unique_ptr<OwnedRing>> owned;
   if (rank == 0) {
-    engine::RingSpec spec;
+    std::vector<engine::RingSpec> specs(n);
     bool ips = true;
-    for (const PeerInfo& p : all) {
-      spec.members.push_back(p.ipv4);
-      ips = ips && p.ipv4 != 0;
+    for (unsigned l = 0; l < n; ++l) {
+      for (unsigned g : loc.rings[l]) {
+        specs[l].members.push_back(all[g].ipv4);
+        ips = ips && all[g].ipv4 != 0;
+      }
+      specs[l].msg_len = cc.msg_len;
+      specs[l].window = cc.window;
+      specs[l].payload_bytes = cc.pmtu;
     }
-    spec.msg_len = cc.msg_len;
-    spec.window = cc.window;
-    spec.payload_bytes = cc.pmtu;
-    Registration reg;
-    if (options.force_ring)
-      reg.reason = "ring forced by options";
-    else if (world < 2)
-      reg.reason = "a single rank needs no box";
-    else if (!ips)
-      reg.reason = "a rank's GID has no IPv4 address (give --ipv4)";
-    else
-      reg = setup_rings(options, bootstrap, spec, R, owned);
-    // "I<id>,<id>,...:<reason>" or "R0:<reason>".
-    std::string ids;
-    for (uint32_t id : reg.ring_ids) ids += (ids.empty() ? "" : ",") + std::to_string(id);
-    decision = reg.installed ? "I" + ids + ":" + reg.reason : "R0:" + reg.reason;
+    PathDecision d;
+    if (options.force_ring) {
+      d.reason = "ring forced by options";
+    } else if (H < 2) {
+      d.reason = world < 2 ? "a single rank needs no box" : "a single host needs no box";
+    } else if (!ips) {
+      d.reason = "a rank's GID has no IPv4 address (give --ipv4)";
+    } else {
+      const Registration reg = setup_rings(options, bootstrap, specs, R, owned);
+      d.ina = reg.installed;
+      d.reason = reg.reason;
+      d.ring_ids = reg.ring_ids;
+    }
+    decision = encode_decision(d);
   }
   if (Error e = boot->broadcast(decision, deadline)) return e;
-  const size_t colon = decision.find(':');
-  if (decision.size() < 3 || colon == std::string::npos)
-    return Error::make(ErrorCode::bootstrap, "bootstrap: malformed path decision from rank 0");
-  cc.path = decision[0] == 'I' ? Path::ina : Path::ring;
-  cc.reason = decision.substr(colon + 1);
-  if (cc.path == Path::ina) {
-    for (size_t pos = 1; pos < colon;) {
-      const size_t end = std::min(decision.find(',', pos), colon);
-      cc.ring_ids.push_back(
-          static_cast<uint32_t>(std::strtoul(decision.c_str() + pos, nullptr, 10)));
-      pos = end + 1;
-    }
-    if (cc.ring_ids.size() != R)
-      return Error::make(ErrorCode::bootstrap, "bootstrap: rank 0 sent " +
-                                                   std::to_string(cc.ring_ids.size()) +
-                                                   " ring ids for " + std::to_string(R) + " rings");
+  {
+    PathDecision d;
+    if (Error e = decode_decision(decision, n * R, d)) return e;
+    cc.path = d.ina ? Path::ina : Path::ring;
+    cc.reason = d.reason;
+    if (d.ina) cc.ring_ids = my_ring_ids(d.ring_ids, loc.local_rank, R);
   }
 
+  // Step 5: the probe on every ring, and its verdict over all ranks.
   std::unique_ptr<Collective> coll;
   if (Error e = Collective::create(*t, cc, coll)) return e;
   if (cc.path == Path::ina) {
@@ -594,11 +641,14 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
         std::max(deadline, Clock::now() + std::chrono::milliseconds(options.daemon_timeout_ms));
     std::string ids;
     for (uint32_t id : cc.ring_ids) ids += (ids.empty() ? "" : ", ") + std::to_string(id);
-    if (Error e = probe_box(*coll, static_cast<unsigned>(rank), static_cast<unsigned>(world),
-                            probe_deadline, confirmed, why))
-      return Error::make(e.code,
-                         "the daemon installed ring" + std::string(R > 1 ? "s " : " ") + ids +
-                             " but the probe all-reduce through the box failed: " + e.message);
+    if (Error e = probe_box(*coll, loc.host, H, probe_deadline, confirmed, why))
+      return Error::make(
+          e.code,
+          "the daemon installed ring" + std::string(R > 1 ? "s " : " ") + ids +
+              (n > 1 ? " (local rank " + std::to_string(loc.local_rank) + "'s)" : std::string()) +
+              " but the probe all-reduce through the box failed: " + e.message);
+    if (n > 1 && !confirmed)
+      why = "local rank " + std::to_string(loc.local_rank) + "'s ring: " + why;
     if (Error e = boot->allgather(confirmed ? "1" : "0" + why, blobs, deadline)) return e;
     for (int r = 0; r < world; ++r) {
       if (blobs[r] == "1") continue;
@@ -613,6 +663,12 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   }
   auto impl = std::make_unique<Communicator::Impl>(std::move(t), std::move(coll), options);
   impl->owned_rings = std::move(owned);
+  if (n > 1) {
+    impl->local = std::move(local);
+    impl->global_rank = rank;
+    impl->global_world = world;
+    impl->host = loc.host;
+  }
   impl->close_barrier = [b = std::shared_ptr<Bootstrap>(std::move(boot)),
                          ms = std::max(options.op_timeout_ms, 1000)] {
     std::vector<std::string> all;

@@ -5,7 +5,12 @@ stripe s of shard l of every call (the rules written out here: shard l of
 count elements holds count // n, one more for l < count % n; stripe s of a
 shard likewise over R), the box counts H copies of it, and each host's
 payload bytes into the box equal one rank's data, not n x. Exit status 0
-(every size checked exact)."""
+(every size checked exact).
+
+--check-order: fp32 and fp64 sums of order-sensitive values, checked by the
+tool against parallel NetReduce's nested rule (local ranks, then hosts), with
+elements that would differ under the other nesting (so the check
+discriminates); on the ring path (--force-ring) the tool refuses to claim it."""
 import re
 import subprocess
 import sys
@@ -52,6 +57,23 @@ for h in range(H):
     if not re.search(rf"^# host {h}: {one_rank} payload bytes on the wire into the box "
                      rf"\(one rank's data: {one_rank}\)$", out, re.M):
         failures.append(f"host {h}: no line with {one_rank} bytes")
+p = subprocess.run([exe, "--loopback", "--loopback-box", "--world", str(H * N), "--local-size", str(N),
+                    "--rings", str(R), "-b", "8", "-e", "64K", "-f", "4", "-n", "1", "-w", "0",
+                    "-d", "fp32,fp64", "-o", "sum", "--check-order"], capture_output=True, text=True,
+                   timeout=120)
+m = re.search(r"^# order check: (\d+) elements against the nested rule \(local ranks in local order, "
+              rf"then {H} hosts in ring order\); (\d+) of them differ under the other nesting$",
+              p.stdout, re.M)
+# fp32: 2 + 8 + ... + 16384 elements over sizes 8 B .. 64 KB (x4); fp64 half of that
+want_checked = sum(b // 4 for b in (8, 32, 128, 512, 2048, 8192, 32768)) + \
+    sum(b // 8 for b in (8, 32, 128, 512, 2048, 8192, 32768))
+if p.returncode != 0 or not m or int(m.group(1)) != want_checked or int(m.group(2)) == 0:
+    failures.append(f"--check-order: exit {p.returncode}, {m and m.groups()} (want {want_checked} "
+                    f"checked, some differing): {p.stdout}{p.stderr}")
+p = subprocess.run([exe, "--loopback", "--loopback-box", "--force-ring", "--world", "4", "--local-size", "2",
+                    "-b", "8", "-e", "8", "--check-order"], capture_output=True, text=True, timeout=120)
+if p.returncode != 1 or "# order check: the path is ring" not in p.stdout:
+    failures.append(f"--check-order on the ring path: exit {p.returncode}: {p.stdout}{p.stderr}")
 for f in failures:
     print("FAIL", f)
 print(out if failures else "ok")

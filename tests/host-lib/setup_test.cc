@@ -625,6 +625,64 @@ TEST_CASE("daemon: striped rings are registered all or nothing", "[hostlib][daem
   }
 }
 
+TEST_CASE("daemon: a job with local ranks registers n x R rings in one call",
+          "[hostlib][daemon][stripe][local]") {
+  const std::string boot = "10.0.0.1:29500";
+  // Ring l: local rank l of every host. Two hosts' NICs each carry two
+  // local ranks here with their own addresses, so the specs differ.
+  std::vector<engine::RingSpec> specs(2, spec3());
+  specs[0].members = {0x0A000001, 0x0A000002};
+  specs[1].members = {0x0A000011, 0x0A000012};
+  SECTION("explicit ring_id: ring l R + s gets ring_id + l R + s, with ring l's members") {
+    FakeDaemon d;
+    Options o = opts_for(d);
+    o.ring_id = 100;
+    std::vector<std::unique_ptr<OwnedRing>> owned;
+    const Registration r = setup_rings(o, boot, specs, 2, owned);
+    INFO(r.reason);
+    REQUIRE(r.installed);
+    CHECK(r.ring_ids == std::vector<uint32_t>{100, 101, 102, 103});
+    CHECK(r.reason.find("4 rings (ids 100, 101, 102, 103) installed") == 0);
+    CHECK(r.reason.find("(2 local rings x 2 stripes)") != std::string::npos);
+    REQUIRE(owned.size() == 4);
+    const auto posts = d.calls_of("POST");
+    REQUIRE(posts.size() == 4);
+    for (unsigned g = 0; g < 4; ++g) {
+      engine::RingSpec back;
+      auto body = nlohmann::json::parse(posts[g].body);
+      body.erase("lease_ms");
+      REQUIRE(ring_from_json(body, back).ok());
+      CHECK(back.ring_id == 100 + g);
+      CHECK(back.members == specs[g / 2].members);
+    }
+    owned.clear();
+    CHECK(d.calls_of("DELETE").size() == 4);
+  }
+  SECTION("a refusal names the local rank's ring and the stripe; nothing stays") {
+    FakeDaemon d;
+    d.taken = {103};
+    Options o = opts_for(d);
+    o.ring_id = 100;
+    std::vector<std::unique_ptr<OwnedRing>> owned;
+    const Registration r = setup_rings(o, boot, specs, 2, owned);
+    CHECK(!r.installed);
+    CHECK(owned.empty());
+    CHECK(r.reason.find("ring 3 of 4 (local rank 1's ring, stripe 1, id 103): daemon at ") == 0);
+    CHECK(d.calls_of("DELETE").size() == 3);
+    std::lock_guard lk(d.mu);
+    CHECK(d.rings.empty());
+  }
+  SECTION("one spec is the striped registration exactly") {
+    FakeDaemon d;
+    Options o = opts_for(d);
+    o.ring_id = 100;
+    std::vector<std::unique_ptr<OwnedRing>> owned;
+    const Registration r = setup_rings(o, boot, std::vector<engine::RingSpec>{spec3()}, 3, owned);
+    CHECK(r.ring_ids == std::vector<uint32_t>{100, 101, 102});
+    CHECK(r.reason.find("local") == std::string::npos);
+  }
+}
+
 TEST_CASE("daemon: the box's worker count for rings 0", "[hostlib][daemon][stripe]") {
   FakeDaemon d;
   std::string why;

@@ -4,8 +4,9 @@ talking through the real netreduce-dataplane, wired the way the box is
 deployed. Scenarios are short scripts over this module:
 scenario_forwarding.py (1, and 5 for frames rxe made), scenario_allreduce.py
 (2, 5 for the box's aggregated frames, 3 and 4: libnetreduce with
-netreduced), scenario_lab.py (the lab itself). `nrlab.py --help` is a CLI
-for running things by hand.
+netreduced), scenario_lab.py (the lab itself), scenario_parallel.py (local
+ranks and striped rings, issue #16). `nrlab.py --help` is a CLI for running
+things by hand.
 
 Theory of operation
 -------------------

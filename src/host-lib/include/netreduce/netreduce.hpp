@@ -134,9 +134,10 @@ struct Options {
   // identity are one host; local ranks numbered in global rank order). Every
   // host must run the same number of ranks; explicit local ranks must be
   // 0..local_size-1 once each per host (all of a host's ranks give one, or
-  // none). local_size 1 is the plain communicator, byte for byte. So far
-  // only the loopback transport runs local ranks; the verbs communicator
-  // refuses local_size > 1 (and local_rank > 0), and -1 means 1 there.
+  // none). local_size 1 is the plain communicator, byte for byte. Over
+  // verbs each local rank is a process with its own QPs (one RC pair per
+  // stripe of its ring); several ranks started on one machine with the
+  // default -1 are one host's local ranks (give host_id to make them hosts).
   int local_rank = -1;
   int local_size = -1;
   // The host identity; empty: NETREDUCE_HOST_ID, else

@@ -1,0 +1,112 @@
+// The verbs communicator's job plan (theory of operation in job.h).
+#include "host-lib/job.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+
+namespace netreduce::host {
+namespace {
+
+Error bad(const std::string& m) { return Error::make(ErrorCode::bootstrap, "bootstrap: " + m); }
+
+// Strict unsigned decimal (or hex) field; false on anything else.
+bool parse_u64(const std::string& s, int base, uint64_t& out) {
+  if (s.empty() || s.size() > 20) return false;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, base);
+  if (errno != 0 || end != s.c_str() + s.size() || s[0] == '-' || s[0] == '+') return false;
+  out = v;
+  return true;
+}
+
+bool parse_int(const std::string& s, int& out) {
+  if (s == "-1") {
+    out = -1;
+    return true;
+  }
+  uint64_t v = 0;
+  if (!parse_u64(s, 10, v) || v > 0x7FFFFFFF) return false;
+  out = static_cast<int>(v);
+  return true;
+}
+
+}  // namespace
+
+std::string encode_job_header(unsigned stripes, uint64_t nonce) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%u %016" PRIx64, stripes, nonce);
+  return buf;
+}
+
+Error decode_job_header(const std::string& s, unsigned& stripes, uint64_t& nonce) {
+  const size_t sp = s.find(' ');
+  uint64_t r = 0;
+  if (sp == std::string::npos || !parse_u64(s.substr(0, sp), 10, r) ||
+      !parse_u64(s.substr(sp + 1), 16, nonce) || r > 0xFFFFFFFFu)
+    return bad("malformed job header from rank 0: '" + s + "'");
+  stripes = static_cast<unsigned>(r);
+  return {};
+}
+
+// "<local_rank> <local_size> <host id>" (the host id last: it may hold spaces).
+std::string encode_claim(const LocalityClaim& c) {
+  return std::to_string(c.local_rank) + " " + std::to_string(c.local_size) + " " + c.host_id;
+}
+
+Error decode_claim(const std::string& s, unsigned rank, LocalityClaim& out) {
+  const size_t a = s.find(' ');
+  const size_t b = a == std::string::npos ? a : s.find(' ', a + 1);
+  if (b == std::string::npos || !parse_int(s.substr(0, a), out.local_rank) ||
+      !parse_int(s.substr(a + 1, b - a - 1), out.local_size) || b + 1 >= s.size())
+    return bad("rank " + std::to_string(rank) + " sent a malformed locality claim");
+  out.host_id = s.substr(b + 1);
+  return {};
+}
+
+std::string lane_label(unsigned local_rank, unsigned local_size, unsigned stripe) {
+  if (local_size <= 1) return "ring " + std::to_string(stripe);
+  return "local rank " + std::to_string(local_rank) + "'s ring, stripe " + std::to_string(stripe);
+}
+
+std::string encode_decision(const PathDecision& d) {
+  if (!d.ina) return "R0:" + d.reason;
+  std::string ids;
+  for (uint32_t id : d.ring_ids) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  return "I" + ids + ":" + d.reason;
+}
+
+Error decode_decision(const std::string& s, unsigned rings, PathDecision& out) {
+  out = {};
+  const size_t colon = s.find(':');
+  if (s.size() < 3 || colon == std::string::npos || (s[0] != 'I' && s[0] != 'R'))
+    return bad("malformed path decision from rank 0");
+  out.ina = s[0] == 'I';
+  out.reason = s.substr(colon + 1);
+  if (!out.ina) return {};
+  for (size_t pos = 1;;) {
+    const size_t end = std::min(s.find(',', pos), colon);
+    uint64_t id = 0;
+    if (!parse_u64(s.substr(pos, end - pos), 10, id) || id == 0 || id > 0xFFFFFFFFu)
+      return bad("malformed ring id in the path decision from rank 0");
+    out.ring_ids.push_back(static_cast<uint32_t>(id));
+    if (end == colon) break;
+    pos = end + 1;
+  }
+  if (out.ring_ids.size() != rings)
+    return bad("rank 0 sent " + std::to_string(out.ring_ids.size()) + " ring ids for " +
+               std::to_string(rings) + " rings");
+  return {};
+}
+
+std::vector<uint32_t> my_ring_ids(const std::vector<uint32_t>& job, unsigned local_rank,
+                                  unsigned stripes) {
+  const size_t first = size_t{local_rank} * stripes;
+  if (first + stripes > job.size()) return {};
+  return {job.begin() + static_cast<long>(first), job.begin() + static_cast<long>(first + stripes)};
+}
+
+}  // namespace netreduce::host

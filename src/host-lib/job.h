@@ -1,0 +1,66 @@
+// The verbs communicator's job plan: what its bootstrap exchanges and
+// decides, as pure functions (tested without RDMA hardware).
+//
+// Theory of operation
+// -------------------
+// Every rank of the job (P ranks, global numbering) joins one bootstrap.
+//   1. Rank 0 broadcasts the job header: the number of stripes R and a
+//      random job nonce ("R <nonce hex>"). The nonce names the hosts' shared
+//      segments (local.h), so two jobs on one host never meet.
+//   2. An allgather of every rank's locality claim (host identity, the
+//      local_rank / local_size options) that resolve_locality() turns into
+//      hosts, local ranks and rings: ring l = local rank l of every host, in
+//      host order. Without local ranks (local_size 1) there is one ring, the
+//      ranks in global order, and everything below is exactly the plain
+//      communicator of before.
+//   3. The QP exchange (verbs.cc): every rank's PeerInfo to every rank; rank
+//      r connects its R lanes to its ring's successor and predecessor.
+//   4. Rank 0 registers the job's n x R rings (ring l R + s: local rank l's
+//      ring, stripe s; members: ring l's IPs, host order) in one
+//      setup_rings() call and broadcasts the decision: "I<id>,...:<reason>"
+//      with n x R ids, or "R0:<reason>". Local rank l takes ids
+//      [l R, l R + R).
+//   5. The probe (one element per stripe on every ring) and its verdict
+//      allgather run over all P ranks: one rank's failed probe sends the whole
+//      job to the ring path.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "host-lib/local.h"
+
+namespace netreduce::host {
+
+// Step 1: the job header.
+std::string encode_job_header(unsigned stripes, uint64_t nonce);
+Error decode_job_header(const std::string& s, unsigned& stripes, uint64_t& nonce);
+
+// Step 2: one rank's claim in the bootstrap's allgather.
+std::string encode_claim(const LocalityClaim& c);
+Error decode_claim(const std::string& s, unsigned rank, LocalityClaim& out);
+
+// Ring index (0 .. n R - 1) of local rank l's stripe s.
+inline unsigned job_ring_index(unsigned local_rank, unsigned stripes, unsigned stripe) {
+  return local_rank * stripes + stripe;
+}
+
+// How errors name a lane: "ring s" without local ranks (as before), else
+// "local rank l's ring, stripe s".
+std::string lane_label(unsigned local_rank, unsigned local_size, unsigned stripe);
+
+// Step 4: rank 0's decision, and every rank's reading of it.
+struct PathDecision {
+  bool ina = false;
+  std::vector<uint32_t> ring_ids;  // all n x R, job order
+  std::string reason;
+};
+std::string encode_decision(const PathDecision& d);
+// `rings`: n x R expected. Error (bootstrap) on anything malformed.
+Error decode_decision(const std::string& s, unsigned rings, PathDecision& out);
+// Local rank l's R ids out of the job's.
+std::vector<uint32_t> my_ring_ids(const std::vector<uint32_t>& job, unsigned local_rank,
+                                  unsigned stripes);
+
+}  // namespace netreduce::host
