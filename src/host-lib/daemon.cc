@@ -249,15 +249,23 @@ Registration setup_rings(const Options& options, const std::string& bootstrap,
 Registration setup_rings(const Options& options, const std::string& bootstrap,
                          const std::vector<engine::RingSpec>& specs, unsigned stripes,
                          std::vector<std::unique_ptr<OwnedRing>>& owned) {
+  std::vector<engine::RingSpec> per_ring;
+  for (const engine::RingSpec& s : specs) per_ring.insert(per_ring.end(), stripes, s);
+  return setup_job_rings(options, bootstrap, per_ring, stripes, owned);
+}
+
+Registration setup_job_rings(const Options& options, const std::string& bootstrap,
+                             const std::vector<engine::RingSpec>& per_ring, unsigned stripes,
+                             std::vector<std::unique_ptr<OwnedRing>>& owned) {
   owned.clear();
   Registration all;
   std::string ids;
-  const unsigned n = static_cast<unsigned>(specs.size()), rings = n * stripes;
+  const unsigned rings = static_cast<unsigned>(per_ring.size()), n = rings / stripes;
   for (unsigned g = 0; g < rings; ++g) {
     Options o = options;
     if (o.ring_id) o.ring_id = options.ring_id + g;  // the caller checked it does not wrap
     std::unique_ptr<OwnedRing> one;
-    Registration reg = setup_ring(o, bootstrap, specs[g / stripes], one);
+    Registration reg = setup_ring(o, bootstrap, per_ring[g], one);
     if (rings == 1) {
       reg.ring_ids = {reg.ring_id};
       if (reg.installed) owned.push_back(std::move(one));

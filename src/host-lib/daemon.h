@@ -104,9 +104,17 @@ Registration setup_rings(const Options& options, const std::string& bootstrap,
                          const std::vector<engine::RingSpec>& specs, unsigned stripes,
                          std::vector<std::unique_ptr<OwnedRing>>& owned);
 
+// The same with one spec per ring (ring g = local rank g / stripes's ring,
+// stripe g % stripes): what the verbs communicator registers, since each
+// ring names its own QPs (RingSpec::qpns: the box spreads a job's rings over
+// its workers by them). The overloads above expand to it.
+Registration setup_job_rings(const Options& options, const std::string& bootstrap,
+                             const std::vector<engine::RingSpec>& per_ring, unsigned stripes,
+                             std::vector<std::unique_ptr<OwnedRing>>& owned);
+
 // The box's worker count as the daemon reports it (GET /v1/status: the
-// length of dataplane.workers): Options::rings 0's value once placement
-// spreads one job's rings over workers (verbs.cc says why not yet). 0, with `why`, when
+// length of dataplane.workers): Options::rings 0's value (the box spreads a
+// job's rings over its workers by their QPs). 0, with `why`, when
 // the daemon does not answer or reports no workers (data plane down).
 unsigned box_workers(const DaemonTarget& target, int timeout_ms, std::string& why);
 

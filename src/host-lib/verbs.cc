@@ -504,15 +504,22 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
     return e;
 
   // Step 1 (job.h): rank 0 decides the number of rings per local ring (the
-  // stripes R): Options::rings, or 1 for 0. Not the box's worker count
-  // (box_workers) yet: the box places rings by link, so one job's rings
-  // (same members, same links) all land on one worker, and more rings would
-  // cost its memory quota and mbufs, and each rank QPs and receive memory,
-  // for no throughput. Placement by connection (#16) makes the worker count
-  // the right default. With it, the job nonce (shared segments' names).
+  // stripes R): Options::rings, or for 0 the box's worker count (the box
+  // spreads a job's rings over its workers by their QPs: each ring's spec
+  // names them), 1 without a box or with the ring path forced. With it, the
+  // job nonce (shared segments' names).
   std::string header;
-  if (rank == 0)
-    header = encode_job_header(options.rings == 0 ? 1u : options.rings, random_nonce());
+  if (rank == 0) {
+    unsigned r = options.rings;
+    if (r == 0) {
+      std::string why;
+      r = options.force_ring
+              ? 1u
+              : std::clamp(box_workers(daemon_target(options), options.daemon_timeout_ms, why), 1u,
+                           kMaxRings);
+    }
+    header = encode_job_header(r, random_nonce());
+  }
   if (Error e = boot->broadcast(header, deadline)) return e;
   unsigned R = 0;
   uint64_t nonce = 0;
@@ -593,17 +600,23 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   std::string decision;
   std::vector<std::unique_ptr<OwnedRing>> owned;
   if (rank == 0) {
-    std::vector<engine::RingSpec> specs(n);
+    // Ring l R + s: local rank l of every host, stripe s; each member's
+    // receiving QP of that stripe (qpns) lets the box run the job's rings
+    // on different workers.
+    std::vector<engine::RingSpec> specs(size_t{n} * R);
     bool ips = true;
-    for (unsigned l = 0; l < n; ++l) {
-      for (unsigned g : loc.rings[l]) {
-        specs[l].members.push_back(all[g].ipv4);
-        ips = ips && all[g].ipv4 != 0;
+    for (unsigned l = 0; l < n; ++l)
+      for (unsigned s = 0; s < R; ++s) {
+        engine::RingSpec& sp = specs[size_t{l} * R + s];
+        for (unsigned g : loc.rings[l]) {
+          sp.members.push_back(all[g].ipv4);
+          sp.qpns.push_back(all[g].qpn_p[s]);
+          ips = ips && all[g].ipv4 != 0;
+        }
+        sp.msg_len = cc.msg_len;
+        sp.window = cc.window;
+        sp.payload_bytes = cc.pmtu;
       }
-      specs[l].msg_len = cc.msg_len;
-      specs[l].window = cc.window;
-      specs[l].payload_bytes = cc.pmtu;
-    }
     PathDecision d;
     if (options.force_ring) {
       d.reason = "ring forced by options";
@@ -612,7 +625,7 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
     } else if (!ips) {
       d.reason = "a rank's GID has no IPv4 address (give --ipv4)";
     } else {
-      const Registration reg = setup_rings(options, bootstrap, specs, R, owned);
+      const Registration reg = setup_job_rings(options, bootstrap, specs, R, owned);
       d.ina = reg.installed;
       d.reason = reg.reason;
       d.ring_ids = reg.ring_ids;

@@ -672,6 +672,28 @@ TEST_CASE("daemon: a job with local ranks registers n x R rings in one call",
     std::lock_guard lk(d.mu);
     CHECK(d.rings.empty());
   }
+  SECTION("one spec per ring: each ring's own qpns reach the daemon (placement by connection)") {
+    FakeDaemon d;
+    Options o = opts_for(d);
+    o.ring_id = 100;
+    std::vector<engine::RingSpec> per_ring;
+    for (unsigned g = 0; g < 4; ++g) {
+      per_ring.push_back(specs[g / 2]);
+      per_ring.back().qpns = {0x100 + g, 0x200 + g};
+    }
+    std::vector<std::unique_ptr<OwnedRing>> owned;
+    const Registration r = setup_job_rings(o, boot, per_ring, 2, owned);
+    INFO(r.reason);
+    REQUIRE(r.installed);
+    CHECK(r.reason.find("(2 local rings x 2 stripes)") != std::string::npos);
+    const auto posts = d.calls_of("POST");
+    REQUIRE(posts.size() == 4);
+    for (unsigned g = 0; g < 4; ++g) {
+      const auto body = nlohmann::json::parse(posts[g].body);
+      CHECK(body.at("qpns") == nlohmann::json{0x100 + g, 0x200 + g});
+      CHECK(body.at("id") == 100 + g);
+    }
+  }
   SECTION("one spec is the striped registration exactly") {
     FakeDaemon d;
     Options o = opts_for(d);

@@ -123,9 +123,9 @@ struct Options {
   uint8_t qp_timeout = 14;
   std::string ipv4;
   // Rings side by side (striping; see the top of this file), 1..8. 0
-  // (default): 1, until the box spreads one job's rings over its workers
-  // (today they share links, so one worker owns them all, and more rings
-  // cost box memory for no throughput). Rank 0 decides and every rank must
+  // (default): the box's worker count (capped at 8; the box spreads a job's
+  // rings over its workers by their QPs), 1 without a box or with
+  // force_ring. Rank 0 decides and every rank must
   // give the same value. With an explicit ring_id, ring
   // i registers id ring_id + i; derived ids are derived per ring.
   unsigned rings = 0;
