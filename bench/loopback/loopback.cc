@@ -179,6 +179,7 @@ struct Options {
   std::string reduce_mode = "deterministic";  // inproc: the box's engine.reduce_mode
   unsigned workers = 1;                       // inproc: box workers
   bool per_worker = false;                    // inproc: the per-worker phase instead of the sweep
+  bool stripes = false;  // per-worker phase: the rings are one job's stripes (same members)
 };
 
 struct Figures {
@@ -502,6 +503,10 @@ netreduce::engine::RingSpec ring_of(const nb::Traffic& t) {
   ring.msg_len = t.spec().msg_len;
   ring.window = t.spec().window;
   ring.payload_bytes = t.spec().pmtu;
+  // Each member's receiving QP, as the host library registers it: lets the
+  // box spread rings over the same members (--stripes) by connection.
+  const auto a = t.addressing();
+  for (unsigned r = 0; r < t.spec().ranks; ++r) ring.qpns.push_back(a.recv_qpn(r));
   return ring;
 }
 
@@ -836,6 +841,10 @@ void per_worker_thread(PhaseShared& sh, unsigned q) {
       for (const std::string& dt : o.dtypes) {
         nb::TrafficSpec s;
         s.ring_id = o.ring_id + q;
+        if (o.stripes) {  // one job: the same members, each ring its own QPs
+          s.members_of = o.ring_id;
+          s.qpn0 = netreduce::testing::RingAddressing::kQpn0 + 0x100 * q;
+        }
         s.ranks = P;
         s.pmtu = static_cast<uint16_t>(payload);
         s.msg_len = static_cast<uint16_t>(o.msg_len);
@@ -848,6 +857,7 @@ void per_worker_thread(PhaseShared& sh, unsigned q) {
           for (unsigned r = 0; r < sh.n; ++r) {
             nb::TrafficSpec sr = s;
             sr.ring_id = o.ring_id + r;
+            if (o.stripes) sr.qpn0 = netreduce::testing::RingAddressing::kQpn0 + 0x100 * r;
             box->call(netreduce::dpcmd::install_ring(ring_of(nb::Traffic(sr))));
           }
         sh.barrier(gen);
@@ -1070,6 +1080,10 @@ int main(int argc, char** argv) {
                  "inproc: box workers (1 or 2; 2 runs the per-worker phase: one ring and one "
                  "generator thread per worker, on lcores sharing the 2 CPUs)")
       ->check(CLI::Range(1, 2));
+  app.add_flag("--stripes", o.stripes,
+               "per-worker phase: the rings are the stripes of one job (the same members, "
+               "each ring its own QPs, as the host library's Options::rings registers them): "
+               "the box spreads them over its workers by connection");
   app.add_flag("--per-worker", o.per_worker,
                "inproc: the per-worker phase instead of the sweep (aggregate only; per box "
                "worker: busy and CPU ns per packet), e.g. with --workers 1 as the baseline");

@@ -90,10 +90,11 @@ Traffic::Traffic(const TrafficSpec& spec) : spec_(spec) {
 }
 
 // Rank r at 10.77.<ring id's low byte>.(r + 1): rings of different ids
-// (--workers 2) have disjoint members.
+// (--workers 2) have disjoint members, unless members_of names one id for
+// all (--stripes: one job's rings, told apart by their QPs).
 testing::RingAddressing Traffic::addressing() const {
-  return {spec_.ranks, 10u << 24 | 77u << 16 | (spec_.ring_id & 0xFF) << 8 | 1u,
-          testing::RingAddressing::kQpn0};
+  const uint32_t id = spec_.members_of ? spec_.members_of : spec_.ring_id;
+  return {spec_.ranks, 10u << 24 | 77u << 16 | (id & 0xFF) << 8 | 1u, spec_.qpn0};
 }
 
 uint32_t Traffic::member(unsigned rank) const { return addressing().ip(rank); }

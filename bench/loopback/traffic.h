@@ -49,6 +49,10 @@ struct TrafficSpec {
   wire::Dtype dtype = wire::Dtype::fp32;
   uint16_t window = 16;
   uint32_t msg_id0 = 1;
+  // Members come from this id's low byte (0: from ring_id's): the stripes of
+  // one job share their members and differ in QPs (qpn0).
+  uint32_t members_of = 0;
+  uint32_t qpn0 = testing::RingAddressing::kQpn0;  // rank r receives on qpn0 + r
 };
 
 // Names the first bad field of a spec, or "" if it is usable.
