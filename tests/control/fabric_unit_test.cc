@@ -2,11 +2,14 @@
 // tree computation (control/fabric.h): each involved box's tree JSON against
 // the expected JSON written out by hand here.
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "common/ring_json.h"
 #include "control/config.h"
 #include "control/fabric.h"
+#include "control/state.h"
 #include "engine/engine_json.h"
 
 using namespace netreduce;
@@ -238,4 +241,76 @@ TEST_CASE("fabric trees: one rack is a plain ring on its leaf; a member in no ra
   CHECK(s.code() == StatusCode::invalid_argument);
   CHECK(s.field() == "members[2]");
   CHECK_THAT(s.message(), Catch::Contains("10.77.0.1") && Catch::Contains("no rack"));
+}
+
+TEST_CASE("state file: a fabric ring's entry, node, peers and pending removals round-trip",
+          "[control][fabric][state]") {
+  char tmpl[] = "/tmp/nrctl-fabric-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  StateFile st(dir + "/state.json");
+  const engine::RingSpec spec = ring({"10.1.0.1", "10.2.0.1"});
+  std::vector<FabricEntry> entries;
+  REQUIRE(compute_fabric_entries(spec, fabric(), entries).ok());
+  REQUIRE(entries.size() == 3);  // leafA, leafB, spine (fabric order: spine first)
+  RingMap rings;
+  RingRecord origin;  // at leafA: its node and the other two boxes' entries
+  origin.spec = spec;
+  origin.credential = std::string(32, 'c');
+  origin.lease_ms = 5000;
+  origin.entry = std::string(32, 'e');
+  for (const FabricEntry& e : entries) {
+    if (e.box == "leafA") {
+      origin.tree = e.tree;
+    } else {
+      PeerPush p;
+      p.box = e.box;
+      p.ring = fabric_entry_json(spec, e);
+      p.pushed = true;  // memory only: comes back false
+      origin.peers.push_back(p);
+    }
+  }
+  engine::RingSpec other = spec;
+  other.ring_id = 8;
+  RingRecord peer;  // an entry another box pushed here
+  peer.spec = other;
+  peer.entry = std::string(32, 'f');
+  peer.origin = "spine";
+  RingRecord outside;  // an origin that holds no part
+  outside.spec = other;
+  outside.spec.ring_id = 9;
+  outside.entry = std::string(32, 'a');
+  outside.local = false;
+  rings.emplace(7, origin);
+  rings.emplace(8, peer);
+  rings.emplace(9, outside);
+  const std::vector<FabricDelete> dels = {{"leafB", 3, std::string(32, 'b')}};
+  REQUIRE(st.save(rings, dels).ok());
+  RingMap back;
+  std::vector<FabricDelete> dels_back;
+  const Status s = st.load(back, &dels_back);
+  INFO(s.to_string());
+  REQUIRE(s.ok());
+  CHECK(dels_back == dels);
+  REQUIRE(back.size() == 3);
+  const RingRecord& o = back.at(7);
+  CHECK(o.entry == origin.entry);
+  CHECK(o.origin.empty());
+  CHECK(o.local);
+  CHECK(o.tree == origin.tree);
+  REQUIRE(o.peers.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(o.peers[i].box == origin.peers[i].box);
+    CHECK(o.peers[i].ring == origin.peers[i].ring);
+    CHECK_FALSE(o.peers[i].pushed);  // a restarted origin pushes once more
+  }
+  CHECK(back.at(8).origin == "spine");
+  CHECK_FALSE(back.at(8).tree.has_value());
+  CHECK(back.at(8).credential.empty());
+  CHECK_FALSE(back.at(9).local);
+  // Callers that take no removals list (load(rings)) read the same file.
+  RingMap plain;
+  REQUIRE(st.load(plain).ok());
+  CHECK(plain.size() == 3);
+  std::filesystem::remove_all(dir);
 }
