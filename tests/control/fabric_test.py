@@ -11,9 +11,11 @@ Scenarios:
                   every box's push state; a restarted peer daemon and a restarted peer data
                   plane get their entry back; DELETE removes it everywhere; a ring within one
                   rack installs only on its leaf (plain, no tree); a member in no rack is a 400
-  fabric_peer_down  a peer daemon down at POST time gets its entry when it comes back; a leased
-                  ring not renewed at the origin disappears from every box; the fabric route
-                  refuses the operator token and the fabric token opens no other route
+  fabric_peer_down  a peer daemon down at POST time gets its entry when it comes back, and one
+                  down at DELETE time loses it when back; a leased ring not renewed at the origin
+                  disappears from every box, and so do the peers' copies when the origin's
+                  daemon dies; the fabric route refuses the operator token and the fabric token
+                  opens no other route
 """
 import json
 import os
@@ -262,6 +264,18 @@ def scenario_fabric_peer_down(tmp):
     for dp in dps.values():
         assert dp_ring(dp, 32) is not None
     check_installed(dps, 32, {})  # no more renewals: expired at the origin, removed everywhere
+
+    # The origin's daemon gone (kill -9): nobody renews the peers' copies, which drop their
+    # entries by themselves one lease later; back, its state expires the ring everywhere.
+    st, body = a.call("POST", "/v1/rings", dict(ring(34, FOUR), lease_ms=1500))
+    assert st == 201, body
+    check_installed(dps, 34, WANT_TREE)
+    a.kill9()
+    check_installed({"spine": dps["spine"], "leafB": dps["leafB"]}, 34, {})
+    a.start()
+    check_installed(dps, 34, {})
+    for d in ds.values():
+        wait_until("no ring left at %s" % d.name, lambda: d.call("GET", "/v1/rings")[1] == {"rings": []})
 
     # The fabric route takes the fabric token only; the fabric token opens nothing else.
     expect_error(spine.call("POST", "/v1/fabric/rings", {"ring": ring(33, FOUR)}), 401,
