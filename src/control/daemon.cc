@@ -318,9 +318,12 @@ json Daemon::ring_reply_locked(const RingRecord& rec) const {
 }
 
 json Daemon::fabric_view_locked(const RingRecord& rec) const {
+  // A state file written with a fabric section may be read by a daemon
+  // started without one: it keeps the rings but pushes nothing.
+  const json self = cfg_.fabric ? json(cfg_.fabric->self) : json();
   json f = {{"entry", rec.entry},
-            {"origin", rec.origin.empty() ? cfg_.fabric->self : rec.origin},
-            {"box", cfg_.fabric->self},
+            {"origin", rec.origin.empty() ? self : json(rec.origin)},
+            {"box", self},
             {"local", rec.local},
             {"tree", rec.tree ? tree_to_json(*rec.tree) : json()}};
   if (rec.origin.empty()) {
@@ -773,6 +776,14 @@ Reply Daemon::fabric_put(const json& body) {
     return error_reply(
         {StatusCode::resource_exhausted, "quotas.max_rings",
          "the daemon holds its maximum of " + std::to_string(cfg_.max_rings) + " rings"});
+  }
+  const uint64_t need = engine::ring_memory_bytes(rec.spec, engine::ReduceMode::deterministic);
+  if (const uint64_t used = memory_locked(); used + need > cfg_.max_memory) {
+    if (replaced) rings_.emplace(id, *replaced);
+    return error_reply({StatusCode::resource_exhausted, "quotas.max_memory",
+                        "the ring needs " + std::to_string(need) + " bytes; " +
+                            std::to_string(used) + " of " + std::to_string(cfg_.max_memory) +
+                            " are taken on box " + cfg_.fabric->self});
   }
   rings_.emplace(id, rec);
   if (Status s = save_locked(); !s) {

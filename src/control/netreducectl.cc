@@ -225,8 +225,7 @@ void print_ring(const json& r) {
   for (const auto& [k, v] : c_drops.items())
     if (v.is_number() && v.get<double>() != 0) rows.push_back({"drop " + k, str(v)});
   const json tree = c.value("tree", json::object());
-  for (const auto& [k, v] : tree.items())
-    rows.push_back({"tree " + k, str(v)});
+  for (const auto& [k, v] : tree.items()) rows.push_back({"tree " + k, str(v)});
   table({"COUNTER", "VALUE"}, rows);
 }
 

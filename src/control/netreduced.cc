@@ -64,6 +64,18 @@ void send_error(httplib::Response& res, int http, const std::string& code, const
 }
 
 // The {id} of /v1/rings/{id}: a decimal unsigned 32-bit integer.
+// Parses a request body as JSON; false after answering 400.
+bool json_body(const std::string& text, httplib::Response& res, json& out) {
+  try {
+    out = json::parse(text);
+    return true;
+  } catch (const std::exception& e) {
+    send_error(res, 400, "invalid_argument", "",
+               std::string("body is not JSON (UTF-8): ") + e.what());
+    return false;
+  }
+}
+
 bool ring_id(const httplib::Request& req, httplib::Response& res, uint32_t& id) {
   const std::string s = req.matches[1];
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), id);
@@ -166,13 +178,7 @@ int main(int argc, char** argv) {
   svr.post("/v1/rings", kAuth | kDataplane,
            [&](const httplib::Request& req, httplib::Response& res, const std::string& text) {
              json body;
-             try {
-               body = json::parse(text);
-             } catch (const std::exception& e) {
-               return send_error(res, 400, "invalid_argument", "",
-                                 std::string("body is not JSON (UTF-8): ") + e.what());
-             }
-             send(res, daemon.create_ring(body, ring_auth(req)));
+             if (json_body(text, res, body)) send(res, daemon.create_ring(body, ring_auth(req)));
            });
   svr.get("/v1/rings", kDataplane,
           [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.list_rings()); });
@@ -195,13 +201,7 @@ int main(int argc, char** argv) {
   svr.post("/v1/fabric/rings", kAuth | kDataplane,
            [&](const httplib::Request&, httplib::Response& res, const std::string& text) {
              json body;
-             try {
-               body = json::parse(text);
-             } catch (const std::exception& e) {
-               return send_error(res, 400, "invalid_argument", "",
-                                 std::string("body is not JSON (UTF-8): ") + e.what());
-             }
-             send(res, daemon.fabric_put(body));
+             if (json_body(text, res, body)) send(res, daemon.fabric_put(body));
            });
   svr.del(R"(/v1/fabric/rings/([^/]+))", kAuth | kDataplane,
           [&](const httplib::Request& req, httplib::Response& res) {

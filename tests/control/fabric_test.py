@@ -132,6 +132,15 @@ def setup(tmp, with_dataplanes=True):
     return ds, dps
 
 
+def teardown(ds, dps):
+    """Clean exits: each data plane's shutdown command, each daemon's SIGTERM (exit 0)."""
+    for dp in dps.values():
+        dp.ask(cmd="shutdown")
+        dp.proc.wait(timeout=30)
+    for d in ds.values():
+        d.stop()
+
+
 def check_installed(dps, rid, want):
     """want: box -> expected tree JSON ("plain": no tree; None: not installed)."""
     for box, dp in dps.items():
@@ -220,11 +229,7 @@ def scenario_fabric(tmp):
     check_installed(dps, 23, {})
     for d in ds.values():
         assert d.call("GET", "/v1/rings")[1] == {"rings": []}, d.name
-    for dp in dps.values():
-        dp.ask(cmd="shutdown")
-        dp.proc.wait(timeout=30)
-    for d in ds.values():
-        d.stop()
+    teardown(ds, dps)
     print("fabric: one POST installed 3 tree entries; restarts of a peer daemon and of two data "
           "planes restored them; DELETE removed all; a one-rack ring went to its leaf only")
 
@@ -284,11 +289,7 @@ def scenario_fabric_peer_down(tmp):
                  "unauthorized", "Authorization")
     expect_error(spine.call("POST", "/v1/fabric/rings", {"origin": "leafZ", "ring": ring(33, FOUR)},
                             token=FABRIC_TOKEN), 400, "invalid_argument", "origin")
-    for dp in dps.values():
-        dp.ask(cmd="shutdown")
-        dp.proc.wait(timeout=30)
-    for d in ds.values():
-        d.stop()
+    teardown(ds, dps)
     print("fabric_peer_down: a peer down at POST and at DELETE caught up when back; a lease "
           "not renewed removed every box's entry")
 
