@@ -62,6 +62,17 @@ json install_cmd(const RingRecord& rec) {
   return {{"cmd", dpcmd::kInstallRing}, {"ring", ring_tree_to_json(rec.spec, rec.tree)}};
 }
 
+// A ring reply's "installed": this box's part (true at an origin that holds
+// none) and, at a fabric ring's origin, every peer's entry accepted and
+// installed there, so the host library's wait for "installed" covers the
+// whole tree. "fabric.installed_here" keeps this box's own part.
+void set_installed(json& j, bool here, const RingRecord& rec) {
+  bool all = rec.local ? here : true;
+  for (const PeerPush& p : rec.peers) all = all && p.pushed && p.installed;
+  j["installed"] = all;
+  if (!rec.entry.empty() && j.contains("fabric")) j["fabric"]["installed_here"] = rec.local && here;
+}
+
 // A data plane ring report ({"spec": ring JSON + "tree", ...}) is this record, installed.
 bool installed_as(const json& r, const RingRecord& rec) {
   engine::RingSpec have;
@@ -329,7 +340,10 @@ json Daemon::fabric_view_locked(const RingRecord& rec) const {
   if (rec.origin.empty()) {
     json boxes = json::array();
     for (const PeerPush& p : rec.peers) {
-      json b = {{"box", p.box}, {"pushed", p.pushed}, {"tree", p.ring.value("tree", json())}};
+      json b = {{"box", p.box},
+                {"pushed", p.pushed},
+                {"installed", p.installed},
+                {"tree", p.ring.value("tree", json())}};
       if (!p.error.empty()) b["error"] = p.error;
       boxes.push_back(std::move(b));
     }
@@ -371,7 +385,8 @@ bool Daemon::push_pass() {
     for (const FabricDelete& d : deletes_) tasks.push_back({true, d.box, d.id, d.entry, {}});
     for (const auto& [id, rec] : rings_)
       for (const PeerPush& p : rec.peers) {
-        const bool retry = !p.pushed && now - p.last_push >= std::chrono::seconds(1);
+        const bool retry =
+            !(p.pushed && p.installed) && now - p.last_push >= std::chrono::seconds(1);
         const bool renew = p.pushed && rec.lease_ms &&
                            now - p.last_push >= std::chrono::milliseconds(rec.lease_ms / 3);
         if (!retry && !renew) continue;
@@ -388,6 +403,7 @@ bool Daemon::push_pass() {
   for (const Task& t : tasks) {
     const int bi = cfg_.fabric->find(t.box);
     std::string error;
+    bool peer_installed = false;
     if (bi < 0) {
       error = "box " + t.box + " is no longer in the fabric configuration";
     } else {
@@ -410,6 +426,11 @@ bool Daemon::push_pass() {
         } catch (const std::exception&) {
         }
         error = b.daemon + ": HTTP " + std::to_string(res->status) + ": " + msg;
+      } else if (!t.remove) {
+        try {
+          peer_installed = json::parse(res->body).at("ring").at("installed").get<bool>();
+        } catch (const std::exception&) {
+        }
       }
     }
     std::lock_guard lock(mu_);
@@ -439,12 +460,13 @@ bool Daemon::push_pass() {
       if (error.empty()) {
         if (!p.pushed) spdlog::info("fabric: ring {} entry accepted by box {}", t.id, t.box);
         p.pushed = true;
+        p.installed = peer_installed;
         p.error.clear();
         ++counters_.fabric_pushes;
       } else {
         if (p.error != error)
           spdlog::warn("fabric: ring {} push to box {}: {}", t.id, t.box, error);
-        p.pushed = false;  // retried within a second (a renewal is the same call)
+        p.pushed = p.installed = false;  // retried within a second (a renewal is the same call)
         p.error = error;
         ++counters_.fabric_push_failures;
       }
@@ -454,7 +476,7 @@ bool Daemon::push_pass() {
     std::lock_guard lock(mu_);
     uint64_t pending = deletes_.size();
     for (const auto& [id, rec] : rings_)
-      for (const PeerPush& p : rec.peers) pending += p.pushed ? 0 : 1;
+      for (const PeerPush& p : rec.peers) pending += p.pushed && p.installed ? 0 : 1;
     fabric_pending_ = pending;
   }
   return !tasks.empty();
@@ -472,9 +494,13 @@ Reply Daemon::create_ring(const json& body, const RingAuth& auth) {
   push_pass();
   std::lock_guard lock(mu_);
   const uint32_t id = r.body["ring"]["id"].get<uint32_t>();
+  json& ring = r.body["ring"];
   if (auto it = rings_.find(id);
-      it != rings_.end() && it->second.entry == r.body["ring"]["fabric"]["entry"])
-    r.body["ring"]["fabric"] = fabric_view_locked(it->second);
+      it != rings_.end() && it->second.entry == ring["fabric"]["entry"]) {
+    const bool here = ring["fabric"].value("installed_here", false);
+    ring["fabric"] = fabric_view_locked(it->second);
+    set_installed(ring, here, it->second);
+  }
   return r;
 }
 
@@ -589,7 +615,7 @@ Reply Daemon::create_ring_here(const json& body, const RingAuth& auth) {
     return error_reply(s);
   }
   json j = ring_reply_locked(rec);
-  j["installed"] = installed;
+  set_installed(j, installed, rec);
   if (!installed && rec.local)
     j["dataplane_error"] = s.message();  // pushed when the data plane connects
   j["credential"] = rec.credential;      // the only time the daemon tells it
@@ -656,7 +682,7 @@ Reply Daemon::list_rings() {
   json arr = json::array();
   for (const auto& [id, rec] : rings) {
     json j = replies[id];
-    j["installed"] = installed.count(id) > 0;
+    set_installed(j, installed.count(id) > 0, rec);
     arr.push_back(j);
   }
   return {200, {{"rings", arr}}};
@@ -673,16 +699,17 @@ Reply Daemon::get_ring(uint32_t id) {
     rec = it->second;
     j = ring_reply_locked(it->second);
   }
-  j["installed"] = false;
+  bool here = false;
   json reply;
   if (rec.local && dp_.call(dpcmd::get_ring(id), reply).ok() && reply.contains("ring")) {
     json live = reply["ring"];
     if (installed_as(live, rec)) {
-      j["installed"] = true;
+      here = true;
       for (auto& [k, v] : live.items())
         if (k != "spec") j[k] = v;
     }
   }
+  set_installed(j, here, rec);
   return {200, j};
 }
 
@@ -758,7 +785,11 @@ Reply Daemon::fabric_put(const json& body) {
     if (have.entry == entry && same_spec(have.spec, rec.spec) && have.tree == rec.tree) {
       have.lease_ms = rec.lease_ms;
       have.expires = rec.expires;  // the origin's push renews the entry
-      return {200, {{"ring", ring_reply_locked(have)}}};
+      json j = ring_reply_locked(have);
+      json live;
+      j["installed"] = dp_.call(dpcmd::get_ring(id), live).ok() && live.contains("ring") &&
+                       installed_as(live["ring"], have);
+      return {200, {{"ring", j}}};
     }
     if (have.entry.empty() || have.origin != origin)
       return error_reply(

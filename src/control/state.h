@@ -51,8 +51,9 @@ struct PeerPush {
   nlohmann::json ring;  // the entry its data plane installs (ring JSON + "tree")
   // Push state, memory only (a restarted origin pushes every entry once
   // more; the push is idempotent). Written and read under the daemon's mutex.
-  bool pushed = false;
-  std::string error;  // the last failed push, empty after a success
+  bool pushed = false;     // the peer daemon accepted the entry
+  bool installed = false;  // and said its data plane holds it
+  std::string error;       // the last failed push, empty after a success
   std::chrono::steady_clock::time_point last_push{};
 };
 

@@ -158,8 +158,9 @@ def scenario_fabric(tmp):
     f = body["ring"]["fabric"]
     assert f["origin"] == "leafA" and f["box"] == "leafA" and f["local"] is True, f
     assert f["tree"] == WANT_TREE["leafA"], f["tree"]
-    assert {p["box"]: p["pushed"] for p in f["peers"]} == {"spine": True, "leafB": True}, f
-    assert body["ring"]["installed"] is True, body
+    assert {p["box"]: (p["pushed"], p["installed"]) for p in f["peers"]} == \
+        {"spine": (True, True), "leafB": (True, True)}, f
+    assert body["ring"]["installed"] is True and f["installed_here"] is True, body
     check_installed(dps, 21, WANT_TREE)
     for box in ("spine", "leafB"):
         assert {p["box"]: p["tree"] for p in f["peers"]}[box] == WANT_TREE[box]
@@ -199,7 +200,9 @@ def scenario_fabric(tmp):
     # A ring within one rack: a plain ring on its leaf only, even registered at another box.
     st, body = a.call("POST", "/v1/rings", ring(23, ["10.2.0.1", "10.2.0.2"]))
     assert st == 201, (st, body)
-    assert body["ring"]["fabric"]["local"] is False and body["ring"]["installed"] is False, body
+    # "installed": every box's part (the host library waits for it); leafA holds none.
+    assert body["ring"]["fabric"]["local"] is False and body["ring"]["installed"] is True, body
+    assert body["ring"]["fabric"]["installed_here"] is False, body
     assert [(p["box"], p["pushed"], p["tree"]) for p in body["ring"]["fabric"]["peers"]] == \
         [("leafB", True, None)], body
     check_installed(dps, 23, {"leafB": "plain"})
@@ -243,12 +246,19 @@ def scenario_fabric_peer_down(tmp):
     peers = {p["box"]: p for p in body["ring"]["fabric"]["peers"]}
     assert peers["spine"]["pushed"] is True and peers["leafB"]["pushed"] is False, peers
     assert "127.0.0.1:%d" % b.port in peers["leafB"]["error"], peers
+    # Not installed until every box has its part: the host library keeps waiting.
+    assert body["ring"]["installed"] is False and body["ring"]["fabric"]["installed_here"] is True, body
+    st, g = a.call("GET", "/v1/rings/31")
+    assert st == 200 and g["installed"] is False, g
     check_installed({"leafA": dps["leafA"], "spine": dps["spine"]}, 31, WANT_TREE)
     assert dp_ring(dps["leafB"], 31) is None
     b.start()  # back: the origin's retries deliver the entry
     check_installed(dps, 31, WANT_TREE)
     wait_until("origin sees leafB's entry accepted",
                lambda: all(p["pushed"] for p in a.call("GET", "/v1/rings/31")[1]["fabric"]["peers"]))
+    wait_until("origin reports ring 31 installed everywhere",
+               lambda: a.call("GET", "/v1/rings/31")[1]["installed"] is True)
+    assert [r["installed"] for r in a.call("GET", "/v1/rings")[1]["rings"]] == [True]
 
     # Deleted while a peer is down: removed there when it comes back.
     b.kill9()
