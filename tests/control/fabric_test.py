@@ -15,7 +15,7 @@ Scenarios:
                   down at DELETE time loses it when back; a leased ring not renewed at the origin
                   disappears from every box, and so do the peers' copies when the origin's
                   daemon dies; the fabric route refuses the operator token and the fabric token
-                  opens no other route
+                  opens no other route; start-up refusals (exit 2) name fabric keys
 """
 import json
 import os
@@ -299,6 +299,17 @@ def scenario_fabric_peer_down(tmp):
                  "unauthorized", "Authorization")
     expect_error(spine.call("POST", "/v1/fabric/rings", {"origin": "leafZ", "ring": ring(33, FOUR)},
                             token=FABRIC_TOKEN), 400, "invalid_argument", "origin")
+    # Start-up refusals (exit 2, key named): the fabric token equal to the operator's, and a
+    # fabric section that names an unknown parent.
+    for mutate, key in [(lambda c: c["fabric"].update(token_file=c["auth"]["token_file"]), "fabric.token_file"),
+                        (lambda c: c["fabric"]["boxes"][1].update(parent="spin"), "fabric.boxes[1].parent")]:
+        cfg = json.loads(json.dumps(spine.cfg))
+        mutate(cfg)
+        path = os.path.join(tmp, "bad.yaml")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        p = subprocess.run([ct.DAEMON, "--check", "-c", path], capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2 and key in p.stderr, (key, p.returncode, p.stderr)
     teardown(ds, dps)
     print("fabric_peer_down: a peer down at POST and at DELETE caught up when back; a lease "
           "not renewed removed every box's entry")
