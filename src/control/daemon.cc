@@ -382,7 +382,9 @@ bool Daemon::push_pass() {
   const auto now = SteadyClock::now();
   {
     std::lock_guard lock(mu_);
-    for (const FabricDelete& d : deletes_) tasks.push_back({true, d.box, d.id, d.entry, {}});
+    for (const FabricDelete& d : deletes_)
+      if (now - d.last_try >= std::chrono::seconds(1))
+        tasks.push_back({true, d.box, d.id, d.entry, {}});
     for (const auto& [id, rec] : rings_)
       for (const PeerPush& p : rec.peers) {
         const bool retry =
@@ -435,12 +437,15 @@ bool Daemon::push_pass() {
     }
     std::lock_guard lock(mu_);
     if (t.remove) {
+      const FabricDelete want{t.box, t.id, t.entry, {}};
+      auto it = std::find_if(deletes_.begin(), deletes_.end(),
+                             [&](const FabricDelete& d) { return d.same(want); });
+      if (it == deletes_.end()) continue;
       if (!error.empty() && bi >= 0) {
+        it->last_try = now;
         ++counters_.fabric_push_failures;
         continue;
       }
-      auto it = std::find(deletes_.begin(), deletes_.end(), FabricDelete{t.box, t.id, t.entry});
-      if (it == deletes_.end()) continue;
       const auto before = deletes_;
       deletes_.erase(it);
       if (Status s = save_locked(); !s) {

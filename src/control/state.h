@@ -62,7 +62,9 @@ struct FabricDelete {
   std::string box;
   uint32_t id = 0;
   std::string entry;
-  bool operator==(const FabricDelete&) const = default;
+  // The last attempt (memory only, under the daemon's mutex): retried once a second.
+  std::chrono::steady_clock::time_point last_try{};
+  bool same(const FabricDelete& o) const { return box == o.box && id == o.id && entry == o.entry; }
 };
 
 struct RingRecord {
