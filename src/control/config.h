@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -16,6 +18,40 @@ namespace netreduce::control {
 // bound of quotas.max_lease_ms: a renewal every lease/3 stays far from a
 // busy-loop against the daemon.
 inline constexpr uint32_t kMinLeaseMs = 1000;
+
+// The fabric (optional section `fabric:`): the same file on every box of a
+// multi-rack fabric, with `self` naming the box this daemon runs on. Checked
+// at load: one root, no cycles, every parent / leaf / port named exists, the
+// racks' worker CIDRs disjoint, self one of the boxes (control/fabric.h turns
+// it into tree entries).
+struct FabricBox {
+  std::string name;            // fabric.boxes[i].name
+  std::string daemon;          // fabric.boxes[i].daemon: "http://ip:port" as written
+  std::string daemon_host;     //   its IPv4 address
+  uint16_t daemon_port = 0;    //   and port
+  std::string b2b_ip;          // fabric.boxes[i].b2b_ip: box-to-box address (dotted quad)
+  std::string b2b_mac;         // fabric.boxes[i].b2b_mac: "02:00:00:00:09:01"
+  std::string parent;          // fabric.boxes[i].parent: empty = none (the root)
+  std::string port_to_parent;  // "a" | "b"; empty at the root
+  // fabric.boxes[i].ports: child box name -> "a" | "b", one per child box.
+  std::vector<std::pair<std::string, std::string>> ports;
+};
+
+struct FabricRack {
+  std::string leaf;  // fabric.racks[i].leaf: a box name
+  // fabric.racks[i].workers: CIDRs (address host order, prefix length).
+  std::vector<std::pair<uint32_t, unsigned>> workers;
+};
+
+struct FabricConfig {
+  std::string self;               // fabric.self
+  std::vector<FabricBox> boxes;   // fabric.boxes, in fabric order (the child order)
+  std::vector<FabricRack> racks;  // fabric.racks
+  std::string token_file;         // fabric.token_file: daemon-to-daemon bearer token
+
+  // Index into boxes, or -1.
+  int find(const std::string& name) const;
+};
 
 struct DaemonConfig {
   std::string bind_address = "127.0.0.1";  // listen.address
@@ -40,6 +76,7 @@ struct DaemonConfig {
   unsigned max_rings = 64;                // quotas.max_rings
   uint64_t max_memory = 1ull << 30;       // quotas.max_memory: bytes all rings may reserve
   uint32_t max_lease_ms = 3600000;        // quotas.max_lease_ms: longest lease a POST may ask
+  std::optional<FabricConfig> fabric;     // fabric: none = a single box, as always
 };
 
 Status parse_daemon_config(const std::string& yaml_text, const std::string& origin,

@@ -1,8 +1,10 @@
 #include "control/daemon.h"
 
+#include <httplib.h>
 #include <spdlog/spdlog.h>
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -10,6 +12,8 @@
 #include <vector>
 
 #include "common/ring_json.h"
+#include "control/fabric.h"
+#include "engine/engine_json.h"
 
 #ifndef NETREDUCE_VERSION
 #define NETREDUCE_VERSION "unknown"
@@ -52,6 +56,30 @@ std::string new_credential() {
 }
 
 std::string id_text(uint32_t id) { return "ring " + std::to_string(id); }
+
+// The data plane's install_ring for a record: its tree node inside the spec.
+json install_cmd(const RingRecord& rec) {
+  return {{"cmd", dpcmd::kInstallRing}, {"ring", ring_tree_to_json(rec.spec, rec.tree)}};
+}
+
+// A ring reply's "installed": this box's part (true at an origin that holds
+// none) and, at a fabric ring's origin, every peer's entry accepted and
+// installed there, so the host library's wait for "installed" covers the
+// whole tree. "fabric.installed_here" keeps this box's own part.
+void set_installed(json& j, bool here, const RingRecord& rec) {
+  bool all = rec.local ? here : true;
+  for (const PeerPush& p : rec.peers) all = all && p.pushed && p.installed;
+  j["installed"] = all;
+  if (!rec.entry.empty() && j.contains("fabric")) j["fabric"]["installed_here"] = rec.local && here;
+}
+
+// A data plane ring report ({"spec": ring JSON + "tree", ...}) is this record, installed.
+bool installed_as(const json& r, const RingRecord& rec) {
+  engine::RingSpec have;
+  std::optional<engine::TreeSpec> tree;
+  return r.contains("spec") && ring_tree_from_json(r["spec"], have, tree).ok() && rec.local &&
+         same_spec(rec.spec, have) && tree == rec.tree;
+}
 
 }  // namespace
 
@@ -112,7 +140,7 @@ Status Daemon::start() {
   if (Status s = state_.lock(); !s) return s;
   {
     std::lock_guard lock(mu_);
-    if (Status s = state_.load(rings_); !s) return s;
+    if (Status s = state_.load(rings_, &deletes_); !s) return s;
     // Deadlines are not persisted: every lease starts a fresh full period.
     const auto now = SteadyClock::now();
     for (auto& [id, rec] : rings_)
@@ -122,6 +150,7 @@ Status Daemon::start() {
   reconciler_ = std::thread([this] { reconciler_main(); });
   metrics_thread_ = std::thread([this] { metrics_main(); });
   leases_ = std::thread([this] { lease_main(); });
+  if (cfg_.fabric) fabric_ = std::thread([this] { fabric_main(); });
   return {};
 }
 
@@ -134,12 +163,13 @@ void Daemon::stop() {
   if (reconciler_.joinable()) reconciler_.join();
   if (metrics_thread_.joinable()) metrics_thread_.join();
   if (leases_.joinable()) leases_.join();
+  if (fabric_.joinable()) fabric_.join();
 }
 
 uint64_t Daemon::memory_locked() const {
   uint64_t sum = 0;
   for (const auto& [id, rec] : rings_)
-    sum += engine::ring_memory_bytes(rec.spec, engine::ReduceMode::deterministic);
+    if (rec.local) sum += engine::ring_memory_bytes(rec.spec, engine::ReduceMode::deterministic);
   return sum;
 }
 
@@ -198,10 +228,11 @@ Status Daemon::reconcile_locked() {
   std::set<uint32_t> good;
   for (const json& r : reply.value("rings", json::array())) {
     engine::RingSpec have;
-    const bool parsed = r.contains("spec") && ring_from_json(r["spec"], have).ok();
+    std::optional<engine::TreeSpec> tree;
+    const bool parsed = r.contains("spec") && ring_tree_from_json(r["spec"], have, tree).ok();
     if (!parsed) continue;
     auto it = rings_.find(have.ring_id);
-    if (it != rings_.end() && same_spec(it->second.spec, have)) {
+    if (it != rings_.end() && installed_as(r, it->second)) {
       good.insert(have.ring_id);
       continue;
     }
@@ -215,9 +246,9 @@ Status Daemon::reconcile_locked() {
   }
   Status first_error;
   for (const auto& [id, rec] : rings_) {
-    if (good.count(id)) continue;
+    if (good.count(id) || !rec.local) continue;
     json ignored;
-    Status s = dp_.call(dpcmd::install_ring(rec.spec), ignored);
+    Status s = dp_.call(install_cmd(rec), ignored);
     if (!s) {
       spdlog::warn("reconcile: data plane refused ring {}: {}", id, s.to_string());
       if (s.code() == StatusCode::unavailable) return s;
@@ -247,15 +278,18 @@ void Daemon::lease_main() {
       for (uint32_t id : expired) {
         RingRecord old = rings_.at(id);
         rings_.erase(id);
-        if (Status s = state_.save(rings_); !s) {  // keep it; try again on the next tick
+        const auto deletes_before = deletes_;
+        queue_removals_locked(id, old);
+        if (Status s = save_locked(); !s) {  // keep it; try again on the next tick
           rings_.emplace(id, std::move(old));
+          deletes_ = deletes_before;
           spdlog::error("ring {}: lease expired but the state cannot be saved: {}", id,
                         s.to_string());
           break;
         }
         json ignored;
         // A data plane that is down, or lost the ring, is fixed by the reconciler.
-        (void)dp_.call(dpcmd::remove_ring(id), ignored);
+        if (old.local) (void)dp_.call(dpcmd::remove_ring(id), ignored);
         ++counters_.rings_expired;
         spdlog::warn("ring {} removed: its lease of {} ms was not renewed in time", id,
                      old.lease_ms);
@@ -290,12 +324,192 @@ json Daemon::ring_reply_locked(const RingRecord& rec) const {
             .count();
     j["lease_remaining_ms"] = left > 0 ? left : 0;
   }
+  if (!rec.entry.empty()) j["fabric"] = fabric_view_locked(rec);
   return j;
+}
+
+json Daemon::fabric_view_locked(const RingRecord& rec) const {
+  // A state file written with a fabric section may be read by a daemon
+  // started without one: it keeps the rings but pushes nothing.
+  const json self = cfg_.fabric ? json(cfg_.fabric->self) : json();
+  json f = {{"entry", rec.entry},
+            {"origin", rec.origin.empty() ? self : json(rec.origin)},
+            {"box", self},
+            {"local", rec.local},
+            {"tree", rec.tree ? tree_to_json(*rec.tree) : json()}};
+  if (rec.origin.empty()) {
+    json boxes = json::array();
+    for (const PeerPush& p : rec.peers) {
+      json b = {{"box", p.box},
+                {"pushed", p.pushed},
+                {"installed", p.installed},
+                {"tree", p.ring.value("tree", json())}};
+      if (!p.error.empty()) b["error"] = p.error;
+      boxes.push_back(std::move(b));
+    }
+    f["peers"] = std::move(boxes);
+  }
+  return f;
+}
+
+void Daemon::queue_removals_locked(uint32_t id, const RingRecord& rec) {
+  for (const PeerPush& p : rec.peers) deletes_.push_back({p.box, id, rec.entry});
+}
+
+// ---- fabric -----------------------------------------------------------------
+
+void Daemon::fabric_main() {
+  std::unique_lock stop_lock(stop_mu_);
+  while (!stopping_) {
+    stop_lock.unlock();
+    push_pass();
+    stop_lock.lock();
+    stop_cv_.wait_for(stop_lock, std::chrono::milliseconds(100), [this] { return stopping_; });
+  }
+}
+
+bool Daemon::push_pass() {
+  if (!cfg_.fabric) return false;
+  std::lock_guard push_lock(push_mu_);
+  struct Task {
+    bool remove = false;
+    std::string box;
+    uint32_t id = 0;
+    std::string entry;
+    json body;
+  };
+  std::vector<Task> tasks;
+  const auto now = SteadyClock::now();
+  {
+    std::lock_guard lock(mu_);
+    for (const FabricDelete& d : deletes_)
+      if (now - d.last_try >= std::chrono::seconds(1))
+        tasks.push_back({true, d.box, d.id, d.entry, {}});
+    for (const auto& [id, rec] : rings_)
+      for (const PeerPush& p : rec.peers) {
+        const bool retry =
+            !(p.pushed && p.installed) && now - p.last_push >= std::chrono::seconds(1);
+        const bool renew = p.pushed && rec.lease_ms &&
+                           now - p.last_push >= std::chrono::milliseconds(rec.lease_ms / 3);
+        if (!retry && !renew) continue;
+        tasks.push_back({false,
+                         p.box,
+                         id,
+                         rec.entry,
+                         {{"origin", cfg_.fabric->self},
+                          {"entry", rec.entry},
+                          {"lease_ms", rec.lease_ms},
+                          {"ring", p.ring}}});
+      }
+  }
+  for (const Task& t : tasks) {
+    const int bi = cfg_.fabric->find(t.box);
+    std::string error;
+    bool peer_installed = false;
+    if (bi < 0) {
+      error = "box " + t.box + " is no longer in the fabric configuration";
+    } else {
+      const FabricBox& b = cfg_.fabric->boxes[static_cast<size_t>(bi)];
+      httplib::Client cli(b.daemon_host, b.daemon_port);
+      cli.set_connection_timeout(2);
+      cli.set_read_timeout(5);
+      cli.set_write_timeout(5);
+      const httplib::Headers hdr = {{"Authorization", "Bearer " + fabric_token_}};
+      const std::string path = "/v1/fabric/rings";
+      auto res = t.remove ? cli.Delete(path + "/" + std::to_string(t.id) + "?entry=" + t.entry, hdr)
+                          : cli.Post(path, hdr, t.body.dump(), "application/json");
+      if (!res) {
+        error = b.daemon + ": " + httplib::to_string(res.error());
+      } else if (t.remove ? (res->status != 204 && res->status != 404)
+                          : (res->status != 200 && res->status != 201)) {
+        std::string msg = res->body;
+        try {
+          msg = json::parse(res->body).at("error").at("message").get<std::string>();
+        } catch (const std::exception&) {
+        }
+        error = b.daemon + ": HTTP " + std::to_string(res->status) + ": " + msg;
+      } else if (!t.remove) {
+        try {
+          peer_installed = json::parse(res->body).at("ring").at("installed").get<bool>();
+        } catch (const std::exception&) {
+        }
+      }
+    }
+    std::lock_guard lock(mu_);
+    if (t.remove) {
+      const FabricDelete want{t.box, t.id, t.entry, {}};
+      auto it = std::find_if(deletes_.begin(), deletes_.end(),
+                             [&](const FabricDelete& d) { return d.same(want); });
+      if (it == deletes_.end()) continue;
+      if (!error.empty() && bi >= 0) {
+        it->last_try = now;
+        ++counters_.fabric_push_failures;
+        continue;
+      }
+      const auto before = deletes_;
+      deletes_.erase(it);
+      if (Status s = save_locked(); !s) {
+        deletes_ = before;
+        continue;
+      }
+      ++counters_.fabric_removals;
+      spdlog::info("fabric: ring {} removed from box {}{}", t.id, t.box,
+                   error.empty() ? "" : " (" + error + ": given up)");
+      continue;
+    }
+    auto it = rings_.find(t.id);
+    if (it == rings_.end() || it->second.entry != t.entry) continue;  // deleted meanwhile
+    for (PeerPush& p : it->second.peers) {
+      if (p.box != t.box) continue;
+      p.last_push = now;
+      if (error.empty()) {
+        if (!p.pushed) spdlog::info("fabric: ring {} entry accepted by box {}", t.id, t.box);
+        p.pushed = true;
+        p.installed = peer_installed;
+        p.error.clear();
+        ++counters_.fabric_pushes;
+      } else {
+        if (p.error != error)
+          spdlog::warn("fabric: ring {} push to box {}: {}", t.id, t.box, error);
+        p.pushed = p.installed = false;  // retried within a second (a renewal is the same call)
+        p.error = error;
+        ++counters_.fabric_push_failures;
+      }
+    }
+  }
+  {
+    std::lock_guard lock(mu_);
+    uint64_t pending = deletes_.size();
+    for (const auto& [id, rec] : rings_)
+      for (const PeerPush& p : rec.peers) pending += p.pushed && p.installed ? 0 : 1;
+    fabric_pending_ = pending;
+  }
+  return !tasks.empty();
 }
 
 // ---- API ------------------------------------------------------------------
 
 Reply Daemon::create_ring(const json& body, const RingAuth& auth) {
+  Reply r = create_ring_here(body, auth);
+  if (r.http != 201 || !cfg_.fabric || !r.body["ring"].contains("fabric") ||
+      r.body["ring"]["fabric"].value("peers", json::array()).empty())
+    return r;
+  // Push the other boxes' entries now, so the reply tells how it went;
+  // whatever failed is retried by the fabric thread.
+  push_pass();
+  std::lock_guard lock(mu_);
+  const uint32_t id = r.body["ring"]["id"].get<uint32_t>();
+  json& ring = r.body["ring"];
+  if (auto it = rings_.find(id);
+      it != rings_.end() && it->second.entry == ring["fabric"]["entry"]) {
+    const bool here = ring["fabric"].value("installed_here", false);
+    ring["fabric"] = fabric_view_locked(it->second);
+    set_installed(ring, here, it->second);
+  }
+  return r;
+}
+
+Reply Daemon::create_ring_here(const json& body, const RingAuth& auth) {
   if (!body.is_object()) return error_reply(Status::invalid("", "a ring must be a JSON object"));
   uint32_t lease_ms = 0;
   json ring_body = body;
@@ -315,6 +529,9 @@ Reply Daemon::create_ring(const json& body, const RingAuth& auth) {
   if (Status s = ring_from_json(ring_body, spec); !s) return error_reply(s);
   // The memory quota against what the ring needs: the engine's sizes.
   if (Status s = engine::validate(spec); !s) return error_reply(s);
+  std::vector<FabricEntry> entries;
+  if (cfg_.fabric)
+    if (Status s = compute_fabric_entries(spec, *cfg_.fabric, entries); !s) return error_reply(s);
   std::lock_guard lock(mu_);
   const auto now = SteadyClock::now();
   if (auto it = rings_.find(spec.ring_id); it != rings_.end()) {
@@ -363,19 +580,37 @@ Reply Daemon::create_ring(const json& body, const RingAuth& auth) {
         {StatusCode::internal, "", std::string("getrandom failed: ") + std::strerror(errno)});
   rec.lease_ms = lease_ms;
   if (lease_ms) rec.expires = now + std::chrono::milliseconds(lease_ms);
+  if (cfg_.fabric) {
+    rec.entry = new_credential();
+    if (rec.entry.empty())
+      return error_reply(
+          {StatusCode::internal, "", std::string("getrandom failed: ") + std::strerror(errno)});
+    rec.local = false;
+    for (const FabricEntry& e : entries) {
+      if (e.box == cfg_.fabric->self) {
+        rec.local = true;
+        rec.tree = e.tree;
+      } else {
+        PeerPush p;
+        p.box = e.box;
+        p.ring = fabric_entry_json(spec, e);
+        rec.peers.push_back(std::move(p));
+      }
+    }
+  }
   rings_.emplace(spec.ring_id, rec);
   auto rollback = [&] {
     rings_.erase(spec.ring_id);
-    (void)state_.save(rings_);
+    (void)save_locked();
   };
-  if (Status s = state_.save(rings_); !s) {
+  if (Status s = save_locked(); !s) {
     rings_.erase(spec.ring_id);
     spdlog::error("cannot persist: {}", s.to_string());
     return error_reply({StatusCode::internal, "", "cannot persist the state: " + s.message()});
   }
   json reply;
-  const Status s = dp_.call(dpcmd::install_ring(spec), reply);
-  bool installed = s.ok();
+  const Status s = rec.local ? dp_.call(install_cmd(rec), reply) : Status{};
+  bool installed = rec.local && s.ok();
   if (!s && s.code() != StatusCode::unavailable) {  // the data plane refused it: undo
     rollback();
     return error_reply(s);
@@ -385,9 +620,10 @@ Reply Daemon::create_ring(const json& body, const RingAuth& auth) {
     return error_reply(s);
   }
   json j = ring_reply_locked(rec);
-  j["installed"] = installed;
-  if (!installed) j["dataplane_error"] = s.message();  // pushed when the data plane connects
-  j["credential"] = rec.credential;                    // the only time the daemon tells it
+  set_installed(j, installed, rec);
+  if (!installed && rec.local)
+    j["dataplane_error"] = s.message();  // pushed when the data plane connects
+  j["credential"] = rec.credential;      // the only time the daemon tells it
   spdlog::info("ring {} created ({} member(s), {})", spec.ring_id, spec.members.size(),
                lease_ms ? "lease " + std::to_string(lease_ms) + " ms" : std::string("no lease"));
   return {201, {{"ring", j}}};
@@ -400,13 +636,16 @@ Reply Daemon::delete_ring(uint32_t id, const RingAuth& auth) {
   if (auto refused = check_owner(id, it->second, auth, "delete")) return *refused;
   RingRecord old = it->second;
   rings_.erase(it);
-  if (Status s = state_.save(rings_); !s) {
+  const auto deletes_before = deletes_;
+  queue_removals_locked(id, old);
+  if (Status s = save_locked(); !s) {
     rings_.emplace(id, std::move(old));
+    deletes_ = deletes_before;
     return error_reply({StatusCode::internal, "", "cannot persist the state: " + s.message()});
   }
   json reply;
   // A data plane that is down, or lost the ring, is fixed by the reconciler.
-  (void)dp_.call(dpcmd::remove_ring(id), reply);
+  if (old.local) (void)dp_.call(dpcmd::remove_ring(id), reply);
   spdlog::info("ring {} deleted ({})", id,
                auth.credential ? "by its owner"
                                : (auth.caller == Caller::operator_token ? "by the operator token"
@@ -428,12 +667,12 @@ Reply Daemon::renew_lease(uint32_t id, const RingAuth& auth) {
 }
 
 Reply Daemon::list_rings() {
-  std::map<uint32_t, engine::RingSpec> rings;
+  RingMap rings;
   std::map<uint32_t, json> replies;
   {
     std::lock_guard lock(mu_);
     for (const auto& [id, rec] : rings_) {
-      rings.emplace(id, rec.spec);
+      rings.emplace(id, rec);
       replies.emplace(id, ring_reply_locked(rec));
     }
   }
@@ -441,42 +680,41 @@ Reply Daemon::list_rings() {
   json reply;
   if (dp_.call(dpcmd::list_rings(), reply).ok())
     for (const json& r : reply.value("rings", json::array())) {
-      engine::RingSpec have;
-      if (r.contains("spec") && ring_from_json(r["spec"], have).ok() && rings.count(have.ring_id) &&
-          same_spec(rings[have.ring_id], have))
-        installed.insert(have.ring_id);
+      const uint32_t rid = r.contains("spec") ? r["spec"].value("id", 0u) : 0u;
+      if (auto it = rings.find(rid); it != rings.end() && installed_as(r, it->second))
+        installed.insert(rid);
     }
   json arr = json::array();
-  for (const auto& [id, spec] : rings) {
+  for (const auto& [id, rec] : rings) {
     json j = replies[id];
-    j["installed"] = installed.count(id) > 0;
+    set_installed(j, installed.count(id) > 0, rec);
     arr.push_back(j);
   }
   return {200, {{"rings", arr}}};
 }
 
 Reply Daemon::get_ring(uint32_t id) {
-  engine::RingSpec spec;
+  RingRecord rec;
   json j;
   {
     std::lock_guard lock(mu_);
     auto it = rings_.find(id);
     if (it == rings_.end())
       return error_reply({StatusCode::not_found, "id", "no ring " + std::to_string(id)});
-    spec = it->second.spec;
+    rec = it->second;
     j = ring_reply_locked(it->second);
   }
-  j["installed"] = false;
+  bool here = false;
   json reply;
-  if (dp_.call(dpcmd::get_ring(id), reply).ok() && reply.contains("ring")) {
+  if (rec.local && dp_.call(dpcmd::get_ring(id), reply).ok() && reply.contains("ring")) {
     json live = reply["ring"];
-    engine::RingSpec have;
-    if (live.contains("spec") && ring_from_json(live["spec"], have).ok() && same_spec(have, spec)) {
-      j["installed"] = true;
+    if (installed_as(live, rec)) {
+      here = true;
       for (auto& [k, v] : live.items())
         if (k != "spec") j[k] = v;
     }
   }
+  set_installed(j, here, rec);
   return {200, j};
 }
 
@@ -518,6 +756,109 @@ Reply Daemon::stats() {
 }
 
 Reply Daemon::health() { return {200, {{"status", "ok"}, {"dataplane_connected", dp_up_.load()}}}; }
+
+Reply Daemon::fabric_put(const json& body) {
+  if (!cfg_.fabric)
+    return error_reply({StatusCode::conflict, "fabric", "this daemon has no fabric section"});
+  if (!body.is_object()) return error_reply(Status::invalid("", "must be a JSON object"));
+  const std::string origin = body.value("origin", std::string());
+  if (cfg_.fabric->find(origin) < 0 || origin == cfg_.fabric->self)
+    return error_reply(Status::invalid("origin", "must name another box of the fabric"));
+  const std::string entry = body.value("entry", std::string());
+  if (!valid_credential(entry))
+    return error_reply(Status::invalid("entry", "must be 32 lowercase hex digits"));
+  const json lease = body.value("lease_ms", json(0));
+  if (!lease.is_number_unsigned() && !(lease.is_number_integer() && lease.get<int64_t>() == 0))
+    return error_reply(Status::invalid("lease_ms", "must be an unsigned integer"));
+  const uint64_t lease_ms = lease.get<uint64_t>();
+  if (lease_ms != 0 && (lease_ms < kMinLeaseMs || lease_ms > 0xFFFFFFFFu))
+    return error_reply(Status::invalid("lease_ms", "out of range"));
+  if (!body.contains("ring")) return error_reply(Status::invalid("ring", "is required"));
+  RingRecord rec;
+  if (Status s = ring_tree_from_json(body["ring"], rec.spec, rec.tree); !s) return error_reply(s);
+  if (Status s = engine::validate(rec.spec); !s) return error_reply(s);
+  rec.entry = entry;
+  rec.origin = origin;
+  rec.lease_ms = static_cast<uint32_t>(lease_ms);
+  const uint32_t id = rec.spec.ring_id;
+  std::lock_guard lock(mu_);
+  const auto now = SteadyClock::now();
+  if (lease_ms) rec.expires = now + std::chrono::milliseconds(lease_ms);
+  std::optional<RingRecord> replaced;
+  if (auto it = rings_.find(id); it != rings_.end()) {
+    RingRecord& have = it->second;
+    if (have.entry == entry && same_spec(have.spec, rec.spec) && have.tree == rec.tree) {
+      have.lease_ms = rec.lease_ms;
+      have.expires = rec.expires;  // the origin's push renews the entry
+      json j = ring_reply_locked(have);
+      json live;
+      j["installed"] = dp_.call(dpcmd::get_ring(id), live).ok() && live.contains("ring") &&
+                       installed_as(live["ring"], have);
+      return {200, {{"ring", j}}};
+    }
+    if (have.entry.empty() || have.origin != origin)
+      return error_reply(
+          {StatusCode::conflict, "id",
+           id_text(id) + " exists on box " + cfg_.fabric->self +
+               (have.entry.empty()
+                    ? " (registered here)"
+                    : " (registered by box " +
+                          (have.origin.empty() ? cfg_.fabric->self : have.origin) + ")")});
+    // The same origin registered the id anew (its removal of the old entry
+    // has not arrived yet): the origin is authoritative.
+    replaced = have;
+    rings_.erase(it);
+  } else if (rings_.size() >= cfg_.max_rings) {
+    return error_reply(
+        {StatusCode::resource_exhausted, "quotas.max_rings",
+         "the daemon holds its maximum of " + std::to_string(cfg_.max_rings) + " rings"});
+  }
+  const uint64_t need = engine::ring_memory_bytes(rec.spec, engine::ReduceMode::deterministic);
+  if (const uint64_t used = memory_locked(); used + need > cfg_.max_memory) {
+    if (replaced) rings_.emplace(id, *replaced);
+    return error_reply({StatusCode::resource_exhausted, "quotas.max_memory",
+                        "the ring needs " + std::to_string(need) + " bytes; " +
+                            std::to_string(used) + " of " + std::to_string(cfg_.max_memory) +
+                            " are taken on box " + cfg_.fabric->self});
+  }
+  rings_.emplace(id, rec);
+  if (Status s = save_locked(); !s) {
+    rings_.erase(id);
+    if (replaced) rings_.emplace(id, *replaced);
+    return error_reply({StatusCode::internal, "", "cannot persist the state: " + s.message()});
+  }
+  json reply;
+  if (replaced) (void)dp_.call(dpcmd::remove_ring(id), reply);
+  const Status s = dp_.call(install_cmd(rec), reply);
+  if (!s && s.code() != StatusCode::unavailable) {  // refused: undo, the origin retries
+    rings_.erase(id);
+    (void)save_locked();
+    return error_reply(s);
+  }
+  spdlog::info("ring {}: fabric entry from box {} ({})", id, origin,
+               rec.tree ? "tree node" : "plain ring");
+  json j = ring_reply_locked(rec);
+  j["installed"] = s.ok();
+  return {201, {{"ring", j}}};
+}
+
+Reply Daemon::fabric_delete(uint32_t id, const std::string& entry) {
+  std::lock_guard lock(mu_);
+  auto it = rings_.find(id);
+  if (it == rings_.end() || entry.empty() || it->second.entry != entry)
+    return error_reply(
+        {StatusCode::not_found, "id", "no fabric entry " + entry + " of " + id_text(id)});
+  RingRecord old = it->second;
+  rings_.erase(it);
+  if (Status s = save_locked(); !s) {
+    rings_.emplace(id, std::move(old));
+    return error_reply({StatusCode::internal, "", "cannot persist the state: " + s.message()});
+  }
+  json reply;
+  if (old.local) (void)dp_.call(dpcmd::remove_ring(id), reply);
+  spdlog::info("ring {}: fabric entry removed by its origin {}", id, old.origin);
+  return {204, nullptr};
+}
 
 // ---- metrics ----------------------------------------------------------------
 
@@ -591,6 +932,10 @@ std::string Daemon::metrics(const HttpStats& http) {
   in.restarts_seen = counters_.restarts_seen.load();
   in.http = http;
   in.rings_expired = counters_.rings_expired.load();
+  in.fabric_pushes = counters_.fabric_pushes.load();
+  in.fabric_push_failures = counters_.fabric_push_failures.load();
+  in.fabric_removals = counters_.fabric_removals.load();
+  in.fabric_pending = fabric_pending_.load();
   return render_metrics(in);
 }
 

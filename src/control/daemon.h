@@ -44,6 +44,26 @@
 // (netreduce_rings_expired_total). Rings without a lease never expire. The
 // deadlines live in memory only: after a restart every lease gets a fresh
 // full period, so a daemon that was down never expires a ring for it.
+//
+// Fabric (config `fabric:`, control/fabric.h): the daemon a ring is POSTed
+// to is its origin. It computes every involved box's entry, persists the
+// ring with all of them (RingRecord::peers), installs its own (if it holds a
+// part) through the reconciler like any ring, and pushes each other entry to
+// that box's daemon (POST /v1/fabric/rings, the fabric token). A peer
+// persists the entry (RingRecord::origin) and reconciles it like any ring,
+// so a restarted box or daemon gets it back by itself. Pushing is the
+// `fabric_` thread's job (every 100 ms, and once at the end of a POST or
+// DELETE): it takes what is due under `mu_`, calls the peers holding only
+// `push_mu_` (never `mu_`, so two daemons pushing to each other cannot
+// deadlock), then records the outcome under `mu_`. Due: an entry not yet
+// accepted (retried at most once a second; a restarted origin pushes every
+// entry once more, the push is idempotent), and for a leased ring every
+// lease/3: the push renews the peer's copy of the lease, so a peer drops the
+// entry by itself when the origin stops renewing it (origin gone, ring
+// deleted or expired there). DELETE and lease expiry at the origin queue a
+// removal per peer (`deletes_`, persisted with the rings) sent until the
+// peer answers 204 or 404; the removal names the registration (`entry`), so
+// it never removes a newer ring of the same id.
 #pragma once
 
 #include <atomic>
@@ -91,12 +111,15 @@ inline constexpr const char* kCredentialHeader = "X-Netreduce-Ring-Credential";
 bool same_secret(const std::string& given, const std::string& want) noexcept;
 
 struct DaemonCounters {
-  std::atomic<uint64_t> reconciles{0};          // completed reconcile passes
-  std::atomic<uint64_t> reconcile_failures{0};  // passes that failed (retried next interval)
-  std::atomic<uint64_t> rings_pushed{0};        // install_ring sent by the reconciler
-  std::atomic<uint64_t> rings_pruned{0};        // remove_ring sent by the reconciler
-  std::atomic<uint64_t> restarts_seen{0};       // data plane instance changes observed
-  std::atomic<uint64_t> rings_expired{0};       // leased rings removed for want of renewal
+  std::atomic<uint64_t> reconciles{0};            // completed reconcile passes
+  std::atomic<uint64_t> reconcile_failures{0};    // passes that failed (retried next interval)
+  std::atomic<uint64_t> rings_pushed{0};          // install_ring sent by the reconciler
+  std::atomic<uint64_t> rings_pruned{0};          // remove_ring sent by the reconciler
+  std::atomic<uint64_t> restarts_seen{0};         // data plane instance changes observed
+  std::atomic<uint64_t> rings_expired{0};         // leased rings removed for want of renewal
+  std::atomic<uint64_t> fabric_pushes{0};         // entries a peer accepted (origin)
+  std::atomic<uint64_t> fabric_push_failures{0};  // pushes and removals that failed (retried)
+  std::atomic<uint64_t> fabric_removals{0};       // removals a peer confirmed (origin)
 };
 
 class Daemon {
@@ -114,6 +137,13 @@ class Daemon {
   Reply create_ring(const nlohmann::json& body, const RingAuth& auth = {});
   Reply delete_ring(uint32_t id, const RingAuth& auth = {});
   Reply renew_lease(uint32_t id, const RingAuth& auth);
+  // Fabric peers' calls (fabric token): an origin's entry for this box
+  // ({"origin", "entry", "lease_ms", "ring": ring JSON + "tree"}; the same
+  // entry again renews it), and its removal (only if `entry` matches).
+  Reply fabric_put(const nlohmann::json& body);
+  Reply fabric_delete(uint32_t id, const std::string& entry);
+  // The bearer token for calls to peer daemons (fabric.token_file); before start().
+  void set_fabric_token(std::string token) { fabric_token_ = std::move(token); }
   Reply list_rings();
   Reply get_ring(uint32_t id);
   Reply status();
@@ -136,6 +166,15 @@ class Daemon {
     std::chrono::steady_clock::time_point taken;
   };
 
+  // create_ring's work under mu_ (the pushes to peers come after it).
+  Reply create_ring_here(const nlohmann::json& body, const RingAuth& auth);
+  void fabric_main();
+  // One push pass over what is due (see the top); true if anything was done.
+  bool push_pass();
+  Status save_locked() { return state_.save(rings_, deletes_); }
+  // Queues the removal of a fabric ring from its peers (origin).
+  void queue_removals_locked(uint32_t id, const RingRecord& rec);
+  nlohmann::json fabric_view_locked(const RingRecord& rec) const;
   void reconciler_main();
   void metrics_main();
   void refresh_metrics();
@@ -153,6 +192,11 @@ class Daemon {
 
   std::mutex mu_;
   RingMap rings_;
+  std::vector<FabricDelete> deletes_;  // guarded by mu_; persisted with rings_
+  std::mutex push_mu_;                 // one push pass at a time (never held with mu_ waiting)
+  std::thread fabric_;
+  std::string fabric_token_;                 // written before start(), read-only after
+  std::atomic<uint64_t> fabric_pending_{0};  // written by push_pass, read by metrics()
 
   std::atomic<bool> dp_up_{false};
   DaemonCounters counters_;

@@ -91,6 +91,17 @@ std::string render_metrics(const MetricsInput& in) {
   set(b.counter("netreduce_rings_expired_total",
                 "leased rings the daemon removed because their lease was not renewed in time"),
       {}, static_cast<double>(in.rings_expired));
+  set(b.counter("netreduce_fabric_pushes_total",
+                "fabric ring entries this daemon pushed that a peer daemon accepted"),
+      {}, static_cast<double>(in.fabric_pushes));
+  set(b.counter("netreduce_fabric_push_failures_total",
+                "fabric pushes and removals to peer daemons that failed (retried)"),
+      {}, static_cast<double>(in.fabric_push_failures));
+  set(b.counter("netreduce_fabric_removals_total", "fabric ring removals a peer daemon confirmed"),
+      {}, static_cast<double>(in.fabric_removals));
+  set(b.gauge("netreduce_fabric_pending",
+              "fabric ring entries and removals not yet delivered to their peer daemon"),
+      {}, static_cast<double>(in.fabric_pending));
   set(b.gauge("netreduce_rings_max", "quotas.max_rings"), {}, static_cast<double>(in.max_rings));
   set(b.gauge("netreduce_rings_configured_memory_bytes",
               "worst-case engine memory of the configured rings (deterministic mode)"),
@@ -215,6 +226,21 @@ std::string render_metrics(const MetricsInput& in) {
   auto& r_stall = b.gauge("netreduce_ring_stalled_cells",
                           "open cells collecting for longer than engine.stall_timeout_ms");
   auto& r_ranks = b.gauge("netreduce_ring_ranks", "members of the ring");
+  // A tree node's box-to-box counters (engine::TreeCounters), rings with a tree only.
+  static constexpr std::pair<const char*, const char*> kTree[] = {
+      {"partials_sent", "partials sent up to the parent box (first copy of each cell)"},
+      {"partials_resent", "partials sent up again (a resend reached a cell awaiting its result)"},
+      {"partials_received", "partials taken from child boxes into cells"},
+      {"results_received", "results from the parent box, delivered"},
+      {"results_sent", "results sent down to child boxes"},
+      {"results_resent", "results sent again to a child box whose partial reached a complete cell"},
+      {"queries_sent", "queries sent to child boxes missing from a cell"},
+      {"finals_sent", "results sent up from a complete cell (a query's answer)"},
+      {"finals_received", "finals from child boxes, delivered"}};
+  std::vector<prometheus::Family<prometheus::Counter>*> r_tree;
+  for (const auto& [name, help] : kTree)
+    r_tree.push_back(&b.counter("netreduce_ring_tree_" + std::string(name) + "_total",
+                                std::string("box-to-box: ") + help));
   double held_total = 0;
   for (const json& r : in.rings) {
     const json spec = r.value("spec", json::object());
@@ -237,6 +263,8 @@ std::string render_metrics(const MetricsInput& in) {
     set(r_stall, l, num(r, "stalled_cells"));
     set(r_ranks, l, static_cast<double>(spec.value("members", json::array()).size()));
     held_total += num(r, "held_bytes");
+    if (c.contains("tree") && c["tree"].is_object())
+      for (size_t i = 0; i < r_tree.size(); ++i) set(*r_tree[i], l, num(c["tree"], kTree[i].first));
   }
   set(b.gauge("netreduce_cell_memory_held_bytes",
               "bytes of packets held in aggregator cells, all rings"),

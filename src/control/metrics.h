@@ -44,6 +44,11 @@ struct MetricsInput {
   HttpStats http;
   uint64_t leased_rings = 0;   // configured rings with a lease
   uint64_t rings_expired = 0;  // leased rings removed for want of renewal
+  // Fabric (the daemon's fabric section; all 0 without one).
+  uint64_t fabric_pushes = 0;         // entries a peer daemon accepted
+  uint64_t fabric_push_failures = 0;  // pushes and removals that failed (retried)
+  uint64_t fabric_removals = 0;       // removals a peer daemon confirmed
+  uint64_t fabric_pending = 0;        // entries and removals not yet delivered
 };
 
 std::string render_metrics(const MetricsInput& in);

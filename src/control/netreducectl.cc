@@ -174,8 +174,43 @@ std::vector<std::string> ring_row(const json& r) {
 const std::vector<std::string> kRingHead = {"ID",      "RANKS",  "MEMBERS", "MSG_LEN",  "WINDOW",
                                             "PAYLOAD", "DTYPES", "OPS",     "INSTALLED"};
 
+// A tree node in one line: its children in reduction order, then its parent.
+std::string tree_line(const json& t) {
+  if (!t.is_object()) return "plain ring (no tree)";
+  std::string out = "children";
+  const char* sep = " ";
+  for (const json& c : t.value("children", json::array())) {
+    for (const auto& [k, v] : c.items()) out += sep + k + " " + str(v);
+    sep = ", ";
+  }
+  if (t.contains("parent"))
+    out += "; parent " + field(t["parent"], "ip") + " (port " + field(t["parent"], "port") +
+           ", child " + field(t, "index_at_parent") + " there)";
+  else
+    out += "; root";
+  return out;
+}
+
+// A fabric ring: this box's node and, at the origin, every other box's push state.
+void print_fabric(const json& f) {
+  std::cout << "\n";
+  table({"FABRIC", "VALUE"},
+        {{"box", field(f, "box")},
+         {"origin", field(f, "origin")},
+         {"entry", field(f, "entry")},
+         {"this box", f.value("local", true) ? tree_line(f.value("tree", json())) : "no part"}});
+  if (!f.contains("peers")) return;
+  std::vector<std::vector<std::string>> rows;
+  for (const json& p : f["peers"])
+    rows.push_back({field(p, "box"), p.value("pushed", false) ? "yes" : "NO",
+                    tree_line(p.value("tree", json())), p.value("error", std::string())});
+  std::cout << "\n";
+  table({"BOX", "PUSHED", "NODE", "ERROR"}, rows);
+}
+
 void print_ring(const json& r) {
   table(kRingHead, {ring_row(r)});
+  if (r.contains("fabric")) print_fabric(r["fabric"]);
   if (!r.contains("counters")) return;
   std::cout << "\n";
   const json& c = r["counters"];
@@ -189,6 +224,8 @@ void print_ring(const json& r) {
   const json c_drops = c.value("drops", json::object());
   for (const auto& [k, v] : c_drops.items())
     if (v.is_number() && v.get<double>() != 0) rows.push_back({"drop " + k, str(v)});
+  const json tree = c.value("tree", json::object());
+  for (const auto& [k, v] : tree.items()) rows.push_back({"tree " + k, str(v)});
   table({"COUNTER", "VALUE"}, rows);
 }
 

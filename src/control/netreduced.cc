@@ -64,6 +64,18 @@ void send_error(httplib::Response& res, int http, const std::string& code, const
 }
 
 // The {id} of /v1/rings/{id}: a decimal unsigned 32-bit integer.
+// Parses a request body as JSON; false after answering 400.
+bool json_body(const std::string& text, httplib::Response& res, json& out) {
+  try {
+    out = json::parse(text);
+    return true;
+  } catch (const std::exception& e) {
+    send_error(res, 400, "invalid_argument", "",
+               std::string("body is not JSON (UTF-8): ") + e.what());
+    return false;
+  }
+}
+
 bool ring_id(const httplib::Request& req, httplib::Response& res, uint32_t& id) {
   const std::string s = req.matches[1];
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), id);
@@ -98,6 +110,13 @@ int main(int argc, char** argv) {
     refuse("auth.job_token_file",
            "holds the same token as auth.token_file; the jobs' token must differ from the "
            "operator's");
+  const std::string fabric_token =
+      cfg.fabric ? read_token(cfg.fabric->token_file, "fabric.token_file") : "";
+  if (!fabric_token.empty() && (same_secret(fabric_token, token) ||
+                                (!job_token.empty() && same_secret(fabric_token, job_token))))
+    refuse("fabric.token_file",
+           "holds the same token as auth.token_file or auth.job_token_file; the fabric's token "
+           "must differ");
   if (check) {
     std::cout << "netreduced: " << config_path << " is valid\n";
     return 0;
@@ -113,6 +132,7 @@ int main(int argc, char** argv) {
   install_fatal_signal_report("netreduced");
 
   Daemon daemon(cfg);
+  daemon.set_fabric_token(fabric_token);
   if (Status s = daemon.start(); !s) refuse("state.file", s.message());
 
   // Who a request is: the one place that decides. The operator token
@@ -120,9 +140,18 @@ int main(int argc, char** argv) {
   // when configured) may create rings and delete or renew those whose
   // credential it presents (Daemon checks the credential). Anything else is
   // anonymous: routes flagged kAuth answer 401 before reading a body byte.
+  //
+  // The fabric's routes (/v1/fabric/..., daemon to daemon) take the fabric
+  // token (fabric.token_file) and nothing else; that token opens no other route.
   auto authorize = [&](const httplib::Request& req) {
     const std::string h = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
+    if (req.path.rfind("/v1/fabric/", 0) == 0) {
+      return !fabric_token.empty() && h.rfind(prefix, 0) == 0 &&
+                     same_secret(h.substr(prefix.size()), fabric_token)
+                 ? Role::kOperator
+                 : Role::kAnonymous;
+    }
     if (h.rfind(prefix, 0) == 0) {
       const std::string given = h.substr(prefix.size());
       if (same_secret(given, token)) return Role::kOperator;
@@ -149,13 +178,7 @@ int main(int argc, char** argv) {
   svr.post("/v1/rings", kAuth | kDataplane,
            [&](const httplib::Request& req, httplib::Response& res, const std::string& text) {
              json body;
-             try {
-               body = json::parse(text);
-             } catch (const std::exception& e) {
-               return send_error(res, 400, "invalid_argument", "",
-                                 std::string("body is not JSON (UTF-8): ") + e.what());
-             }
-             send(res, daemon.create_ring(body, ring_auth(req)));
+             if (json_body(text, res, body)) send(res, daemon.create_ring(body, ring_auth(req)));
            });
   svr.get("/v1/rings", kDataplane,
           [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.list_rings()); });
@@ -173,6 +196,18 @@ int main(int argc, char** argv) {
           [&](const httplib::Request& req, httplib::Response& res) {
             uint32_t id;
             if (ring_id(req, res, id)) send(res, daemon.renew_lease(id, ring_auth(req)));
+          });
+  // Fabric peers: an origin daemon pushes a box's entry of a ring, and removes it.
+  svr.post("/v1/fabric/rings", kAuth | kDataplane,
+           [&](const httplib::Request&, httplib::Response& res, const std::string& text) {
+             json body;
+             if (json_body(text, res, body)) send(res, daemon.fabric_put(body));
+           });
+  svr.del(R"(/v1/fabric/rings/([^/]+))", kAuth | kDataplane,
+          [&](const httplib::Request& req, httplib::Response& res) {
+            uint32_t id;
+            if (ring_id(req, res, id))
+              send(res, daemon.fabric_delete(id, req.get_param_value("entry")));
           });
   svr.get("/v1/status", kDataplane,
           [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.status()); });

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/ring_json.h"
+#include "engine/engine_json.h"
 #include "engine/ring.h"
 
 namespace netreduce::control {
@@ -84,11 +85,12 @@ Status StateFile::lock() {
   return {};
 }
 
-Status StateFile::load(RingMap& out) const {
+Status StateFile::load(RingMap& out, std::vector<FabricDelete>* deletes) const {
   std::ifstream in(path_);
   if (!in) {
     if (errno == ENOENT) {
       out.clear();
+      if (deletes) deletes->clear();
       return {};
     }
     return io_error("cannot open", path_);
@@ -127,8 +129,36 @@ Status StateFile::load(RingMap& out) const {
         r.erase("lease_ms");
       }
     }
+    json fabric;
+    if (r.is_object() && r.contains("fabric")) {
+      fabric = r["fabric"];
+      r.erase("fabric");
+    }
     if (Status s = ring_from_json(r, rec.spec); !s)
       return Status::invalid(s.field(), where + s.to_string());
+    if (!fabric.is_null()) {
+      const std::string fw = where + "fabric: ";
+      if (!fabric.is_object() || !fabric.contains("entry") || !fabric["entry"].is_string() ||
+          !valid_credential(fabric["entry"].get<std::string>()))
+        return Status::invalid("fabric", fw + "must be an object with \"entry\" (32 hex digits)");
+      rec.entry = fabric["entry"].get<std::string>();
+      rec.origin = fabric.value("origin", std::string());
+      rec.local = fabric.value("local", true);
+      if (fabric.contains("tree")) {
+        engine::TreeSpec t;
+        if (Status s = tree_from_json(fabric["tree"], rec.spec, t); !s)
+          return Status::invalid(s.field(), fw + s.to_string());
+        rec.tree = std::move(t);
+      }
+      for (const json& p : fabric.value("peers", json::array())) {
+        if (!p.is_object() || !p.contains("box") || !p["box"].is_string() || !p.contains("ring"))
+          return Status::invalid("fabric", fw + "peers: each needs \"box\" and \"ring\"");
+        PeerPush push;
+        push.box = p["box"].get<std::string>();
+        push.ring = p["ring"];
+        rec.peers.push_back(std::move(push));
+      }
+    }
     // The memory quota against what the ring needs (the engine's sizes), as
     // at registration: a ring the data plane would refuse forever is not
     // restored.
@@ -138,19 +168,48 @@ Status StateFile::load(RingMap& out) const {
     if (!rings.emplace(id, std::move(rec)).second)
       return Status::invalid("id", path_ + ": ring " + std::to_string(id) + " given twice");
   }
+  std::vector<FabricDelete> dels;
+  for (const json& d : j.value("fabric_deletes", json::array())) {
+    if (!d.is_object() || !d.contains("box") || !d["box"].is_string() || !d.contains("id") ||
+        !d["id"].is_number_unsigned() || !d.contains("entry") || !d["entry"].is_string())
+      return Status::invalid("fabric_deletes",
+                             path_ + ": fabric_deletes: each needs box, id, entry");
+    dels.push_back(
+        {d["box"].get<std::string>(), d["id"].get<uint32_t>(), d["entry"].get<std::string>()});
+  }
   out = std::move(rings);
+  if (deletes) *deletes = std::move(dels);
   return {};
 }
 
-Status StateFile::save(const RingMap& rings) const {
+Status StateFile::save(const RingMap& rings, const std::vector<FabricDelete>& deletes) const {
   json arr = json::array();
   for (const auto& [id, rec] : rings) {
     json r = ring_to_json(rec.spec);
     if (!rec.credential.empty()) r["credential"] = rec.credential;
     if (rec.lease_ms) r["lease_ms"] = rec.lease_ms;
+    if (!rec.entry.empty()) {
+      json f = {{"entry", rec.entry}};
+      if (!rec.origin.empty()) f["origin"] = rec.origin;
+      if (!rec.local) f["local"] = false;
+      if (rec.tree) f["tree"] = tree_to_json(*rec.tree);
+      if (!rec.peers.empty()) {
+        f["peers"] = json::array();
+        for (const PeerPush& p : rec.peers)
+          f["peers"].push_back({{"box", p.box}, {"ring", p.ring}});
+      }
+      r["fabric"] = std::move(f);
+    }
     arr.push_back(std::move(r));
   }
-  const std::string text = json{{"version", 2}, {"rings", arr}}.dump(2) + "\n";
+  json doc = {{"version", 2}, {"rings", arr}};
+  if (!deletes.empty()) {
+    json d = json::array();
+    for (const FabricDelete& x : deletes)
+      d.push_back({{"box", x.box}, {"id", x.id}, {"entry", x.entry}});
+    doc["fabric_deletes"] = std::move(d);
+  }
+  const std::string text = doc.dump(2) + "\n";
 
   const std::filesystem::path path(path_);
   const std::string dir = path.parent_path().empty() ? "." : path.parent_path().string();

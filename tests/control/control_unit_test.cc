@@ -191,7 +191,8 @@ TEST_CASE("state file: round trip, atomic replace, refusals", "[control][state]"
   b.ring_id = 4000000000u;
   b.members = {0x0A000003, 0x0A000004, 0x0A000005};
   const std::string cred(32, 'a');
-  rings = {{a.ring_id, {a, cred, 30000, {}}}, {b.ring_id, {b, "", 0, {}}}};
+  rings = {{a.ring_id, {a, cred, 30000, {}, {}, {}, true, {}, {}}},
+           {b.ring_id, {b, "", 0, {}, {}, {}, true, {}, {}}}};
   REQUIRE(st.save(rings).ok());
   CHECK_FALSE(std::filesystem::exists(dir / "state.json.tmp"));
   RingMap back;

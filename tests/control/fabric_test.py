@@ -1,0 +1,319 @@
+#!/usr/bin/python3
+"""Fabric control (issue #15): three real netreduced daemons, each with its own real
+netreduce-dataplane (net_ring ports), sharing one fabric YAML: a spine and two leaves.
+The process and request helpers are control_test.py's.
+
+    fabric_test.py DAEMON CTL DATAPLANE SCENARIO
+
+Scenarios:
+  fabric          one POST at leaf A installs the right entry on every box (each data plane's
+                  list_rings tree against the JSON written out below); GET shows the tree and
+                  every box's push state; a restarted peer daemon and a restarted peer data
+                  plane get their entry back; DELETE removes it everywhere; a ring within one
+                  rack installs only on its leaf (plain, no tree); a member in no rack is a 400
+  fabric_peer_down  a peer daemon down at POST time gets its entry when it comes back, and one
+                  down at DELETE time loses it when back; a leased ring not renewed at the origin
+                  disappears from every box, and so do the peers' copies when the origin's
+                  daemon dies; the fabric route refuses the operator token and the fabric token
+                  opens no other route; start-up refusals (exit 2) name fabric keys
+"""
+import json
+import os
+import subprocess
+
+import control_test as ct
+from control_test import Dataplane, expect_error, free_port, metric, wait_until, TOKEN
+
+FABRIC_TOKEN = "fabric-token-%d" % os.getpid()
+
+# box -> (b2b ip, b2b mac)
+B2B = {"spine": ("10.8.0.9", "02:00:00:00:08:09"),
+       "leafA": ("10.8.0.1", "02:00:00:00:08:01"),
+       "leafB": ("10.8.0.2", "02:00:00:00:08:02")}
+
+
+class FabricDaemon(ct.Daemon):
+    """control_test.Daemon with a port chosen before any config is written and a fabric
+    section naming every box."""
+
+    def __init__(self, tmp, name, ports):
+        os.makedirs(tmp, exist_ok=True)
+        self.tmp, self.name, self.port = tmp, name, ports[name]
+        self.token_file = os.path.join(tmp, "token")
+        with open(self.token_file, "w") as f:
+            f.write(TOKEN + "\n")
+        fabric_token = os.path.join(tmp, "fabric-token")
+        with open(fabric_token, "w") as f:
+            f.write(FABRIC_TOKEN + "\n")
+        boxes = []
+        for box, parent, up, kids in [("spine", "none", None, {"leafA": "a", "leafB": "b"}),
+                                      ("leafA", "spine", "b", None), ("leafB", "spine", "a", None)]:
+            b = {"name": box, "daemon": "http://127.0.0.1:%d" % ports[box], "b2b_ip": B2B[box][0],
+                 "b2b_mac": B2B[box][1], "parent": parent}
+            if up:
+                b["port_to_parent"] = up
+            if kids:
+                b["ports"] = kids
+            boxes.append(b)
+        self.cfg = {"listen": {"address": "127.0.0.1", "port": self.port, "threads": 4},
+                    "auth": {"token_file": self.token_file},
+                    "state": {"file": os.path.join(tmp, "state.json")},
+                    "dataplane": {"socket": os.path.join(tmp, "dp.sock"), "timeout_ms": 5000,
+                                  "reconcile_interval_ms": 200},
+                    "quotas": {"max_rings": 8, "max_memory": "1GiB"},
+                    "metrics": {"refresh_interval_ms": 200},
+                    "fabric": {"self": name, "token_file": fabric_token, "boxes": boxes,
+                               "racks": [{"leaf": "leafA", "workers": ["10.1.0.0/24"]},
+                                         {"leaf": "leafB", "workers": ["10.2.0.0/24"]}]}}
+        self.cfg_path = os.path.join(tmp, "netreduced.yaml")
+        with open(self.cfg_path, "w") as f:
+            json.dump(self.cfg, f)
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.proc = None
+        self.start()
+
+
+class BoxDataplane(Dataplane):
+    """control_test.Dataplane with DPDK file prefixes unique per box (base + restarts)."""
+
+    def __init__(self, tmp, sock, base):
+        self.tmp, self.sock, self.kind, self.ifaces = tmp, sock, "ring", None
+        self.n = base
+        self.start()
+
+
+def ring(rid, members, **kw):
+    r = {"id": rid, "members": members, "msg_len": 4, "window": 4, "payload_bytes": 1024}
+    r.update(kw)
+    return r
+
+
+FOUR = ["10.1.0.1", "10.2.0.1", "10.1.0.2", "10.2.0.2"]  # ranks alternate between the racks
+
+# The expected tree node of each box for FOUR, written out by hand (tree_to_json's form:
+# "boxes" and "index_at_parent" always present, "parent" absent at the root).
+WANT_TREE = {
+    "leafA": {"self": {"ip": "10.8.0.1", "mac": "02:00:00:00:08:01"},
+              "children": [{"rank": 0}, {"rank": 2}], "boxes": [], "index_at_parent": 0,
+              "parent": {"ip": "10.8.0.9", "mac": "02:00:00:00:08:09", "port": "b"}},
+    "leafB": {"self": {"ip": "10.8.0.2", "mac": "02:00:00:00:08:02"},
+              "children": [{"rank": 1}, {"rank": 3}], "boxes": [], "index_at_parent": 1,
+              "parent": {"ip": "10.8.0.9", "mac": "02:00:00:00:08:09", "port": "a"}},
+    "spine": {"self": {"ip": "10.8.0.9", "mac": "02:00:00:00:08:09"},
+              "children": [{"box": 0}, {"box": 1}], "index_at_parent": 0,
+              "boxes": [{"ip": "10.8.0.1", "mac": "02:00:00:00:08:01", "port": "a"},
+                        {"ip": "10.8.0.2", "mac": "02:00:00:00:08:02", "port": "b"}]},
+}
+
+
+def dp_ring(dp, rid):
+    """The data plane's own report of ring rid (None if it does not hold it)."""
+    for r in dp.ask(cmd="list_rings")["rings"]:
+        if r["spec"]["id"] == rid:
+            return r
+    return None
+
+
+def dp_tree(dp, rid):
+    r = dp_ring(dp, rid)
+    return None if r is None else r["spec"].get("tree", "plain")
+
+
+def setup(tmp, with_dataplanes=True):
+    names = ["spine", "leafA", "leafB"]
+    ports = {n: free_port() for n in names}
+    dps, ds = {}, {}
+    for i, n in enumerate(names):
+        sub = os.path.join(tmp, n)
+        os.makedirs(sub)
+        if with_dataplanes:
+            dps[n] = BoxDataplane(sub, os.path.join(sub, "dp.sock"), 100 * (i + 1))
+        ds[n] = FabricDaemon(sub, n, ports)
+    return ds, dps
+
+
+def teardown(ds, dps):
+    """Clean exits: each data plane's shutdown command, each daemon's SIGTERM (exit 0)."""
+    for dp in dps.values():
+        dp.ask(cmd="shutdown")
+        dp.proc.wait(timeout=30)
+    for d in ds.values():
+        d.stop()
+
+
+def check_installed(dps, rid, want):
+    """want: box -> expected tree JSON ("plain": no tree; None: not installed)."""
+    for box, dp in dps.items():
+        wait_until("box %s holds ring %d as %s" % (box, rid, json.dumps(want.get(box))),
+                   lambda: dp_tree(dp, rid) == want.get(box), timeout=30)
+
+
+def scenario_fabric(tmp):
+    ds, dps = setup(tmp)
+    a, spine, b = ds["leafA"], ds["spine"], ds["leafB"]
+
+    # One registration at leaf A (the host library's unchanged call) installs every box's entry.
+    st, body = a.call("POST", "/v1/rings", ring(21, FOUR))
+    assert st == 201, (st, body)
+    f = body["ring"]["fabric"]
+    assert f["origin"] == "leafA" and f["box"] == "leafA" and f["local"] is True, f
+    assert f["tree"] == WANT_TREE["leafA"], f["tree"]
+    assert {p["box"]: (p["pushed"], p["installed"]) for p in f["peers"]} == \
+        {"spine": (True, True), "leafB": (True, True)}, f
+    assert body["ring"]["installed"] is True and f["installed_here"] is True, body
+    check_installed(dps, 21, WANT_TREE)
+    for box in ("spine", "leafB"):
+        assert {p["box"]: p["tree"] for p in f["peers"]}[box] == WANT_TREE[box]
+    # The rest of the spec is the registered ring's on every box.
+    for dp in dps.values():
+        spec = dict(dp_ring(dp, 21)["spec"])
+        spec.pop("tree")
+        assert spec["members"] == FOUR and spec["msg_len"] == 4 and spec["window"] == 4, spec
+
+    # GET at a peer: its node, installed, the origin named, the data plane's tree counters.
+    st, g = spine.call("GET", "/v1/rings/21")
+    assert st == 200 and g["installed"] is True, g
+    assert g["fabric"]["origin"] == "leafA" and g["fabric"]["tree"] == WANT_TREE["spine"], g
+    assert "peers" not in g["fabric"], g
+    assert g["counters"]["tree"]["partials_received"] == 0, g["counters"]
+    st, g = a.call("GET", "/v1/rings/21")
+    assert st == 200 and [p["pushed"] for p in g["fabric"]["peers"]] == [True, True], g
+    # The host library's own id space: another job's POST of 21 at a peer is a conflict.
+    expect_error(b.call("POST", "/v1/rings", ring(21, FOUR)), 409, "conflict", "id")
+
+    # A restarted peer daemon (kill -9) keeps its entry (persisted) and its data plane keeps it.
+    spine.kill9()
+    spine.start()
+    st, g = spine.call("GET", "/v1/rings/21")
+    assert st == 200 and g["fabric"]["tree"] == WANT_TREE["spine"], g
+    wait_until("spine entry installed after its daemon restarted",
+               lambda: spine.call("GET", "/v1/rings/21")[1]["installed"] is True)
+    # A restarted peer data plane gets its tree entry back from its own daemon.
+    dps["leafB"].kill9()
+    dps["leafB"].start()
+    check_installed(dps, 21, WANT_TREE)
+    # And the origin's own data plane, likewise.
+    dps["leafA"].kill9()
+    dps["leafA"].start()
+    check_installed(dps, 21, WANT_TREE)
+
+    # A ring within one rack: a plain ring on its leaf only, even registered at another box.
+    st, body = a.call("POST", "/v1/rings", ring(23, ["10.2.0.1", "10.2.0.2"]))
+    assert st == 201, (st, body)
+    # "installed": every box's part (the host library waits for it); leafA holds none.
+    assert body["ring"]["fabric"]["local"] is False and body["ring"]["installed"] is True, body
+    assert body["ring"]["fabric"]["installed_here"] is False, body
+    assert [(p["box"], p["pushed"], p["tree"]) for p in body["ring"]["fabric"]["peers"]] == \
+        [("leafB", True, None)], body
+    check_installed(dps, 23, {"leafB": "plain"})
+    # A member in no rack: 400 naming it.
+    msg = expect_error(a.call("POST", "/v1/rings", ring(24, ["10.1.0.1", "10.3.0.1"])), 400,
+                       "invalid_argument", "members[1]")
+    assert "10.3.0.1" in msg, msg
+
+    # The CLI shows the tree and the push state.
+    rc, out, err = ct.ctl(a, "ring", "show", "21")
+    assert rc == 0 and "leafB" in out and "spine" in out, (rc, out, err)
+
+    # /metrics per box: the tree counters of the data plane's rings.
+    text = wait_until("spine /metrics with ring 21's tree counters",
+                      lambda: (lambda t: t if metric(t, "netreduce_ring_tree_partials_received_total",
+                                                     ring=21) is not None else None)(spine.metrics()))
+    assert metric(text, "netreduce_ring_tree_results_sent_total", ring=21) == 0, text
+    ct.promtool_check(text)
+
+    # DELETE at the origin removes every box's entry.
+    st, _ = a.call("DELETE", "/v1/rings/21")
+    assert st == 204
+    check_installed(dps, 21, {})
+    for d in ds.values():
+        expect_error(d.call("GET", "/v1/rings/21"), 404, "not_found", "id")
+    assert a.call("DELETE", "/v1/rings/23")[0] == 204
+    check_installed(dps, 23, {})
+    for d in ds.values():
+        assert d.call("GET", "/v1/rings")[1] == {"rings": []}, d.name
+    teardown(ds, dps)
+    print("fabric: one POST installed 3 tree entries; restarts of a peer daemon and of two data "
+          "planes restored them; DELETE removed all; a one-rack ring went to its leaf only")
+
+
+def scenario_fabric_peer_down(tmp):
+    ds, dps = setup(tmp)
+    a, spine, b = ds["leafA"], ds["spine"], ds["leafB"]
+    b.kill9()
+    st, body = a.call("POST", "/v1/rings", ring(31, FOUR))
+    assert st == 201, (st, body)
+    peers = {p["box"]: p for p in body["ring"]["fabric"]["peers"]}
+    assert peers["spine"]["pushed"] is True and peers["leafB"]["pushed"] is False, peers
+    assert "127.0.0.1:%d" % b.port in peers["leafB"]["error"], peers
+    # Not installed until every box has its part: the host library keeps waiting.
+    assert body["ring"]["installed"] is False and body["ring"]["fabric"]["installed_here"] is True, body
+    st, g = a.call("GET", "/v1/rings/31")
+    assert st == 200 and g["installed"] is False, g
+    check_installed({"leafA": dps["leafA"], "spine": dps["spine"]}, 31, WANT_TREE)
+    assert dp_ring(dps["leafB"], 31) is None
+    b.start()  # back: the origin's retries deliver the entry
+    check_installed(dps, 31, WANT_TREE)
+    wait_until("origin sees leafB's entry accepted",
+               lambda: all(p["pushed"] for p in a.call("GET", "/v1/rings/31")[1]["fabric"]["peers"]))
+    wait_until("origin reports ring 31 installed everywhere",
+               lambda: a.call("GET", "/v1/rings/31")[1]["installed"] is True)
+    assert [r["installed"] for r in a.call("GET", "/v1/rings")[1]["rings"]] == [True]
+
+    # Deleted while a peer is down: removed there when it comes back.
+    b.kill9()
+    assert a.call("DELETE", "/v1/rings/31")[0] == 204
+    check_installed({"leafA": dps["leafA"], "spine": dps["spine"]}, 31, {})
+    b.start()
+    check_installed(dps, 31, {})
+    wait_until("leafB's state without ring 31", lambda: b.call("GET", "/v1/rings")[1] == {"rings": []})
+
+    # A leased ring: the peers hold it while the origin holds it; not renewed, it goes everywhere.
+    st, body = a.call("POST", "/v1/rings", dict(ring(32, FOUR), lease_ms=2500))
+    assert st == 201, body
+    cred = body["ring"]["credential"]
+    check_installed(dps, 32, WANT_TREE)
+    for _ in range(4):  # renewed at the origin for longer than the lease: still everywhere
+        assert a.call("PUT", "/v1/rings/32/lease", headers={"X-Netreduce-Ring-Credential": cred})[0] == 200
+        ct.time.sleep(1.0)
+    for dp in dps.values():
+        assert dp_ring(dp, 32) is not None
+    check_installed(dps, 32, {})  # no more renewals: expired at the origin, removed everywhere
+
+    # The origin's daemon gone (kill -9): nobody renews the peers' copies, which drop their
+    # entries by themselves one lease later; back, its state expires the ring everywhere.
+    st, body = a.call("POST", "/v1/rings", dict(ring(34, FOUR), lease_ms=1500))
+    assert st == 201, body
+    check_installed(dps, 34, WANT_TREE)
+    a.kill9()
+    check_installed({"spine": dps["spine"], "leafB": dps["leafB"]}, 34, {})
+    a.start()
+    check_installed(dps, 34, {})
+    for d in ds.values():
+        wait_until("no ring left at %s" % d.name, lambda: d.call("GET", "/v1/rings")[1] == {"rings": []})
+
+    # The fabric route takes the fabric token only; the fabric token opens nothing else.
+    expect_error(spine.call("POST", "/v1/fabric/rings", {"ring": ring(33, FOUR)}), 401,
+                 "unauthorized", "Authorization")
+    expect_error(spine.call("POST", "/v1/rings", ring(33, FOUR), token=FABRIC_TOKEN), 401,
+                 "unauthorized", "Authorization")
+    expect_error(spine.call("POST", "/v1/fabric/rings", {"origin": "leafZ", "ring": ring(33, FOUR)},
+                            token=FABRIC_TOKEN), 400, "invalid_argument", "origin")
+    # Start-up refusals (exit 2, key named): the fabric token equal to the operator's, and a
+    # fabric section that names an unknown parent.
+    for mutate, key in [(lambda c: c["fabric"].update(token_file=c["auth"]["token_file"]), "fabric.token_file"),
+                        (lambda c: c["fabric"]["boxes"][1].update(parent="spin"), "fabric.boxes[1].parent")]:
+        cfg = json.loads(json.dumps(spine.cfg))
+        mutate(cfg)
+        path = os.path.join(tmp, "bad.yaml")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        p = subprocess.run([ct.DAEMON, "--check", "-c", path], capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2 and key in p.stderr, (key, p.returncode, p.stderr)
+    teardown(ds, dps)
+    print("fabric_peer_down: a peer down at POST and at DELETE caught up when back; a lease "
+          "not renewed removed every box's entry")
+
+
+if __name__ == "__main__":
+    ct.run_scenario(globals())
