@@ -226,6 +226,9 @@ std::string render_metrics(const MetricsInput& in) {
   auto& r_stall = b.gauge("netreduce_ring_stalled_cells",
                           "open cells collecting for longer than engine.stall_timeout_ms");
   auto& r_ranks = b.gauge("netreduce_ring_ranks", "members of the ring");
+  auto& r_worker = b.gauge("netreduce_ring_worker",
+                           "the box worker (lcore index in dataplane.workers) that runs the ring; "
+                           "a job's striped rings run on different workers");
   // A tree node's box-to-box counters (engine::TreeCounters), rings with a tree only.
   static constexpr std::pair<const char*, const char*> kTree[] = {
       {"partials_sent", "partials sent up to the parent box (first copy of each cell)"},
@@ -262,6 +265,7 @@ std::string render_metrics(const MetricsInput& in) {
     set(r_open, l, num(r, "open_cells"));
     set(r_stall, l, num(r, "stalled_cells"));
     set(r_ranks, l, static_cast<double>(spec.value("members", json::array()).size()));
+    if (r.contains("worker")) set(r_worker, l, num(r, "worker"));
     held_total += num(r, "held_bytes");
     if (c.contains("tree") && c["tree"].is_object())
       for (size_t i = 0; i < r_tree.size(); ++i) set(*r_tree[i], l, num(c["tree"], kTree[i].first));

@@ -633,6 +633,7 @@ def scenario_traffic(tmp):
             ("netreduce_ring_retransmissions_served_total", (("ring", 1),)): 0,
             ("netreduce_ring_dropped_packets_total", (("ring", 1), ("reason", "duplicate"))): 0,
             ("netreduce_ring_held_packets", (("ring", 1),)): 0,
+            ("netreduce_ring_worker", (("ring", 1),)): 0,  # one worker
             ("netreduce_packets_total", (("reason", "held"),)): len(frames),
             ("netreduce_packets_total", (("reason", "fwd_not_write"),)): 5,
             ("netreduce_packets_total", (("reason", "fwd_no_ina"),)): 1,
