@@ -368,7 +368,7 @@ void Daemon::fabric_main() {
   }
 }
 
-bool Daemon::push_pass() {
+bool Daemon::push_pass(std::optional<uint32_t> only) {
   if (!cfg_.fabric) return false;
   std::lock_guard push_lock(push_mu_);
   struct Task {
@@ -383,10 +383,11 @@ bool Daemon::push_pass() {
   {
     std::lock_guard lock(mu_);
     for (const FabricDelete& d : deletes_)
-      if (now - d.last_try >= std::chrono::seconds(1))
+      if (!only && now - d.last_try >= std::chrono::seconds(1))
         tasks.push_back({true, d.box, d.id, d.entry, {}});
     for (const auto& [id, rec] : rings_)
       for (const PeerPush& p : rec.peers) {
+        if (only && id != *only) continue;
         const bool retry =
             !(p.pushed && p.installed) && now - p.last_push >= std::chrono::seconds(1);
         const bool renew = p.pushed && rec.lease_ms &&
@@ -402,7 +403,9 @@ bool Daemon::push_pass() {
                           {"ring", p.ring}}});
       }
   }
+  std::set<std::string> unreachable;  // boxes whose daemon did not answer in this pass
   for (const Task& t : tasks) {
+    if (unreachable.count(t.box)) continue;  // tried again next pass
     const int bi = cfg_.fabric->find(t.box);
     std::string error;
     bool peer_installed = false;
@@ -420,6 +423,7 @@ bool Daemon::push_pass() {
                           : cli.Post(path, hdr, t.body.dump(), "application/json");
       if (!res) {
         error = b.daemon + ": " + httplib::to_string(res.error());
+        unreachable.insert(t.box);
       } else if (t.remove ? (res->status != 204 && res->status != 404)
                           : (res->status != 200 && res->status != 201)) {
         std::string msg = res->body;
@@ -496,7 +500,7 @@ Reply Daemon::create_ring(const json& body, const RingAuth& auth) {
     return r;
   // Push the other boxes' entries now, so the reply tells how it went;
   // whatever failed is retried by the fabric thread.
-  push_pass();
+  push_pass(r.body["ring"]["id"].get<uint32_t>());
   std::lock_guard lock(mu_);
   const uint32_t id = r.body["ring"]["id"].get<uint32_t>();
   json& ring = r.body["ring"];

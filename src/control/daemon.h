@@ -170,7 +170,11 @@ class Daemon {
   Reply create_ring_here(const nlohmann::json& body, const RingAuth& auth);
   void fabric_main();
   // One push pass over what is due (see the top); true if anything was done.
-  bool push_pass();
+  // `only`: that ring's tasks alone (a POST's own push, so a slow peer of
+  // other rings does not hold its reply). A box whose daemon cannot be
+  // reached is skipped for the rest of the pass (each try may wait out a
+  // connect timeout), so one dead peer does not starve the others' renewals.
+  bool push_pass(std::optional<uint32_t> only = std::nullopt);
   Status save_locked() { return state_.save(rings_, deletes_); }
   // Queues the removal of a fabric ring from its peers (origin).
   void queue_removals_locked(uint32_t id, const RingRecord& rec);

@@ -2,13 +2,13 @@
 // worker's inbox (it classifies them again on arrival); on a split link
 // (rings on several workers share it: rings that gave their QP numbers) the
 // frame's receiving connection (dst, BTH dest QP) names the worker, and a
-// connection of no ring stays (its engine forwards it, as any traffic it
-// does not own). Box-to-box frames (UDP wire::kB2bPort) of a tree another
-// worker owns go by the header's tree id. Everything else stays, compacted
-// in place. Cost: one hash lookup per RDMA WRITE, on the parse classify
-// made (two on a split link), and one per UDP frame to the box-to-box port
-// while a tree is installed (RoCE frames never look at the tree table);
-// skipped entirely with a single worker.
+// connection of no ring goes to the link's home worker (one with a ring on
+// it: its engine drops an INA packet naming a ring it lacks, and forwards
+// plain traffic, as any engine owning the link would). Box-to-box frames (UDP wire::kB2bPort) of a
+// tree another worker owns go by the header's tree id. Everything else stays, compacted in place.
+// Cost: one hash lookup per RDMA WRITE, on the parse classify made (two on a split link), and one
+// per UDP frame to the box-to-box port while a tree is installed (RoCE frames never look at the
+// tree table); skipped entirely with a single worker.
 #include <rte_mbuf.h>
 #include <rte_ring.h>
 
@@ -33,10 +33,10 @@ unsigned dispatch(Lcore& lc, engine::Frame* frames, unsigned n) {
       auto it = links->owner.find(LinkTable::key(ip->src.host(), ip->dst.host()));
       if (it != links->owner.end()) {
         owner = it->second;
-        if (owner == LinkTable::kSplit) {
+        if (owner & LinkTable::kSplitBit) {
           const auto* bth = reinterpret_cast<const wire::Bth*>(f.pkt.data + f.p.bth);
           auto c = links->conn_owner.find(LinkTable::conn_key(ip->dst.host(), bth->dest_qp.host()));
-          owner = c != links->conn_owner.end() ? c->second : w.index;
+          owner = c != links->conn_owner.end() ? c->second : owner & ~LinkTable::kSplitBit;
         }
       }
     } else if (f.st == wire::ParseStatus::not_roce_port && f.p.l3 != 0 &&

@@ -33,15 +33,17 @@ inline constexpr unsigned kMaxBurst = 256;
 inline constexpr unsigned kMaxWorkers = 64;
 
 // (src, dst) address pair of adjacent ring members -> owning worker index,
-// or kSplit when rings on several workers use the link (rings over the same
-// members that give their QP numbers, e.g. the stripes of one job): then
-// the packet's receiving connection (dst, BTH dest QP) -> owning worker
-// decides; tree id (= ring id) -> the worker owning that ring's tree node,
-// for the box-to-box frames (UDP wire::kB2bPort) dispatch steers by their
-// tree id. Written by the control thread (a new table per change, published
-// RCU); read by dispatch.
+// or kSplitBit | home when rings on several workers use the link (rings over
+// the same members that give their QP numbers, e.g. the stripes of one job):
+// then the packet's receiving connection (dst, BTH dest QP) -> owning worker
+// decides, and a connection of no ring goes to `home`, a worker holding a
+// ring on the link, whose engine drops what claims a ring it does not have
+// (never to a worker without the link, which would forward it); tree id (= ring id) -> the worker
+// owning that ring's tree node, for the box-to-box frames (UDP wire::kB2bPort) dispatch steers by
+// their tree id. Written by the control thread (a new table per change, published RCU); read by
+// dispatch.
 struct LinkTable {
-  static constexpr uint16_t kSplit = 0xFFFF;
+  static constexpr uint16_t kSplitBit = 0x8000;  // kMaxWorkers < 0x8000
   std::unordered_map<uint64_t, uint16_t> owner;
   std::unordered_map<uint64_t, uint16_t> conn_owner;  // conn_key -> worker (split links only)
   std::unordered_map<uint32_t, uint16_t> tree_owner;

@@ -127,8 +127,9 @@ void Dataplane::publish_links(std::unique_ptr<LinkTable> t) {
 void Dataplane::publish_link_use() {
   auto next = std::make_unique<LinkTable>();
   next->owner.reserve(link_use_.size());
-  for (const auto& [key, by] : link_use_)
-    next->owner.emplace(key, by.size() == 1 ? by.begin()->first : LinkTable::kSplit);
+  for (const auto& [key, by] : link_use_)  // split: flagged, with its lowest worker as home
+    next->owner.emplace(
+        key, by.size() == 1 ? by.begin()->first : LinkTable::kSplitBit | by.begin()->first);
   next->conn_owner.reserve(conn_use_.size());
   for (const auto& [key, use] : conn_use_) next->conn_owner.emplace(key, use.owner);
   next->tree_owner.reserve(tree_use_.size());
@@ -321,6 +322,17 @@ Status Dataplane::install_ring(const engine::RingSpec& spec,
             "window/msg_len"};
   unsigned owner = 0;
   if (Status s = place(spec, tree, owner); !s) return s;
+  // A connection is dispatched to one worker: one still counted for a ring on
+  // another worker (a retiring one whose QP number the host reused) would
+  // send this ring's packets there.
+  for (uint64_t c : conns_of(spec, tree))
+    if (auto it = conn_use_.find(c); it != conn_use_.end() && it->second.owner != owner)
+      return {StatusCode::conflict, "qpns",
+              "ring " + std::to_string(spec.ring_id) +
+                  " names a receiving QP (address and QP number) still in use by a ring on "
+                  "worker " +
+                  std::to_string(it->second.owner) +
+                  " (removed, retiring): wait out rings.retire_grace_ms or use new QPs"};
   // The ring's state is built here, on the control thread (allocation and
   // zero-fill: milliseconds for a large ring); the worker only attaches it.
   // Whatever the worker does not take is freed here too.

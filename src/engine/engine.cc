@@ -293,6 +293,11 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
   if (key.src != ring.spec.members[ina->rank] ||
       key.dst != ring.spec.members[(ina->rank + 1) % ring.p])
     return count(Reason::rank_address_mismatch, &ring);
+  // A ring that gave its QP numbers is dispatched by them (the data plane
+  // splits its links over workers): a first packet on another QP binds
+  // nowhere, or a worker could hold connections dispatch never sends it.
+  if (!ring.spec.qpns.empty() && key.qpn != ring.spec.qpns[(ina->rank + 1) % ring.p])
+    return count(Reason::qpn_mismatch, &ring);
   if (!ring.spec.allows_dtype(ina->dtype) || !ring.spec.allows_op(ina->op))
     return count(Reason::dtype_mismatch, &ring);
   // A tree node holds its local ranks only (their links are the only ones
@@ -623,7 +628,9 @@ Outcome Engine::Impl::partial_in(Ring& ring, TreeNode& t, const wire::B2bFrame& 
     if (cell.state == CellState::awaiting) return resend_partial(ring, ci, cell, out);
     // The child resends: its workers are waiting. The cell still lacks other
     // children; a child box that already has the result (this box lost its
-    // cells in a restart) would never send again unless asked.
+    // cells in a restart) would never send again unless asked. Only local
+    // ranks missing: they resend on their own.
+    if ((cell.boxes | bit) == ring.all_boxes) return count(Reason::duplicate, &ring);
     for (unsigned x = 0; x < t.nboxes; ++x)
       if (!(cell.boxes & (1u << x)) && send_b2b(ring, ci, cell, wire::B2bKind::query,
                                                 t.spec.boxes[x], static_cast<uint16_t>(x), out))

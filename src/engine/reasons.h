@@ -35,6 +35,9 @@ enum class Fate : uint8_t { forward, aggregate, drop };
   X(rank_address_mismatch, drop, "source address is not the registered address of the rank") \
   X(bad_ina_header, drop, "INA header invalid (version, dtype, op, rank or message length)") \
   X(dtype_mismatch, drop, "dtype/op not allowed by the ring or different from the cell's")   \
+  X(qpn_mismatch, drop,                                                                      \
+    "INA first packet on a QP other than the one the ring's spec names (qpns) for its "      \
+    "receiver")                                                                              \
   X(length_mismatch, drop, "payload length differs from the cell's or exceeds the ring's")   \
   X(malformed, drop, "INA packet inconsistent with its message (opcode/offset/alignment)")   \
   X(evicted_incomplete, drop,                                                                \

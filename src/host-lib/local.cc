@@ -133,12 +133,17 @@ Error resolve_locality(const std::vector<LocalityClaim>& all, unsigned rank, Loc
   const auto bad = [](const std::string& m) {
     return Error::make(ErrorCode::invalid_argument, "local ranks: " + m);
   };
-  // Hosts in order of their lowest global rank.
+  // Hosts in order of their lowest global rank. A rank that gives
+  // local_size 1 is a host of its own, whatever machine it shares (several
+  // ranks per machine as separate ring members, as before local ranks).
+  const auto host_of = [&](unsigned r) {
+    return all[r].local_size == 1 ? all[r].host_id + "#rank" + std::to_string(r) : all[r].host_id;
+  };
   std::vector<std::string> ids;
   std::map<std::string, std::vector<unsigned>> members;
   for (unsigned r = 0; r < all.size(); ++r) {
-    auto& m = members[all[r].host_id];
-    if (m.empty()) ids.push_back(all[r].host_id);
+    auto& m = members[host_of(r)];
+    if (m.empty()) ids.push_back(host_of(r));
     m.push_back(r);
   }
   const size_t n = members[ids[0]].size();
@@ -148,7 +153,9 @@ Error resolve_locality(const std::vector<LocalityClaim>& all, unsigned rank, Loc
       for (const auto& i : ids)
         list += (list.empty() ? "" : "; ") + std::string("host '") + i + "' has " +
                 std::to_string(members[i].size()) + " (ranks " + ranks_list(members[i]) + ")";
-      return bad("every host must run the same number of ranks: " + list);
+      return bad("every host must run the same number of ranks: " + list +
+                 " (to run ranks as separate ring members instead, give local_size 1 or a "
+                 "host_id per rank)");
     }
   if (n > kMaxLocalRanks)
     return bad("host '" + ids[0] + "' runs " + std::to_string(n) + " ranks, more than " +
@@ -189,7 +196,7 @@ Error resolve_locality(const std::vector<LocalityClaim>& all, unsigned rank, Loc
   out.rings.assign(n, {});
   for (unsigned h = 0; h < ids.size(); ++h) {
     const auto& m = members[ids[h]];
-    if (all[rank].host_id == ids[h]) out.host = h;
+    if (host_of(rank) == ids[h]) out.host = h;
     for (unsigned l = 0; l < n; ++l)
       for (unsigned r : m)
         if (local[r] == l) out.rings[l].push_back(r);

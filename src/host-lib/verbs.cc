@@ -504,10 +504,12 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
     return e;
 
   // Step 1 (job.h): rank 0 decides the number of rings per local ring (the
-  // stripes R): Options::rings, or for 0 the box's worker count (the box
+  // stripes R): Options::rings, or for 0 the box's worker count W (the box
   // spreads a job's rings over its workers by their QPs: each ring's spec
-  // names them), 1 without a box or with the ring path forced. With it, the
-  // job nonce (shared segments' names).
+  // names them), 1 without a box or with the ring path forced; with n local
+  // ranks found in step 2, rings 0 takes max(1, W / n) stripes so that the
+  // job's n x R rings fill the workers once, not n times. With it, the job
+  // nonce (shared segments' names).
   std::string header;
   if (rank == 0) {
     unsigned r = options.rings;
@@ -539,6 +541,7 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   Locality loc;
   if (Error e = resolve_locality(claims, static_cast<unsigned>(rank), loc)) return e;
   const unsigned n = loc.local_size, H = loc.hosts;
+  if (options.rings == 0) R = std::max(1u, R / n);
   if (options.ring_id != 0 && uint64_t{options.ring_id} + n * R - 1 > 0xFFFFFFFFu)
     return Error::make(ErrorCode::invalid_argument, "ring_id: " + std::to_string(options.ring_id) +
                                                         " + " + std::to_string(n * R - 1) +
@@ -610,7 +613,9 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
         engine::RingSpec& sp = specs[size_t{l} * R + s];
         for (unsigned g : loc.rings[l]) {
           sp.members.push_back(all[g].ipv4);
-          sp.qpns.push_back(all[g].qpn_p[s]);
+          // One ring has nothing to be told apart from: no qpns (a daemon
+          // older than them registers it as before).
+          if (n * R > 1) sp.qpns.push_back(all[g].qpn_p[s]);
           ips = ips && all[g].ipv4 != 0;
         }
         sp.msg_len = cc.msg_len;

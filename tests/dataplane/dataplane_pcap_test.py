@@ -698,11 +698,16 @@ def stripes_scenario(tmp, in_pcap, rng):
     ring 41 on worker 0, ring 42 on worker 1, their links split; ring 42's packets reach
     worker 1 by their receiving connection (dst, dest QP), ring 41's stay. Both exact
     (numpy, scapy ICRC). A ring over those members without qpns is refused naming
-    "qpns"; one reusing ring 41's QPs is refused on field qpns."""
+    "qpns"; one reusing ring 41's QPs is refused on field qpns. Messages on QPs no
+    ring names (claiming ring 41, or ring 42) go to the split links' home worker and
+    are dropped there (qpn_mismatch, unknown_ring, first_packet_lost), never forwarded
+    unreduced."""
     pmtu, ppm = 1024, 4
     fa, da, cap = ina_packets(41, 3, 7, 2, ppm, pmtu, rng, psn_base=1000, qpn_base=0x100)
     fb, db, _ = ina_packets(42, 3, 7, 2, ppm, pmtu, rng, psn_base=60000, qpn_base=0x200)
-    wrpcap(in_pcap, [x for pair in zip(fa, fb) for x in pair])
+    stray41, _, _ = ina_packets(41, 3, 7, 1, ppm, pmtu, rng, psn_base=90000, qpn_base=0x300)
+    stray42, _, _ = ina_packets(42, 3, 7, 1, ppm, pmtu, rng, psn_base=95000, qpn_base=0x380)
+    wrpcap(in_pcap, [x for pair in zip(fa, fb) for x in pair] + stray41 + stray42)
     qa, qb = [0x100 + r for r in range(3)], [0x200 + r for r in range(3)]
     specs = [dict(ring_spec(41, 3, 7, ppm, pmtu), qpns=qa), dict(ring_spec(42, 3, 7, ppm, pmtu), qpns=qb)]
     refused = []
@@ -728,6 +733,10 @@ def stripes_scenario(tmp, in_pcap, rng):
         assert r["counters"]["messages_completed"] == 2 and r["counters"]["cells_completed"] == 2 * ppm, r
     dispatched = [w["dispatched"] for w in final["workers"]]
     assert dispatched == [len(fb), 0], "ring 42's packets, and only they, go to worker 1: %s" % dispatched
+    assert not [f for f in out if BTH in f and f[BTH].dqpn >= 0x300], "a stray packet left the box"
+    reasons = final["workers"][0]["reasons"]
+    assert (reasons["qpn_mismatch"], reasons["unknown_ring"], reasons["first_packet_lost"]) == \
+        (3, 3, 2 * 3 * (ppm - 1)), reasons
     print("stripes: rings 41 and 42 over the same members on workers %s; %d + %d packets exact; "
           "dispatched %s; refused: %s" % (owners, na, nb, dispatched,
                                           "; ".join(x["error"]["message"][:70] for x in refused)))

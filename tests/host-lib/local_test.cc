@@ -414,7 +414,18 @@ TEST_CASE("local ranks: validation names the field, the hosts and the ranks",
     CHECK(e.code == ErrorCode::invalid_argument);
     CHECK(e.message ==
           "local ranks: every host must run the same number of ranks: host 'a' has 2 (ranks 0,1); "
-          "host 'b' has 1 (ranks 2)");
+          "host 'b' has 1 (ranks 2) (to run ranks as separate ring members instead, give "
+          "local_size 1 or a host_id per rank)");
+  }
+  SECTION("local_size 1: every rank a host of its own, also on one machine") {
+    auto all = claims({{"a", -1}, {"a", -1}, {"b", -1}});
+    for (auto& c : all) c.local_size = 1;
+    REQUIRE(resolve_locality(all, 1, loc).ok());
+    CHECK(loc.local_size == 1);
+    CHECK(loc.local_rank == 0);
+    CHECK(loc.hosts == 3);
+    CHECK(loc.host == 1);
+    CHECK(loc.ring == std::vector<unsigned>{0, 1, 2});
   }
   SECTION("duplicate local rank") {
     const Error e = resolve_locality(claims({{"a", 0}, {"a", 0}, {"b", 0}, {"b", 1}}), 0, loc);
