@@ -250,7 +250,7 @@ def start_dataplane(tmp, in_pcap, rings, workers, loop=False, extra=None, umask=
     empty = os.path.join(tmp, "empty.pcap")
     wrpcap(empty, [])
     sock = os.path.join(tmp, "dp.sock")
-    lcores = "0@0,1@1" if workers == 1 else "0@0,1@1,2@1"
+    lcores = "0@0," + ",".join("%d@1" % (w + 1) for w in range(workers))
     cfg = {
         "eal": ["--lcores", lcores, "--no-huge", "-m", "512", "--no-pci", "--log-level", "lib.eal:warning",
                 "--file-prefix", "nr%d" % os.getpid(),
@@ -692,7 +692,7 @@ def placement_scenario(tmp, rng):
           (owners[1], owners[2], msg[:90], owners[1], na, nb))
 
 
-def stripes_scenario(tmp, in_pcap, rng):
+def stripes_scenario(tmp, in_pcap, rng, workers=2):
     """Two stripes of one job (issue #16): rings 41 and 42 over the same three members,
     each with its own QPs (qpns). On 2 workers with one RX queue the box spreads them:
     ring 41 on worker 0, ring 42 on worker 1, their links split; ring 42's packets reach
@@ -701,8 +701,12 @@ def stripes_scenario(tmp, in_pcap, rng):
     "qpns"; one reusing ring 41's QPs is refused on field qpns. Messages on QPs no
     ring names (claiming ring 41, or ring 42) go to the split links' home worker and
     are dropped there (qpn_mismatch, unknown_ring, first_packet_lost), never forwarded
-    unreduced."""
+    unreduced. With 3 workers an ordinary ring takes worker 0 (the one with the RX
+    queue) first: the stripes sit on workers 1 and 2, and the strays, arriving on
+    worker 0, which has no ring on their links, must still go to the home worker
+    (worker 1) to be dropped, not be forwarded from worker 0."""
     pmtu, ppm = 1024, 4
+    first = 1 if workers == 3 else 0
     fa, da, cap = ina_packets(41, 3, 7, 2, ppm, pmtu, rng, psn_base=1000, qpn_base=0x100)
     fb, db, _ = ina_packets(42, 3, 7, 2, ppm, pmtu, rng, psn_base=60000, qpn_base=0x200)
     stray41, _, _ = ina_packets(41, 3, 7, 1, ppm, pmtu, rng, psn_base=90000, qpn_base=0x300)
@@ -710,6 +714,8 @@ def stripes_scenario(tmp, in_pcap, rng):
     wrpcap(in_pcap, [x for pair in zip(fa, fb) for x in pair] + stray41 + stray42)
     qa, qb = [0x100 + r for r in range(3)], [0x200 + r for r in range(3)]
     specs = [dict(ring_spec(41, 3, 7, ppm, pmtu), qpns=qa), dict(ring_spec(42, 3, 7, ppm, pmtu), qpns=qb)]
+    if workers == 3:
+        specs.insert(0, ring_spec(1, 2, 1, ppm, pmtu))
     refused = []
 
     def during(ctl):
@@ -720,21 +726,25 @@ def stripes_scenario(tmp, in_pcap, rng):
         r3 = ctl(cmd="install_ring", ring=dict(ring_spec(45, 3, 7, ppm, pmtu), qpns=[1, 2]))
         assert not r3["ok"] and r3["error"]["field"] == "qpns", r3
         refused.extend([r, r2, r3])
-    out, final, status, rings = run_dataplane(tmp, in_pcap, specs, 2, during=during)
-    owners = {r["spec"]["id"]: r["worker"] for r in rings["rings"]}
-    assert owners == {41: 0, 42: 1}, owners
-    assert [r["spec"].get("qpns") for r in sorted(rings["rings"], key=lambda r: r["spec"]["id"])] == [qa, qb]
+    out, final, status, rings = run_dataplane(tmp, in_pcap, specs, workers, during=during)
+    owners = {r["spec"]["id"]: r["worker"] for r in rings["rings"] if r["spec"]["id"] in (41, 42)}
+    assert owners == {41: first, 42: first + 1}, owners
+    assert [r["spec"].get("qpns") for r in sorted(rings["rings"], key=lambda r: r["spec"]["id"])
+            if r["spec"]["id"] in (41, 42)] == [qa, qb]
     oa = [f for f in out if BTH in f and f[BTH].dqpn in qa]
     ob = [f for f in out if BTH in f and f[BTH].dqpn in qb]
     na = check_released(oa, fa, da, 3, pmtu, cap)
     nb = check_released(ob, fb, db, 3, pmtu, cap, psn_base=60000)
     assert (na, nb) == (len(fa), len(fb)), (na, len(fa), nb, len(fb))
     for r in rings["rings"]:
-        assert r["counters"]["messages_completed"] == 2 and r["counters"]["cells_completed"] == 2 * ppm, r
+        if r["spec"]["id"] in (41, 42):
+            assert r["counters"]["messages_completed"] == 2 and r["counters"]["cells_completed"] == 2 * ppm, r
     dispatched = [w["dispatched"] for w in final["workers"]]
-    assert dispatched == [len(fb), 0], "ring 42's packets, and only they, go to worker 1: %s" % dispatched
+    strays = len(stray41) + len(stray42)
+    want = [len(fb), 0] if workers == 2 else [len(fa) + len(fb) + strays, 0, 0]
+    assert dispatched == want, "each stripe's packets to its worker, strays to the home: %s" % dispatched
     assert not [f for f in out if BTH in f and f[BTH].dqpn >= 0x300], "a stray packet left the box"
-    reasons = final["workers"][0]["reasons"]
+    reasons = final["workers"][first]["reasons"]
     assert (reasons["qpn_mismatch"], reasons["unknown_ring"], reasons["first_packet_lost"]) == \
         (3, 3, 2 * 3 * (ppm - 1)), reasons
     print("stripes: rings 41 and 42 over the same members on workers %s; %d + %d packets exact; "
@@ -1401,6 +1411,8 @@ def main():
                   (n, len(others)))
         elif scenario == "stripes":
             stripes_scenario(tmp, in_pcap, rng)
+        elif scenario == "stripes_home":
+            stripes_scenario(tmp, in_pcap, rng, workers=3)
         elif scenario == "two_rings":
             fa, da, cap = ina_packets(1, 3, 1, 2, ppm, pmtu, rng)
             fb, db, _ = ina_packets(2, 2, 2, 2, ppm, pmtu, rng)
