@@ -792,7 +792,7 @@ bool report_ok(const json& report, bool removed_mid_run) {
   return true;
 }
 
-// The per-worker phase (--per-worker; --workers 2 implies it). One ring per
+// The per-worker phase (--per-worker; --workers 2..4 implies it). One ring per
 // box worker (ids ring_id + q: disjoint members, so the box places ring q on
 // worker q), each driven by its own generator thread on queue q of both
 // ports; the box's worker q polls queue q and transmits on its own queue q,
@@ -1077,9 +1077,9 @@ int main(int argc, char** argv) {
                  "inproc: the box's engine.reduce_mode (deterministic or accumulate)")
       ->check(CLI::IsMember({"deterministic", "accumulate"}));
   app.add_option("--workers", o.workers,
-                 "inproc: box workers (1 or 2; 2 runs the per-worker phase: one ring and one "
-                 "generator thread per worker, on lcores sharing the 2 CPUs)")
-      ->check(CLI::Range(1, 2));
+                 "inproc: box workers (1 to 4; more than 1 runs the per-worker phase: one ring "
+                 "and one generator thread per worker, on lcores sharing the 2 CPUs)")
+      ->check(CLI::Range(1, 4));
   app.add_flag("--stripes", o.stripes,
                "per-worker phase: the rings are the stripes of one job (the same members, "
                "each ring its own QPs, as the host library's Options::rings registers them): "
@@ -1111,7 +1111,7 @@ int main(int argc, char** argv) {
   if (o.workers > 1) o.per_worker = true;
   if (o.per_worker && (!inproc || o.remove_mid_run || o.forward_only)) {
     std::fprintf(stderr,
-                 "netreduce-loopback: --per-worker / --workers 2 is for inproc mode, without "
+                 "netreduce-loopback: --per-worker / --workers N is for inproc mode, without "
                  "--remove-mid-run and --forward-only\n");
     return 2;
   }
@@ -1153,10 +1153,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> eal = {"netreduce-loopback"};
   if (inproc) {
     o.box_socket = "/tmp/" + prefix + ".sock";
-    // lcore 0: the box's control loop, 1 (and 3): box workers, 2 (and 4):
-    // generators; CPU 0 takes the control loop and the generators.
-    for (const char* a : {"--no-huge", "-m", "1536", "--lcores",
-                          o.workers > 1 ? "0@0,1@1,2@0,3@1,4@0" : "0@0,1@1,2@0", "--no-pci",
+    // lcore 0: the box's control loop, 1, 3, ...: box workers, 2, 4, ...:
+    // generators (one per worker); CPU 0 takes the control loop and the
+    // generators, CPU 1 the box workers.
+    std::string lcores = "0@0";
+    for (unsigned q = 0; q < o.workers; ++q)
+      lcores += "," + std::to_string(2 * q + 1) + "@1," + std::to_string(2 * q + 2) + "@0";
+    for (const char* a : {"--no-huge", "-m", "1536", "--lcores", lcores.c_str(), "--no-pci",
                           "--log-level", "lib.eal:warning"})
       eal.push_back(a);
     eal.push_back("--file-prefix");
@@ -1172,7 +1175,10 @@ int main(int argc, char** argv) {
   }
   g_hz = rte_get_tsc_hz();
   Ports ports;
-  ports.pool = rte_pktmbuf_pool_create("nrlb_gen", kPoolMbufs, 256, 0, kDataRoom, rte_socket_id());
+  // Each generator thread allocates a round's mbufs (up to kRoundPackets)
+  // at once: one pool share per two workers.
+  ports.pool = rte_pktmbuf_pool_create("nrlb_gen", kPoolMbufs * std::max(1u, (o.workers + 1) / 2),
+                                       256, 0, kDataRoom, rte_socket_id());
   if (!ports.pool) {
     std::fprintf(stderr, "netreduce-loopback: cannot allocate the generator's mbufs: %s\n",
                  rte_strerror(rte_errno));
@@ -1201,7 +1207,8 @@ int main(int argc, char** argv) {
     }
     netreduce::dataplane::DataplaneConfig cfg;
     cfg.ports = {{"net_ring_nrlb_box_a"}, {"net_ring_nrlb_box_b"}};  // the ring PMD prefixes names
-    cfg.workers = o.workers > 1 ? std::vector<unsigned>{1, 3} : std::vector<unsigned>{1};
+    cfg.workers.clear();
+    for (unsigned q = 0; q < o.workers; ++q) cfg.workers.push_back(2 * q + 1);
     cfg.mbufs = 8192;
     cfg.engine_memory = 512ull << 20;
     cfg.control_socket = o.box_socket;
@@ -1217,7 +1224,8 @@ int main(int argc, char** argv) {
     }
     InprocArgs args{&o, ports, {}, {}, {}, &dp};
     PhaseShared phase;
-    InprocArgs args1{&o, ports, {}, {}, {}, &dp};
+    // Generators 1.. of the per-worker phase (generator 0 is `args`).
+    std::vector<InprocArgs> more(o.workers - 1, InprocArgs{&o, ports, {}, {}, {}, &dp});
     if (o.per_worker) {
       phase.o = &o;
       phase.n = o.workers;
@@ -1226,12 +1234,18 @@ int main(int argc, char** argv) {
         phase.ports.back().q = static_cast<uint16_t>(q);
       }
       phase.figs.resize(o.workers);
-      args.phase = args1.phase = &phase;
-      args1.q = 1;
+      args.phase = &phase;
+      for (unsigned q = 1; q < o.workers; ++q) {
+        more[q - 1].phase = &phase;
+        more[q - 1].q = q;
+      }
     }
     if (rte_eal_remote_launch(generator_lcore, &args, 2) != 0 ||
-        (o.workers > 1 && rte_eal_remote_launch(generator_lcore, &args1, 4) != 0)) {
-      std::fprintf(stderr, "netreduce-loopback: cannot start the generator(s) on lcore 2 (4)\n");
+        std::any_of(more.begin(), more.end(), [&](InprocArgs& a) {
+          return rte_eal_remote_launch(generator_lcore, &a, 2 * a.q + 2) != 0;
+        })) {
+      std::fprintf(stderr,
+                   "netreduce-loopback: cannot start the generator(s) on lcores 2, 4, ...\n");
       return 1;
     }
     // Returns when the generator stops it (or at once, if the box cannot
@@ -1241,7 +1255,7 @@ int main(int argc, char** argv) {
       dp.stop();
     }
     rte_eal_wait_lcore(2);
-    if (o.workers > 1) rte_eal_wait_lcore(4);
+    for (const InprocArgs& a : more) rte_eal_wait_lcore(2 * a.q + 2);
     if (o.per_worker) {
       report["per_worker"] = {{"workers", o.workers}, {"points", phase.points}};
       report["points"] = json::array();
