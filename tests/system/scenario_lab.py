@@ -113,11 +113,26 @@ def main():
             expect(roce_packets(lab.box.stats()) >= 40, "restarted box carried no RoCE")
             report.line("box restarted: ib_send_lat g2 <-> g1 through it again")
 
-            # Loss on a guest link.
+            # Loss on a guest link. rxe itself (not the box: this lab step has
+            # no ring) now and then leaves an ib_write_bw under loss hanging
+            # for good (seen once in three clean CI runs: 300 s, no output).
+            # Normally the transfer takes seconds: a hung attempt is killed
+            # and the transfer tried once more on fresh QPs; a second hang
+            # fails the step.
             b0, b1 = g0.rxe_counters(), g1.rxe_counters()
             g0.netem("loss 5%")
-            srv, cli = perftest(g1, g0, "ib_write_bw", ["-s", "65536", "-n", "20"], 18518)
-            rc, rs = cli.wait(300), srv.wait(60)
+            for attempt in (1, 2):
+                srv, cli = perftest(g1, g0, "ib_write_bw", ["-s", "65536", "-n", "20"], 18518 + attempt)
+                try:
+                    rc, rs = cli.wait(120), srv.wait(60)
+                    break
+                except nrlab.LabError as e:
+                    cli.kill("KILL")
+                    srv.kill("KILL")
+                    if attempt == 2:
+                        raise
+                    report.line("ib_write_bw under 5%% loss hung in rxe (%s); tried again" %
+                                str(e).splitlines()[0])
             g0.netem(None)
             expect(rc.rc == 0 and rs.rc == 0, "ib_write_bw under 5%% loss failed: %r %r" % (rc, rs))
             e0, e1 = g0.rxe_counters(), g1.rxe_counters()
