@@ -34,6 +34,8 @@ TEST=(
   # system tests: the Soft-RoCE lab (QEMU guests on Debian's kernel, rdma_rxe)
   qemu-system-x86 linux-image-amd64 busybox-static kmod cpio ibverbs-utils
   perftest tcpdump
+  # the two-rack lab: loss on a leaf-spine link (nftables; the host kernel may lack sch_netem)
+  nftables
   # Debian packages and deployment (suite deploy): build, lint, unit files,
   # netreduce-setup (python3-yaml), promtool (prometheus, above)
   debhelper dpkg-dev fakeroot lintian systemd python3-yaml

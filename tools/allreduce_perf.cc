@@ -6,7 +6,7 @@
 //       [-o sum] [-n 20] [-w 5] [-c 1] [--msg-len 4] [--payload 1024]
 //       [--window 0] [--timeout-ms 30000] [--qp-timeout 14] [--force-ring]
 //       [--rings 0] [--local-size n] [--local-rank l] [--host-id ID]
-//       [--check-order]
+//       [--check-order [--rack-size K]]
 //   netreduce-allreduce-perf --loopback [--loopback-box] --world P ...
 //       [--local-size n]
 //       (self-test without RDMA: P ranks as threads of this process)
@@ -33,7 +33,10 @@
 // sum, min and max over ranks are exact in every data type, and every element
 // of the result is compared. --check-order replaces, for fp32/fp64 sums on
 // the INA path, that pattern by order-sensitive values and the reference by
-// parallel NetReduce's nested order (check_order below). Exit status: 0 if every call succeeded and
+// parallel NetReduce's nested order (check_order below). With --rack-size K
+// (one rank per host, a multi-rack tree of boxes) the nesting is the tree's:
+// racks of K consecutive ranks, each folded in rank order at its leaf, then
+// the racks in order at the spine. Exit status: 0 if every call succeeded and
 // every check passed; 2 if there is no RDMA device; 1 otherwise.
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -207,6 +210,7 @@ struct SweepParams {
   int iters, warmup;
   bool check;
   bool check_order;    // fp32/fp64 sums: order-sensitive values, the nested rule (INA path)
+  unsigned rack_size;  // with check_order: the tree's racks of consecutive ranks (0: hosts)
   size_t chunk_bytes;  // the local stage's chunk (Options::ring_buffer_bytes)
 };
 
@@ -277,9 +281,13 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
   };
   size_t total_errors = 0, order_checked = 0, order_other = 0;
   int status = 0;
-  const unsigned n = static_cast<unsigned>(comm.local_size()),
-                 hosts = static_cast<unsigned>(world) / n, h = static_cast<unsigned>(comm.host()),
-                 l = static_cast<unsigned>(comm.local_rank());
+  // The nesting the order check expects: racks of a tree, or hosts of local ranks.
+  const unsigned n = p.rack_size ? p.rack_size : static_cast<unsigned>(comm.local_size()),
+                 hosts = static_cast<unsigned>(world) / n,
+                 h = p.rack_size ? static_cast<unsigned>(rank) / n
+                                 : static_cast<unsigned>(comm.host()),
+                 l = p.rack_size ? static_cast<unsigned>(rank) % n
+                                 : static_cast<unsigned>(comm.local_rank());
   if (p.check_order && comm.path() != Path::ina) {
     if (rank == 0)
       std::printf("# order check: the path is %s (%s); the nested rule is the INA path's\n",
@@ -343,7 +351,12 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
       bytes = next > bytes ? next : bytes + 1;
     }
   }
-  if (rank == 0 && p.check_order)
+  if (rank == 0 && p.check_order && p.rack_size)
+    std::printf(
+        "# order check: %zu elements against the nested rule (racks of %u ranks in rank order, "
+        "then %u racks in order); %zu of them differ under the other nesting\n",
+        order_checked, n, hosts, order_other);
+  else if (rank == 0 && p.check_order)
     std::printf(
         "# order check: %zu elements against the nested rule (local ranks in local order, then "
         "%u hosts in ring order); %zu of them differ under the other nesting\n",
@@ -417,6 +430,12 @@ int main(int argc, char** argv) {
   app.add_flag("--check-order", check_order,
                "fp32/fp64 sums: order-sensitive values checked against the nested rule (local "
                "ranks, then hosts in ring order); needs the INA path");
+  unsigned rack_size = 0;
+  app.add_option("--rack-size", rack_size,
+                 "with --check-order: the ranks sit in racks of K consecutive ranks behind a leaf "
+                 "box each (a multi-rack tree): each rack folded in rank order, then the racks in "
+                 "order (one rank per host)")
+      ->check(CLI::Range(1u, 64u));
   bool loopback = false, loopback_box = false;
   app.add_flag("--loopback", loopback,
                "self-test without RDMA: all --world ranks as threads over the loopback transport");
@@ -453,6 +472,8 @@ int main(int argc, char** argv) {
     bad = "--rank: must be in 0..world-1";
   } else if (world % local_size != 0) {
     bad = "--local-size: must divide --world (every host runs the same number of ranks)";
+  } else if (rack_size && (!check_order || local_size != 1 || world % rack_size != 0)) {
+    bad = "--rack-size: needs --check-order, one rank per host and must divide --world";
   } else if (!loopback && bootstrap.empty()) {
     bad = "--bootstrap: required (host:port of rank 0)";
   }
@@ -469,6 +490,7 @@ int main(int argc, char** argv) {
                        warmup,
                        check_on != 0,
                        check_order && check_on != 0,
+                       rack_size,
                        opt.ring_buffer_bytes};
   if (!loopback) {
     if (local_size > 1) opt.local_size = local_size;  // else discovered

@@ -10,7 +10,9 @@ payload bytes into the box equal one rank's data, not n x. Exit status 0
 --check-order: fp32 and fp64 sums of order-sensitive values, checked by the
 tool against parallel NetReduce's nested rule (local ranks, then hosts), with
 elements that would differ under the other nesting (so the check
-discriminates); on the ring path (--force-ring) the tool refuses to claim it."""
+discriminates); on the ring path (--force-ring) the tool refuses to claim it.
+--rack-size K: the multi-rack tree's nesting, which the flat loopback box meets
+only for racks of one rank."""
 import re
 import subprocess
 import sys
@@ -74,6 +76,25 @@ p = subprocess.run([exe, "--loopback", "--loopback-box", "--force-ring", "--worl
                     "-b", "8", "-e", "8", "--check-order"], capture_output=True, text=True, timeout=120)
 if p.returncode != 1 or "# order check: the path is ring" not in p.stdout:
     failures.append(f"--check-order on the ring path: exit {p.returncode}: {p.stdout}{p.stderr}")
+# --rack-size K: the multi-rack tree's nesting (racks of K ranks, then the racks), which the lab's
+# trees must meet. The loopback box is one flat ring ((r0 + r1) + r2) + r3: it meets racks of 1
+# and must fail racks of 2 (the check tells the tree's order from the flat one).
+for k, want_ok in ((1, True), (2, False)):
+    p = subprocess.run([exe, "--loopback", "--loopback-box", "--world", "4", "-b", "4K", "-e", "4K", "-n", "1",
+                        "-w", "0", "-d", "fp32", "-o", "sum", "--check-order", "--rack-size", str(k)],
+                       capture_output=True, text=True, timeout=120)
+    m = re.search(rf"^# order check: 1024 elements against the nested rule \(racks of {k} ranks in rank order, "
+                  rf"then {4 // k} racks in order\); \d+ of them differ", p.stdout, re.M)
+    e = re.search(r"^# errors: (\d+), status: (\w+)$", p.stdout, re.M)
+    got_ok = p.returncode == 0 and e and e.groups() == ("0", "ok")
+    if not m or got_ok != want_ok or (not want_ok and not (e and int(e.group(1)) > 0)):
+        failures.append(f"--rack-size {k}: exit {p.returncode}, expected {'success' if want_ok else 'errors'}: "
+                        f"{p.stdout}{p.stderr}")
+p = subprocess.run([exe, "--loopback", "--world", "4", "--rack-size", "3", "--check-order"],
+                   capture_output=True, text=True, timeout=120)
+if p.returncode != 1 or "--rack-size: needs --check-order, one rank per host and must divide --world" \
+        not in p.stderr:
+    failures.append(f"--rack-size 3 of 4 ranks: exit {p.returncode}: {p.stderr}")
 for f in failures:
     print("FAIL", f)
 print(out if failures else "ok")

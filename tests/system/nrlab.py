@@ -5,7 +5,8 @@ deployed. Scenarios are short scripts over this module:
 scenario_forwarding.py (1, and 5 for frames rxe made), scenario_allreduce.py
 (2, 5 for the box's aggregated frames, 3 and 4: libnetreduce with
 netreduced), scenario_lab.py (the lab itself), scenario_parallel.py (local
-ranks and striped rings, issue #16). `nrlab.py --help` is a CLI for running
+ranks and striped rings, issue #16), scenario_multirack.py (two racks, a
+tree of three boxes, issue #15). `nrlab.py --help` is a CLI for running
 things by hand.
 
 Theory of operation
@@ -64,6 +65,46 @@ serves requests: the host writes req/<id>.sh, the guest runs it with bash and
 writes res/<id>.out/.err/.rc. Host binaries (perftest, build/ outputs) run
 unchanged in the guest: same root filesystem, same libc and rdma-core.
 
+Two racks (Lab(racks=[2, 2]), scenario_multirack.py, issue #15)
+---------------------------------------------------------------
+One L2 network of three switches: a switch per rack (brA, brB) and a spine
+switch (brS, HOST_IP), joined by the leaf-spine links upA-upAs and upB-upBs
+(veth pairs, the only way between racks), and three boxes, each on two
+veths: leafA (lAa, lAb), leafB (lBa, lBb), spine (sSa, sSb).
+
+        g0   g1                           g2   g3
+         |    |                            |    |
+        tap0 tap1                         tap2 tap3   (their RoCE redirected
+         |    |                            |    |      into the leaf's port a)
+    +----+----+----+                  +----+----+----+
+    | brA (rack A) |                  | brB (rack B) |
+    +--+--------+--+                  +--+--------+--+
+       |        | swAb                   |        | swBb
+       |   lAb [leafA] lAa--swAa         |   lBb [leafB] lBa--swBa
+      upA                               upB
+       |     (leaf-spine links)          |
+      upAs                              upBs
+    +--+---------------------------------+--+
+    | brS (spine switch, HOST_IP)           |
+    +--------+----------------+-------------+
+             | swSa           | swSb
+         sSa [     spine      ] sSb
+
+  - each guest's tap steers its RoCE (UDP 4791) into its leaf's port a
+    (swAa/swBa: no bridge port); the leaf releases it out of port b, a port
+    of the rack's switch (learning and flooding off, as swb above), and the
+    switches deliver it by MAC: to a guest of the rack, or over the
+    leaf-spine links to the other rack. The spine box sees no worker frame.
+  - box-to-box frames (UDP 4792) are switched by their destination MAC, with
+    static entries for the boxes' B2B MACs: a leaf's partial leaves its port
+    b, crosses its leaf-spine link and reaches the spine's port a; the
+    spine's result for leafA leaves its port a (for leafB port b) and
+    reaches the leaf's port b. So every frame between racks, RoCE or
+    box-to-box, crosses upA/upB, where captures count it per link.
+  - Lab.link_loss(rack, percent) drops frames on a leaf-spine link in both
+    directions (nftables netdev ingress on both ends: the host kernel may
+    lack sch_netem, and tc's gact has no probability here).
+
 virtio-net offloads are off (csum, gso, tso, ufo, ecn) because frames cross a
 packet-socket relay (the box) that does not complete checksums.
 
@@ -95,6 +136,11 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 ROCE_PORT = 4791
 SUBNET = "10.77.0"
 HOST_IP = SUBNET + ".254"  # br0's address in the namespace: host-side services (netreduced) listen here
+# The two-rack lab's boxes: name -> (port A, port B) interfaces, and their
+# box-to-box addresses (ip, mac) that the scenario's fabric config names.
+RACK_BOXES = {"leafA": ("lAa", "lAb"), "leafB": ("lBa", "lBb"), "spine": ("sSa", "sSb")}
+B2B = {"leafA": ("10.78.0.1", "02:00:00:78:00:01"), "leafB": ("10.78.0.2", "02:00:00:78:00:02"),
+       "spine": ("10.78.0.9", "02:00:00:78:00:09")}
 GUEST_MODULES = ["virtio_pci", "virtio_net", "9pnet_virtio", "9p", "overlay"]
 QEMU = "qemu-system-x86_64"
 VIRTIO_NET_OFFLOADS_OFF = ("csum=off,guest_csum=off,gso=off,host_tso4=off,host_tso6=off,host_ecn=off,"
@@ -487,26 +533,57 @@ class Guest:
         return out
 
 
+def perftest(server, client, tool, args, port, attempt_timeout=120, attempts=2, on_hang=None):
+    """One perftest pair (`tool` -F on rxe0, server in `server`, client in
+    `client`, `args` added to both): (client Result, server Result), not
+    checked. rdma_rxe now and then leaves a transfer hanging for good (perftest
+    asks retry_cnt 7, which rxe treats as "retry forever"; seen in about one
+    clean CI run in three, with and without netem loss, with and without a
+    ring in the box: no output, no error). Such transfers normally take
+    seconds, so an attempt still running after `attempt_timeout` seconds is
+    killed and the pair tried again on fresh QPs (the next TCP port);
+    `on_hang(text)` hears what hung and both guests' rxe counters at that
+    moment. The last attempt's hang raises LabError."""
+    for attempt in range(1, attempts + 1):
+        common = [tool, "-F", "-d", "rxe0", "-p", str(port + attempt - 1)] + list(args)
+        srv = server.spawn(common + ["-x", str(server.gid_index)])
+        server.wait_listening(port + attempt - 1)
+        cli = client.spawn(common + ["-x", str(client.gid_index), server.ip])
+        try:
+            return cli.wait(attempt_timeout), srv.wait(60)
+        except LabError as e:
+            seen = {g.name: {k: v for k, v in g.rxe_counters().items() if v} for g in (client, server)}
+            cli.kill("KILL")
+            srv.kill("KILL")
+            if attempt == attempts:
+                raise LabError("%s (attempt %d of %d; rxe counters %s)" % (e, attempt, attempts, seen))
+            if on_hang:
+                on_hang("%s %s -> %s hung in rxe after %ss (attempt %d of %d; rxe counters %s); tried again" %
+                        (tool, client.name, server.name, attempt_timeout, attempt, attempts, seen))
+
+
 # ----------------------------------------------------------------------------
 # The box
 
 
 class Box:
-    """The real netreduce-dataplane on boxa (port A) and boxb (port B), inside
-    the lab namespace, on net_af_packet."""
+    """The real netreduce-dataplane on `ifaces` (port A, port B; boxa and
+    boxb in the one-box lab), inside the lab namespace, on net_af_packet.
+    `name` names its files (<name>.sock, <name><start>.yaml, ...)."""
 
-    def __init__(self, lab, exe, nice=0):
-        self.lab, self.exe, self.nice = lab, exe, nice
+    def __init__(self, lab, exe, nice=0, name="box", ifaces=("boxa", "boxb")):
+        self.lab, self.exe, self.nice, self.name, self.ifaces = lab, exe, nice, name, ifaces
         self.proc = None
-        self.socket = os.path.join(lab.run_dir, "box.sock")
+        self.socket = os.path.join(lab.run_dir, name + ".sock")
         self.final = None
         self.starts = 0
 
     def config(self, mode="aggregate", extra=None):
-        prefix = "nrlab%d_%d" % (os.getpid(), self.starts)
+        prefix = "nrlab%d_%s%d" % (os.getpid(), self.name, self.starts)
         cfg = {"eal": ["--lcores", "0@0,1@1", "--no-huge", "-m", "512", "--no-pci", "--file-prefix", prefix,
                        "--log-level", "lib.eal:warning",
-                       "--vdev", "net_af_packet0,iface=boxa", "--vdev", "net_af_packet1,iface=boxb"],
+                       "--vdev", "net_af_packet0,iface=" + self.ifaces[0],
+                       "--vdev", "net_af_packet1,iface=" + self.ifaces[1]],
                "ports": [{"name": "net_af_packet0"}, {"name": "net_af_packet1"}],
                "mtu": self.lab.mtu, "mode": mode, "workers": [1],
                "memory": {"mbufs": 8192, "mbuf_cache": 256, "engine": "64MiB"},
@@ -529,7 +606,7 @@ class Box:
         self.starts += 1
         cfg = self.config(mode, extra)
         self.prefix = cfg["eal"][cfg["eal"].index("--file-prefix") + 1]
-        tag = "box%d" % self.starts
+        tag = "%s%d" % (self.name, self.starts)
         cfg_path = os.path.join(self.lab.run_dir, tag + ".yaml")
         with open(cfg_path, "w") as f:
             json.dump(cfg, f, indent=1)  # JSON is YAML
@@ -558,7 +635,7 @@ class Box:
             if time.monotonic() > deadline:
                 raise LabError("the box's control socket did not answer within %ss:\n%s" % (timeout, self._tail()))
             time.sleep(0.2)
-        log("box started (%s mode, %d ring(s))" % (mode, len(rings or [])))
+        log("%s started (%s mode, %d ring(s))" % (self.name, mode, len(rings or [])))
 
     def _tail(self):
         with open(self.err_path, errors="replace") as f:
@@ -714,9 +791,17 @@ class Lab:
 
     def __init__(self, guests=2, dataplane=None, workdir=None, mem_mb=512, mtu=1500, box_mode="aggregate",
                  rings=None, boot_timeout=240, start_box=True,
-                 box_nice=int(os.environ.get("NRLAB_BOX_NICE", "0"))):
+                 box_nice=int(os.environ.get("NRLAB_BOX_NICE", "0")), racks=None):
+        """racks: None (one box, `guests` guests) or the guest counts of two
+        racks, e.g. [2, 2]: a leaf box per rack and a spine (see "Two racks"
+        at the top); `guests` is then their sum."""
+        if racks is not None:
+            if len(racks) != 2 or min(racks) < 1:
+                raise LabError("the two-rack lab takes two racks of 1.. guests, not %r" % (racks,))
+            guests = sum(racks)
         if not 1 <= guests <= 4:
             raise LabError("the lab runs 1..4 guests, not %d" % guests)
+        self.racks = racks
         if os.geteuid() != 0:
             raise LabError("the lab needs root (network namespaces, taps)")
         self.n, self.mem_mb, self.mtu = guests, mem_mb, mtu
@@ -726,7 +811,7 @@ class Lab:
         self.box_nice = box_nice
         self.ns = "nrlab-%d" % os.getpid()
         self.run_dir = os.path.join(self.workdir, "run-%d" % os.getpid())
-        self.guests, self.box, self._old_handlers, self._ns_made = [], None, {}, False
+        self.guests, self.box, self.boxes, self._old_handlers, self._ns_made = [], None, {}, {}, False
         self._spawned = []
 
     # -- setup
@@ -759,9 +844,17 @@ class Lab:
         shutil.rmtree(self.run_dir, ignore_errors=True)
         os.makedirs(self.run_dir)
         self.kernel = ver
-        self._make_network()
         self.guests = [Guest(self, i) for i in range(self.n)]
-        self.box = Box(self, self.dataplane, self.box_nice)
+        if self.racks:
+            for g in self.guests:
+                g.rack = 0 if g.index < self.racks[0] else 1
+            self._make_racks()
+            self.boxes = {name: Box(self, self.dataplane, self.box_nice, name, ifaces)
+                          for name, ifaces in RACK_BOXES.items()}
+        else:
+            self._make_network()
+            self.boxes = {"box": Box(self, self.dataplane, self.box_nice)}
+        self.box = next(iter(self.boxes.values()))
         for g in self.guests:
             g.boot(vmlinux, initrd)
         log("booting %d guest(s) (kernel %s), namespace %s, files in %s" % (self.n, ver, self.ns, self.run_dir))
@@ -771,7 +864,8 @@ class Lab:
             log("%s ready in %.1fs: %s gid index %s" % (g.name, g.ready_seconds, g.ip, g.gid_index))
         # After the boots: its polling worker would take a core from them.
         if self.start_box:
-            self.box.start(self.box_mode, self.rings)
+            for b in self.boxes.values():
+                b.start(self.box_mode, self.rings)
         self.setup_seconds = time.monotonic() - t0
 
     def _make_network(self):
@@ -799,6 +893,87 @@ class Lab:
         for dev in ["br0", "boxa", "swa", "boxb", "swb"] + ["tap%d" % i for i in range(self.n)]:
             ip("link", "set", dev, "up")
         ip("addr", "add", HOST_IP + "/24", "dev", "br0")
+
+    def _make_racks(self):
+        """The two-rack network (see "Two racks" at the top)."""
+        ns = self.ns
+        run(["ip", "netns", "add", ns])
+        self._ns_made = True
+        ip = lambda *a: run(["ip", "-n", ns] + list(a))
+        self.sh("sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", check=False)
+        self.sh("sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1", check=False)
+        ip("link", "set", "lo", "up")
+        devs = []
+
+        def veth(a, b, bridge=None, switch_port=False):
+            ip("link", "add", a, "mtu", str(self.mtu), "type", "veth", "peer", "name", b, "mtu", str(self.mtu))
+            devs.extend([a, b])
+            if bridge:
+                ip("link", "set", b, "master", bridge)
+            if switch_port:  # a box's port on a switch: never learnt, never flooded to
+                run(["bridge", "-n", ns, "link", "set", "dev", b, "learning", "off", "flood", "off",
+                     "mcast_flood", "off", "bcast_flood", "off", "mcast_router", "0"])
+
+        for br in ("brA", "brB", "brS"):
+            ip("link", "add", br, "type", "bridge", "stp_state", "0", "forward_delay", "0", "mcast_snooping", "0")
+            devs.append(br)
+        for r in "AB":  # the leaf-spine links: up<r> in the rack's switch, up<r>s in the spine's
+            veth("up%ss" % r, "up" + r, "br" + r)
+            ip("link", "set", "up%ss" % r, "master", "brS")
+            # each leaf: port a takes the rack's steered RoCE (no bridge port), port b on the rack switch
+            veth("l%sa" % r, "sw%sa" % r)
+            veth("l%sb" % r, "sw%sb" % r, "br" + r, switch_port=True)
+        veth("sSa", "swSa", "brS", switch_port=True)
+        veth("sSb", "swSb", "brS", switch_port=True)
+        for g in self.guests:
+            r = "AB"[g.rack]
+            ip("tuntap", "add", "dev", g.tap, "mode", "tap")
+            ip("link", "set", g.tap, "mtu", str(self.mtu), "master", "br" + r)
+            devs.append(g.tap)
+            run(["tc", "-n", ns, "qdisc", "add", "dev", g.tap, "clsact"])
+            run(["tc", "-n", ns, "filter", "add", "dev", g.tap, "ingress", "protocol", "ip", "prio", "1", "u32",
+                 "match", "ip", "protocol", "17", "0xff", "match", "ip", "dport", str(ROCE_PORT), "0xffff",
+                 "action", "mirred", "egress", "redirect", "dev", "sw%sa" % r])
+        # Box-to-box frames are switched by their destination MAC (static entries).
+        mac = {name: m for name, (_, m) in B2B.items()}
+        for br, entries in (("brA", [("spine", "upA"), ("leafA", "swAb")]),
+                            ("brB", [("spine", "upB"), ("leafB", "swBb")]),
+                            ("brS", [("spine", "swSa"), ("leafA", "upAs"), ("leafB", "upBs")])):
+            for box, port in entries:
+                run(["bridge", "-n", ns, "fdb", "add", mac[box], "dev", port, "master", "static"])
+        for dev in devs:
+            ip("link", "set", dev, "up")
+        ip("addr", "add", HOST_IP + "/24", "dev", "brS")
+
+    def link_loss(self, rack, percent):
+        """Drops `percent` % of the frames crossing rack `rack`'s leaf-spine
+        link (0 or 1), in both directions, everything (RoCE, box-to-box, TCP,
+        ARP): nftables netdev ingress on both of its ends (the host kernel has
+        no sch_netem). None removes it; returns the frames dropped so far
+        {"up": n, "down": n}."""
+        r = "AB"[rack]
+        table = "nrloss_" + r
+        dropped = {}
+        listed = run(["ip", "netns", "exec", self.ns, "nft", "-j", "list", "table", "netdev", table], check=False)
+        if listed.returncode == 0:
+            for item in json.loads(listed.stdout)["nftables"]:
+                rule = item.get("rule")
+                if rule:
+                    for e in rule["expr"]:
+                        if "counter" in e:
+                            dropped[rule["chain"]] = e["counter"]["packets"]
+            run(["ip", "netns", "exec", self.ns, "nft", "delete", "table", "netdev", table])
+        if percent:
+            per_mille = int(round(percent * 10))
+            rules = "table netdev %s {\n" % table
+            for chain, dev in (("up", "up%ss" % r), ("down", "up" + r)):
+                rules += ("  chain %s {\n    type filter hook ingress device \"%s\" priority 0;\n"
+                          "    numgen random mod 1000 < %d counter drop\n  }\n" % (chain, dev, per_mille))
+            rules += "}\n"
+            if shutil.which("nft") is None:
+                raise LabError("nft not found (apt-get install nftables)")
+            run(["ip", "netns", "exec", self.ns, "nft", "-f", "-"], input=rules)
+        return dropped
 
     def spawn(self, cmd, name):
         """Starts a host-side program (e.g. netreduced) inside the lab
@@ -832,13 +1007,13 @@ class Lab:
                 g.shutdown()
             except Exception as e:  # keep tearing down
                 print("nrlab: %s: %s" % (g.name, e), file=sys.stderr)
-        if self.box is not None:
+        for b in self.boxes.values():
             try:
-                if self.box.running():
-                    self.box.stop()
+                if b.running():
+                    b.stop()
             except Exception as e:
-                print("nrlab: box: %s" % e, file=sys.stderr)
-                self.box.kill()
+                print("nrlab: %s: %s" % (b.name, e), file=sys.stderr)
+                b.kill()
         for p, out, err in self._spawned:
             if p.poll() is None:
                 p.terminate()
@@ -945,6 +1120,8 @@ def main():
     ap.add_argument("--guests", type=int, default=2, help="number of guests, 1..4 (default 2)")
     ap.add_argument("--dataplane", help="netreduce-dataplane binary (default build/src/dataplane/...)")
     ap.add_argument("--workdir", help="where runs and the boot cache go (default build/tests/system/lab)")
+    ap.add_argument("--racks", help="two racks behind a leaf box each and a spine, e.g. 2,2 guests (instead "
+                    "of --guests)")
     ap.add_argument("--mode", default="aggregate", choices=["aggregate", "forward"], help="box mode")
     ap.add_argument("--no-box", action="store_true", help="do not start the box (RoCE then goes nowhere)")
     ap.add_argument("--exec", nargs=2, action="append", default=[], metavar=("GUEST", "COMMAND"),
@@ -954,8 +1131,9 @@ def main():
                     help="keep the lab up S seconds after the commands (inspect it with ip netns exec)")
     a = ap.parse_args()
     try:
+        racks = [int(x) for x in a.racks.split(",")] if a.racks else None
         with Lab(guests=a.guests, dataplane=a.dataplane, workdir=a.workdir, box_mode=a.mode,
-                 start_box=not a.no_box) as lab:
+                 start_box=not a.no_box, racks=racks) as lab:
             log("lab up in %.1fs" % lab.setup_seconds)
             rc = 0
             for gi, cmd in a.exec:
@@ -966,8 +1144,9 @@ def main():
             if a.hold:
                 log("holding for %ds: namespace %s, files %s" % (a.hold, lab.ns, lab.run_dir))
                 time.sleep(a.hold)
-            if lab.box.running():
-                print(json.dumps(lab.box.stats()["reasons"]))
+            for b in lab.boxes.values():
+                if b.running():
+                    print(b.name, json.dumps(b.stats()["reasons"]))
             return rc
     except LabError as e:
         print("nrlab: FAILED: %s" % e, file=sys.stderr)

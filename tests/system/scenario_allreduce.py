@@ -141,33 +141,37 @@ def expected_box_counts(args):
 
 
 class Daemon:
-    """netreduced host-side in the lab namespace, on HOST_IP."""
+    """netreduced host-side in the lab namespace, on HOST_IP:port, for `box`
+    (default the lab's box); `name` names its files, `extra` is merged into
+    its config (e.g. a fabric section)."""
 
-    def __init__(self, lab, exe):
+    def __init__(self, lab, exe, port=DAEMON_PORT, box=None, name="netreduced", extra=None):
         self.lab = lab
-        self.url = "http://%s:%d" % (nrlab.HOST_IP, DAEMON_PORT)
+        self.url = "http://%s:%d" % (nrlab.HOST_IP, port)
         self.token_file = os.path.join(lab.run_dir, "token")
-        with open(self.token_file, "w") as f:
-            f.write("lab-%d-token\n" % os.getpid())
-        os.chmod(self.token_file, 0o600)
-        cfg = {"listen": {"address": nrlab.HOST_IP, "port": DAEMON_PORT, "threads": 4},
+        if not os.path.exists(self.token_file):  # one operator token for the lab's daemons
+            with open(self.token_file, "w") as f:
+                f.write("lab-%d-token\n" % os.getpid())
+            os.chmod(self.token_file, 0o600)
+        cfg = {"listen": {"address": nrlab.HOST_IP, "port": port, "threads": 4},
                "auth": {"token_file": self.token_file},
-               "state": {"file": os.path.join(lab.run_dir, "netreduced-state.json")},
-               "dataplane": {"socket": lab.box.socket, "timeout_ms": 3000, "reconcile_interval_ms": 500}}
-        path = os.path.join(lab.run_dir, "netreduced.yaml")
+               "state": {"file": os.path.join(lab.run_dir, name + "-state.json")},
+               "dataplane": {"socket": (box or lab.box).socket, "timeout_ms": 3000, "reconcile_interval_ms": 500}}
+        cfg.update(extra or {})
+        path = os.path.join(lab.run_dir, name + ".yaml")
         with open(path, "w") as f:
             json.dump(cfg, f, indent=1)  # JSON is YAML
-        self.proc = lab.spawn([exe, "-c", path], "netreduced")
+        self.proc = lab.spawn([exe, "-c", path], name)
         deadline = time.monotonic() + 60
         while True:
             if self.proc.poll() is not None:
-                raise nrlab.LabError("netreduced exited with %d: %s" % (
-                    self.proc.returncode, open(os.path.join(lab.run_dir, "netreduced.err")).read()[-2000:]))
+                raise nrlab.LabError("%s exited with %d: %s" % (
+                    name, self.proc.returncode, open(os.path.join(lab.run_dir, name + ".err")).read()[-2000:]))
             h = self.get("/v1/health", check=False)
             if h and h.get("dataplane_connected"):
                 break
             if time.monotonic() > deadline:
-                raise nrlab.LabError("netreduced not healthy with the box connected after 60 s: %s" % h)
+                raise nrlab.LabError("%s not healthy with its box connected after 60 s: %s" % (name, h))
             time.sleep(0.3)
 
     def get(self, path, check=True):
@@ -195,7 +199,8 @@ class Daemon:
 
 
 class Job:
-    """One netreduce-allreduce-perf run over the three guests."""
+    """One netreduce-allreduce-perf run over the lab's guests (rank r in guest
+    g<r>)."""
 
     def __init__(self, lab, exe, args, daemon=None, tag=""):
         self.lab, self.args, self.tag = lab, args, tag
@@ -209,7 +214,7 @@ class Job:
         self.jobs = []
         self.t0 = time.monotonic()
         for r, g in enumerate(lab.guests):
-            argv = [exe, "--rank", r, "--world", P, "--bootstrap", "%s:%d" % (g0.ip, BOOT_PORT), "--device",
+            argv = [exe, "--rank", r, "--world", len(lab.guests), "--bootstrap", "%s:%d" % (g0.ip, BOOT_PORT), "--device",
                     "rxe0", "--gid-index", g.gid_index, "--qp-timeout", QP_TIMEOUT] + list(args)
             self.jobs.append(g.spawn(argv, env=env))
 
@@ -222,16 +227,20 @@ class Job:
         if any(res.rc != 0 for res in results):
             # Every rank's error first (CI logs keep only the start of a long
             # message), then what the box saw, then rank 0's table.
-            box = "box unreachable"
-            if self.lab.box.running():
-                try:
-                    st = self.lab.box.stats()
-                    box = "reasons %s; ports %s" % (
-                        {k: v for k, v in st["reasons"].items() if v},
-                        [{k: p[k] for k in ("name", "rx_packets", "tx_packets", "rx_missed", "rx_errors",
-                                             "tx_errors", "box_tx_dropped") if k in p} for p in st["ports"]])
-                except (nrlab.LabError, KeyError, OSError) as e:
-                    box = "box stats failed: %s" % e
+            boxes = []
+            for b in self.lab.boxes.values():
+                line = "%s: unreachable" % b.name
+                if b.running():
+                    try:
+                        st = b.stats()
+                        line = "%s: reasons %s; ports %s" % (
+                            b.name, {k: v for k, v in st["reasons"].items() if v},
+                            [{k: p[k] for k in ("name", "rx_packets", "tx_packets", "rx_missed", "rx_errors",
+                                                 "tx_errors", "box_tx_dropped") if k in p} for p in st["ports"]])
+                    except (nrlab.LabError, KeyError, OSError) as e:
+                        line = "%s: stats failed: %s" % (b.name, e)
+                boxes.append(line)
+            box = "\n".join(boxes)
             # Each guest's own view of its link: a guest whose virtio-net
             # stopped sending shows tx counters frozen and a kernel warning.
             guests = []
@@ -244,7 +253,7 @@ class Job:
             # The last line each rank wrote (its error) right after the first.
             last = ["rank %d: %s" % (r, (res.err.strip().splitlines() or ["(no stderr)"])[-1])
                     for r, res in enumerate(results)]
-            raise Failed("%s: ranks exited %s\n%s\n--- stderr of each rank\n%s\n--- box (whole run)\n%s\n"
+            raise Failed("%s: ranks exited %s\n%s\n--- stderr of each rank\n%s\n--- boxes (whole run)\n%s\n"
                          "--- guests\n%s\n--- rank 0 stdout\n%s" % (
                              self.tag, [res.rc for res in results], "\n".join(last),
                              "\n".join("rank %d: %s" % (r, res.err.strip()[-1500:]) for r, res in enumerate(results)),

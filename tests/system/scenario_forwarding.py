@@ -44,14 +44,10 @@ DROP_REASONS = ["bad_icrc", "first_packet_lost", "duplicate", "stale_message", "
 Failed, expect = nrlab.Failed, nrlab.expect
 
 
-def perftest_pair(server, client, tool, args, port, timeout=300):
-    """Runs `tool` as server in one guest and client in the other; returns
-    (client Result, server Result)."""
-    common = [tool, "-F", "-d", "rxe0", "-p", str(port)] + args
-    srv = server.spawn(common + ["-x", str(server.gid_index)])
-    server.wait_listening(port)
-    cli = client.run(common + ["-x", str(client.gid_index), server.ip], timeout=timeout)
-    s = srv.wait(60)
+def perftest_pair(server, client, tool, args, port, report):
+    """nrlab.perftest, both ends required to succeed: (client Result, server
+    Result)."""
+    cli, s = nrlab.perftest(server, client, tool, args, port, on_hang=report.line)
     for who, r in (("client", cli), ("server", s)):
         expect(r.rc == 0, "%s %s exited %d\n--- stdout\n%s\n--- stderr\n%s" % (tool, who, r.rc, r.out[-2000:],
                                                                             r.err[-2000:]))
@@ -94,12 +90,12 @@ def main():
 
             t = time.monotonic()
             cli, _ = perftest_pair(g1, g0, "ib_write_bw", ["-s", str(WRITE_SIZE), "-n", str(WRITE_ITERS),
-                                                            "--report_gbits"], 18515)
+                                                            "--report_gbits"], 18515, report)
             bw = result_row(cli.out, 5)  # bytes iters peak avg msgrate
             report.figure("ib_write_bw %d B x %d: average" % (WRITE_SIZE, WRITE_ITERS), "%.3f" % bw[3], "Gb/s")
             report.figure("ib_write_bw wall time", "%.1f" % (time.monotonic() - t), "s")
             t = time.monotonic()
-            cli, _ = perftest_pair(g1, g0, "ib_send_lat", ["-s", str(LAT_SIZE), "-n", str(LAT_ITERS)], 18516)
+            cli, _ = perftest_pair(g1, g0, "ib_send_lat", ["-s", str(LAT_SIZE), "-n", str(LAT_ITERS)], 18520, report)
             lat = result_row(cli.out, 6)  # bytes iters min max typical avg
             report.figure("ib_send_lat %d B x %d: typical / avg" % (LAT_SIZE, LAT_ITERS),
                           "%.1f / %.1f" % (lat[4], lat[5]), "us")

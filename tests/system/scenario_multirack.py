@@ -1,0 +1,290 @@
+#!/usr/bin/python3
+"""System scenario 'multirack' (issue #15): one job over two racks through a
+tree of three real boxes, over real Soft-RoCE.
+
+Set-up: nrlab's two-rack lab (nrlab.py, "Two racks"): guests g0, g1 in rack
+A behind leaf box leafA, g2, g3 in rack B behind leafB, a spine box above
+them; each rack's switch steers its guests' RoCE into its leaf, and the
+leaf-spine links upA and upB carry whatever crosses between racks. Three
+real netreduced run host-side, one per box, with the same fabric section
+(only `self` differs): rack A is 10.77.0.1-2, rack B 10.77.0.3-4, the spine
+the root with leafA and leafB as children in that order. Each job is
+netreduce-allreduce-perf in the four guests (rank r in g<r>, P = 4) with
+NETREDUCE_DAEMON at leafA's daemon: rank 0's one registration installs the
+ring's tree on all three boxes (leafA pushes the others their entries).
+
+Steps, each reported on its own and each able to fail:
+  tree: every dtype x every op, 8 B..32 KiB, with --check-order --rack-size 2:
+     fp32/fp64 sums of order-sensitive values checked by the tool against the
+     tree's rule ((r0 + r1) + (r2 + r3): each rack in rank order at its leaf,
+     then the racks in child order at the spine), every other dtype x op
+     exact. Required: every rank exits 0, path ina, 0 errors on every row,
+     and elements that would differ under another nesting (the check tells
+     the orders apart). The origin's GET shows every box's entry pushed and
+     installed; each box's list_rings shows its node (leaves: their two
+     ranks, the spine: two child boxes). Per-link byte counts (tcpdump on
+     upA and upB, decoded here from the IBTA and box-to-box layouts): the
+     distinct partials leafA sends up are exactly the distinct RDMA WRITE
+     packets of g0 (one partial per rack per position, not every worker's
+     data), likewise leafB and g2, one result comes down for each, and no
+     RoCE frame between two guests of one rack crosses a leaf-spine link.
+     The boxes' tree counters agree (the spine took every partial).
+  tree-loss: 2% of all frames dropped on rack A's leaf-spine link, both
+     directions (nftables on the link's ends): fp32, int64, bf16 sums,
+     8 B..32 KiB, --check-order --rack-size 2: still exact and still INA;
+     the link dropped frames, the workers' RC recovered (no retry_exceeded).
+A report per step (figures, counters) is printed and saved next to the run.
+"""
+import argparse
+import os
+import re
+import socket
+import struct
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
+import nrlab  # noqa: E402
+import scenario_allreduce as sa  # noqa: E402  (Daemon, Job, sweep rules, capture parsing)
+
+RACKS = [2, 2]
+BOOT_PORT = 29520
+PORTS = {"leafA": 7470, "leafB": 7471, "spine": 7472}
+ORIGIN = "leafA"
+B2B_PORT = 4792
+KIND = {1: "partial", 2: "result", 3: "query", 4: "final"}
+ORDER = ["--check-order", "--rack-size", "2"]
+RUN = sa.SMALL + ORDER
+LOSS_PERCENT = 2
+LOSS_RUN = ["-d", "fp32,int64,bf16", "-o", "sum", "-b", "8", "-e", "32K", "-f", "8", "-n", "1", "-w", "0",
+            "-c", "1"] + ORDER
+JOB_TIMEOUT = 900
+
+Failed, expect = nrlab.Failed, nrlab.expect
+
+
+def fabric(lab, name, token_file):
+    """The fabric section every daemon gets (only `self` differs)."""
+    boxes = []
+    for box, parent in (("spine", "none"), ("leafA", "spine"), ("leafB", "spine")):
+        b = {"name": box, "daemon": "http://%s:%d" % (nrlab.HOST_IP, PORTS[box]), "b2b_ip": nrlab.B2B[box][0],
+             "b2b_mac": nrlab.B2B[box][1], "parent": parent}
+        if box == "spine":
+            b["ports"] = {"leafA": "a", "leafB": "b"}
+        else:
+            b["port_to_parent"] = "b"
+        boxes.append(b)
+    racks = [{"leaf": leaf, "workers": ["%s/32" % g.ip for g in lab.guests if g.rack == i]}
+             for i, leaf in enumerate(("leafA", "leafB"))]
+    return {"fabric": {"self": name, "token_file": token_file, "boxes": boxes, "racks": racks}}
+
+
+def start_daemons(lab, exe):
+    token = os.path.join(lab.run_dir, "fabric-token")
+    with open(token, "w") as f:
+        f.write("fabric-%d\n" % os.getpid())
+    os.chmod(token, 0o600)
+    return {n: sa.Daemon(lab, exe, port=PORTS[n], box=lab.boxes[n], name="netreduced-" + n,
+                         extra=fabric(lab, n, token)) for n in ("spine", "leafA", "leafB")}
+
+
+def box_ring(box, rid):
+    for r in box.control(cmd="list_rings")["rings"]:
+        if r["spec"]["id"] == rid:
+            return r
+    return None
+
+
+def tree_counters(lab, rid):
+    out = {}
+    for n, b in lab.boxes.items():
+        r = box_ring(b, rid)
+        expect(r is not None, "%s holds no ring %d" % (n, rid))
+        out[n] = r["counters"]["tree"]
+    return out
+
+
+def ip(b):
+    return socket.inet_ntoa(b)
+
+
+def link_traffic(pcap, rack_ips, leaf_ip):
+    """One leaf-spine link's capture, decoded: RoCE frames up (from the rack)
+    and down, whether any connects two guests of the rack, box-to-box frames
+    by kind and direction with their distinct (tree, message, position) keys
+    and data bytes."""
+    t = {"roce_up": [0, 0], "roce_down": [0, 0], "in_rack": 0, "other": [0, 0]}
+    b2b = {}
+    for f in nrlab.pcap_frames(pcap):
+        if len(f) < 42 or f[12:14] != b"\x08\x00" or f[23] != 17:
+            continue
+        l4 = 14 + (f[14] & 0xF) * 4
+        dport = struct.unpack(">H", f[l4 + 2:l4 + 4])[0]
+        src, dst = ip(f[26:30]), ip(f[30:34])
+        if dport == nrlab.ROCE_PORT:
+            key = "roce_up" if src in rack_ips else "roce_down"
+            t[key][0] += 1
+            t[key][1] += len(f)
+            t["in_rack"] += src in rack_ips and dst in rack_ips
+        elif dport == B2B_PORT:
+            h = f[l4 + 8:]
+            kind, tree, msg, k = h[3], struct.unpack(">I", h[4:8])[0], struct.unpack(">I", h[8:12])[0], \
+                struct.unpack(">H", h[12:14])[0]
+            length = struct.unpack(">H", h[20:22])[0]
+            d = "up" if src == leaf_ip else "down"
+            e = b2b.setdefault((KIND.get(kind, str(kind)), d), {"frames": 0, "bytes": 0, "keys": {}})
+            e["frames"] += 1
+            e["bytes"] += len(f)
+            e["keys"][(tree, msg, k)] = length
+        else:
+            t["other"][0] += 1
+            t["other"][1] += len(f)
+    t["b2b"] = b2b
+    return t
+
+
+def distinct_writes(pcap, src_ip):
+    """Distinct RDMA WRITE packets (src, dst, QPN, PSN) a guest sent into its
+    leaf (retransmissions counted once)."""
+    want = socket.inet_aton(src_ip)
+    return sum(1 for (src, _, _, _) in sa.frames_by_key(nrlab.pcap_frames(pcap)) if src == want)
+
+
+def run_job(lab, a, daemon, args, tag, rep):
+    t = time.monotonic()
+    job = sa.Job(lab, a.perf, args, daemon=daemon, tag=tag)
+    res = job.wait(JOB_TIMEOUT)
+    head, rows = job.check_ok(res, "ina")
+    rep.figure("job wall time", "%.1f" % (time.monotonic() - t), "s")
+    rep.figure("rows checked exact (dtype x op x size)", len(rows))
+    om = re.search(r"^# order check: (\d+) elements against the nested rule \(racks of 2 ranks in rank order, "
+                   r"then 2 racks in order\); (\d+) of them differ under the other nesting$", res[0].out, re.M)
+    want = sum(b // sa.DTYPES[d] for d, o, b in set(sa.expected_calls(args[:args.index("--check-order")]))
+               if o == "sum" and d in ("fp32", "fp64"))
+    expect(om and int(om.group(1)) == want, "%s: order check line %s, expected %d elements" %
+           (tag, om and om.group(0), want))
+    expect(int(om.group(2)) > 0, "%s: no element differs under the other nesting: the check cannot tell" % tag)
+    rep.figure("order check (tree rule): elements / differing under the other nesting",
+               "%s / %s" % om.groups())
+    return head
+
+
+def step_tree(lab, a, daemons, reports):
+    rep = nrlab.Report("multirack-tree", lab.run_dir)
+    reports.append(rep)
+    rack_ips = [{g.ip for g in lab.guests if g.rack == r} for r in (0, 1)]
+    cap = nrlab.Capture(lab, ("upA", "upB"), bpf="udp")
+    into = lab.capture(("swAa", "swBa"))
+    head = run_job(lab, a, daemons[ORIGIN], RUN, "tree", rep)
+    rid = head["ring"]
+    time.sleep(1)  # last ACKs and results into the captures
+    caps, ins = cap.stop(), into.stop()
+    rep.line("ring %d: %d ranks, racks %s" % (rid, len(lab.guests), [sorted(s) for s in rack_ips]))
+
+    # One registration installed the tree on every box.
+    view = daemons[ORIGIN].ring(rid)
+    peers = view["fabric"]["peers"]
+    expect(sorted(p["box"] for p in peers) == ["leafB", "spine"] and all(p["installed"] for p in peers),
+           "origin's push state: %s" % peers)
+    rep.figure("fabric: pushed and installed at", ", ".join(sorted(p["box"] for p in peers)))
+    nodes = {n: box_ring(b, rid)["spec"]["tree"] for n, b in lab.boxes.items()}
+    expect([c.get("rank") for c in nodes["leafA"]["children"]] == [0, 1], "leafA node %s" % nodes["leafA"])
+    expect([c.get("rank") for c in nodes["leafB"]["children"]] == [2, 3], "leafB node %s" % nodes["leafB"])
+    expect([c.get("box") for c in nodes["spine"]["children"]] == [0, 1] and "parent" not in nodes["spine"],
+           "spine node %s" % nodes["spine"])
+    rep.line("tree: leafA ranks 0, 1 -> spine <- leafB ranks 2, 3 (each box's list_rings)")
+
+    # Per-link byte counts.
+    for r, (leaf, link, guest) in enumerate((("leafA", "upA", lab.guests[0]), ("leafB", "upB", lab.guests[2]))):
+        t = link_traffic(caps[link][0], rack_ips[r], nrlab.B2B[leaf][0])
+        into_leaf = ins["sw%sa" % "AB"[r]][0]
+        writes = distinct_writes(into_leaf, guest.ip)
+        mates = [g for g in lab.guests if g.rack == r and g is not guest]
+        writes_mate = distinct_writes(into_leaf, mates[0].ip)
+        payload = sa.write_payload_by_source(nrlab.pcap_frames(into_leaf))
+        rep.line("link %s (%s <-> spine):" % (link, leaf))
+        for k in ("roce_up", "roce_down", "other"):
+            rep.figure("  %s frames / bytes" % k, "%d / %d" % tuple(t[k]))
+        for (kind, d), e in sorted(t["b2b"].items()):
+            rep.figure("  box-to-box %s %s frames / bytes / distinct" % (kind, d),
+                       "%d / %d / %d" % (e["frames"], e["bytes"], len(e["keys"])))
+        rep.figure("  distinct RDMA WRITE packets into %s from %s / %s" % (leaf, guest.name, mates[0].name),
+                   "%d / %d" % (writes, writes_mate))
+        up = t["b2b"].get(("partial", "up"), {"keys": {}})["keys"]
+        down = t["b2b"].get(("result", "down"), {"keys": {}})["keys"]
+        rack_payload = sum(payload.get(g.ip, 0) for g in lab.guests if g.rack == r)
+        rep.figure("  RDMA WRITE payload into %s from the rack / partial data up %s" % (leaf, link),
+                   "%d / %d" % (rack_payload, sum(up.values())), "B")
+        expect(0 < sum(up.values()) <= payload.get(guest.ip, 0),
+               "%s: partial data up %d B, more than one rank's WRITE payload %d B" %
+               (leaf, sum(up.values()), payload.get(guest.ip, 0)))
+        expect(writes > 0 and writes == writes_mate, "%s: %d and %d distinct WRITE packets from the rack's two "
+               "ranks" % (leaf, writes, writes_mate))
+        expect(len(up) == writes, "%s sent %d distinct partials up %s, expected one per position: %d" %
+               (leaf, len(up), link, writes))
+        expect(set(down) == set(up), "%s: results down %d, partials up %d, keys differ" % (leaf, len(down), len(up)))
+        expect(t["in_rack"] == 0, "%d RoCE frames between two guests of rack %s crossed %s" %
+               (t["in_rack"], "AB"[r], link))
+    tc = tree_counters(lab, rid)
+    for n in ("leafA", "leafB", "spine"):
+        rep.figure("%s tree counters" % n, {k: v for k, v in tc[n].items() if v})
+    expect(tc["spine"]["partials_received"] == tc["leafA"]["partials_sent"] + tc["leafB"]["partials_sent"],
+           "the spine took %d partials, the leaves sent %d + %d" % (tc["spine"]["partials_received"],
+                                                                      tc["leafA"]["partials_sent"],
+                                                                      tc["leafB"]["partials_sent"]))
+    expect(tc["leafA"]["results_received"] == tc["leafA"]["partials_sent"] > 0, "leafA: %s" % tc["leafA"])
+    return rid
+
+
+def step_loss(lab, a, daemons, reports):
+    rep = nrlab.Report("multirack-loss", lab.run_dir)
+    reports.append(rep)
+    rx0 = sa.rxe_all(lab)
+    lab.link_loss(0, LOSS_PERCENT)
+    try:
+        head = run_job(lab, a, daemons[ORIGIN], LOSS_RUN, "tree-loss", rep)
+    finally:
+        dropped = lab.link_loss(0, None)
+    rep.figure("link upA: frames dropped (up / down)", "%d / %d" % (dropped.get("up", 0), dropped.get("down", 0)))
+    expect(sum(dropped.values()) > 0, "%d%% loss on upA dropped nothing" % LOSS_PERCENT)
+    tc = tree_counters(lab, head["ring"])
+    for n in ("leafA", "leafB", "spine"):
+        rep.figure("%s tree counters" % n, {k: v for k, v in tc[n].items() if v})
+    sa.check_rxe_clean(rep, lab, rx0, sa.rxe_all(lab), "rxe (all guests)")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dataplane", required=True)
+    ap.add_argument("--daemon", required=True, help="netreduced")
+    ap.add_argument("--perf", required=True, help="netreduce-allreduce-perf")
+    ap.add_argument("--workdir")
+    a = ap.parse_args()
+    sa.BOOT_PORT = BOOT_PORT
+    t0 = time.monotonic()
+    reports, ok = [], False
+    try:
+        with nrlab.Lab(racks=RACKS, dataplane=a.dataplane, workdir=a.workdir) as lab:
+            head = nrlab.Report("multirack", lab.run_dir)
+            reports.append(head)
+            head.line("2 racks x 2 guests (kernel %s, rdma_rxe), a leaf box per rack and a spine, "
+                      "net_af_packet" % lab.kernel)
+            head.figure("lab setup (boot to rxe0 ready, three boxes)", "%.1f" % lab.setup_seconds, "s")
+            daemons = start_daemons(lab, a.daemon)
+            step_tree(lab, a, daemons, reports)
+            step_loss(lab, a, daemons, reports)
+            head.figure("scenario wall time", "%.1f" % (time.monotonic() - t0), "s")
+            ok = True
+    except (Failed, nrlab.LabError) as e:
+        print("FAILED: %s" % e, file=sys.stderr)
+        if reports:
+            reports[-1].failed(e)
+    for r in reports:
+        r.save(ok)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
