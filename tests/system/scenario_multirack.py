@@ -152,6 +152,17 @@ def distinct_writes(pcap, src_ip):
     return sum(1 for (src, _, _, _) in sa.frames_by_key(nrlab.pcap_frames(pcap)) if src == want)
 
 
+def box_cpu(box):
+    """A running box's CPU seconds and lifetime (/proc/<pid>/stat), as text."""
+    with open("/proc/%d/stat" % box.proc.pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    hz = os.sysconf("SC_CLK_TCK")
+    with open("/proc/uptime") as f:
+        up = float(f.read().split()[0])
+    cpu, life = (int(fields[11]) + int(fields[12])) / hz, up - int(fields[19]) / hz
+    return "%.1f s / %.1f s (%.0f%% of a core)" % (cpu, life, 100 * cpu / life)
+
+
 def run_job(lab, a, daemon, args, tag, rep):
     t = time.monotonic()
     job = sa.Job(lab, a.perf, args, daemon=daemon, tag=tag)
@@ -275,6 +286,8 @@ def main():
             daemons = start_daemons(lab, a.daemon)
             step_tree(lab, a, daemons, reports)
             step_loss(lab, a, daemons, reports)
+            for n, b in lab.boxes.items():  # three polling boxes beside four guests on 2 cores
+                head.figure("%s CPU time (user + system) / its wall time" % n, box_cpu(b))
             head.figure("scenario wall time", "%.1f" % (time.monotonic() - t0), "s")
             ok = True
     except (Failed, nrlab.LabError) as e:
