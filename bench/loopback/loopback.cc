@@ -223,6 +223,7 @@ std::string port_setup(uint16_t port, rte_mempool* pool, uint16_t nq = 1) {
 struct BoxSample {
   uint64_t busy = 0, packets = 0, busy_polls = 0;
   std::vector<uint64_t> busy_w, total_w, packets_w;
+  std::vector<uint64_t> stalls_w, stall_cycles_w, stall_rx_w;  // polls over 100 us (preempted)
 };
 BoxSample sample(Box& box) {
   const json s = box.call(netreduce::dpcmd::stats());
@@ -236,6 +237,9 @@ BoxSample sample(Box& box) {
     for (const auto& p : w.at("rx_packets")) rx += p.get<uint64_t>();
     b.packets += rx;
     b.packets_w.push_back(rx);
+    b.stalls_w.push_back(w.value("stalls", uint64_t{0}));
+    b.stall_cycles_w.push_back(w.value("stall_cycles", uint64_t{0}));
+    b.stall_rx_w.push_back(w.value("stall_rx_packets", uint64_t{0}));
   }
   return b;
 }
@@ -813,6 +817,7 @@ struct PhaseShared {
   std::vector<std::string> errors;
   json points = json::array();
   std::atomic<bool> failed{false};
+  std::atomic<bool> stop{false};  // --stripes: generator 0's decision to end the timed rounds
   // Every thread calls it the same number of times; `gen` is the caller's count.
   void barrier(unsigned& gen) {
     ++gen;
@@ -887,11 +892,32 @@ void per_worker_thread(PhaseShared& sh, unsigned q) {
         }
         sh.barrier(gen);
         unsigned rounds = 0;
-        while (ok && (rounds < 2 || f.seconds(g_hz) < o.seconds) &&
-               f.bad + f.unknown + f.missing == 0) {
-          ok = g.round(next, per_round, true, true, nullptr);
-          next += per_round;
-          ++rounds;
+        if (!o.stripes) {
+          while (ok && (rounds < 2 || f.seconds(g_hz) < o.seconds) &&
+                 f.bad + f.unknown + f.missing == 0) {
+            ok = g.round(next, per_round, true, true, nullptr);
+            next += per_round;
+            ++rounds;
+          }
+        } else {
+          // One job's stripes advance together, as a striped all-reduce
+          // sends every stripe of each call: every generator runs the same
+          // rounds, generator 0 decides when to stop. Two barriers per round
+          // (read the decision, then let generator 0 make the next one).
+          sh.stop.store(false);
+          sh.barrier(gen);
+          for (;;) {
+            if (ok && !sh.failed.load()) ok = g.round(next, per_round, true, true, nullptr);
+            next += per_round;
+            ++rounds;
+            if (!ok || f.bad + f.unknown + f.missing != 0) sh.failed.store(true);
+            sh.barrier(gen);
+            if (q == 0 && (sh.failed.load() || (rounds >= 2 && f.seconds(g_hz) >= o.seconds)))
+              sh.stop.store(true);
+            sh.barrier(gen);
+            if (sh.stop.load()) break;
+          }
+          ok = ok && !sh.failed.load();
         }
         if (!ok) sh.failed.store(true);
         sh.barrier(gen);
@@ -906,11 +932,19 @@ void per_worker_thread(PhaseShared& sh, unsigned q) {
             const uint64_t cpu =
                 cpu1.count(name) && cpu0.count(name) ? cpu1.at(name) - cpu0.at(name) : 0;
             const Figures& gf = sh.figs.at(w);
+            // Busy cycles and packets of the polls that were not preempted.
+            const uint64_t stalls = b1.stalls_w[w] - b0.stalls_w[w];
+            const uint64_t clean_busy =
+                (b1.busy_w[w] - b0.busy_w[w]) - (b1.stall_cycles_w[w] - b0.stall_cycles_w[w]);
+            const uint64_t clean_pk = pk - (b1.stall_rx_w[w] - b0.stall_rx_w[w]);
             workers.push_back(
                 {{"worker", w},
                  {"packets", pk},
                  {"busy_ns_per_packet",
                   pk ? double(b1.busy_w[w] - b0.busy_w[w]) * 1e9 / double(g_hz) / double(pk) : 0.0},
+                 {"stalls", stalls},
+                 {"unstalled_busy_ns_per_packet",
+                  clean_pk ? double(clean_busy) * 1e9 / double(g_hz) / double(clean_pk) : 0.0},
                  {"cpu_ns_per_packet", pk ? double(cpu) / double(pk) : 0.0},
                  {"dispatched", st.at("workers").at(w).value("dispatched", uint64_t{0})},
                  {"generator_mpps",
@@ -940,21 +974,28 @@ void per_worker_thread(PhaseShared& sh, unsigned q) {
 
 void print_per_worker(const json& points, unsigned n) {
   std::printf("\nper-worker phase, %u box worker(s), one ring each, aggregate\n", n);
-  std::printf("%-3s %-7s %-5s | %-6s %10s %9s %9s %6s %10s | %s\n", "P", "payload", "dtype",
-              "worker", "packets", "busy ns", "cpu ns", "xCRC", "dispatched", "verified");
-  for (const auto& p : points)
+  std::printf("%-3s %-7s %-5s | %-6s %10s %7s %9s %9s %7s %9s %6s %10s | %s\n", "P", "payload",
+              "dtype", "worker", "packets", "share", "busy ns", "clean ns", "stalls", "cpu ns",
+              "xCRC", "dispatched", "verified");
+  for (const auto& p : points) {
+    uint64_t total = 0;
+    for (const auto& w : p["workers"]) total += w["packets"].get<uint64_t>();
     for (const auto& w : p["workers"]) {
       const json& v = w["verified"];
       const bool ok = v["bad"] == 0 && v["unknown"] == 0 && v["duplicate"] == 0 &&
                       v["missing"] == 0 && v["good"] != 0;
-      std::printf("%-3u %-7u %-5s | %-6u %10llu %9.1f %9.1f %6.1f %10llu | %s\n",
-                  p["ranks"].get<unsigned>(), p["payload"].get<unsigned>(),
-                  p["dtype"].get<std::string>().c_str(), w["worker"].get<unsigned>(),
-                  (unsigned long long)w["packets"].get<uint64_t>(),
-                  w["busy_ns_per_packet"].get<double>(), w["cpu_ns_per_packet"].get<double>(),
-                  w["cpu_ns_per_packet"].get<double>() / p["crc_ns"].get<double>(),
-                  (unsigned long long)w["dispatched"].get<uint64_t>(), ok ? "ok" : "ERRORS");
+      std::printf(
+          "%-3u %-7u %-5s | %-6u %10llu %6.1f%% %9.1f %9.1f %7llu %9.1f %6.1f %10llu | %s\n",
+          p["ranks"].get<unsigned>(), p["payload"].get<unsigned>(),
+          p["dtype"].get<std::string>().c_str(), w["worker"].get<unsigned>(),
+          (unsigned long long)w["packets"].get<uint64_t>(),
+          total ? 100.0 * double(w["packets"].get<uint64_t>()) / double(total) : 0.0,
+          w["busy_ns_per_packet"].get<double>(), w["unstalled_busy_ns_per_packet"].get<double>(),
+          (unsigned long long)w["stalls"].get<uint64_t>(), w["cpu_ns_per_packet"].get<double>(),
+          w["cpu_ns_per_packet"].get<double>() / p["crc_ns"].get<double>(),
+          (unsigned long long)w["dispatched"].get<uint64_t>(), ok ? "ok" : "ERRORS");
     }
+  }
 }
 
 bool per_worker_ok(const json& points) {

@@ -182,9 +182,13 @@ std::string render_metrics(const MetricsInput& in) {
   auto& slept = b.counter("netreduce_lcore_idle_sleep_seconds_total",
                           "time the worker lcore slept because it had no traffic (adaptive "
                           "polling, idle_sleep_max_us)");
+  auto& stalls = b.counter("netreduce_lcore_stalls_total",
+                           "busy polls of the worker lcore that took over 100 us: it was "
+                           "preempted or interrupted (the lcore is not isolated)");
   for (const json& w : workers) {
     const Labels l{{"lcore", std::to_string(w.value("lcore", 0u))}};
     set(busy, l, num(w, "busy_ratio"));
+    set(stalls, l, num(w, "stalls"));
     set(lmem, l, num(w, "memory_bytes"));
     set(disp, l, num(w, "dispatched"));
     set(ddrop, l, num(w.value("dataplane_reasons", json::object()), "inbox_full"));

@@ -161,6 +161,7 @@ Status Dataplane::setup() {
     // The engine's clock is the worker's TSC (`now` in worker_loop).
     ec.retire_grace = rte_get_tsc_hz() / 1000 * uint64_t{cfg_.retire_grace_ms};
     publish_cycles_ = rte_get_tsc_hz() / 1000 * kPublishMs;
+    stall_cycles_ = rte_get_tsc_hz() / 1000000 * kStallUs;
     // A restarted box does not know which rings it held: for one grace it
     // drops INA first packets off ring links instead of forwarding them, so
     // a job still running through it fails instead of getting raw data.
@@ -294,8 +295,8 @@ void Dataplane::worker_loop(Worker& w) {
       continue;
     }
     const bool agg = mode() == Mode::aggregate;
-    unsigned moved = 0;
-    bool drained = w.rxq.empty();  // some RX poll came back short: flush now (dataplane.h)
+    unsigned moved = 0, received = 0;  // received: RX bursts only (the stall rule's packets)
+    bool drained = w.rxq.empty();      // some RX poll came back short: flush now (dataplane.h)
     // Paused (set_polling): no RX, TX or inbox work at all, only commands.
     const bool poll = polling();
     for (const auto& [slot, q] : w.rxq) {
@@ -304,6 +305,7 @@ void Dataplane::worker_loop(Worker& w) {
       if (n < cfg_.burst) drained = true;
       if (!n) continue;
       moved += n;
+      received += n;
       w.stats.rx[slot] += n;
       // Stamp the arrival port: later stages (and other workers, after
       // dispatch) send a packet out of the opposite one. Not every PMD sets
@@ -343,6 +345,11 @@ void Dataplane::worker_loop(Worker& w) {
     if (moved) {
       w.stats.busy_cycles += t1 - t0;
       ++w.stats.busy_polls;
+      if (t1 - t0 > stall_cycles_) [[unlikely]] {
+        ++w.stats.stalls;
+        w.stats.stall_cycles += t1 - t0;
+        w.stats.stall_rx += received;
+      }
     }
     if (w.asked.load(std::memory_order_relaxed) > w.published_at ||
         w.rings_asked.load(std::memory_order_relaxed) > w.pub.f.rings_tsc ||

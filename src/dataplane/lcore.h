@@ -81,6 +81,14 @@ struct alignas(64) WorkerStats {
                                // (rx / busy_polls: about the mean RX burst)
   uint64_t idle_sleeps = 0;    // adaptive polling: sleeps taken (dataplane.h, idle rule)
   uint64_t idle_sleep_ns = 0;  // and the time they took (TSC-measured, in ns)
+  // Stalls: busy polls that took longer than kStallUs. A burst of a few dozen
+  // packets takes microseconds, so such a poll was preempted or interrupted:
+  // the lcore is not isolated. Their cycles and the packets they received
+  // are counted apart, so busy_cycles minus stall_cycles over rx minus
+  // stall_rx is the cost per packet of an unshared core.
+  uint64_t stalls = 0;
+  uint64_t stall_cycles = 0;
+  uint64_t stall_rx = 0;
 };
 
 // What a worker publishes for the control thread: its WorkerStats and the

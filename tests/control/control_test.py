@@ -651,6 +651,10 @@ def scenario_traffic(tmp):
             assert got == 0, "netreduce_dataplane_packets_total{reason=%s} = %s\n%s" % (name, got, text)
         busy = metric(text, "netreduce_lcore_busy_ratio", lcore=1)
         assert busy is not None and 0 <= busy <= 1, busy
+        # Exported from the data plane's stats (scraped earlier: at most what they say now).
+        stalls = metric(text, "netreduce_lcore_stalls_total", lcore=1)
+        now = [w["stalls"] for w in dp.ask(cmd="stats")["workers"] if w["lcore"] == 1]
+        assert stalls is not None and len(now) == 1 and 0 <= stalls <= now[0], (stalls, now)
         rx_bytes = metric(text, "netreduce_port_received_bytes_total", port="net_af_packet0")
         assert rx_bytes >= sum(len(bytes(f)) for f in sent), rx_bytes
         promtool_check(text)

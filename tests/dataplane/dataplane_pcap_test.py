@@ -17,7 +17,8 @@ two_rings (two rings on two worker lcores,
 one RX queue, so the second worker is fed through the dispatch stage) |
 remove_while_flowing (the input loops; the ring is removed mid-traffic) |
 bad_bytes (invalid UTF-8 and other bytes on the control socket: answered, the
-box keeps forwarding) | slow_client (clients that flood requests and never
+box keeps forwarding) | lcore_stalls (a busy worker stopped mid-burst counts
+stalls) | slow_client (clients that flood requests and never
 read: others are answered within 1 s, SIGTERM still stops the box) |
 control_access (socket mode 0660 whatever the umask, peers of other uids refused
 unless in control.group, control.max_clients, a second box refused) |
@@ -419,6 +420,49 @@ def bad_bytes_scenario(tmp, in_pcap):
     stop_by(proc, ctl)
     print("bad_bytes: %d lines of invalid bytes answered with errors (e.g. %r); the box kept forwarding "
           "(%d -> %d frames out)" % (len(messages), messages[0][:80], before, after))
+
+
+def lcore_stalls_scenario(tmp, in_pcap):
+    """A worker preempted in the middle of its bursts counts stalls. The
+    input loops, so the worker is busy nearly all the time; the whole box is
+    stopped (SIGSTOP) 20 times for 20 ms while it forwards. Each stop that
+    lands inside a busy poll makes that poll last over 100 us: a stall, with
+    its cycles and received packets counted apart (what the bench subtracts
+    to get an unshared core's cost per packet)."""
+    wrpcap(in_pcap, other_traffic(1))
+    proc, sock, _ = start_dataplane(tmp, in_pcap, [], 1, loop=True,
+                                    extra={"idle_sleep_max_us": 0})  # pure polling: always busy
+    try:
+        ctl = Control(sock)
+        deadline = time.time() + 20
+        while port1_tx(ctl) < 1000:
+            assert time.time() < deadline, "no traffic from the looping input"
+            time.sleep(0.05)
+        w0 = ctl(cmd="stats")["workers"][0]
+        for _ in range(20):
+            proc.send_signal(signal.SIGSTOP)
+            time.sleep(0.02)
+            proc.send_signal(signal.SIGCONT)
+            time.sleep(0.03)
+        w1 = ctl(cmd="stats")["workers"][0]
+        stalls = w1["stalls"] - w0["stalls"]
+        cycles = w1["stall_cycles"] - w0["stall_cycles"]
+        busy = w1["busy_cycles"] - w0["busy_cycles"]
+        rx = sum(w1["rx_packets"]) - sum(w0["rx_packets"])
+        srx = w1["stall_rx_packets"] - w0["stall_rx_packets"]
+        # Each stop lasts 20 ms: a stalled poll's cycles are a good part of the busy cycles.
+        assert stalls >= 5, "only %d stalls counted for 20 stops of a busy worker: %s" % (stalls, w1)
+        assert 0 < cycles <= busy and 0 < srx <= rx, (cycles, busy, srx, rx)
+        assert cycles >= stalls * (busy / max(1, w1["busy_polls"] - w0["busy_polls"])), \
+            "stalled polls (%d cycles each) no longer than the average busy poll" % (cycles // stalls)
+    except Exception:
+        if proc.poll() is None:
+            proc.kill()
+        print(proc.communicate()[1][-3000:], file=sys.stderr)
+        raise
+    stop_by(proc, ctl)
+    print("lcore_stalls: 20 stops of a busy box: %d stalls counted, %d%% of its busy cycles, %d of %d packets" %
+          (stalls, 100 * cycles // busy, srx, rx))
 
 
 def slow_client_scenario(tmp, in_pcap):
@@ -1559,6 +1603,8 @@ def main():
             placement_scenario(tmp, rng)
         elif scenario == "bad_bytes":
             bad_bytes_scenario(tmp, in_pcap)
+        elif scenario == "lcore_stalls":
+            lcore_stalls_scenario(tmp, in_pcap)
         elif scenario == "slow_client":
             slow_client_scenario(tmp, in_pcap)
         elif scenario == "control_access":

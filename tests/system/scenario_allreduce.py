@@ -246,7 +246,10 @@ class Job:
             guests = []
             for g in self.lab.guests:
                 try:
-                    r = g.run(["sh", "-c", "ip -s link show eth0 | tail -n 4; dmesg | tail -n 6"], timeout=30)
+                    # A kernel warning's first lines say where it fired (its tail is only registers).
+                    r = g.run(["sh", "-c", "ip -s link show eth0 | tail -n 4; "
+                               "dmesg | grep -m 3 -A 6 -E 'WARNING|BUG|watchdog|timed out' | cut -c1-160; "
+                               "dmesg | tail -n 3"], timeout=30)
                     guests.append("%s:\n%s" % (g.name, r.out.strip()))
                 except nrlab.LabError as e:
                     guests.append("%s: %s" % (g.name, e))
