@@ -161,7 +161,7 @@ Status Dataplane::setup() {
     // The engine's clock is the worker's TSC (`now` in worker_loop).
     ec.retire_grace = rte_get_tsc_hz() / 1000 * uint64_t{cfg_.retire_grace_ms};
     publish_cycles_ = rte_get_tsc_hz() / 1000 * kPublishMs;
-    stall_cycles_ = rte_get_tsc_hz() / 1000000 * kStallUs;
+    stall_threshold_cycles_ = rte_get_tsc_hz() / 1000000 * kStallUs;
     // A restarted box does not know which rings it held: for one grace it
     // drops INA first packets off ring links instead of forwarding them, so
     // a job still running through it fails instead of getting raw data.
@@ -292,10 +292,12 @@ void Dataplane::worker_loop(Worker& w) {
   while (!quitting()) {
     if (w.stall) {  // test only (Worker::stall)
       rte_pause();
+      t0 = rte_rdtsc();
       continue;
     }
     const bool agg = mode() == Mode::aggregate;
     unsigned moved = 0, received = 0;  // received: RX bursts only (the stall rule's packets)
+    bool commanded = false;            // ran a control command (not a stall when long)
     bool drained = w.rxq.empty();      // some RX poll came back short: flush now (dataplane.h)
     // Paused (set_polling): no RX, TX or inbox work at all, only commands.
     const bool poll = polling();
@@ -334,6 +336,7 @@ void Dataplane::worker_loop(Worker& w) {
     void* c;
     if (!w.ignore_commands && rte_ring_dequeue(w.commands, &c) == 0) {
       ++moved;  // a control command is work too: the next one is not paced by the idle sleep
+      commanded = true;
       run_command(w, static_cast<Command*>(c));
       // What it changed (rings, memory) shows in the next read, the rings' figures too.
       publish(w, rte_rdtsc(), true);
@@ -345,7 +348,7 @@ void Dataplane::worker_loop(Worker& w) {
     if (moved) {
       w.stats.busy_cycles += t1 - t0;
       ++w.stats.busy_polls;
-      if (t1 - t0 > stall_cycles_) [[unlikely]] {
+      if (t1 - t0 > stall_threshold_cycles_ && !commanded) [[unlikely]] {
         ++w.stats.stalls;
         w.stats.stall_cycles += t1 - t0;
         w.stats.stall_rx += received;

@@ -210,8 +210,8 @@ class Dataplane {
                          std::vector<engine::RingFigures>* rings = nullptr);
   static constexpr unsigned kPublishMs = 1;
   // A busy poll longer than this was preempted or interrupted (WorkerStats::
-  // stalls). A poll that ran a control command (a ring install allocates)
-  // may count too; the data path's own bursts take microseconds.
+  // stalls): the data path's own bursts take microseconds. A poll that ran a
+  // control command (a ring install allocates) is never counted.
   static constexpr unsigned kStallUs = 100;
 
   const DataplaneConfig& config() const { return cfg_; }
@@ -266,7 +266,8 @@ class Dataplane {
   std::atomic<bool> polling_{true};  // see polling()
   bool started_ = false;
   uint64_t publish_cycles_ = 0;  // kPublishMs in TSC cycles (setup)
-  uint64_t stall_cycles_ = 0;    // kStallUs in TSC cycles (setup): a busy poll longer is a stall
+  uint64_t stall_threshold_cycles_ =
+      0;  // kStallUs in TSC cycles (setup): a busy poll longer is a stall
   std::mutex
       on_worker_mu_;  // one on_worker caller at a time; serializes publishing for stopped workers
   long control_gid_ = -1;                   // control.group resolved by setup(); -1: none

@@ -114,7 +114,8 @@ ACKs and TCP).
 
 Requirements (failures say which is missing; nothing is ever skipped):
 qemu-system-x86_64, a /boot/vmlinuz-* with rdma_rxe.ko under /lib/modules,
-busybox (static), cpio, ip/tc/bridge (iproute2), tcpdump for captures, root.
+busybox (static), cpio, ip/tc/bridge (iproute2), tcpdump for captures, nft
+(nftables) for Lab.link_loss, root.
 """
 import argparse
 import gzip
@@ -533,6 +534,15 @@ class Guest:
         return out
 
 
+def perftest_spawn(server, client, tool, args, port):
+    """Starts one perftest pair (`tool` -F on rxe0, server in `server`, client
+    in `client`, `args` added to both, TCP `port`): (server Job, client Job)."""
+    common = [tool, "-F", "-d", "rxe0", "-p", str(port)] + list(args)
+    srv = server.spawn(common + ["-x", str(server.gid_index)])
+    server.wait_listening(port)
+    return srv, client.spawn(common + ["-x", str(client.gid_index), server.ip])
+
+
 def perftest(server, client, tool, args, port, attempt_timeout=120, attempts=2, on_hang=None):
     """One perftest pair (`tool` -F on rxe0, server in `server`, client in
     `client`, `args` added to both): (client Result, server Result), not
@@ -545,10 +555,7 @@ def perftest(server, client, tool, args, port, attempt_timeout=120, attempts=2, 
     `on_hang(text)` hears what hung and both guests' rxe counters at that
     moment. The last attempt's hang raises LabError."""
     for attempt in range(1, attempts + 1):
-        common = [tool, "-F", "-d", "rxe0", "-p", str(port + attempt - 1)] + list(args)
-        srv = server.spawn(common + ["-x", str(server.gid_index)])
-        server.wait_listening(port + attempt - 1)
-        cli = client.spawn(common + ["-x", str(client.gid_index), server.ip])
+        srv, cli = perftest_spawn(server, client, tool, args, port + attempt - 1)
         try:
             return cli.wait(attempt_timeout), srv.wait(60)
         except LabError as e:
@@ -560,6 +567,45 @@ def perftest(server, client, tool, args, port, attempt_timeout=120, attempts=2, 
             if on_hang:
                 on_hang("%s %s -> %s hung in rxe after %ss (attempt %d of %d; rxe counters %s); tried again" %
                         (tool, client.name, server.name, attempt_timeout, attempt, attempts, seen))
+
+
+RXE_WEDGED = "at drivers/infiniband/sw/rxe/rxe_pool.c"  # the kernel's WARNING in __rxe_cleanup
+
+
+def rxe_wedge_warnings(lab):
+    """Per guest, how often its kernel has warned that rdma_rxe could not
+    release an object (a WARNING in rxe_pool.c's __rxe_cleanup when a
+    process's QPs are destroyed): the signature of the guest kernel's rxe
+    wedging. Seen with Debian 12's 6.1 kernel about once in five lab runs:
+    the guest stops sending anything on one QP (no ACK, no retransmission)
+    while its peers retransmit to it, with a clean path (captures show no
+    loss before it); the job then fails at its deadline or retry limit."""
+    return [int(g.run("dmesg | grep -c '%s' || true" % RXE_WEDGED, timeout=60).out.strip() or 0)
+            for g in lab.guests]
+
+
+def run_step(lab, reports, step, *args):
+    """step(*args), run once more if it failed (Failed) while a guest's
+    rdma_rxe wedged (rxe_wedge_warnings moved): a fault of the guest kernel,
+    not of what is under test. The retry must pass on its own (fresh
+    captures, counters and ring, as the step makes them); a failure without
+    the signature, or a second one, is the step's failure. `reports` get
+    back the lines and figures they had before the first attempt, and a line
+    saying what happened."""
+    saved = [(list(r.lines), dict(r.figures)) for r in reports]
+    before = rxe_wedge_warnings(lab)
+    try:
+        return step(*args)
+    except Failed as e:
+        wedged = [g.name for g, b, a in zip(lab.guests, before, rxe_wedge_warnings(lab)) if a > b]
+        if not wedged:
+            raise
+        for r, (lines, figures) in zip(reports, saved):
+            r.lines, r.figures = lines, figures
+            r.line("first attempt failed while rdma_rxe wedged in %s (kernel WARNING in __rxe_cleanup); "
+                   "run again. Its error: %s" % (", ".join(wedged), str(e).splitlines()[0][:300]))
+        log("rdma_rxe wedged in %s: running the step again" % ", ".join(wedged))
+    return step(*args)
 
 
 # ----------------------------------------------------------------------------
@@ -666,6 +712,13 @@ class Box:
 
     def running(self):
         return self.proc is not None and self.proc.poll() is None
+
+    def ring(self, rid):
+        """The box's own report of ring `rid` (list_rings), None if it holds none."""
+        for r in self.control(cmd="list_rings")["rings"]:
+            if r["spec"]["id"] == rid:
+                return r
+        return None
 
     def stop(self, timeout=30):
         """SIGTERM (the box flushes and frees everything) and returns its
@@ -868,14 +921,28 @@ class Lab:
                 b.start(self.box_mode, self.rings)
         self.setup_seconds = time.monotonic() - t0
 
-    def _make_network(self):
-        ns = self.ns
-        run(["ip", "netns", "add", ns])
+    def _new_namespace(self):
+        """The lab's namespace (IPv6 off, lo up); returns an `ip -n ns` runner."""
+        run(["ip", "netns", "add", self.ns])
         self._ns_made = True
-        ip = lambda *a: run(["ip", "-n", ns] + list(a))
         self.sh("sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", check=False)
         self.sh("sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1", check=False)
+        ip = lambda *a: run(["ip", "-n", self.ns] + list(a))
         ip("link", "set", "lo", "up")
+        return ip
+
+    def _add_tap(self, ip, tap, bridge, steer_to):
+        """A guest's tap on `bridge`, its RoCE (UDP 4791) redirected into `steer_to`."""
+        ip("tuntap", "add", "dev", tap, "mode", "tap")
+        ip("link", "set", tap, "mtu", str(self.mtu), "master", bridge)
+        run(["tc", "-n", self.ns, "qdisc", "add", "dev", tap, "clsact"])
+        run(["tc", "-n", self.ns, "filter", "add", "dev", tap, "ingress", "protocol", "ip", "prio", "1", "u32",
+             "match", "ip", "protocol", "17", "0xff", "match", "ip", "dport", str(ROCE_PORT), "0xffff",
+             "action", "mirred", "egress", "redirect", "dev", steer_to])
+
+    def _make_network(self):
+        ns = self.ns
+        ip = self._new_namespace()
         ip("link", "add", "br0", "type", "bridge", "stp_state", "0", "forward_delay", "0", "mcast_snooping", "0")
         ip("link", "add", "boxa", "mtu", str(self.mtu), "type", "veth", "peer", "name", "swa", "mtu", str(self.mtu))
         ip("link", "add", "boxb", "mtu", str(self.mtu), "type", "veth", "peer", "name", "swb", "mtu", str(self.mtu))
@@ -883,13 +950,7 @@ class Lab:
         run(["bridge", "-n", ns, "link", "set", "dev", "swb", "learning", "off", "flood", "off",
              "mcast_flood", "off", "bcast_flood", "off", "mcast_router", "0"])
         for i in range(self.n):
-            tap = "tap%d" % i
-            ip("tuntap", "add", "dev", tap, "mode", "tap")
-            ip("link", "set", tap, "mtu", str(self.mtu), "master", "br0")
-            run(["tc", "-n", ns, "qdisc", "add", "dev", tap, "clsact"])
-            run(["tc", "-n", ns, "filter", "add", "dev", tap, "ingress", "protocol", "ip", "prio", "1", "u32",
-                 "match", "ip", "protocol", "17", "0xff", "match", "ip", "dport", str(ROCE_PORT), "0xffff",
-                 "action", "mirred", "egress", "redirect", "dev", "swa"])
+            self._add_tap(ip, "tap%d" % i, "br0", "swa")
         for dev in ["br0", "boxa", "swa", "boxb", "swb"] + ["tap%d" % i for i in range(self.n)]:
             ip("link", "set", dev, "up")
         ip("addr", "add", HOST_IP + "/24", "dev", "br0")
@@ -897,12 +958,7 @@ class Lab:
     def _make_racks(self):
         """The two-rack network (see "Two racks" at the top)."""
         ns = self.ns
-        run(["ip", "netns", "add", ns])
-        self._ns_made = True
-        ip = lambda *a: run(["ip", "-n", ns] + list(a))
-        self.sh("sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", check=False)
-        self.sh("sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1", check=False)
-        ip("link", "set", "lo", "up")
+        ip = self._new_namespace()
         devs = []
 
         def veth(a, b, bridge=None, switch_port=False):
@@ -927,13 +983,8 @@ class Lab:
         veth("sSb", "swSb", "brS", switch_port=True)
         for g in self.guests:
             r = "AB"[g.rack]
-            ip("tuntap", "add", "dev", g.tap, "mode", "tap")
-            ip("link", "set", g.tap, "mtu", str(self.mtu), "master", "br" + r)
+            self._add_tap(ip, g.tap, "br" + r, "sw%sa" % r)
             devs.append(g.tap)
-            run(["tc", "-n", ns, "qdisc", "add", "dev", g.tap, "clsact"])
-            run(["tc", "-n", ns, "filter", "add", "dev", g.tap, "ingress", "protocol", "ip", "prio", "1", "u32",
-                 "match", "ip", "protocol", "17", "0xff", "match", "ip", "dport", str(ROCE_PORT), "0xffff",
-                 "action", "mirred", "egress", "redirect", "dev", "sw%sa" % r])
         # Box-to-box frames are switched by their destination MAC (static entries).
         mac = {name: m for name, (_, m) in B2B.items()}
         for br, entries in (("brA", [("spine", "upA"), ("leafA", "swAb")]),
@@ -955,6 +1006,8 @@ class Lab:
         table = "nrloss_" + r
         dropped = {}
         listed = run(["ip", "netns", "exec", self.ns, "nft", "-j", "list", "table", "netdev", table], check=False)
+        if listed.returncode != 0 and "No such file or directory" not in listed.stderr:
+            raise LabError("nft list table netdev %s: %s" % (table, listed.stderr.strip()))
         if listed.returncode == 0:
             for item in json.loads(listed.stdout)["nftables"]:
                 rule = item.get("rule")

@@ -30,15 +30,6 @@ import nrlab  # noqa: E402
 Failed, expect = nrlab.Failed, nrlab.expect
 
 
-def perftest_jobs(server, client, tool, args, port):
-    """Server and client Jobs of one perftest pair, still running (the
-    transfer the box's stop must stall)."""
-    common = [tool, "-F", "-d", "rxe0", "-p", str(port)] + args
-    srv = server.spawn(common + ["-x", str(server.gid_index)])
-    server.wait_listening(port)
-    return srv, client.spawn(common + ["-x", str(client.gid_index), server.ip])
-
-
 def roce_packets(stats):
     return stats["ports"][0]["rx_packets"]
 
@@ -85,7 +76,7 @@ def main():
             report.figure("ib_send_lat g2 <-> g0: packets through the box", moved)
 
             # The box stopped mid-transfer: the stream must stall, not find a way around.
-            srv, cli = perftest_jobs(g2, g1, "ib_write_bw", ["-s", "65536", "-n", "5000"], 18520)
+            srv, cli = nrlab.perftest_spawn(g2, g1, "ib_write_bw", ["-s", "65536", "-n", "5000"], 18520)
             deadline = time.monotonic() + 120
             while roce_packets(lab.box.stats()) < 200 and not cli.done():
                 expect(time.monotonic() < deadline, "ib_write_bw never got going")

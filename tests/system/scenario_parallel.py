@@ -238,7 +238,7 @@ def main():
             for s in chosen:
                 failed = s
                 t = time.monotonic()
-                steps[s](lab, a, daemon, reports)
+                nrlab.run_step(lab, [reports[s]], steps[s], lab, a, daemon, reports)
                 reports[s].figure("step wall time", "%.1f" % (time.monotonic() - t), "s")
                 done.append(s)
             failed = None
