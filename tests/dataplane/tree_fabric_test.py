@@ -81,8 +81,22 @@ class Box:
         self.proc = self.ctl = None
 
     def start(self):
-        self.proc = subprocess.Popen([self.exe, "-c", self.cfg, "--rings", self.rings], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        # DPDK 22.11's net_af_packet puts each socket in fanout group (getpid() ^ ifindex) & 0xffff,
+        # per network namespace: a box whose id matches another box's group (on another interface)
+        # exits at start-up with "could not set PACKET_FANOUT". Its next pid gives another id.
+        for attempt in range(4):
+            if os.path.exists(self.sock):  # left by a killed process of this box
+                os.unlink(self.sock)
+            self.proc = subprocess.Popen([self.exe, "-c", self.cfg, "--rings", self.rings],
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            while self.proc.poll() is None and not os.path.exists(self.sock):
+                time.sleep(0.05)
+            if self.proc.poll() is None:
+                break
+            err = self.proc.communicate()[1]
+            if "could not set PACKET_FANOUT" not in err or attempt == 3:
+                raise AssertionError("%s exited at start-up: %s" % (self.name, err[-2000:]))
+            print("%s: af_packet fanout group id clashed with another box's; starting it again" % self.name)
         self.ctl = dp.Control(self.sock)
         st = self.ctl(cmd="status")
         assert st["ok"], st

@@ -162,6 +162,10 @@ class LabError(RuntimeError):
     """The lab could not do what was asked; the message says why."""
 
 
+class FanoutClash(LabError):
+    """A box refused by DPDK's af_packet fanout group id (Box.start)."""
+
+
 def log(msg):
     print("[nrlab %6.1fs] %s" % (time.monotonic() - _T0, msg), flush=True)
 
@@ -644,7 +648,23 @@ class Box:
     def start(self, mode="aggregate", rings=None, extra=None, timeout=60):
         """Starts the box (mode aggregate|forward), optionally with rings (a
         list of ring specs, common/ring_json.h), `extra` merged into its YAML
-        config; returns when its control socket answers."""
+        config; returns when its control socket answers.
+
+        DPDK 22.11's net_af_packet joins each socket to the fanout group
+        (getpid() ^ ifindex) & 0xffff, and group ids are per network
+        namespace: with several boxes in one namespace (the two-rack lab),
+        a box whose id matches another box's group on another interface is
+        refused (PACKET_FANOUT: Invalid argument) and exits at start-up.
+        Its next process has another pid, hence another id: that exit is
+        tried again, up to three times."""
+        for attempt in range(3):
+            try:
+                return self._start(mode, rings, extra, timeout)
+            except FanoutClash as e:
+                log("%s: %s; starting it again" % (self.name, e))
+        return self._start(mode, rings, extra, timeout)
+
+    def _start(self, mode, rings, extra, timeout):
         if self.proc is not None and self.proc.poll() is None:
             raise LabError("the box is already running")
         if not os.access(self.exe, os.X_OK):
@@ -672,7 +692,13 @@ class Box:
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                raise LabError("the box exited with %d at start-up:\n%s" % (self.proc.returncode, self._tail()))
+                rc, tail = self.proc.returncode, self._tail()
+                self._out.close()
+                self._err.close()
+                self.proc = None
+                if "could not set PACKET_FANOUT" in tail:
+                    raise FanoutClash("its af_packet fanout group id clashed with another box's")
+                raise LabError("the box exited with %d at start-up:\n%s" % (rc, tail))
             try:
                 if self.control(cmd="ping").get("ok"):
                     break
