@@ -266,8 +266,8 @@ class Dataplane {
   std::atomic<bool> polling_{true};  // see polling()
   bool started_ = false;
   uint64_t publish_cycles_ = 0;  // kPublishMs in TSC cycles (setup)
-  uint64_t stall_threshold_cycles_ =
-      0;  // kStallUs in TSC cycles (setup): a busy poll longer is a stall
+  // kStallUs in TSC cycles (setup): a busy poll longer is a stall.
+  uint64_t stall_threshold_cycles_ = 0;
   std::mutex
       on_worker_mu_;  // one on_worker caller at a time; serializes publishing for stopped workers
   long control_gid_ = -1;                   // control.group resolved by setup(); -1: none

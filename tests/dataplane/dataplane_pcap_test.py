@@ -28,6 +28,7 @@ port; the same root and leaf on 2 workers, box-to-box frames steered by tree id;
 "tree" fields refused by name). Box-to-box frames come from tests/tools/b2b_golden.py's
 scapy layer and CRC32C, sums from numpy.
 """
+import contextlib
 import ctypes
 import json
 import os
@@ -392,12 +393,25 @@ def stop_by(proc, ctl=None, sig=None, timeout=30):
     return out, err
 
 
+@contextlib.contextmanager
+def dump_box_on_failure(proc):
+    """On a failure inside, kills the box if it still runs and prints the tail
+    of its stderr (the test's own error follows)."""
+    try:
+        yield
+    except Exception:
+        if proc.poll() is None:
+            proc.kill()
+        print(proc.communicate()[1][-3000:], file=sys.stderr)
+        raise
+
+
 def bad_bytes_scenario(tmp, in_pcap):
     """Lines that are not UTF-8 (the first one used to abort the box): each is
     answered with an error, and the box keeps forwarding and answering."""
     wrpcap(in_pcap, other_traffic(1))
     proc, sock, _ = start_dataplane(tmp, in_pcap, [], 1, loop=True)
-    try:
+    with dump_box_on_failure(proc):
         ctl = Control(sock)
         before = port1_tx(ctl)
         messages = []
@@ -412,11 +426,6 @@ def bad_bytes_scenario(tmp, in_pcap):
         time.sleep(0.5)
         after = port1_tx(ctl)
         assert after > before, "the box stopped forwarding (%d then %d frames out)" % (before, after)
-    except Exception:
-        if proc.poll() is None:
-            proc.kill()
-        print(proc.communicate()[1][-3000:], file=sys.stderr)
-        raise
     stop_by(proc, ctl)
     print("bad_bytes: %d lines of invalid bytes answered with errors (e.g. %r); the box kept forwarding "
           "(%d -> %d frames out)" % (len(messages), messages[0][:80], before, after))
@@ -432,7 +441,7 @@ def lcore_stalls_scenario(tmp, in_pcap):
     wrpcap(in_pcap, other_traffic(1))
     proc, sock, _ = start_dataplane(tmp, in_pcap, [], 1, loop=True,
                                     extra={"idle_sleep_max_us": 0})  # pure polling: always busy
-    try:
+    with dump_box_on_failure(proc):
         ctl = Control(sock)
         deadline = time.time() + 20
         while port1_tx(ctl) < 1000:
@@ -457,11 +466,6 @@ def lcore_stalls_scenario(tmp, in_pcap):
         # The stops themselves are in the stall time (preemption alone would not give 0.1 s).
         assert cycles / st["tsc_hz"] >= 5 * 0.015, \
             "%d stalls took %.3f s in all: the 20 ms stops are not in them" % (stalls, cycles / st["tsc_hz"])
-    except Exception:
-        if proc.poll() is None:
-            proc.kill()
-        print(proc.communicate()[1][-3000:], file=sys.stderr)
-        raise
     stop_by(proc, ctl)
     print("lcore_stalls: 20 stops of a busy box: %d stalls counted, %d%% of its busy cycles, %d of %d packets" %
           (stalls, 100 * cycles // busy, srx, rx))
@@ -571,7 +575,7 @@ def control_access_scenario(tmp, in_pcap):
     os.chmod(tmp, 0o755)  # other users must reach the socket's directory
     # 1. Started under umask 000, no control.group, at most 3 clients.
     proc, sock, _ = start_dataplane(tmp, in_pcap, [], 1, extra={"control": {"max_clients": 3}}, umask=0)
-    try:
+    with dump_box_on_failure(proc):
         ctl = Control(sock)
         st = os.stat(sock)
         assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660, oct(st.st_mode)
@@ -606,27 +610,17 @@ def control_access_scenario(tmp, in_pcap):
                            text=True, timeout=60)
         assert p.returncode != 0 and "another process answers on" in p.stderr, (p.returncode, p.stderr[-2000:])
         assert ctl(cmd="ping")["ok"], "the first box lost its socket to the second"
-    except Exception:
-        if proc.poll() is None:
-            proc.kill()
-        print(proc.communicate()[1][-3000:], file=sys.stderr)
-        raise
     stop_by(proc, ctl)
     assert not os.path.exists(sock), "the socket file should be removed at exit"
     # 2. control.group 4242: the socket file belongs to it; its members may connect.
     proc, sock, _ = start_dataplane(tmp, in_pcap, [], 1, extra={"control": {"group": "4242"}})
-    try:
+    with dump_box_on_failure(proc):
         ctl = Control(sock)
         st = os.stat(sock)
         assert st.st_gid == 4242 and stat.S_IMODE(st.st_mode) == 0o660, (st.st_gid, oct(st.st_mode))
         r = json.loads(as_user(sock, nobody, [4242]))
         assert r == {"ok": True}, r
         assert as_user(sock, nobody, []) == "connect: PermissionError"
-    except Exception:
-        if proc.poll() is None:
-            proc.kill()
-        print(proc.communicate()[1][-3000:], file=sys.stderr)
-        raise
     stop_by(proc, ctl)
     print("control_access: socket 0660 under umask 000; uid %d refused (%r), allowed in control.group; "
           "max_clients enforced; a second box refused" % (nobody, refused_msg[:60]))
@@ -812,7 +806,7 @@ def modes_scenario(tmp, in_pcap):
     wrpcap(in_pcap, [])
     spec = ring_spec(1, 3, 1, 4, 1024)
     proc, sock, _ = start_dataplane(tmp, in_pcap, [spec], 1, extra={"rings": {"retire_grace_ms": 1000}})
-    try:
+    with dump_box_on_failure(proc):
         ctl = Control(sock)
         r = ctl(cmd="set_mode", mode="forward")
         assert r["ok"] is False and r["error"]["code"] == "conflict" and r["error"]["field"] == "mode", r
@@ -842,11 +836,6 @@ def modes_scenario(tmp, in_pcap):
         assert r["ok"] is False and r["error"]["field"] == "mode", r
         assert ctl(cmd="set_mode", mode="aggregate")["ok"]
         assert ctl(cmd="install_ring", ring=spec)["ok"], "the id is free again after the grace"
-    except Exception:
-        if proc.poll() is None:
-            proc.kill()
-        print(proc.communicate()[1][-3000:], file=sys.stderr)
-        raise
     stop_by(proc, ctl)
     print("modes: forward refused with a ring installed (%r) and while it retired; allowed after the "
           "grace; rings refused in forward mode" % refused_msg[:70])

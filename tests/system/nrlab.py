@@ -1189,6 +1189,30 @@ class Report:
 
 
 # ----------------------------------------------------------------------------
+# Scenario arguments
+
+TOOLS = {"dataplane": "netreduce-dataplane", "daemon": "netreduced", "perf": "netreduce-allreduce-perf",
+         "inspect": "netreduce-pcap-inspect"}
+
+
+def scenario_args(tools, extra=None):
+    """A scenario's command line: --<tool> (required) for each of `tools`
+    (TOOLS' keys), --workdir, and what extra(parser) adds. The tools' paths
+    are made absolute: the guests run them from their own working
+    directory. Returns (args, parser)."""
+    ap = argparse.ArgumentParser()
+    for t in tools:
+        ap.add_argument("--" + t, required=True, help=TOOLS[t])
+    ap.add_argument("--workdir")
+    if extra:
+        extra(ap)
+    a = ap.parse_args()
+    for t in tools:
+        setattr(a, t, os.path.abspath(getattr(a, t)))
+    return a, ap
+
+
+# ----------------------------------------------------------------------------
 # CLI
 
 

@@ -46,7 +46,6 @@ Steps, each reported on its own and each able to fail:
      path again, exact.
 A report per step (figures, counters) is printed and saved next to the run.
 """
-import argparse
 import json
 import os
 import re
@@ -636,18 +635,11 @@ def step4(lab, a, daemon, reports):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dataplane", required=True)
-    ap.add_argument("--daemon", required=True, help="netreduced")
-    ap.add_argument("--perf", required=True, help="netreduce-allreduce-perf")
-    ap.add_argument("--inspect", required=True, help="netreduce-pcap-inspect")
-    ap.add_argument("--workdir")
-    ap.add_argument("--steps", default="allreduce-ina,allreduce-loss,allreduce-box-failure",
-                    help="steps to run, in order (diagnosis: e.g. allreduce-loss alone)")
-    ap.add_argument("--repeat", type=int, default=1, help="run the chosen steps this many times")
-    a = ap.parse_args()
-    for k in ("dataplane", "daemon", "perf", "inspect"):  # guests see the host's / at the same paths
-        setattr(a, k, os.path.abspath(getattr(a, k)))
+    def extra(ap):
+        ap.add_argument("--steps", default="allreduce-ina,allreduce-loss,allreduce-box-failure",
+                        help="steps to run, in order (diagnosis: e.g. allreduce-loss alone)")
+        ap.add_argument("--repeat", type=int, default=1, help="run the chosen steps this many times")
+    a, ap = nrlab.scenario_args(("dataplane", "daemon", "perf", "inspect"), extra)
     t0 = time.monotonic()
     steps = {"allreduce-ina": step2_5, "allreduce-loss": step3, "allreduce-box-failure": step4}
     chosen = a.steps.split(",")

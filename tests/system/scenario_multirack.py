@@ -35,7 +35,6 @@ Steps, each reported on its own and each able to fail:
      the link dropped frames, the workers' RC recovered (no retry_exceeded).
 A report per step (figures, counters) is printed and saved next to the run.
 """
-import argparse
 import os
 import re
 import socket
@@ -137,11 +136,13 @@ def link_traffic(pcap, rack_ips, leaf_ip):
     return t
 
 
-def distinct_writes(pcap, src_ip):
-    """Distinct RDMA WRITE packets (src, dst, QPN, PSN) a guest sent into its
-    leaf (retransmissions counted once)."""
-    want = socket.inet_aton(src_ip)
-    return sum(1 for (src, _, _, _) in sa.frames_by_key(nrlab.pcap_frames(pcap)) if src == want)
+def distinct_writes(frames):
+    """{source ip: distinct RDMA WRITE packets (src, dst, QPN, PSN)} of the
+    frames into a leaf (retransmissions counted once)."""
+    out = {}
+    for (src, _, _, _) in sa.frames_by_key(frames):
+        out[ip(src)] = out.get(ip(src), 0) + 1
+    return out
 
 
 def box_cpu(box):
@@ -205,11 +206,11 @@ def step_tree(lab, a, daemons, rep):
     # Per-link byte counts.
     for r, (leaf, link, guest) in enumerate((("leafA", "upA", lab.guests[0]), ("leafB", "upB", lab.guests[2]))):
         t = link_traffic(caps[link][0], rack_ips[r], nrlab.B2B[leaf][0])
-        into_leaf = ins["sw%sa" % "AB"[r]][0]
-        writes = distinct_writes(into_leaf, guest.ip)
+        into_leaf = nrlab.pcap_frames(ins["sw%sa" % "AB"[r]][0])
         mates = [g for g in lab.guests if g.rack == r and g is not guest]
-        writes_mate = distinct_writes(into_leaf, mates[0].ip)
-        payload = sa.write_payload_by_source(nrlab.pcap_frames(into_leaf))
+        counts = distinct_writes(into_leaf)
+        writes, writes_mate = counts.get(guest.ip, 0), counts.get(mates[0].ip, 0)
+        payload = sa.write_payload_by_source(into_leaf)
         rep.line("link %s (%s <-> spine):" % (link, leaf))
         for k in ("roce_up", "roce_down", "other"):
             rep.figure("  %s frames / bytes" % k, "%d / %d" % tuple(t[k]))
@@ -273,14 +274,7 @@ def step_loss(lab, a, daemons, rep):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dataplane", required=True)
-    ap.add_argument("--daemon", required=True, help="netreduced")
-    ap.add_argument("--perf", required=True, help="netreduce-allreduce-perf")
-    ap.add_argument("--workdir")
-    a = ap.parse_args()
-    for k in ("dataplane", "daemon", "perf"):  # the guests run them from their own working directory
-        setattr(a, k, os.path.abspath(getattr(a, k)))
+    a, _ = nrlab.scenario_args(("dataplane", "daemon", "perf"))
     sa.BOOT_PORT = BOOT_PORT
     t0 = time.monotonic()
     reports, ok = [], False

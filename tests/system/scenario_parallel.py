@@ -36,7 +36,6 @@ Steps, each reported on its own and each able to fail:
      boot id) runs two ranks and numbers them in rank order.
 A report per step (figures, counters) is printed and saved next to the run.
 """
-import argparse
 import os
 import re
 import sys
@@ -213,15 +212,8 @@ def step_discover(lab, a, daemon, reports):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dataplane", required=True)
-    ap.add_argument("--daemon", required=True, help="netreduced")
-    ap.add_argument("--perf", required=True, help="netreduce-allreduce-perf")
-    ap.add_argument("--workdir")
-    ap.add_argument("--steps", default="parallel-ina,striped,parallel-discover")
-    a = ap.parse_args()
-    for k in ("dataplane", "daemon", "perf"):
-        setattr(a, k, os.path.abspath(getattr(a, k)))
+    a, ap = nrlab.scenario_args(("dataplane", "daemon", "perf"), lambda ap: ap.add_argument(
+        "--steps", default="parallel-ina,striped,parallel-discover"))
     t0 = time.monotonic()
     steps = {"parallel-ina": step_parallel, "striped": step_striped, "parallel-discover": step_discover}
     chosen = a.steps.split(",")
