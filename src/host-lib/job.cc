@@ -75,7 +75,10 @@ std::string lane_label(unsigned local_rank, unsigned local_size, unsigned stripe
 std::string encode_decision(const PathDecision& d) {
   if (!d.ina) return "R0:" + d.reason;
   std::string ids;
-  for (uint32_t id : d.ring_ids) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  for (uint32_t id : d.ring_ids) {
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(id);
+  }
   return "I" + ids + ":" + d.reason;
 }
 

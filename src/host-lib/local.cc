@@ -87,7 +87,10 @@ std::string read_line(const char* path) {
 
 std::string ranks_list(const std::vector<unsigned>& r) {
   std::string s;
-  for (unsigned x : r) s += (s.empty() ? "" : ",") + std::to_string(x);
+  for (unsigned x : r) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(x);
+  }
   return s;
 }
 
