@@ -25,9 +25,24 @@ case "${1:-}" in
   *) echo "usage: $0 [--keep]" >&2; exit 2 ;;
 esac
 
-./scripts/install-deps.sh demo
-# Same build type as scripts/test.sh, so the two commands share one build.
-if [ -f build/build.ninja ]; then meson setup --reconfigure build --buildtype=debugoptimized >/dev/null; else meson setup build --buildtype=debugoptimized >/dev/null; fi
-meson compile -C build >/dev/null
+# shellcheck source=scripts/step.sh
+. ./scripts/step.sh
 
-exec ./scripts/demo-run.sh build "$@"
+./scripts/install-deps.sh demo
+
+# A release build of the four programs the demo runs, in its own directory:
+# no tests (their golden data needs the test profile's tools), nothing the
+# demo does not run, and nothing shared with ./scripts/test.sh's build.
+build=build-demo
+targets=(netreduce-dataplane netreduced netreducectl netreduce-loopback)
+hint="the output above says why; ./scripts/install-deps.sh demo installs what the build needs"
+options=(--buildtype=release -Dtests=disabled -Ddpdk=enabled)
+if [ -f "$build/build.ninja" ]; then
+  run_step "configure $build/ (release)" "$hint" meson setup --reconfigure "$build" "${options[@]}"
+else
+  run_step "configure $build/ (release)" "$hint" meson setup "$build" "${options[@]}"
+fi
+run_step "compile ${targets[*]} (a few minutes on 2 cores)" "$hint" \
+  meson compile -C "$build" "${targets[@]}"
+
+exec ./scripts/demo-run.sh "$build" "$@"

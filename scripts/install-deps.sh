@@ -14,8 +14,8 @@ set -euo pipefail
 profile=${1:-test}
 
 DEMO=(
-  # toolchain and build (Catch2: the tree configures its tests by default)
-  g++ meson ninja-build pkg-config catch2
+  # toolchain and build (the demo's build has its tests off: no Catch2)
+  g++ meson ninja-build pkg-config
   # data plane and wire layer
   libdpdk-dev dpdk libisal-dev
   # host library
@@ -23,12 +23,12 @@ DEMO=(
   # control plane
   libyaml-cpp-dev prometheus-cpp-dev nlohmann-json3-dev libcpp-httplib-dev
   libspdlog-dev libfmt-dev libcli11-dev
-  # the demo's report
-  python3
+  # the demo's report: its figures (python3) and /metrics (curl)
+  python3 curl
 )
 TEST=(
   # tests and benchmarks
-  clang-format libbenchmark-dev python3-scapy iproute2 python3-numpy python3-matplotlib prometheus
+  catch2 clang-format libbenchmark-dev python3-scapy iproute2 python3-numpy python3-matplotlib prometheus
   # the Python package (python/netreduce) and its tests: PyTorch (CPU, Gloo)
   python3-torch
   # system tests: the Soft-RoCE lab (QEMU guests on Debian's kernel, rdma_rxe)
@@ -39,6 +39,9 @@ TEST=(
   # Debian packages and deployment (suite deploy): build, lint, unit files,
   # netreduce-setup (python3-yaml), promtool (prometheus, above)
   debhelper dpkg-dev fakeroot lintian systemd python3-yaml
+  # the fresh-machine test (suite fresh): a minimal Debian 12 tree; git for
+  # the tests that read the checkout (git archive, commit subjects)
+  debootstrap git
 )
 
 case "$profile" in
