@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole netreduce test suite, from a fresh clone on Debian 12:
 #   1. installs the Debian packages it needs (scripts/install-deps.sh);
-#   2. builds and tests the release build (build/);
+#   2. builds and tests the release build (build/, --buildtype=release as
+#      users build it, warnings as errors);
 #   3. builds the DPDK-free code with ASan + UBSan (build-asan/) and runs its
 #      tests there too;
 #   4. ends with one line "netreduce: N passed, M failed".
@@ -10,27 +11,33 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# shellcheck source=scripts/step.sh
+. ./scripts/step.sh
+
 ./scripts/install-deps.sh test
 
 jobs=$(nproc)
+hint="the output above says why; ./scripts/install-deps.sh test installs what the build needs"
 
 setup() {  # setup DIR [meson options...]
   local dir=$1; shift
   if [ -f "$dir/build.ninja" ]; then
-    meson setup --reconfigure "$dir" "$@" >/dev/null
+    run_step "configure $dir/" "$hint" meson setup --reconfigure "$dir" "$@"
   else
-    meson setup "$dir" "$@" >/dev/null
+    run_step "configure $dir/" "$hint" meson setup "$dir" "$@"
   fi
 }
 
+# Warnings are errors in the project's own builds (not in users' builds:
+# meson.build leaves werror off by default).
 echo "== build (release) =="
-setup build --buildtype=debugoptimized
+setup build --buildtype=release -Dwerror=true -Dtests=enabled -Ddpdk=enabled
 meson compile -C build -j "$jobs"
 
 echo "== build (ASan + UBSan, DPDK-free code) =="
 # Sanitized runs are ~10x slower: the same randomized tests with fewer seeds
 # (the release build runs the full counts).
-setup build-asan --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false \
+setup build-asan --buildtype=debug -Dwerror=true -Dtests=enabled -Db_sanitize=address,undefined -Db_lundef=false \
   -Ddpdk=disabled -Dfuzz_iterations=1000000 -Dsim_seeds=1000 -Dsim_tree_seeds=1000 -Dengine_fuzz_iterations=60000
 meson compile -C build-asan -j "$jobs"
 
