@@ -118,7 +118,7 @@ wait_for "netreduced's link to the data plane" 15 "${pids[-1]}" \
   sh -c "'$ctl' --json status | grep -q '\"connected\": *true'"
 
 gen_args=(--mode ports --ring-id $ring --ranks $ranks --payloads $payload --dtypes fp32
-  --msg-len $msg_len --window $window --seconds "$seconds" --latency-rounds 200 --quiet
+  --msg-len $msg_len --window $window --seconds "$seconds" --latency-rounds 200
   --box-socket "$work/box.sock" --tx-port net_memif0 --rx-port net_memif1
   --pause-box-at-exit)  # the box must not poll memif while the generator detaches
 gen_eal=(-l 0 --no-huge -m 512 --no-pci --log-level lib.eal:warning
@@ -128,8 +128,8 @@ gen_eal=(-l 0 --no-huge -m 512 --no-pci --log-level lib.eal:warning
 echo "3. netreduce-loopback (a second DPDK process on memif clients): $ranks synthetic RoCEv2 workers,"
 echo "   fp32 sum; first ${seconds}s with the box in forward-only mode, the baseline, before any ring"
 echo "   is installed (the box refuses forward mode while a ring is installed or retiring)"
-"$gen" "${gen_args[@]}" --forward-only --json "$work/forward.json" -- \
-  "${gen_eal[@]}" --file-prefix "nrdemo-fwd-$$" 2>"$work/generator-forward.log" >/dev/null
+"$gen" "${gen_args[@]}" --forward-only --quiet --json "$work/forward.json" -- \
+  "${gen_eal[@]}" --file-prefix "nrdemo-fwd-$$" 2>"$work/generator-forward.log"
 
 members=$(for r in $(seq 1 $ranks); do printf '10.77.%d.%d,' $ring "$r"; done)
 members=${members%,}

@@ -109,6 +109,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -142,8 +143,9 @@ class Dataplane {
   // Opens the control socket, starts the ports and workers, and runs the
   // control loop on the main lcore until stop() or a signal. Returns when all
   // workers have stopped; an error (nothing started) if the control socket or
-  // a port could not be opened.
-  Status run();
+  // a port could not be opened. The final counters go to `final_report` as
+  // one JSON line (nullptr: nowhere; an embedding program reports its own).
+  Status run(std::FILE* final_report = stdout);
   void stop() { quit_.store(true, std::memory_order_relaxed); }
   // The packet path's mode. Starts as config().mode; `set_mode` on the
   // control channel switches it at run time (benchmarks measure the forward-
@@ -245,7 +247,7 @@ class Dataplane {
   Status place(const engine::RingSpec& spec, const std::optional<engine::TreeSpec>& tree,
                unsigned& owner) const;
   std::string rings_in_use() const;  // "installed: 1, 2; retiring: 3"
-  void final_report();
+  void final_report(std::FILE* out);
 
   DataplaneConfig cfg_;
   uint16_t port_ids_[2] = {};

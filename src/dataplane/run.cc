@@ -3,7 +3,7 @@
 // the ports and the workers; the main lcore serves the control socket and
 // housekeeping until stop() or a signal; then the workers are joined,
 // telemetry is detached, the final counters are printed (one JSON line on
-// stdout) and the ports are closed. A library function rather than main()'s
+// stdout, or where the caller says) and the ports are closed. A library function rather than main()'s
 // body: netreduce-loopback runs the same box in its own process.
 #include <rte_cycles.h>
 #include <rte_ethdev.h>
@@ -22,7 +22,7 @@ namespace netreduce::dataplane {
 
 using nlohmann::json;
 
-Status Dataplane::run() {
+Status Dataplane::run(std::FILE* final_out) {
   // The control socket first: a box that cannot be controlled (a second
   // instance on the same path, a bad directory) does not start its ports.
   ControlSocket sock;
@@ -56,7 +56,7 @@ Status Dataplane::run() {
   rte_eal_mp_wait_lcore();
   telemetry_stop();
   started_ = false;
-  final_report();
+  if (final_out) final_report(final_out);
   for (unsigned s = 0; s < 2; ++s) {
     rte_eth_dev_stop(port_ids_[s]);
     rte_eth_dev_close(port_ids_[s]);
@@ -64,7 +64,7 @@ Status Dataplane::run() {
   return {};
 }
 
-void Dataplane::final_report() {
+void Dataplane::final_report(std::FILE* out) {
   // Every worker has stopped: their last publications are final.
   std::vector<Snapshot> snaps;
   for (Worker* w : workers_) {
@@ -73,8 +73,8 @@ void Dataplane::final_report() {
   }
   json j = stats_json(*this, snaps);
   j["final"] = true;
-  std::printf("%s\n", j.dump().c_str());
-  std::fflush(stdout);
+  std::fprintf(out, "%s\n", j.dump().c_str());
+  std::fflush(out);
 }
 
 }  // namespace netreduce::dataplane

@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""netreduce-loopback --quiet prints the result table and nothing else; with
+--json as well it prints nothing, and the report is in the file.
+
+  loopback_quiet_test.py LOOPBACK_EXE WORKDIR
+
+One short in-process run each way (the box on net_ring ports). Stdout must
+hold no JSON (the in-process box's final counters once followed the table as
+one multi-kilobyte line) and no progress line; the JSON report must parse and
+say ok.
+"""
+import json
+import os
+import subprocess
+import sys
+
+exe, workdir = sys.argv[1], sys.argv[2]
+os.makedirs(workdir, exist_ok=True)
+args = [exe, "--ranks", "2", "--payloads", "1024", "--dtypes", "fp32", "--seconds", "0.05",
+        "--latency-rounds", "5", "--idle-seconds", "0", "--quiet"]
+
+r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+assert r.returncode == 0, "--quiet run failed (exit %d):\n%s" % (r.returncode, r.stderr[-3000:])
+lines = [l for l in r.stdout.splitlines() if l.strip()]
+assert lines, "--quiet printed no table"
+json_lines = [l for l in lines if l.lstrip().startswith("{")]
+assert not json_lines, "--quiet printed JSON on stdout (%d bytes): %s..." % (
+    sum(map(len, json_lines)), json_lines[0][:200])
+progress = [l for l in lines if l.startswith("  P=")]
+assert not progress, "--quiet printed progress lines: %s" % progress
+assert max(map(len, lines)) < 400, "--quiet printed a line of %d characters" % max(map(len, lines))
+print("--quiet: %d lines, the longest %d characters, no JSON" % (len(lines), max(map(len, lines))))
+
+report = os.path.join(workdir, "quiet-report.json")
+r = subprocess.run(args + ["--json", report], capture_output=True, text=True, timeout=120)
+assert r.returncode == 0, "--quiet --json run failed (exit %d):\n%s" % (r.returncode, r.stderr[-3000:])
+assert r.stdout == "", "--quiet --json printed %d bytes on stdout: %r" % (len(r.stdout), r.stdout[:300])
+with open(report) as f:
+    rep = json.load(f)
+assert rep["ok"] is True and rep["points"], "the JSON report says %s" % {k: rep[k] for k in ("ok",) if k in rep}
+print("--quiet --json: stdout empty, %s holds %d points, ok" % (report, len(rep["points"])))
