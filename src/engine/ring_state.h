@@ -1,5 +1,5 @@
-// The rings an engine holds and their lifecycle (DESIGN.md sections 3-4;
-// "Ring lifecycle" in engine.h).
+// The rings an engine holds and their lifecycle (docs/design.md#tables and
+// docs/design.md#cells-and-the-window-rule; "Ring lifecycle" in engine.h).
 //
 // Ring: one installed ring's state: its cells and message slots (cells.h),
 // its ranks' connections and histories (history.h), held packets or stored

@@ -1,4 +1,4 @@
-// Parallel NetReduce (paper section 3.4, DESIGN.md section 9): n local ranks
+// Parallel NetReduce (paper section 3.4, docs/design.md#parallel-rings): n local ranks
 // on one host (processes, or threads) share one all-reduce.
 //
 // Theory of operation

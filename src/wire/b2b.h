@@ -1,4 +1,4 @@
-// The box-to-box protocol of a multi-rack tree (DESIGN.md section 8, issue
+// The box-to-box protocol of a multi-rack tree (docs/design.md#hierarchy, issue
 // #15): how a box sends a partial reduction up to its parent and how a
 // parent sends the result down to its children, and how a parent that lost
 // its cells (a restarted box) gets a result its children already hold.

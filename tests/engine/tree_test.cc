@@ -374,8 +374,8 @@ TEST_CASE("a lost result: the root answers the resent partial from its complete 
   x.check_exactly_once();
 }
 
-// DESIGN.md section 8's hold-at-the-source-leaf with a parent that lost its
-// cells: leaf A got the result, leaf B's was lost, then the root restarted.
+// The hold at the source leaf (docs/design.md#hierarchy) with a parent that
+// lost its cells: leaf A got the result, leaf B's was lost, then the root restarted.
 // B's workers resend, B resends its partial; only A's final can complete the
 // fresh root cell, since A's workers are done with it.
 TEST_CASE("a restarted root asks the child that has the result (query, final)", "[engine][tree]") {
