@@ -53,7 +53,7 @@ struct alignas(64) Ring {
   unsigned p = 0;
   // Cell::arrived when every rank this box holds has arrived: every rank,
   // or a tree node's local ranks. Ring links are installed for these
-  // ranks only (see tree.h, "Ownership").
+  // ranks only (tree.h, example step 1).
   uint64_t all_ranks = 0;
   uint16_t all_boxes = 0;  // Cell::boxes when every child box has (0: no tree)
   uint32_t slots = 0;      // S
