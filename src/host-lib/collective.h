@@ -85,8 +85,8 @@ class Collective {
   Error fail(Error e);
   // "ring i of R (id X, stripe bytes [a, b))" for errors.
   std::string ring_name(unsigned i, const StripeRange& s, size_t esize) const;
-  // That and ": " with R > 1; empty with one ring (whose errors read as
-  // they did before striping).
+  // That and ": " with R > 1; empty with one ring (its errors name no
+  // stripe).
   std::string ring_tag(unsigned i, const StripeRange& s, size_t esize) const;
 
   // What each ring keeps from call to call.

@@ -506,7 +506,7 @@ TEST_CASE("traffic a box does not own passes untouched", "[engine][tree]") {
   std::vector<uint8_t> f(wire::b2b_frame_size(d.size()));
   REQUIRE(wire::build_b2b(s, f.data(), f.size()) == f.size());
   CHECK(x.boxes[0]->feed(f).reason == Reason::fwd_b2b_transit);
-  // A box with no tree: the port is ordinary traffic, as before trees.
+  // A box with no tree: the port is ordinary traffic.
   Harness plain;
   REQUIRE(plain.e->install_ring(ring_spec(1, 4)).ok());
   s.dst_ip = kRootIp;

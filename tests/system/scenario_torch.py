@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""System scenario: PyTorch DDP training through the box (issue 17).
+"""System scenario: PyTorch DDP training through the box.
 
 Three guests (rank r in guest g<r>) run this file in worker mode: one Python
 process each (importing torch in a TCG guest costs minutes, so it is paid
