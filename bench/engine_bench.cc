@@ -262,7 +262,7 @@ void BM_ForwardBaseline(benchmark::State& state) {
 // A flood of later packets whose PSN no recorded message contains, on a
 // bound connection whose history is full (S messages): the cost the box pays
 // per bogus packet before dropping it as first_packet_lost. Bounded by the
-// lookup budget, not by S (it used to scan all S slots).
+// lookup budget, not by S (not a scan of all S slots).
 void BM_BogusPsn(benchmark::State& state) {
   const auto window = static_cast<uint16_t>(state.range(0));
   const uint32_t slots = engine::slots_for_window(window);

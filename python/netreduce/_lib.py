@@ -51,8 +51,8 @@ class Options(ctypes.Structure):
         ("qp_timeout", ctypes.c_uint8),
         ("delete_ring_at_close", ctypes.c_int),
         ("rings", ctypes.c_uint32),
-        # Since the size rule (netreduce.h): passed with ctypes.sizeof(Options)
-        # to nr_options_init_sized / nr_comm_create_sized.
+        # Past the 104-byte prefix (netreduce.h's size rule): ctypes.sizeof(Options)
+        # is passed to nr_options_init_sized / nr_comm_create_sized.
         ("local_rank", ctypes.c_int),
         ("local_size", ctypes.c_int),
         ("host_id", ctypes.c_char_p),

@@ -58,7 +58,7 @@ json ring_to_json(const RingSpec& s) {
             {"dtypes", dtypes},
             {"ops", ops},
             {"memory_quota", s.memory_quota}};
-  if (!s.qpns.empty()) j["qpns"] = s.qpns;  // absent when not given, as before
+  if (!s.qpns.empty()) j["qpns"] = s.qpns;  // absent when not given
   return j;
 }
 

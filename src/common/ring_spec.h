@@ -6,8 +6,9 @@
 // of up to msg_len packets of up to payload_bytes each (the RoCE path MTU;
 // the first packet of a message carries the 24-byte INA header in that
 // budget) to its successor. window is the host window N of rule W
-// (DESIGN.md section 4): the box keeps S >= 2N message slots per ring (S is
-// 2N rounded up to a power of two so that msg_id mod S is wrap-safe).
+// (docs/design.md#cells-and-the-window-rule): the box keeps S >= 2N message
+// slots per ring (S is 2N rounded up to a power of two so that msg_id mod S
+// is wrap-safe).
 //
 // qpns (optional): qpns[r] is the number of the QP on which member r
 // receives this ring's WRITEs (its predecessor's packets carry it as the

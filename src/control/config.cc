@@ -370,7 +370,7 @@ Status parse_daemon_config(const std::string& yaml_text, const std::string& orig
         cfg.dataplane_concurrency = 0;  // not given: derived from threads below
         parse_top(root, cfg);
         // Default: 2, but always one thread less than listen.threads, so a
-        // config written before this key existed (threads: 2) still starts.
+        // config without this key and with threads: 2 starts.
         if (cfg.dataplane_concurrency == 0)
           cfg.dataplane_concurrency = std::min(2u, cfg.threads - 1);
         if (cfg.dataplane_concurrency >= cfg.threads)

@@ -1,69 +1,34 @@
 // netreduced's core, independent of HTTP: the ring table (the source of
-// truth, persisted through StateFile), quotas, and the reconciler that makes
-// the data plane's rings equal to it.
+// truth, persisted through StateFile), quotas, ownership, leases, fabric
+// pushes and the reconciler that makes the data plane's rings equal to the
+// table. Design: docs/design.md#the-control-plane; API: docs/api.md.
 //
-// Locking: `mu_` guards `rings_` and the state file. Every mutation is made
-// under it in the order validate -> persist -> push to the data plane, and
-// the reconciler holds it for a whole pass, so a pass never races an API call.
-// Data plane calls under the lock are bounded by the client's deadline.
+// Example: a job POSTs ring 7 (P = 3 members) with "lease_ms": 30000.
+//  1. create_ring, under `mu_`: validate the spec and quotas, persist it
+//     with a new credential (128 random bits), install it in the data
+//     plane; the 201 reply carries the credential, the only time it is sent.
+//  2. The data plane restarts. The reconciler's next pass sees a new
+//     instance (pid and start time), lists the data plane's rings and
+//     installs ring 7 again, with no operator action.
+//  3. The job renews the lease (PUT /v1/rings/7/lease, with the credential)
+//     until it exits; 30 s after the last renewal the lease thread removes
+//     ring 7 from the state, then from the data plane. Meanwhile another
+//     job's POST of id 7 gets 409, and a DELETE without the credential 403.
 //
-// Metrics: a thread that every `metrics.refresh_interval_ms` takes the data
-// plane's status, stats and rings into `cache_` (a shared_ptr swapped under
-// `cache_mu_`, held only to copy the pointer). metrics() renders from it and
-// never calls the data plane or waits for `mu_` (it takes `mu_` only when it
-// is free, else uses the cached ring counts), and health() reads atomics
-// only: neither queues behind a slow data plane. The other API calls do call
-// it; the HTTP front end bounds how many run at once.
-//
-// Reconciler: a thread that every `reconcile_interval_ms` asks the data plane
-// for its status. When the connection was (re)made since the last pass, when
-// the data plane's "instance" (pid and start time) changed, or when the last
-// pass did not finish, it reconciles: lists the data plane's rings, removes
-// those the state does not have (or has with another spec) and installs the
-// missing ones. "Installed with the identical spec" counts as done. So a
-// restarted data plane gets every ring back with no operator action, and a
-// restarted daemon pushes what it persisted.
-//
-// Ownership: a ring belongs to the job that created it. POST of a new id
-// issues a credential (128 random bits from getrandom, 32 hex digits), kept
-// in the state file and returned once in the 201 reply. Whoever presents it
-// (header X-Netreduce-Ring-Credential, compared in constant time) may
-// re-POST the same spec (200, idempotent), renew the ring's lease and delete
-// it. Everyone else gets 409 on a POST of that id (the reply never reveals
-// the credential) and 403 on DELETE or renewal, except the operator token,
-// which may delete and renew any ring without a credential. A request that
-// presents a credential is held to it whatever its token: a wrong one is 403,
-// so a job can never remove a ring that another job registered under the id
-// it once had. With auth.job_token_file, jobs use that token: it may create
-// rings and delete or renew only those whose credential it presents.
-//
-// Leases: a POST may carry "lease_ms" (kMinLeaseMs..quotas.max_lease_ms).
-// The lease thread removes a leased ring not renewed (PUT
-// /v1/rings/{id}/lease, or an idempotent re-POST) within lease_ms: from the
-// state (persisted), then from the data plane; it is logged and counted
-// (netreduce_rings_expired_total). Rings without a lease never expire. The
-// deadlines live in memory only: after a restart every lease gets a fresh
-// full period, so a daemon that was down never expires a ring for it.
-//
-// Fabric (config `fabric:`, control/fabric.h): the daemon a ring is POSTed
-// to is its origin. It computes every involved box's entry, persists the
-// ring with all of them (RingRecord::peers), installs its own (if it holds a
-// part) through the reconciler like any ring, and pushes each other entry to
-// that box's daemon (POST /v1/fabric/rings, the fabric token). A peer
-// persists the entry (RingRecord::origin) and reconciles it like any ring,
-// so a restarted box or daemon gets it back by itself. Pushing is the
-// `fabric_` thread's job (every 100 ms, and once at the end of a POST or
-// DELETE): it takes what is due under `mu_`, calls the peers holding only
-// `push_mu_` (never `mu_`, so two daemons pushing to each other cannot
-// deadlock), then records the outcome under `mu_`. Due: an entry not yet
-// accepted (retried at most once a second; a restarted origin pushes every
-// entry once more, the push is idempotent), and for a leased ring every
-// lease/3: the push renews the peer's copy of the lease, so a peer drops the
-// entry by itself when the origin stops renewing it (origin gone, ring
-// deleted or expired there). DELETE and lease expiry at the origin queue a
-// removal per peer (`deletes_`, persisted with the rings) sent until the
-// peer answers 204 or 404; the removal names the registration (`entry`), so
-// it never removes a newer ring of the same id.
+// Threads and locks:
+// - API calls (HTTP workers): each mutation under `mu_`, in the order
+//   validate -> persist -> data plane; data plane calls bounded by the
+//   client's deadline.
+// - Reconciler (`reconciler_`, every reconcile_interval_ms): holds `mu_` for
+//   a whole pass, so a pass never races an API call.
+// - Leases (`leases_`): removes unrenewed rings under `mu_`. Deadlines live
+//   in memory: after a restart every lease gets a full period again.
+// - Metrics (`metrics_thread_`): copies the data plane's status, stats and
+//   rings into `cache_`, swapped under `cache_mu_`. metrics() reads that and
+//   takes `mu_` only if free; health() reads atomics only.
+// - Fabric (`fabric_`, control/fabric.h): takes due pushes under `mu_`,
+//   calls peer daemons holding only `push_mu_` (two daemons pushing to each
+//   other cannot deadlock), then records the outcomes under `mu_`.
 #pragma once
 
 #include <atomic>

@@ -1,50 +1,34 @@
 // netreduced's HTTP front end: cpp-httplib's request parser, router and
 // response writer, behind a connection layer of our own that no client can
-// wedge.
+// wedge. The API: docs/api.md; the listen.* limits: docs/operations.md.
 //
-// Theory of operation
+//   accept -> gate (1 thread, epoll) --whole head--> workers (listen.threads)
+//               ^ sockets without a whole head yet     | one request each,
+//               +------------- keep-alive -------------+ then back
 //
-//   accept ──> gate (1 thread, epoll) ──complete head──> workers (listen.threads)
-//                ^   holds every socket that has not        │ one request each,
-//                │   sent a whole request head yet          │ then the socket goes
-//                └──────────────── keep-alive ──────────────┘ back to the gate
+// Example, listen.threads = 4, listen.dataplane_concurrency = 2:
+//  1. Client A sends a header line every 2 s. The gate peeks (MSG_PEEK) and
+//     holds the socket; no worker is used. At header_timeout_ms after the
+//     accept (an absolute deadline) A gets 408 and the connection closes.
+//  2. Client B POSTs a ring with Content-Length over max_body. A worker
+//     refuses it with 413 before reading a body byte; the gate half-closes
+//     the socket and discards up to 1 MiB or 1 s of what B still sends, so
+//     B reads the answer, not a reset.
+//  3. Three clients call data plane routes (kDataplane) at once: two run,
+//     the third gets 503 with Retry-After: 1 at once, and /metrics and
+//     /health still find a free worker.
+// Also refused before the body: unknown routes (404/405), callers
+// authorize() refuses (401), heads over 16 KiB (431), a connection over
+// max_connections (503). Bodies must arrive within body_timeout_ms and
+// responses leave within write_timeout_ms, both absolute deadlines.
 //
-// - The gate owns the listening socket (no SO_REUSEPORT: a second daemon on
-//   the port fails with "address in use") and every connection between
-//   requests. It peeks (MSG_PEEK) at each socket's bytes until they hold a
-//   whole head (up to the blank line); only then is the socket handed to a
-//   worker. A head must be complete within `header_timeout_ms` of the accept
-//   or of the previous response: an absolute deadline, so a client sending a
-//   header line every few seconds cannot stretch it, and it never holds a
-//   worker. Heads over 16 KiB are refused (431). At `max_connections` open
-//   connections (in any state) a new one is answered 503 and closed.
-// - A worker gives httplib exactly the head bytes, then the socket for the
-//   body, through ConnStream: the whole body must arrive within
-//   `body_timeout_ms`, the whole response must leave within
-//   `write_timeout_ms` (absolute deadlines, not per recv/send). One request
-//   per hand-off, so every request passes the gate, and at most
-//   `keepalive_requests` per connection.
-// - Before any body byte is read, a pre-routing check refuses (and the
-//   connection is closed after the answer, the body unread): unknown routes
-//   (404/405), callers authorize() says may not call the route (401), bodies
-//   on routes that take none (413), declared lengths over `max_body` (413),
-//   bodies with neither length nor chunked framing (411), other transfer or
-//   content encodings and multipart (501/415). Bodies are read by the route
-//   wrapper with the cap applied to the decoded bytes and to the bytes on the
-//   wire (chunked framing included): over it, 413 and the connection closed.
-// - Routes flagged kDataplane (they call the data plane, which may be slow)
-//   run at most `dataplane_concurrency` at a time; one more is answered 503
-//   (Retry-After: 1) at once. So the other workers stay free for health and
-//   metrics, whose handlers never wait for the data plane.
-// - A connection closed after an error answer is not closed at once: the
-//   gate half-closes it and discards what the client still sends (at most
-//   1 MiB or 1 s), so the client reads the answer instead of a reset.
-//
-// Threads: run() runs the gate; workers are started by run(); stop() may be
-// called from any thread (it wakes the gate through an eventfd). The
-// connection table is the gate thread's alone; workers hand connections back
-// through `returned_` (mutex) and the eventfd. Counters are atomics any
-// thread may read.
+// Threads:
+// - Gate (run()): owns the listening socket (no SO_REUSEPORT) and the
+//   connection table; starts the workers.
+// - Workers: serve one request per hand-off, then hand the connection back
+//   through `returned_` (mutex) and the gate's eventfd.
+// - Any thread: stop() (wakes the gate through the eventfd); reads counters
+//   (atomics).
 #pragma once
 
 #include <httplib.h>

@@ -1,34 +1,28 @@
 // The daemon's persisted state: the rings operators and host libraries
 // created, each with the credential of the job that owns it and its lease,
-// as one JSON file
-//   {"version": 2, "rings": [ring JSON + {"credential": "<32 hex>", "lease_ms": N}, ...]}
-// (version 1 files, written before rings had owners, load as rings with no
-// credential and no lease: only the operator token may remove them).
-//
-// A fabric ring (control/fabric.h, daemon.h "Fabric") also carries
+// as one JSON file. Example, one plain ring 7 of P = 3 members:
+//   {"version": 2, "rings": [{"id": 7, "members": [...3 addresses...], ...,
+//                             "credential": "<32 hex>", "lease_ms": 30000}]}
+// A version 1 file (rings without owners) loads as rings with no credential
+// and no lease: only the operator token may remove them. A fabric ring
+// (control/fabric.h, daemon.h) also carries
 //   "fabric": {"entry": "<32 hex>", "origin": "<box>" (peers only),
 //              "local": false (only when this box holds no part of it),
 //              "tree": {...} (this box's node; absent: a plain ring),
 //              "peers": [{"box": "<name>", "ring": {ring JSON + "tree"}}] (origin only)}
-// and the file's "fabric_deletes": [{"box", "id", "entry"}] lists the peers
-// a deleted or expired fabric ring must still be removed from.
+// and "fabric_deletes": [{"box", "id", "entry"}] lists the peers a deleted
+// or expired fabric ring must still be removed from. The file is mode 0600
+// (credentials are secrets); lease deadlines are not persisted.
 //
-// The credentials are secrets: the file is created mode 0600 (and forced to
-// 0600 when replaced). The lease's deadline is not persisted: a restarted
-// daemon gives every lease a fresh full period.
-//
-// save() never leaves a torn file: it writes `<file>.tmp`, fsyncs it, renames
-// it over the file and fsyncs the directory, so after a crash (kill -9, power
-// loss) the file holds either the old or the new state, whole. load() treats a
-// missing file as an empty state and anything unreadable as an error naming
-// the file and the ring at fault (the daemon refuses to start rather than
-// silently forget rings).
-//
-// lock() makes the daemon the file's only user: an exclusive flock on
-// `<file>.lock`, which holds the owner's pid, kept until the process exits
-// (the kernel drops it even after kill -9, so a stale pid in the file is
-// harmless). A second netreduced on the same state file gets an error naming
-// the first one's pid.
+// Contracts:
+// - One process: lock() takes an exclusive flock on `<file>.lock` (holding
+//   the owner's pid) until exit; the kernel drops it even after kill -9. A
+//   second netreduced on the file gets an error naming the first one's pid.
+// - One thread at a time: the daemon calls save() and load() under its `mu_`.
+// - save() writes `<file>.tmp`, fsyncs it, renames it over the file and
+//   fsyncs the directory: after a crash the file holds the old or the new
+//   state, whole. load(): a missing file is an empty state; anything
+//   unreadable is an error naming the file and the ring at fault.
 #pragma once
 
 #include <chrono>

@@ -2,7 +2,7 @@
 // (Command, lcore.h; run_command on the worker, on_worker on the caller) and
 // RCU grace periods (quiesce). Every wait is bounded by
 // control.command_timeout_ms except for a command a worker has already
-// started; the ordering contract is in dataplane.h ("Control").
+// started; the ordering contract is in dataplane.h ("Threads").
 #include <rte_cycles.h>
 #include <rte_rcu_qsbr.h>
 #include <rte_ring.h>

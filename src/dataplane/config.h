@@ -77,7 +77,7 @@ struct DataplaneConfig {
   unsigned control_max_clients = 64;
   std::string control_group;
   // How long a control request waits for a worker to take a command from its
-  // command ring (control.command_timeout_ms; dataplane.h, Control).
+  // command ring (control.command_timeout_ms; dataplane.h, Threads).
   uint32_t command_timeout_ms = 1000;
 };
 

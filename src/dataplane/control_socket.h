@@ -1,34 +1,27 @@
 // The control channel's transport: a Unix stream socket carrying one request
-// line and one reply line per request (the protocol is in control_api.cc).
+// line and one reply line per request (the protocol is in control_api.cc;
+// the commands: docs/dataplane.md).
 //
-// Theory of operation
-// -------------------
-// One thread (the main lcore's control loop) owns everything here; nothing is
-// shared with the workers. Nothing a client does can block that thread or
-// stop the process:
-//   - Creation. The socket file is created with its final mode (0660) by
-//     bind() under a umask, never chmod()ed after. A socket file left by a
-//     dead process is replaced; one a live process still answers on is not
-//     (the second box refuses to start, naming the path), and a path that is
-//     not a socket is never deleted.
-//   - Who may connect. SO_PEERCRED: root, the box's own uid, or a member
-//     (primary or supplementary group, SO_PEERGROUPS) of control.group. Anyone
-//     else gets one error line and is closed, logged and counted.
-//   - How many. At most control.max_clients at once; another one gets one
-//     error line and is closed (counted). accept() runs until EAGAIN, with a
-//     SOMAXCONN backlog.
-//   - Input. Client sockets are non-blocking. A line may be 1 MiB at most
-//     (a longer one is answered with an error and the client is closed). At
-//     most kRequestsPerRound requests of one client are answered per poll
-//     round, and nothing more is read from a client while complete requests
-//     of it wait, so its input buffer is bounded too.
-//   - Output. Replies are queued per client and written as the socket takes
-//     them. A client whose queued replies exceed kMaxOutput (4 MiB: it sends
-//     and never reads) is dropped and logged.
-//   - Handlers. A request handler that throws is answered with an "internal"
-//     error; nothing escapes poll_once().
-// poll_once() waits at most its timeout, so the caller's loop sees a stop
-// request (SIGTERM) within one round whatever the clients do.
+// Example: netreduced connects to /run/netreduce/dataplane.sock, writes
+// {"cmd": "ping"}\n, and poll_once() reads the line, runs the handler and
+// queues {"ok": true}\n, written as the socket takes it. Nothing a client
+// does can block the control thread or stop the process:
+//   - Creation: bind() under a umask gives the file its final mode (0660).
+//     A socket file left by a dead process is replaced; one a live process
+//     answers on is not (this box refuses to start, naming the path).
+//   - Who: SO_PEERCRED root, the box's uid, or a member of control.group
+//     (SO_PEERGROUPS); anyone else gets one error line and is closed.
+//   - How many: control.max_clients; another one gets one error line.
+//   - Input: non-blocking sockets, lines of 1 MiB at most, at most
+//     kRequestsPerRound requests of a client per poll round, and no reading
+//     while its complete requests wait.
+//   - Output: a client whose queued replies exceed kMaxOutput (it sends and
+//     never reads) is dropped. A handler that throws answers "internal".
+//
+// Threads:
+// - The control thread (the main lcore's control loop) owns everything
+//   here; nothing is shared with the workers. poll_once() waits at most its
+//   timeout, so that loop sees a stop request (SIGTERM) within one round.
 #pragma once
 
 #include <sys/types.h>

@@ -1,108 +1,35 @@
-// netreduce-dataplane: the DPDK primary process.
+// netreduce-dataplane: the DPDK primary process. Two ports form a bump in
+// the wire: what arrives on one leaves on the other. Worker lcores poll the
+// ports and run one Engine each; the main lcore runs the control socket and
+// DPDK telemetry, never the data path. Design:
+// docs/design.md#the-data-plane; running it: docs/dataplane.md.
 //
-// Theory of operation
-// -------------------
-// Two ports form a bump in the wire: what arrives on one leaves on the other.
-// Worker lcores poll the ports; the main lcore runs the control socket and
-// DPDK telemetry, never the data path.
+// Example: workers W0 and W1, ring 7 of P = 3 ranks A, B, C.
+//  1. Install (rings.cc): ring 7 goes to the worker with the fewest rings,
+//     W0. W0's engine gets the ring by command first; then a new link table
+//     maps the links A->B, B->C, C->A to W0.
+//  2. RSS hands W1 a packet A->B: rx -> classify (parsed once) -> dispatch
+//     finds link (A, B) owned by W0 and enqueues the packet on W0's inbox.
+//  3. W0 takes it from the inbox; aggregate (Engine::process_burst) holds
+//     it. The packet that completes a cell releases three, which transmit
+//     buffers per port and sends once a burst is queued or some RX poll
+//     came back short. With nothing to move for idle_after_us, a worker
+//     sleeps between polls (1 us, doubling up to idle_sleep_max_us).
 //
-// Ownership. Every ring is owned by exactly one worker: its Engine holds the
-// ring's cells and CLT entries, and no other thread touches them. A ring is
-// placed on the worker with the fewest rings, unless it shares a link (an
-// adjacent-member address pair) with an installed ring, in which case it
-// joins that ring's worker, since a link's packets must all meet in one
-// engine. A ring sharing links with rings on two different workers is
-// refused; a link's owner never changes while a ring uses it (reference
-// counts, rings.cc). Rings that give their QP numbers (spec.qpns: the
-// stripes of one job over the same members) are spread instead: the least
-// loaded worker, their shared links split, dispatched by connection.
-//
-// Dispatch. NIC RSS spreads packets by 5-tuple, not by ring, so a packet may
-// arrive on any worker's queue. The dispatch stage (dispatch.cc, after classify) looks up the
-// packet's link (IPv4 src, dst) in the link table: packets of a link owned
-// by another worker go to that worker's inbox (an rte_ring, multi-producer /
-// single-consumer); on a split link the receiving connection (dst, BTH dest
-// QP) names the worker; everything else is processed where it arrived. A ring
-// installed with a tree (this box's node of a multi-rack tree, engine/tree.h)
-// owns only its local ranks' links, and its box-to-box frames (UDP
-// wire::kB2bPort) are steered the same way by their header's tree id (= ring
-// id, LinkTable::tree_owner); they leave by the port the tree's JSON names
-// per neighbour (engine/engine_json.h). With one worker the stage is skipped. Devices with fewer
-// queues than workers are handled the same way: a worker without an RX queue is fed only through
-// its inbox, and a worker without a TX queue on a port hands its output to the queue's owner
-// through a TX handoff ring.
-//
-// Stages, per burst (one file each): rx -> classify (classify.cc: every
-// frame parsed once into engine::Frame[]) -> dispatch (dispatch.cc, on that
-// parse) -> aggregate (aggregate.cc: one Engine::process_burst call: CLT
-// lookup, cells, reduction, ICRC fix-up) -> transmit (transmit.cc: buffered
-// per port).
-//
-// TX flush rule. Buffered packets are sent when a burst's worth is queued,
-// and at the end of every loop iteration in which some RX poll returned
-// less than a full burst (the queues are drained: waiting would only add
-// latency; DPDK l3fwd sends per burst the same way). Only while every poll
-// returns a full burst does the 100 us timer bound how long a partial batch
-// waits.
-//
-// Idle rule (adaptive polling, config idle_sleep_max_us / idle_after_us).
-// A worker that has moved no packet for idle_after_us sleeps between polls,
-// 1 us first and doubling up to idle_sleep_max_us; any packet ends it. So a
-// box without traffic leaves its cores to others, traffic that pauses for
-// less than idle_after_us never waits, and a burst after a long idle waits
-// at most idle_sleep_max_us plus the wake-up on the worker that receives it
-// (twice that with several workers, when it is then handed to a sleeping
-// owner's inbox or TX queue). Control commands count as work. The worker's
-// timer slack is
-// set to 1 us so short sleeps are short. Time slept is counted
-// (WorkerStats::idle_sleep_ns / idle_sleeps).
-//
-// Control (ordering contract). The control thread never touches engine
-// state. Commands go to a worker through its command ring (SP/SC) and run
-// between bursts on that worker, which moves the command's `state` to done
-// (release) when finished; the caller waits for it (acquire) until
-// control.command_timeout_ms, then cancels the command (CAS queued ->
-// cancelled: it will never run, the worker frees it when it dequeues it) and
-// answers "unavailable" naming the worker and its lcore. Until that worker
-// has dequeued every cancelled command, requests needing it fail at once, so
-// one stuck worker costs the control socket one deadline, not one per
-// request; requests that need no worker (ping, status) and the other
-// workers' traffic go on. A command a worker has started is waited for
-// without limit, and so is every worker at shutdown (rte_eal_mp_wait_lcore):
-// the two waits no deadline bounds. The link table is an
-// immutable object published through `links` (release store). Workers load
-// it once per burst (acquire) and report an RCU quiescent state after every
-// burst; the control thread frees a replaced table only after its grace
-// period (quiesce(), bounded by control.command_timeout_ms; past that,
-// housekeeping frees it once rte_rcu_qsbr_check says the grace has passed). Installing: the owner's
-// engine gets the ring first, then the link table points at the owner. Removing: the owner's engine
-// retires the ring (frees its held mbufs, keeps its connections as a tombstone whose packets are
-// dropped) while the link table keeps pointing the ring's links at the owner; after
-// rings.retire_grace_ms the engine forgets the tombstone and the control thread drops the links
-// (rings.cc).
-//
-// Counters are per worker, cache-aligned, written only by their worker and
-// read through its publication (Published, lcore.h: a sequence counter, no
-// command), so they are never torn or shared. The data plane's own drops
-// are listed once in dataplane/reasons.h (WorkerStats::reasons).
-//
-// Files, by job:
-//   dataplane.h/.cc   this class: setup (pools, queues, workers), the worker
-//                     loop and its idle rule
-//   lcore.h           what a worker lcore owns (Worker, WorkerStats,
-//                     Published), the lcore context (Lcore) and the stages;
-//                     classify.cc dispatch.cc aggregate.cc forward.cc
-//                     transmit.cc: one stage each
-//   ports.h/.cc       port setup (one helper for the box and the benchmark)
-//   commands.cc       commands to workers and RCU grace waits (deadlines)
-//   publication.cc    the workers' publications: writer and readers
-//   rings.cc          placement and admission, ring lifecycle, link table
-//   control_socket.*  the control socket's transport; control_api.cc the
-//                     requests; reports.h/.cc what replies report;
-//                     telemetry.cc DPDK telemetry
-//   run.cc            the lifecycle once set up (Dataplane::run); main.cc
-//                     the process (arguments, EAL, signals)
-//   config.h/.cc      the YAML configuration (DPDK-free)
+// Threads:
+// - Worker: the only thread that touches its Engine and writes its
+//   counters. Per burst: load `links` (acquire), run the stages, report an
+//   RCU quiescent state. Between bursts: run the commands of its command
+//   ring (SP/SC) and store each one's `state` = done (release).
+// - Control thread (main lcore): never touches engine state. Sends a
+//   command and waits for done (acquire) up to control.command_timeout_ms,
+//   else CASes queued -> cancelled and answers "unavailable". Publishes a
+//   new link table (release store), frees the old one after the RCU grace
+//   period, and reads counters through each worker's Published (lcore.h).
+// - Worker to worker: the owner's inbox (rte_ring, MP/SC) for dispatched
+//   packets, and TX handoff rings to a port queue's owner.
+// Files: lcore.h (a worker and its stages, one .cc each), rings.cc
+// (placement, lifecycle), commands.cc, publication.cc, control_socket.h.
 #pragma once
 
 #include <atomic>

@@ -79,7 +79,7 @@ struct alignas(64) WorkerStats {
   uint64_t total_cycles = 0;
   uint64_t busy_polls = 0;     // loop iterations that moved packets, TX handoff or a command
                                // (rx / busy_polls: about the mean RX burst)
-  uint64_t idle_sleeps = 0;    // adaptive polling: sleeps taken (dataplane.h, idle rule)
+  uint64_t idle_sleeps = 0;    // adaptive polling: sleeps taken (dataplane.h top, step 3)
   uint64_t idle_sleep_ns = 0;  // and the time they took (TSC-measured, in ns)
   // Stalls: busy polls that took longer than kStallUs. A burst of a few dozen
   // packets takes microseconds, so such a poll was preempted or interrupted:

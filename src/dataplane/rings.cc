@@ -12,7 +12,7 @@
 // on a worker without it. A link's owner never changes while any ring uses
 // it; it is dropped when its last ring is gone.
 //
-// Spreading (issue #16). A ring that gives its QP numbers (spec.qpns), and
+// Spreading. A ring that gives its QP numbers (spec.qpns), and
 // whose link-sharing rings all do too (the stripes of one job: the same
 // members, one QP pair per ring), is placed on the least loaded worker,
 // preferring workers without a ring sharing its links: its links may then

@@ -3,7 +3,7 @@
 // has fewer TX queues than workers, through the handoff ring of the worker
 // that owns the queue. A buffer is sent when a burst's worth is queued, when
 // the worker loop flushes after a short RX poll (force), or by the 100 us
-// timer while every poll is full (dataplane.h, TX flush rule).
+// timer while every poll is full (docs/design.md#the-data-plane).
 #include <rte_cycles.h>
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>

@@ -1,12 +1,12 @@
-// Aggregator cells and what they keep (DESIGN.md section 4).
+// Aggregator cells and what they keep (docs/design.md#cells-and-the-window-rule).
 //
 // A ring has S message slots of msg_len cells; a cell holds one packet
 // position of one message: its tag (msg_id), the ranks that arrived, and the
 // state empty -> collecting -> complete (a tree node's cell passes through
 // awaiting between the two: partial sent up, result not yet back; tree.h).
 // cell_case() is the state machine's decision for a data packet, the five
-// cases of DESIGN.md section 4 (cell_case_box() the same for a child box's
-// partial, on its own bitmap):
+// cases of docs/design.md#cells-and-the-window-rule (cell_case_box() the
+// same for a child box's partial, on its own bitmap):
 //   1 serve      tag == m, complete: emit the stored result in this packet
 //   2 duplicate  tag == m, the rank's bit set, not complete: drop
 //   3 take       tag == m (or empty), bit clear: hold it; P-th completes

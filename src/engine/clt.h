@@ -1,4 +1,4 @@
-// The engine's keyed tables (internal to src/engine/, DESIGN.md section 3).
+// The engine's keyed tables (internal to src/engine/, docs/design.md#tables).
 //
 // OpenTable: a fixed-capacity hash table, open addressing with linear
 // probing and backward-shift deletion, load factor capped at 1/2, sized at

@@ -25,7 +25,7 @@
 // lookup.
 // EngineConfig::prefetch_tables / prefetch_frames switch the two kinds; the
 // table prefetch is off by default (it did not pay in engine-bench's
-// BM_ColdTables, warm or cold: bench/README.md, issue #13).
+// BM_ColdTables, warm or cold: bench/README.md).
 #include "engine/engine.h"
 
 #include <algorithm>

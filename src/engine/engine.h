@@ -1,113 +1,36 @@
-// The aggregation engine: plain C++ over packet buffers, no EAL. The DPDK
-// data plane runs one Engine per lcore; tests and benchmarks run it directly.
+// The aggregation engine: plain C++ over packet buffers, no EAL; the data
+// plane runs one per worker lcore. Design: docs/design.md#tables,
+// docs/design.md#cells-and-the-window-rule, docs/design.md#icrc-fix-up.
 //
-// Theory of operation (DESIGN.md sections 3-5):
+// Example: ring 7 of P = 3 ranks A -> B -> C -> A, msg_len 2, window N = 2,
+// so S = 4 message slots. Rank 0 (A) writes message 5, two packets, to B:
+//  1. The WRITE FIRST carries the INA header (ring 7, rank 0, msg 5). The
+//     CLT (clt.h) binds (A, B, dst QPN) to (ring 7, rank 0); rank 0's
+//     history (history.h) records msg 5 and its first PSN in slot 5 mod 4.
+//  2. It is held in cell(5, 0) = cells[1 * 2 + 0] (cells.h): tag 5, rank
+//     bit 0. The WRITE LAST has no INA header: the history gives its offset
+//     k = 1, so it goes to cells[3].
+//  3. Ranks 1 and 2 arrive the same way; each cell's third packet
+//     completes it: the payloads are reduced in rank order, the sum written
+//     into all three packets, their ICRC fixed (icrc_fixup.h), and they
+//     leave through Sink::tx to B, C and A. (Accumulate mode reduces each
+//     packet on arrival and keeps only its headers.)
+//  4. A resend into the complete cell gets the stored result (`emit`);
+//     message 9 (9 mod 4 = 1) resets the cell.
+// Other traffic (non-RoCE, ACK/NAK, SEND, non-INA WRITEs, anything off ring
+// links) is `forward`ed untouched. A later packet of a message whose first
+// packet was lost is dropped; RC retransmission resends both.
+// Ring lifecycle: remove_ring frees a ring at once; its connections and
+// links stay a tombstone until `now + retire_grace`, their WRITEs dropped
+// (ring_retired): the job fails, never sums wrong (docs/design.md#failure-semantics).
 //
-// Entry. The data plane classifies an RX burst once (Engine::classify:
-// parse every frame into a Frame) and hands it to process_burst, one call
-// across the pimpl per burst. The packet path behind it is a template on
-// ReduceMode and IcrcFixup, instantiated four times and chosen once at
-// construction, so no per-packet branch on configuration remains but ICRC
-// verification on/off. While packet i is processed, the frame bytes of
-// packet i + 2 are prefetched (and, if EngineConfig::prefetch_tables, the
-// CLT slot of packet i + 4 and the history entry and cell of packet i + 1).
-// process() (one packet, parsed here) runs the same template. The pieces
-// live in their own files: clt.h and pass_table.h (tables), history (message
-// lookup), cells (cell records and the five cases), icrc_fixup (released
-// packets' ICRC), ring_state (rings, links, tombstones); engine.cc is the
-// orchestration.
-//
-// Classification. Non-RoCE traffic, RoCE it does
-// not aggregate (ACK/NAK/CNP/SEND/READ, UC/UD, malformed) and RDMA WRITEs
-// that are not INA messages are returned as `forward`: untouched. The box
-// only claims traffic on ring links (rank r -> r+1 of an installed or
-// retired ring): a WRITE FIRST/ONLY elsewhere is forwarded as
-// fwd_not_ring_link even if its data begins with the INA magic, before ICRC
-// verification or ring lookup. Corrupted INA packets on ring links (ICRC,
-// when verification is on) are dropped before they reach a sum.
-//
-// CLT. The first packet of a message (WRITE FIRST/ONLY with the INA magic)
-// names ring, rank and message id. The source address must be the rank's
-// registered address. The connection (src IP, dst IP, dst QPN) is bound to
-// (ring, rank) and the message's (msg_id, psn0, packets) is recorded in the
-// rank's history of S messages, indexed by msg_id mod S and never overwritten
-// by an older message. A later packet finds the recorded message whose PSN
-// range contains it, and so its offset k, in a bounded number of history
-// reads (newest, the rank's last hit, then a binary search over the
-// PSN-monotone history; at most 24 reads whatever S is, see find_message).
-// Go-back-N resends of message m-1 after m's first packet still find m-1.
-// No such message means its first packet was lost: drop, and the receiver
-// NAKs.
-//
-// Table bounds. Every table is a fixed-size array sized at construction
-// (clt.h): the CLT, the link table (link_capacity links; install_ring refuses
-// a ring whose links do not fit) and the ring index. The CLT (clt_capacity connections) holds only
-// INA connections that passed every check, and retired ones: ordinary traffic never takes a slot.
-// Ordinary (non-INA) WRITE messages on ring links are remembered in a separate pass table
-// (pass_capacity connections, 8-way sets, LRU eviction) so their later packets are forwarded; a
-// flood of new ordinary connections evicts only ordinary entries, and an evicted entry only turns
-// forwards into drops, never into a wrong result (pass_table.h).
-//
-// Cells. A ring has S = 2N (rounded up to a power of two) message slots of
-// msg_len cells; cell(m, k) = cells[(m mod S) * msg_len + k]. The five
-// cases: a retransmission into a complete cell gets the stored result
-// (`emit`); a duplicate of a held rank is dropped; a new rank is held and the
-// P-th completes the cell (reduce, write the result into every packet, fix
-// the ICRC, release all P); an older tag resets the cell; a newer tag means a
-// stale retransmission: dropped and counted (never happens under rule W).
-//
-// Modes. deterministic (default): every rank's packet is held (its mbuf, no
-// copy) and the result is reduced in rank order at completion, so it is
-// bit-identical whatever the arrival order. accumulate: each arrival is
-// reduced into a per-cell accumulator and only its headers are kept (the
-// packet is `consumed`), and released packets are rebuilt from the stored
-// headers in buffers from the Allocator. Memory is about P times smaller and
-// float rounding depends on arrival order.
-//
-// ICRC fix-up. `full` recomputes each released packet's ICRC. `linear`
-// computes the CRC of the result payload once per cell and combines it with
-// the CRC of the packet's headers through CRC linearity (wire/icrc.h):
-// O(header) per packet instead of O(payload). The header CRC is a
-// by-product of the packet's ICRC verification on arrival, kept with the
-// held packet (or stored headers) until release: the headers' CRC is not
-// computed twice.
-//
-// Ring lifecycle. Removing a ring makes its running job fail loudly, never
-// return wrong data. remove_ring frees the ring's cells, memory and slot at
-// once and hands back its held packets (ring_removed). Its bound connections
-// and its links stay known as a tombstone until `now + retire_grace`:
-// - every WRITE on a retired connection is dropped (ring_retired), so the
-//   in-flight message's later packets and the go-back-N resends of packets
-//   the ring held never reach a receiver raw; receivers time out and the host
-//   library reports the error;
-// - on a link only removed rings use, INA first packets and later packets
-//   that match no tracked non-INA message are dropped (ring_retired);
-// - a retired connection never binds again while its tombstone lasts, even
-//   when its first packet names an installed ring (the same id re-installed,
-//   or another ring on those links): late packets of an old run cannot enter
-//   a new run's cells, whichever arrives first. A new run uses new QPs. Tombstones live outside the
-//   ring slots: a re-used ring slot is never pointed at by a retired entry.
-// expire_retired(now) forgets due tombstones (their CLT entries still
-// retired, their links no installed ring uses). After that the old
-// connections are unknown: on links no ring uses their WRITEs are forwarded
-// again, which is safe only once nothing of the old job is in flight; hence
-// the grace must outlast the job's retransmissions (kRetireNever, the
-// default, keeps tombstones for the engine's life).
-//
-// Trees. A ring may come with this box's part of a multi-rack tree
-// (tree.h, install_ring(spec, tree)): the box then holds only its local
-// ranks' packets, sends partials to its parent and results to its child
-// boxes as box-to-box frames (wire/b2b.h) built in buffers from
-// EngineConfig::allocator and appended to Sink::tx, and takes the frames
-// addressed to it (UDP kB2bPort, classified not_roce_port) from the burst.
-// With no tree installed a frame on that port is ordinary traffic
-// (fwd_not_roce) as before.
-//
-// Threading: an Engine is owned by exactly one thread. process_burst() and
-// process() are the hot path: no allocation, no locks, no logging, no
-// exceptions. install_ring /
-// remove_ring / expire_retired run on that same thread (the data plane applies control
-// commands between bursts).
+// Threads:
+// - The engine's thread (one data plane worker) calls every non-static
+//   method. process_burst / process are the hot path: no allocation, lock,
+//   logging or exception. install_ring, remove_ring and expire_retired run
+//   on it between bursts.
+// - Any thread runs the static prepare_ring (allocation, zero-fill: the data
+//   plane's control thread) and frees a ring remove_ring detached.
 #pragma once
 
 #include <cstdint>
@@ -196,7 +119,7 @@ struct EngineConfig {
   // history entry, cell, held records and result of later packets
   // (`prefetch_tables`), and the frame bytes two packets ahead
   // (`prefetch_frames`). engine-bench's BM_ColdTables measures them
-  // (bench/README.md, issue #13): the table prefetch cost 10% with warm
+  // (bench/README.md): the table prefetch cost 10% with warm
   // tables and 20% with cold ones, so it is off; the frame prefetch halved
   // the loopback's cost per packet at 1 KB (frames arrive cold), so it is on.
   bool prefetch_tables = false;

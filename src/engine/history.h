@@ -1,4 +1,4 @@
-// A rank's message history (DESIGN.md section 3): the (msg_id, psn0, len) of
+// A rank's message history (docs/design.md#tables): the (msg_id, psn0, len) of
 // its last S messages, indexed by msg_id mod S, so that a later packet of a
 // message finds its offset k = psn - psn0 even when go-back-N resends of
 // message m-1 arrive after m's first packet.

@@ -1,4 +1,4 @@
-// ICRC fix-up of released packets (DESIGN.md section 5).
+// ICRC fix-up of released packets (docs/design.md#icrc-fix-up).
 //
 // full: recompute each released packet's ICRC over the whole packet.
 // linear: ICRC = crc(head || data || pad) = combine(crc(head), crc(data ||

@@ -1,4 +1,4 @@
-// The pass table (internal to src/engine/, DESIGN.md section 3).
+// The pass table (internal to src/engine/, docs/design.md#tables).
 //
 // PassTable: the PSN ranges of recent non-INA RDMA WRITE messages on ring
 // links, so that their later packets are forwarded while a later packet that

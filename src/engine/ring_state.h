@@ -1,5 +1,5 @@
-// The rings an engine holds and their lifecycle (DESIGN.md sections 3-4;
-// "Ring lifecycle" in engine.h).
+// The rings an engine holds and their lifecycle (docs/design.md#tables and
+// docs/design.md#cells-and-the-window-rule; "Ring lifecycle" in engine.h).
 //
 // Ring: one installed ring's state: its cells and message slots (cells.h),
 // its ranks' connections and histories (history.h), held packets or stored
@@ -53,7 +53,7 @@ struct alignas(64) Ring {
   unsigned p = 0;
   // Cell::arrived when every rank this box holds has arrived: every rank,
   // or a tree node's local ranks. Ring links are installed for these
-  // ranks only (see tree.h, "Ownership").
+  // ranks only (tree.h, example step 1).
   uint64_t all_ranks = 0;
   uint16_t all_boxes = 0;  // Cell::boxes when every child box has (0: no tree)
   uint32_t slots = 0;      // S

@@ -1,76 +1,31 @@
-// Tree entries: a ring whose members sit in several racks (DESIGN.md section
-// 8, issue #15). A box's part of the tree is a TreeSpec installed with the
-// ring (Engine::install_ring(spec, tree)); without one a ring is a
-// single-box ring exactly as before.
+// Tree entries: a ring whose members sit in several racks
+// (docs/design.md#hierarchy). A box's part of the tree is a TreeSpec
+// installed with the ring (Engine::install_ring(spec, tree)); without one a
+// ring is a single-box ring. The frames between boxes: wire/b2b.h.
 //
-// Theory of operation ("hold at the source leaf")
-//
-// Children. A box's node in the tree has children in a fixed order: local
-// ranks (ring members whose packets pass this box on their way out: the box
-// holds them) and child boxes (which send partials up). The box reduces its
-// children in that order: a leaf's partial is its local ranks in rank order
-// (the control plane lists them so), the root's result its child boxes in
-// child order. A box with a parent sends its reduction up as a partial; the
-// root's reduction is the result. Results are deterministic and the same at
-// every worker, but equal the flat rank-order reduction only for integers
-// and min/max (each level rounds floats once; fp16/bf16 partials are
-// narrowed per level).
-//
-// Ownership. Only the links of local senders (rank r -> r + 1, r local) are
-// installed in the box's link table: a worker packet whose source sits in
-// another rack (a released result crossing the spine or coming down to a
-// local receiver) meets no ring link and is forwarded untouched, as any
-// traffic the box does not own; a box with no local rank claims no worker
-// traffic at all.
-//
-// Cells. The ring's cells as in section 4, with one bit per local rank in
-// Cell::arrived and one per child box in Cell::boxes, and one more state:
-// `awaiting` (every child arrived, partial sent up, result not yet back).
-// Local packets are held (their mbufs); a child box's partial data is copied
-// into the ring's box_data and the frame freed (`consumed`). The reduction
-// goes into the cell's result buffer, which holds the partial while the
-// cell awaits and the result once complete.
-//   worker packet      the five cases; the last child to arrive completes
-//                      the cell: reduce, then partial up (awaiting) or, at
-//                      the root, deliver
-//   partial from box c the same five cases on bit c: take (copy); a partial
-//                      for a complete cell is answered with the result sent
-//                      to c again (the child's workers are retrying: the
-//                      result was lost)
-//   duplicate while awaiting (a worker resend, or a child box's partial
-//                      again): the partial is sent up again; the duplicate
-//                      is dropped (the held original will be released)
-//   result from parent for a cell awaiting it: copy into the result, deliver
-//                      (write it into the held local packets, fix their
-//                      ICRCs, release them; send it to every child box),
-//                      complete; any other result is dropped (a late copy)
-// Reliability stays end to end: boxes keep no per-link sequence state; a
-// lost partial or result is recovered by the workers' RC retransmissions,
-// which reach the leaf cell awaiting the result and make it send its
-// partial again, which makes the parent answer from its complete cell.
-// Every message is aggregated exactly once at every box.
-//   A parent that lost its cells (a restarted box given its entry back) may
-// have children on both sides of a cell: one already got the result and is
-// done with it, another still waits and resends its partial. Only the
-// waiting side resends, so the fresh cell would wait forever. Hence:
-//   partial again while the cell collects: a query (no data) goes to every
-//                      child box missing from the cell (duplicate_queried)
-//   query from parent  awaiting: the partial again; complete: the result it
-//                      holds goes up as a final; otherwise nothing (its own
-//                      children have not all arrived: they will resend)
-//   final from a child taken by a cell of that message awaiting, or
-//                      collecting with every local packet held: delivered
-//                      as a result is. A complete cell of message m holds the
-//                      tree's one result for (m, k), so the final is exact.
-// In a fabric that lost nothing a query finds its child collecting or
-// awaiting (a lost partial then goes up again, sooner than a worker's
-// timeout would send it). The sim ('engine sim tree') restarts boxes and
-// requires every such job to finish.
-//
-// Limits. Deterministic mode only (accumulate mode would rebuild held
-// packets and keep partials; not done yet). At most kMaxChildBoxes child
-// boxes, at most kMaxRanks children in all (one input releases at most
-// kMaxRanks packets, the Sink's contract).
+// Example: ring 0 -> 1 -> 2 -> 0, ranks 0 and 1 in rack 1 (leaf box L1),
+// rank 2 in rack 2 (leaf L2), the spine box S the root, children L1, L2.
+//  1. A box holds only its local senders' packets: L1 owns the links 0->1
+//     and 1->2, L2 owns 2->0. A worker packet from another rack (a released
+//     result on its way to its receiver) meets no ring link and passes.
+//  2. L1's cell(m, k) takes ranks 0 and 1 (Cell::arrived), reduces them in
+//     rank order and sends the partial up: the cell is `awaiting`. L2 does
+//     the same with rank 2 alone.
+//  3. S copies each child's partial into box_data (Cell::boxes; the frame
+//     is `consumed`); the second completes the cell: L1 then L2, in child
+//     order, is the result, sent down to L1 and L2.
+//  4. Each leaf writes the result into its held packets, fixes their ICRC,
+//     releases them and marks the cell complete.
+// Loss: boxes keep no per-link sequence state. If S's result to L1 is lost,
+// ranks 0 and 1 resend; the resend meets L1's awaiting cell, which sends
+// its partial again, and S answers from its complete cell. A restarted S
+// (fresh cells) gets L2's partial again while L1 is missing: it queries
+// L1, whose complete cell answers with its result as a `final`, which S
+// delivers to L2. Every message is aggregated once at every box.
+// Floats: each level rounds once, so only integers and min/max equal the
+// flat rank-order reduction; every worker gets the same result.
+// Limits: deterministic mode only; at most kMaxChildBoxes child boxes and
+// kMaxRanks children in all (one input releases at most kMaxRanks packets).
 #pragma once
 
 #include <cstdint>

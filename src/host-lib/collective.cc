@@ -245,7 +245,7 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
                        : std::string(what.empty() ? "" : "; ") + ring_name(g, k.s, es) + " " + at +
                              miss;
       }
-      // One ring: "(ina path, ring <id>) ... at message i of n: ...", as before striping.
+      // One ring: "(ina path, ring <id>) ... at message i of n: ...", no stripe named.
       return fail(Error::make(ErrorCode::timeout,
                               who + "all-reduce (ina path, " +
                                   (R == 1 ? "ring " + std::to_string(cfg_.ring_id(0)) +
@@ -450,7 +450,7 @@ Error Collective::ring_allreduce(const void* send, void* recv, size_t count, Dat
                        : std::string(what.empty() ? "" : "; ") + ring_name(g, k.s, es) + " at " +
                              where(k) + ": " + miss;
       }
-      // One ring: "(ring path) ... at message id ...: ...", as before striping.
+      // One ring: "(ring path) ... at message id ...: ...", no stripe named.
       return fail(Error::make(ErrorCode::timeout,
                               who + "all-reduce (ring path" +
                                   (R == 1 ? ") timed out after " + ms_since(start) + " ms "

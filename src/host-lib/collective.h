@@ -1,48 +1,36 @@
 // The two all-reduce algorithms over a Transport (transport.h), as plan.h
-// lays them out, striped over the transport's lanes.
+// lays them out, striped over R = transport.lanes() rings (Options::rings).
+// Design: docs/design.md#cells-and-the-window-rule (rule W) and
+// docs/design.md#parallel-rings (stripes).
 //
-// Rings. A communicator runs R = transport.lanes() rings side by side
-// (Options::rings). A call cuts the tensor into R stripes (plan.h: stripe i
-// holds count / R elements, one more for i < count % R) and stripe i runs on
-// ring i: its own lane (QPs, receive region), its own send slots and work
-// buffer, its own message ids (INA) or segment tags (ring path), its own
-// window. All R are in flight at once: one loop posts what every ring's
-// window allows, then polls the one completion queue and hands each
-// completion to its ring (Completion::lane). R = 1 is the unstriped
-// collective, byte for byte.
+// Example: P = 3 ranks, R = 2 rings, window N = 2, a call on 5 fp32.
+//  - Stripes: ring 0 takes elements 0-2, ring 1 elements 3-4 (plan.h), each
+//    with its own lane (QPs, receive region), send slots or work buffer,
+//    message ids or segment tags, and window. One loop posts what every
+//    window allows, then polls the one completion queue and hands each
+//    completion to its ring (Completion::lane). R = 1 is unstriped.
+//  - INA path: ring 0's message j goes into its send slot j mod 2 (INA
+//    header with ring 0's id, then data) and leaves as one RDMA WRITE WITH
+//    IMM (imm = j) to the successor's receive slot j mod 2 of lane 0; the
+//    box reduces it with the other ranks' and releases the sum there.
+//  - Ring path: per ring, segments of at most P * stride / esize elements;
+//    2(P - 1) = 4 steps each, one WRITE WITH IMM (imm = segment tag << 8 |
+//    step) into the successor's half (segment parity) of its receive
+//    region, then reduce (reduce-scatter) or store (all-gather) what the
+//    predecessor wrote for this step.
 //
-// Buffers. Everything the NIC reads is registered once, when the collective
-// is created, and reused: the INA send slots (per ring N messages of msg_len
-// * pmtu bytes) and the ring path's work buffer (per ring one segment). The
-// receive regions belong to the transport (their rkeys went to the
-// predecessor at connect time). Tensors are copied in and results copied
-// out, without the header.
-//
-// INA path. On ring i, message j goes into that ring's send slot j mod N:
-// INA header (ring i's id), then data; one RDMA WRITE WITH IMM (imm =
-// message id) to the successor's receive slot j mod N of lane i. Rule W
-// keeps at most N messages of each ring open; since the box releases
-// message j + N only once this rank has sent it, which it does only after
-// copying out message j, slot j mod N is free again when j + N lands.
-// Bit-exact rule: the box reduces every stripe in rank order on its ring,
-// element by element, so the striped result equals the unstriped one.
-//
-// Ring path. Per ring, segments of at most P * stride / esize elements of
-// its stripe. The receive region is two halves (segment parity), each
-// 2(P - 1) slots of `stride` bytes, one per step. Each step: one WRITE WITH
-// IMM (imm = segment tag << 8 | step) of the chunk to send, then wait for
-// that write's completion and for the predecessor's write of this step;
-// reduce (reduce-scatter) or store (all-gather). The predecessor starts
-// segment j + 1 only after finishing j, whose last data depends on this rank
-// having sent in segment j, so half (j + 1) mod 2 is no longer read here: no
-// credit messages are needed. A ring's receive that arrives before its step
-// (the predecessor runs ahead, possibly into the next call) waits in that
-// ring's queue. Float sums follow each segment's chunk order, so they depend
-// on R (as on ring_buffer_bytes); integers and min/max do not.
-//
-// Any timeout or transport error leaves the ranks out of step: the
-// collective then refuses further calls with the first error. Errors name
-// the ring (index, id, the stripe's byte range) and the message.
+// Contracts (one caller at a time per collective):
+// - This rank writes only its send slots and work buffer (registered once,
+//   at create), and copies results out of its receive region.
+// - INA: the result of message j + N can land in slot j mod N only after
+//   this rank sent j + N, which it does after copying out message j.
+// - Ring: the predecessor starts segment j + 1, and so writes half
+//   (j + 1) mod 2, only after segment j, which needs this rank's sends: no
+//   credit messages. A receive that comes before its step waits in a queue.
+// - A timeout or transport error leaves the ranks out of step: later calls
+//   fail with the first error, which names the ring and the message.
+// The box reduces each stripe in rank order, so INA results equal the
+// unstriped ones; ring-path float sums follow chunk order and depend on R.
 #pragma once
 
 #include <deque>
@@ -97,8 +85,8 @@ class Collective {
   Error fail(Error e);
   // "ring i of R (id X, stripe bytes [a, b))" for errors.
   std::string ring_name(unsigned i, const StripeRange& s, size_t esize) const;
-  // That and ": " with R > 1; empty with one ring (whose errors read as
-  // they did before striping).
+  // That and ": " with R > 1; empty with one ring (its errors name no
+  // stripe).
   std::string ring_tag(unsigned i, const StripeRange& s, size_t esize) const;
 
   // What each ring keeps from call to call.

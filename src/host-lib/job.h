@@ -46,7 +46,7 @@ inline unsigned job_ring_index(unsigned local_rank, unsigned stripes, unsigned s
   return local_rank * stripes + stripe;
 }
 
-// How errors name a lane: "ring s" without local ranks (as before), else
+// How errors name a lane: "ring s" without local ranks, else
 // "local rank l's ring, stripe s".
 std::string lane_label(unsigned local_rank, unsigned local_size, unsigned stripe);
 

@@ -138,7 +138,7 @@ Error resolve_locality(const std::vector<LocalityClaim>& all, unsigned rank, Loc
   };
   // Hosts in order of their lowest global rank. A rank that gives
   // local_size 1 is a host of its own, whatever machine it shares (several
-  // ranks per machine as separate ring members, as before local ranks).
+  // ranks per machine as separate ring members, without local ranks).
   const auto host_of = [&](unsigned r) {
     return all[r].local_size == 1 ? all[r].host_id + "#rank" + std::to_string(r) : all[r].host_id;
   };

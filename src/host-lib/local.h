@@ -1,64 +1,34 @@
-// Parallel NetReduce (paper section 3.4, DESIGN.md section 9): n local ranks
-// on one host (processes, or threads) share one all-reduce.
+// Parallel NetReduce (paper section 3.4, docs/design.md#parallel-rings): n
+// local ranks on one host (processes or threads) share one all-reduce.
+// Using it: docs/host-library.md.
 //
-// Theory of operation
-// -------------------
-// Locality. A job of P ranks runs on H hosts with n = local_size ranks each
-// (every host the same n). A rank's host is its host identity (Options::host_id,
-// else NETREDUCE_HOST_ID, else /proc/sys/kernel/random/boot_id + hostname):
-// the ranks with one identity are one host. Hosts are numbered by their
-// lowest global rank. Local ranks are given (Options::local_rank, every rank
-// of the host, 0..n-1 once each) or, when none is given, numbered in global
-// rank order. resolve_locality() checks and numbers every rank's claim (the
-// verbs communicator's bootstrap allgather, job.h; the loopback fabric
-// numbers ranks itself).
+// Example: P = 4 ranks on H = 2 hosts, n = 2 local ranks each. Local rank 0
+// of both hosts forms ring 0 (H members, host order), local rank 1 ring 1:
+// each an ordinary Collective (collective.h) with its own QPs and ring id.
+// One call on a chunk of 7 elements, on every local rank l:
+//  1. copy the chunk into input slot l of the shm segment;      barrier A
+//  2. fold shard l (shard 0: elements 0-3, shard 1: 4-6; plan.h's stripe
+//     rule) over the n input slots, in local-rank order, into the result
+//     area;
+//  3. ring l all-reduces shard l in place across the hosts;     barrier B
+//  4. copy the whole result area out.
+// On the INA path each element is the box's fold over hosts (ring order) of
+// the local folds (local-rank order), whatever the chunking and striping.
+// Hosts: the ranks sharing a host identity (Options::host_id, else
+// NETREDUCE_HOST_ID, else boot_id + hostname), numbered by their lowest
+// global rank; resolve_locality() checks every rank's claim.
 //
-// Rings. Local rank l of every host forms ring l (H members, host order):
-// its own QPs and, with the box, its own ring id (R stripes: rings l R ..
-// l R + R - 1 of the job, ids in that order). Ring l is an ordinary
-// Collective (collective.h) whose rank is the host index and whose world is H.
-//
-// One call, on every local rank, chunk by chunk (chunks of at most
-// chunk_bytes of the tensor, element-aligned, the same on every rank; one
-// empty round for count 0). Each rank first writes its call (count, dtype,
-// op) into its header entry; after the first barrier A every rank compares
-// them, so local ranks that disagree fail at once, naming each other.
-//   1. copy the chunk into my input slot of the segment;      barrier A
-//   2. shard l of the chunk (plan.h's stripe rule with n shards: shard l
-//      holds c / n elements plus one if l < c % n) is folded over the n input
-//      slots in local-rank order into the segment's result area;
-//   3. ring l all-reduces that shard in place across the hosts (INA path
-//      through the box, or the ring fallback);               barrier B
-//   4. copy the whole result area out.
-// Nobody writes an input slot before barrier A of the next chunk, which
-// every rank reaches only after its reads of step 2; nobody writes the
-// result area before that either, and every rank has copied it out by then.
-//
-// Bit-exact rule (INA path): for each element,
-//     result = box_fold over hosts in ring order (host 0, 1, ..., H - 1) of
-//              local_fold over local ranks in local order (0, 1, ..., n - 1),
-// each fold being reduce.h's (in order; fp16/bf16 widened, rounded once per
-// fold). Chunking and striping do not change it. The ring fallback folds
-// across hosts in the ring's chunk order (collective.h), as it does without
-// local ranks.
-//
-// Segment. One POSIX shm segment per communicator and host, named from the
-// job (a nonce rank 0 chose) and the host index. Local rank 0 creates it
-// (O_EXCL), sizes and allocates it (posix_fallocate: a full /dev/shm is an
-// error at creation, not a SIGBUS later), initialises the header and publishes the magic last;
-// the others open it (retrying every millisecond until the deadline). Every
-// rank then waits at the first barrier, after which everybody unlinks the
-// name (ENOENT is fine): from then on a crash leaks nothing. Errors and
-// destruction unlink as well.
-//
-// Signalling. Barriers are counters in the header: each local rank stores the
-// number of the barrier it reached (arrived[l], written by local rank l only,
-// read by all), then bumps `bell` and FUTEX_WAKEs it; a waiter sleeps in
-// FUTEX_WAIT on `bell` (shared, not private: other processes map it) until
-// every arrived[j] reaches its barrier. No spinning. A rank that fails posts
-// `failed` = local rank + 1 and a message and rings the bell, so the others
-// fail at once with its reason; a rank that never comes is named when the
-// deadline passes. After any error the group refuses further calls.
+// Contracts (one POSIX shm segment per communicator and host):
+// - Local rank 0 creates it (O_EXCL, posix_fallocate), initialises the
+//   header and stores the magic last; the others open it, retrying every
+//   millisecond until the deadline. After the first barrier all unlink it.
+// - Local rank l alone writes input slot l, shard l of the result area and
+//   arrived[l]; every rank reads them. Nobody writes a slot or the result
+//   area before barrier A of the next chunk, reached only after all reads.
+// - A barrier: store arrived[l], bump `bell`, FUTEX_WAKE (a shared futex);
+//   a waiter sleeps in FUTEX_WAIT on `bell` until every arrived[j] is there.
+// - A failing rank posts `failed` = l + 1 and its message and rings the
+//   bell: the others fail at once with its reason, and refuse later calls.
 #pragma once
 
 #include <memory>

@@ -1,39 +1,34 @@
 // LoopbackTransport: P ranks as threads of one process, for unit tests of
 // the collectives without an RDMA device.
 //
-// A LoopbackFabric holds every rank's receive region and completion queue
-// behind one mutex. post_write_imm() delivers at once: the bytes land in the
-// successor's receive region, the successor gets a receive completion with
-// the immediate, the writer a write completion; in the order posted, like RC.
+// Example: P = 3, `box` set, one ring, pmtu 1024. Rank 1 posts a 2 KB write
+// that starts with an INA header to rank 2:
+//  1. The fabric cuts it into WRITE FIRST and LAST frames
+//     (wire::build_message_packet: rank 1 at 10.0.0.2, real PSNs starting
+//     near the 2^24 wrap, RETH, ImmDt, ICRC) and feeds them to a real
+//     engine::Engine with the job's ring installed.
+//  2. The engine holds them until ranks 0 and 2 send theirs; what it then
+//     releases (or forwards) is parsed and its payload written into rank
+//     2's receive region at its offset.
+//  3. Once the last packet is delivered, rank 2 gets a receive completion
+//     with the immediate and rank 1 a write completion.
+// A packet the engine drops is lost (no retransmission here): the writer
+// times out, which is how tests see drops. Without `box` or the INA magic a
+// write is delivered at once, completions in the order posted, as RC does.
+// Lanes: with `rings` = R, lane g of rank r writes to QPN 0x100 + 64 g +
+// (r + 1) mod P from UDP port 0xC000 + 64 g + r, so the engine's CLT tells
+// the rings apart; the box installs ring g as ring.ring_id + g.
+// Local ranks: with `local_size` = n, `world` counts hosts (10.0.0.1 +
+// host); global rank r is local rank l = r % n of host r / n and owns the
+// host's lanes l R .. l R + R - 1, seen as its lanes 0..R - 1 (rank() the
+// host); the box installs them as ring.ring_id + l R + s.
 //
-// With `box` set, the fabric emulates the netreduce box by packetizing: every
-// write that starts with an INA header is cut into RoCEv2 frames through
-// wire::build_message_packet (rank r at 10.0.0.1 + r, real PSNs starting near
-// the 2^24 wrap, RETH, ImmDt, ICRC) and fed to a real engine::Engine with the
-// job's ring installed. What the engine releases (or forwards) is parsed
-// and its payload written into the receiver's region at its offset; a
-// write completes, on both sides, when its last packet has been delivered.
-// Packets the engine drops are lost for good (there is no retransmission
-// here): the writer then times out, which is how tests see them. Writes
-// without the INA magic are delivered directly (the engine would forward
-// them untouched).
-//
-// Rings. With `rings` = R every rank's transport has R lanes (transport.h),
-// each with its own receive region of recv_bytes, PSN sequence and
-// connection: lane g of rank r writes to destination QPN 0x100 + 64 g +
-// (r + 1) mod P from UDP source port 0xC000 + 64 g + r, so the engine's CLT
-// tells the rings apart as it would real QPs. With a box, ring g is
-// installed with id ring.ring_id + g. Lane 0 is exactly the one-ring fabric.
-//
-// Local ranks (parallel NetReduce). With `local_size` = n, `world` counts
-// hosts (the ring members, 10.0.0.1 + host) and the job has world x n
-// ranks: global rank r is local rank r % n of host r / n. Each host has
-// n x R lanes; local rank l owns lanes l R .. l R + R - 1 (ring l, striped
-// R ways) with its own completion queue, and sees them as its lanes
-// 0..R - 1, with rank() the host and world() the host count: the transport
-// of ring l. The box installs n x R rings, ids ring.ring_id + l R + s. The
-// local ranks of a host share a real shm segment (LocalGroup, local.h),
-// named from a per-fabric nonce, so they must be created concurrently.
+// Threads:
+// - Each rank thread calls its own transport. One fabric mutex guards every
+//   receive region, completion queue and the engine; poll() waits on the
+//   rank's condition variable.
+// - Local ranks of a host share a real shm segment (LocalGroup, local.h)
+//   named from a per-fabric nonce, so they must be created concurrently.
 #pragma once
 
 #include <memory>

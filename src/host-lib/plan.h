@@ -8,9 +8,9 @@
 // messages; only the last message is short (fewer packets). Message i of
 // a call has id base + i (32-bit, wraps: wire/psn.h serial arithmetic).
 //
-// Window (rule W, DESIGN.md section 4). Message i may be sent only when
-// message i - N is done for this rank: its result arrived and its own write
-// completed. Completions of both kinds arrive in order (RC), so "done" is
+// Window (rule W, docs/design.md#cells-and-the-window-rule). Message i may
+// be sent only when message i - N is done for this rank: its result arrived
+// and its own write completed. Completions of both kinds arrive in order (RC), so "done" is
 // a prefix of the messages and the rule is `i < done + N`.
 //
 // Ring path. A segment of `n` elements is split into P chunks, chunk c
@@ -19,7 +19,8 @@
 // and reduce it as op(received, own); all-gather (t = s - P + 1): send
 // chunk r + 1 - t, receive chunk r - t and store it (indices mod P). After
 // the reduce-scatter rank r holds chunk r + 1 reduced in the ring order
-// x[c], x[c+1], ..., x[c-1] (c the chunk; see README for the reference).
+// x[c], x[c+1], ..., x[c-1] (c the chunk; ring_order_reference in
+// tests/host-lib/fixture.h computes it independently).
 //
 // Stripes (Options::rings = R). A tensor of `count` elements is cut into R
 // stripes, element-aligned: stripe i holds count / R elements plus one if

@@ -613,8 +613,8 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
         engine::RingSpec& sp = specs[size_t{l} * R + s];
         for (unsigned g : loc.rings[l]) {
           sp.members.push_back(all[g].ipv4);
-          // One ring has nothing to be told apart from: no qpns (a daemon
-          // older than them registers it as before).
+          // One ring has nothing to be told apart from: no qpns (so a daemon
+          // that does not know the field registers it too).
           if (n * R > 1) sp.qpns.push_back(all[g].qpn_p[s]);
           ips = ips && all[g].ipv4 != 0;
         }

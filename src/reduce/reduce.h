@@ -1,58 +1,33 @@
 // Element-wise reduction kernels: the sum (or min/max) of the payloads of P
-// packets, one per worker rank.
+// packets, one per worker rank. Every result is a deterministic function of
+// the inputs and their rank order: the same bytes on every ISA variant
+// (scalar, AVX2, AVX-512) and in accumulate mode (init(x_0), add(x_1), ...,
+// finish()), for every input including NaN, inf, -0, subnormals and integer
+// overflow. The tests check this bit for bit.
 //
-// Theory of operation
-// -------------------
-// Every result is a deterministic function of the inputs and their rank order:
-// the same bytes come out on every ISA variant (scalar, AVX2, AVX-512), in
-// reduce mode and in accumulate mode, for every input including NaN, inf, -0,
-// subnormals and integer overflow. The tests check this bit for bit.
+// Example, P = 3, one element each:
+//   fp32 sum of 1e8, 1, -1e8: (1e8 + 1) rounds to 1e8, then + -1e8 = 0.
+//     Strictly in rank order (srcs[0] first); the order is part of the result.
+//   fp16 sum of 2048, 1, 1: widened to fp32 (exact), 2050, rounded once to
+//     fp16: 2050 (adding in fp16 would give 2048).
+//   fp32 min of +0, -0, NaN: NaN, written as the canonical 0x7FC00000.
+// Rules:
+// - sum: IEEE add, one rounding per add, no FMA, no reassociation (the
+//   kernels build with -ffp-contract=off, never -ffast-math); int32/int64
+//   wrap. fp16/bf16 reduce in fp32 and round once, to nearest even.
+// - min/max: IEEE 754-2019 minimum/maximum: NaN propagates, -0 < +0, so
+//   non-NaN inputs give the same result in any order; integers signed.
+// - Every NaN produced is the canonical positive quiet NaN (0x7FC00000,
+//   0x7FF8000000000000, 0x7E00 fp16, 0x7FC0 bf16), whatever the inputs'.
 //
-// Order. reduce() computes, for each element i,
-//     dst[i] = op(...op(op(x_0[i], x_1[i]), x_2[i])..., x_{n-1}[i])
-// strictly in rank order (srcs[0] first). Floating-point sums are not
-// associative, so the order is part of the result. Accumulate mode gives the
-// same bytes when fed init(x_0), add(x_1), ..., add(x_{n-1}), finish().
-//
-// Widening. fp16 and bf16 elements are widened to fp32 (exact), reduced in fp32
-// in rank order, and rounded once to fp16/bf16 at the end, round to nearest,
-// ties to even. The other dtypes are reduced in their own type.
-//
-// sum. Floating point: IEEE add in rank order, one rounding per add (round to
-//   nearest even), no FMA and no reassociation (the kernels are compiled with
-//   -ffp-contract=off, never -ffast-math). int32/int64 wrap modulo 2^32/2^64.
-//
-// min/max (floating point): IEEE 754-2019 minimum/maximum:
-//   - if either operand is NaN the result is NaN (NaN propagates, it is never
-//     dropped);
-//   - -0 is less than +0: min(+0, -0) = min(-0, +0) = -0 and
-//     max(+0, -0) = max(-0, +0) = +0;
-//   - otherwise the smaller (larger) value.
-//   So min/max of non-NaN values do not depend on rank order at all.
-// min/max (int32/int64): the signed minimum/maximum.
-// For fp16/bf16, min/max is taken over the widened values and narrowed
-// (exact, since widening is exact).
-//
-// NaN results. Every NaN the reduction produces (from a NaN input or from
-// inf - inf) is written as the canonical positive quiet NaN: 0x7FC00000
-// (fp32), 0x7FF8000000000000 (fp64), 0x7E00 (fp16), 0x7FC0 (bf16). The sign
-// and payload of input NaNs are not propagated; this keeps the result
-// independent of which operand order the hardware or the compiler picks.
-//
-// Environment. The caller's floating-point environment must be the default
-// one (round to nearest, no FTZ/DAZ), as the C runtime and DPDK set it.
-//
-// Memory. srcs and dst may be unaligned (they point into packets). dst may
-// be the very same pointer as one of the srcs (in place): every element is
-// read from all srcs before it is written. Any other overlap is not allowed.
-// The kernels do not allocate, lock, log or throw; reduce() uses a few KB of
-// stack.
-//
-// Speed. Up to 4 ranks are reduced in one pass straight into dst; more ranks
-// go through an L1-resident fp32 (fp16/bf16) or native accumulator block, 4
-// ranks per pass (see kernels_impl.h). fp16/bf16 use F16C / AVX-512
-// conversions on the AVX2 and AVX-512 variants; the scalar variant converts
-// with integer code and is much slower for fp16.
+// Contracts:
+// - Caller: the default floating-point environment (round to nearest, no
+//   FTZ/DAZ, as the C runtime and DPDK set it). srcs and dst may be
+//   unaligned; dst may equal one src (every element is read from all srcs
+//   before it is written), no other overlap.
+// - Kernels: any thread; no allocation, lock, log or throw; a few KB of
+//   stack. Up to 4 ranks go straight into dst, more through an L1-resident
+//   accumulator block, 4 ranks per pass (kernels_impl.h).
 #pragma once
 
 #include <cstddef>

@@ -1,61 +1,33 @@
-// The box-to-box protocol of a multi-rack tree (DESIGN.md section 8, issue
-// #15): how a box sends a partial reduction up to its parent and how a
-// parent sends the result down to its children, and how a parent that lost
-// its cells (a restarted box) gets a result its children already hold.
+// The box-to-box protocol of a multi-rack tree (docs/design.md#hierarchy,
+// docs/design.md#wire-format): a child box sends a partial reduction up to
+// its parent, the parent sends the result down, and a parent that lost its
+// cells (a restarted box) gets a result its children already hold.
 //
-// Theory of operation
+// Frame: Ethernet [802.1Q, up to two tags] | IPv4 (no options, not
+// fragmented) | UDP to kB2bPort, checksum 0 | B2bHdr (32 bytes) | data. The
+// data is the reduced data bytes of one packet position k of one message m
+// (never an INA header). kB2bPort (4792, next to RoCEv2's 4791) is not
+// IANA-registered for this use: a fabric sends no other traffic to a box
+// address on it. Port, magic and version are named here only.
 //
-// Frame. Ethernet [802.1Q, up to two tags] | IPv4 (no options, not
-// fragmented) | UDP (destination port kB2bPort) | B2bHdr (32 bytes) | data.
-// The data is one cell's worth of reduced elements: the data bytes of one
-// packet position k of one message m of a tree (the INA header a worker's
-// first packet carries is never part of it). The UDP checksum is 0 (IPv4
-// allows it): the header's own checksum covers more and better.
+// Example: leaf L1, child 1 of spine S, sends S its partial of ring 7,
+// message 5, position k = 1 of msg_len 2: 256 fp32 sums.
+//   IPv4 L1 -> S | UDP -> 4792 | magic "NR", version 1, kind partial,
+//   tree_id 7, msg_id 5, k 1, msg_len 2, child 1, dtype fp32, op sum,
+//   length 1024, checksum | 1024 bytes of data
+// S answers with kind result and child 1, the same (tree_id, msg_id, k),
+// from S to L1. A query (no data, length 0) goes down the same way and is
+// answered with a final going up.
 //
-// One place. The UDP port, the magic and the version are named here only;
-// a data plane steers frames to the engine by kB2bPort, the engine accepts
-// those addressed to its box (TreeSpec::self) and forwards the others.
-// kB2bPort (4792, next to RoCEv2's 4791) is not IANA-registered for this
-// use: a fabric must not send other traffic to a box address on it.
-//
-// Header fields (all big-endian):
-//   magic    "NR" (0x4E52): catches traffic that is not ours on the port
-//   version  kB2bVersion; a box drops every other version (bad_version)
-//            before it reads anything else, so a later version may change
-//            the rest of the layout, the checksum included
-//   kind     partial (child -> parent), result (parent -> child), query
-//            (parent -> child: "send me what you hold for this cell", no
-//            data) or final (child -> parent: the tree's result, held by a
-//            child whose cell completed, sent in answer to a query)
-//   tree_id  the tree's id: the id of the ring it serves
-//   msg_id   m, the ring's message id (serial-number arithmetic, as INA)
-//   k        packet position of the data in message m
-//   msg_len  packets in message m (k < msg_len)
-//   child    partial, final: the sender's index among its parent's child
-//            boxes; result, query: the index of the child it is for
-//   dtype/op wire::Dtype / wire::ReduceOp, as in the INA header
-//   length   data bytes after the header, exactly what the UDP length
-//            leaves: a query carries none (0); the other kinds a multiple
-//            of the dtype's size, at least one element
-//   flags, reserved  zero on send, ignored on receipt
-//   checksum CRC32C (Castagnoli) over the UDP payload, this header (with
-//            the checksum field as zero) and the data
-//
-// Why CRC32C. The checksum decides whether a partial may enter a sum, so it
-// has to catch what a corrupted link does. The UDP checksum (16-bit ones'
-// complement) misses swapped 16-bit words and any pair of errors that
-// cancel, and NICs may strip or skip it. CRC-32 (the ICRC's and Ethernet
-// FCS's polynomial) would be as strong, but sharing the FCS polynomial gives
-// no independent check behind the FCS. CRC32C (Koopman's tables) keeps
-// Hamming distance 6 up to 655 bytes and 4 beyond, at least CRC-32's at
-// every length this protocol sends (at most 4 KB of data), is not the FCS
-// polynomial, and has an instruction of its own on x86-64 (SSE4.2) and
-// arm64: ISA-L's crc32_iscsi (already a dependency for the ICRC) runs it at
-// several GB/s, so a 4 KB partial costs well under a microsecond.
+// The checksum, CRC32C over the header (checksum field zero) and the data,
+// decides whether a partial may enter a sum: unlike the UDP checksum it
+// catches swapped words, and unlike CRC-32 it is independent of the
+// Ethernet FCS (docs/design.md#wire-format).
 //
 // Status. parse_b2b never reads outside [data, data + len). not_b2b is
 // ordinary traffic (not IPv4 / UDP / kB2bPort); every other status but ok
-// is a malformed or corrupted box-to-box frame, each with its own name.
+// names one kind of malformed or corrupted frame. Pure functions: any
+// thread.
 #pragma once
 
 #include <cstddef>
@@ -81,6 +53,23 @@ enum class B2bKind : uint8_t {
 // Kinds that carry data (all but query).
 constexpr bool b2b_kind_has_data(B2bKind k) noexcept { return k != B2bKind::query; }
 
+// Header fields, all big-endian:
+//   magic    "NR" (0x4E52): catches traffic that is not ours on the port
+//   version  kB2bVersion; a box drops every other version (bad_version)
+//            before it reads anything else, so a later version may change
+//            the rest of the layout, the checksum included
+//   kind     B2bKind
+//   tree_id  the id of the ring the tree serves
+//   msg_id   m, the ring's message id (serial-number arithmetic, as INA)
+//   k        packet position of the data in message m (k < msg_len)
+//   msg_len  packets in message m
+//   child    partial, final: the sender's index among its parent's child
+//            boxes; result, query: the index of the child it is for
+//   dtype/op wire::Dtype / wire::ReduceOp, as in the INA header
+//   length   data bytes after the header, exactly what the UDP length
+//            leaves: 0 for a query, else whole elements, at least one
+//   flags, reserved  zero on send, ignored on receipt
+//   checksum CRC32C (Castagnoli) over the UDP payload with this field zero
 struct B2bHdr {
   be16 magic;
   uint8_t version;

@@ -110,10 +110,11 @@ struct AtomicAckEth {
 };
 
 // INA header: the first 24 bytes of the payload of the first packet (WRITE
-// FIRST or ONLY) of every INA message. Fields as in DESIGN.md section 2 plus a
-// 32-bit reserved word: 24 bytes keeps every element of every dtype (up to
-// 8 bytes) at the same packet-relative alignment in first and later packets,
-// so no element ever straddles two packets of a message.
+// FIRST or ONLY) of every INA message. Fields as in
+// docs/design.md#wire-format plus a 32-bit reserved word: 24 bytes keeps
+// every element of every dtype (up to 8 bytes) at the same packet-relative
+// alignment in first and later packets, so no element ever straddles two
+// packets of a message.
 struct InaHdr {
   be32 magic;  // kInaMagic ("InetTag")
   uint8_t version;

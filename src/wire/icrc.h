@@ -44,7 +44,7 @@ bool icrc_verify_head(const uint8_t* frame, const ParsedFrame& p, size_t upto,
 // Recomputes and stores the ICRC.
 void icrc_update(uint8_t* frame, const ParsedFrame& p) noexcept;
 
-// --- CRC linearity (DESIGN.md section 5) ---------------------------------
+// --- CRC linearity (docs/design.md#icrc-fix-up) -------------------------
 // CRC-32 is affine over GF(2), so the CRC of a concatenation follows from the
 // CRCs of its parts: crc32(0, A || B) == crc32_combine(crc32(0, A),
 // crc32(0, B), |B|). The combination multiplies crc(A) by x^(8|B|) modulo the

@@ -1,6 +1,6 @@
 // The INA header's value types: data types, reduction ops, and a decoded view
 // of the header that the first packet of every INA message carries (layout in
-// headers.h, protocol in DESIGN.md section 2).
+// headers.h, protocol in docs/design.md#wire-format).
 #pragma once
 
 #include <cstddef>

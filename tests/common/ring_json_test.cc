@@ -39,7 +39,7 @@ TEST_CASE("qpns: optional, one 24-bit QP number per member, round trip", "[commo
   RingSpec s;
   REQUIRE(ring_from_json(j, s).ok());
   CHECK(s.qpns.empty());
-  CHECK(!ring_to_json(s).contains("qpns"));  // absent when not given: the JSON as before
+  CHECK(!ring_to_json(s).contains("qpns"));  // absent when not given
   j["qpns"] = {17, 16777215, 0};
   REQUIRE(ring_from_json(j, s).ok());
   CHECK(s.qpns == std::vector<uint32_t>{17, 16777215, 0});

@@ -73,8 +73,8 @@ TEST_CASE("the shipped netreduced.yaml loads with its documented values", "[cont
 TEST_CASE("the HTTP front end's limits: ranges and the free-thread rule", "[control][config]") {
   CHECK(error_of("listen: {threads: 1}").rfind("listen.threads: must be in 2..256", 0) == 0);
   {
-    // Not given, the limit follows listen.threads: a config from before the
-    // key existed (threads: 2) still starts.
+    // Not given, the limit follows listen.threads: a config without the key
+    // and with threads: 2 starts.
     DaemonConfig c;
     REQUIRE(parse_daemon_config("listen: {threads: 2}\nauth: {token_file: /t}", "test", c).ok());
     CHECK(c.dataplane_concurrency == 1);

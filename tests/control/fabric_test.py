@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Fabric control (issue #15): three real netreduced daemons, each with its own real
+"""Fabric control: three real netreduced daemons, each with its own real
 netreduce-dataplane (net_ring ports), sharing one fabric YAML: a spine and two leaves.
 The process and request helpers are control_test.py's.
 

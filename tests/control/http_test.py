@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""netreduced's HTTP surface under hostile and careless clients (issue #12, finding 4 and the
-UTF-8 part of 7). The real daemon, raw sockets, no data plane or a fake slow one.
+"""netreduced's HTTP surface under hostile and careless clients (slow, oversized and
+malformed requests, input that is not UTF-8). The real daemon, raw sockets, no data plane
+or a fake slow one.
 
     http_test.py DAEMON CTL DATAPLANE SCENARIO
 

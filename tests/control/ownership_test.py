@@ -181,7 +181,7 @@ def scenario_ownership(tmp):
     assert metric(text, "netreduce_rings_expired_total") == 1, text  # counted since this start
     d.stop()
 
-    # Without auth.job_token_file the one token does everything, as before; the
+    # Without auth.job_token_file the one token does everything; the
     # credential rules are the same.
     tmp2 = os.path.join(tmp, "one-token")
     os.mkdir(tmp2)

@@ -407,8 +407,8 @@ def dump_box_on_failure(proc):
 
 
 def bad_bytes_scenario(tmp, in_pcap):
-    """Lines that are not UTF-8 (the first one used to abort the box): each is
-    answered with an error, and the box keeps forwarding and answering."""
+    """Lines that are not UTF-8: each is answered with an error, and the box keeps
+    forwarding and answering."""
     wrpcap(in_pcap, other_traffic(1))
     proc, sock, _ = start_dataplane(tmp, in_pcap, [], 1, loop=True)
     with dump_box_on_failure(proc):
@@ -733,7 +733,7 @@ def placement_scenario(tmp, rng):
 
 
 def stripes_scenario(tmp, in_pcap, rng, workers=2):
-    """Two stripes of one job (issue #16): rings 41 and 42 over the same three members,
+    """Two stripes of one job: rings 41 and 42 over the same three members,
     each with its own QPs (qpns). On 2 workers with one RX queue the box spreads them:
     ring 41 on worker 0, ring 42 on worker 1, their links split; ring 42's packets reach
     worker 1 by their receiving connection (dst, dest QP), ring 41's stay. Both exact
@@ -1147,7 +1147,7 @@ def polling_scenario(tmp, in_pcap):
     print("polling: paused for 0.5 s: %d packets received (were moving before); resumed: %d more" % (b - a, c - b))
 
 
-# ---- multi-rack tree nodes (issue #15: the data plane part) ----------------------
+# ---- multi-rack tree nodes: the data plane part ----------------------------------
 # Box-to-box frames are built and checked with tests/tools/b2b_golden.py's scapy
 # layer (its own field description and a textbook CRC32C), never with the box's code.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))

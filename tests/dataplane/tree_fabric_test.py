@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Three real netreduce-dataplane processes as one multi-rack fabric (issue #15):
+"""Three real netreduce-dataplane processes as one multi-rack fabric:
 two leaf boxes and a spine, on DPDK net_af_packet ports over veth pairs, wired
 as a chain so that every frame has exactly one way to go:
 

@@ -1,5 +1,6 @@
-// The cell state machine's decision (cases 1-5 of DESIGN.md section 4) and
-// accumulate mode's header store.
+// The cell state machine's decision (cases 1-5 of
+// docs/design.md#cells-and-the-window-rule) and accumulate mode's header
+// store.
 #include "engine/cells.h"
 
 #include <catch2/catch.hpp>

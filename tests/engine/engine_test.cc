@@ -1,6 +1,7 @@
 // Named regression tests of the aggregation engine: each scenario of
-// DESIGN.md sections 3-5 as a hand-written packet sequence, checked against an
-// independent reference reduction (tests/engine/reference.h).
+// docs/design.md#tables, docs/design.md#cells-and-the-window-rule and
+// docs/design.md#icrc-fix-up as a hand-written packet sequence, checked
+// against an independent reference reduction (tests/engine/reference.h).
 #include <catch2/catch.hpp>
 #include <random>
 

@@ -1,4 +1,4 @@
-// The RC ring simulator over a tree of boxes (issue #15, DESIGN.md section 8).
+// The RC ring simulator over a tree of boxes (docs/design.md#hierarchy).
 //   engine-sim-tree-test [SEEDS] [FIRST_SEED]   random fabric and job per seed
 //   NETREDUCE_SIM_SEED=S engine-sim-tree-test   replay one seed, verbosely
 //

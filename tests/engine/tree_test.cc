@@ -374,8 +374,8 @@ TEST_CASE("a lost result: the root answers the resent partial from its complete 
   x.check_exactly_once();
 }
 
-// DESIGN.md section 8's hold-at-the-source-leaf with a parent that lost its
-// cells: leaf A got the result, leaf B's was lost, then the root restarted.
+// The hold at the source leaf (docs/design.md#hierarchy) with a parent that
+// lost its cells: leaf A got the result, leaf B's was lost, then the root restarted.
 // B's workers resend, B resends its partial; only A's final can complete the
 // fresh root cell, since A's workers are done with it.
 TEST_CASE("a restarted root asks the child that has the result (query, final)", "[engine][tree]") {
@@ -506,7 +506,7 @@ TEST_CASE("traffic a box does not own passes untouched", "[engine][tree]") {
   std::vector<uint8_t> f(wire::b2b_frame_size(d.size()));
   REQUIRE(wire::build_b2b(s, f.data(), f.size()) == f.size());
   CHECK(x.boxes[0]->feed(f).reason == Reason::fwd_b2b_transit);
-  // A box with no tree: the port is ordinary traffic, as before trees.
+  // A box with no tree: the port is ordinary traffic.
   Harness plain;
   REQUIRE(plain.e->install_ring(ring_spec(1, 4)).ok());
   s.dst_ip = kRootIp;

@@ -84,7 +84,7 @@ TEST_CASE("chunking: bad arguments are named", "[hostlib][plan]") {
 }
 
 TEST_CASE("INA header: the bytes the host writes, by hand", "[hostlib][header]") {
-  // DESIGN.md section 2 + reserved word, big-endian.
+  // Fields of docs/design.md#wire-format + reserved word, big-endian.
   wire::InaInfo info;
   info.dtype = static_cast<uint8_t>(DataType::bf16);
   info.op = static_cast<uint8_t>(Op::max);

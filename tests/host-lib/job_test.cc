@@ -93,7 +93,7 @@ TEST_CASE("job plan: one rank per host is the plain communicator", "[hostlib][jo
     CHECK(loc.host == r);
     CHECK(loc.ring == std::vector<unsigned>{0, 1, 2, 3});
   }
-  CHECK(lane_label(0, 1, 2) == "ring 2");  // as before local ranks
+  CHECK(lane_label(0, 1, 2) == "ring 2");  // without local ranks
   CHECK(lane_label(1, 2, 0) == "local rank 1's ring, stripe 0");
 }
 
@@ -108,7 +108,7 @@ TEST_CASE("job plan: the path decision and each local rank's ring ids", "[hostli
   CHECK(my_ring_ids(job, 2, 3).empty());
 
   PathDecision d{true, job, "6 rings installed"};
-  // The bytes rank 0 broadcast before local ranks, for one ring: unchanged.
+  // One ring: rank 0 broadcasts "I<id>:<reason>" or "R0:<reason>".
   CHECK(encode_decision({true, {77}, "ring 77 installed by the daemon"}) ==
         "I77:ring 77 installed by the daemon");
   CHECK(encode_decision({false, {}, "ring forced by options"}) == "R0:ring forced by options");

@@ -125,10 +125,10 @@ TEST_CASE("bootstrap: deadlines name who is missing", "[hostlib][bootstrap]") {
 
 namespace {
 
-// A fake daemon speaking the API contract of src/control (README "Control
-// daemon"), with a ring table of its own: POST of a new id 201 with a
-// credential, of a held id 409; GET installed (or not); PUT .../lease and
-// DELETE only with the ring's credential (403 otherwise, 404 when absent).
+// A fake daemon speaking the API contract of src/control (docs/api.md), with
+// a ring table of its own: POST of a new id 201 with a credential, of a held
+// id 409; GET installed (or not); PUT .../lease and DELETE only with the
+// ring's credential (403 otherwise, 404 when absent).
 // Every request is recorded, in order, with its credential header.
 struct FakeDaemon {
   struct Call {

@@ -5,9 +5,8 @@ deployed. Scenarios are short scripts over this module:
 scenario_forwarding.py (1, and 5 for frames rxe made), scenario_allreduce.py
 (2, 5 for the box's aggregated frames, 3 and 4: libnetreduce with
 netreduced), scenario_lab.py (the lab itself), scenario_parallel.py (local
-ranks and striped rings, issue #16), scenario_multirack.py (two racks, a
-tree of three boxes, issue #15). `nrlab.py --help` is a CLI for running
-things by hand.
+ranks and striped rings), scenario_multirack.py (two racks, a tree of three
+boxes). `nrlab.py --help` is a CLI for running things by hand.
 
 Theory of operation
 -------------------
@@ -65,8 +64,8 @@ serves requests: the host writes req/<id>.sh, the guest runs it with bash and
 writes res/<id>.out/.err/.rc. Host binaries (perftest, build/ outputs) run
 unchanged in the guest: same root filesystem, same libc and rdma-core.
 
-Two racks (Lab(racks=[2, 2]), scenario_multirack.py, issue #15)
----------------------------------------------------------------
+Two racks (Lab(racks=[2, 2]), scenario_multirack.py)
+----------------------------------------------------
 One L2 network of three switches: a switch per rack (brA, brB) and a spine
 switch (brS, HOST_IP), joined by the leaf-spine links upA-upAs and upB-upBs
 (veth pairs, the only way between racks), and three boxes, each on two

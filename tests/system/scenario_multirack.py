@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""System scenario 'multirack' (issue #15): one job over two racks through a
-tree of three real boxes, over real Soft-RoCE.
+"""System scenario 'multirack': one job over two racks through a tree of
+three real boxes, over real Soft-RoCE.
 
 Set-up: nrlab's two-rack lab (nrlab.py, "Two racks"): guests g0, g1 in rack
 A behind leaf box leafA, g2, g3 in rack B behind leafB, a spine box above

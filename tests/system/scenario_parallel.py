@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""System scenario 'parallel' (issue #16): parallel NetReduce and striped
-rings over real Soft-RoCE through the box, in one lab of three guests.
+"""System scenario 'parallel': parallel NetReduce and striped rings
+over real Soft-RoCE through the box, in one lab of three guests.
 
 Set-up as scenario_allreduce.py: the real netreduced host-side on HOST_IP
 (token file), the box in aggregate mode with no ring; every job is

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""System scenario: PyTorch DDP training through the box (issue 17).
+"""System scenario: PyTorch DDP training through the box.
 
 Three guests (rank r in guest g<r>) run this file in worker mode: one Python
 process each (importing torch in a TCG guest costs minutes, so it is paid
@@ -154,8 +154,8 @@ def worker(a):
     out["compute_only_ms_per_step"] = compute_only()
     # Start the INA calls together: the box holds the first rank's packets
     # until the last rank's arrive, and a rank that starts later than its
-    # peers' RC retry budget (7 x 2.1 s here) ends their QPs (README:
-    # "Ranks that enter a call far apart"). TCG guests' compute_only() times
+    # peers' RC retry budget (7 x 2.1 s here) ends their QPs
+    # (docs/design.md#failure-semantics). TCG guests' compute_only() times
     # differ by seconds.
     dist.barrier()
     res = {}

@@ -62,7 +62,7 @@ typedef struct {
   uint8_t qp_timeout;       /* RC retransmission timeout exponent (4.096 us x 2^n) */
   int delete_ring_at_close; /* 0: rank 0 leaves its ring to its lease at close */
   uint32_t rings;           /* rings side by side (striping), 1..8; 0: 1 (netreduce.hpp) */
-  /* Since the size rule (below). Parallel NetReduce (netreduce.hpp Options):
+  /* Past the 104-byte prefix (the size rule below). Parallel NetReduce (netreduce.hpp Options):
      this rank's place among the ranks of its host. */
   int local_rank;      /* -1: discovered; 0..local_size-1 */
   int local_size;      /* -1: discovered; 1: no local ranks */
@@ -76,10 +76,10 @@ typedef struct {
    which write or read only that many bytes and take the defaults for the
    fields a shorter struct lacks; a size larger than this library knows
    (a newer header) is refused with NR_ERR_INVALID_ARGUMENT. (A size member
-   in the struct cannot do this: a caller built before it existed has none
+   in the struct cannot do this: a caller whose struct lacks it has none
    for the library to find.) The plain symbols nr_options_init and
-   nr_comm_create stay exported for binaries built before the rule and take
-   the struct as it was then (104 bytes, up to rings). Bindings call the
+   nr_comm_create are exported for binaries that call them directly and
+   take the 104-byte struct (the fields up to rings). Bindings call the
    _sized functions with their mirror's size. */
 void nr_options_init_sized(nr_options* o, size_t size);
 nr_status nr_comm_create_sized(int rank, int world, const char* device, int gid_index,

@@ -77,9 +77,9 @@ struct Options {
   // MTU: 256..4096); the first packet carries the 24-byte INA header.
   uint16_t msg_len = 4;
   uint16_t payload_bytes = 1024;
-  // Window N of rule W (DESIGN.md section 4). 0: estimated from the
-  // bandwidth-delay product link_gbps x rtt_us over the message size,
-  // clamped to [2, 64].
+  // Window N of rule W (docs/design.md#cells-and-the-window-rule). 0:
+  // estimated from the bandwidth-delay product link_gbps x rtt_us over the
+  // message size, clamped to [2, 64].
   uint16_t window = 0;
   double link_gbps = 25.0;
   double rtt_us = 10.0;
