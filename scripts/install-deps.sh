@@ -37,8 +37,9 @@ TEST=(
   # the two-rack lab: loss on a leaf-spine link (nftables; the host kernel may lack sch_netem)
   nftables
   # Debian packages and deployment (suite deploy): build, lint, unit files,
-  # netreduce-setup (python3-yaml), promtool (prometheus, above)
-  debhelper dpkg-dev fakeroot lintian systemd python3-yaml
+  # netreduce-setup (python3-yaml), promtool (prometheus, above); the man
+  # pages (scdoc builds them, groff and man-db check how they render)
+  debhelper dpkg-dev fakeroot lintian systemd python3-yaml scdoc groff-base man-db
   # the fresh-machine test (suite fresh): a minimal Debian 12 tree; git for
   # the tests that read the checkout (git archive, commit subjects)
   debootstrap git

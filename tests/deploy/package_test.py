@@ -9,16 +9,19 @@ their contents (no installation on this machine).
    directory leaks in, and checks that debian/changelog's version is the one
    in meson.build's project().
 2. dpkg-buildpackage -us -uc -b (tests off: debian/rules), timed.
-3. Every .deb: its files (each package holds what it must), its conffiles, and
-   for every ELF file in it, every NEEDED library is provided by the package
-   itself or by a package in its Depends (found with dpkg -S on this machine,
-   or among the packages just built).
+3. Every .deb: its files (each package holds what it must), its conffiles,
+   a man page beside every program (usr/bin/X: usr/share/man/man1/X.1.gz,
+   usr/sbin/X: man8/X.8.gz, in the same package), and for every ELF file in
+   it, every NEEDED library is provided by the package itself or by a
+   package in its Depends (found with dpkg -S on this machine, or among the
+   packages just built).
 4. From the unpacked tree (dpkg-deb -x into one root, LD_LIBRARY_PATH on its
    library directory): netreduced --check and netreduce-dataplane --check on
    the packaged configuration, netreduce-setup --check, a C program built
    against the packaged headers and pkg-config file and linked with the
    packaged library, and systemd-analyze verify --root on the packaged units.
-5. lintian: no error (warnings are printed).
+5. lintian: no error (warnings are printed), and no tag about man pages
+   (binary-without-manpage, manpage-*, groff-message; info tags included).
 """
 import glob
 import os
@@ -169,6 +172,18 @@ def check_packages(debs, root):
             must(["dpkg-deb", "-e", deb, ctl], "dpkg-deb -e")
             have = set(open(os.path.join(ctl, "conffiles")).read().split())
         assert want <= have, "%s conffiles %s, expected %s" % (pkg, sorted(have), sorted(want))
+    n_pages = 0
+    for pkg, files in sorted(contents.items()):
+        for f in sorted(files):
+            m = re.match(r"usr/(s?)bin/([^/]+)$", f)
+            if not m:
+                continue
+            section = "8" if m.group(1) else "1"
+            page = "usr/share/man/man%s/%s.%s.gz" % (section, m.group(2), section)
+            assert page in files, "%s ships %s without its man page %s (docs/man/%s.%s.scd, debian/%s.install)" % (
+                pkg, f, page, m.group(2), section, pkg)
+            n_pages += 1
+    assert n_pages >= 7, "only %d programs with man pages in the packages" % n_pages
 
     n_elf = n_needed = 0
     for deb in debs:
@@ -273,14 +288,19 @@ def check_unpacked(root, tmp, version, debs):
     print("  systemd-analyze verify --root: %s clean" % ", ".join(os.path.basename(u) for u in units))
 
 
+MAN_TAG_RE = re.compile(r"^[EWIP]: [^:]+: (binary-without-manpage|manpage-[\w-]+|groff-message)\b")
+
+
 def lintian(changes):
-    p = run(["lintian", "--no-tag-display-limit", changes])
+    p = run(["lintian", "--no-tag-display-limit", "--display-info", changes])
     tags = [line for line in p.stdout.splitlines() if re.match(r"^[EWIP]: ", line)]
     errors = [t for t in tags if t.startswith("E: ")]
     for t in tags:
         if t.startswith(("E: ", "W: ")):
             print("  lintian " + t)
     assert not errors, "lintian errors:\n" + "\n".join(errors)
+    man = [t for t in tags if MAN_TAG_RE.match(t)]
+    assert not man, "lintian about the man pages (docs/man):\n" + "\n".join(man)
     assert p.returncode in (0, 2) or not errors, p.stdout + p.stderr
     return len([t for t in tags if t.startswith("W: ")])
 
@@ -308,8 +328,8 @@ def main():
             print("  %s  (%d KiB)  Depends: %s" % (os.path.basename(d), os.path.getsize(d) // 1024, field(d, "Depends")))
         root = os.path.join(tmp, "root")
         n_elf, n_needed = check_packages(debs, root)
-        print("contents: every expected file and conffile present; %d ELF files, %d NEEDED entries, each "
-              "provided by the package or its Depends" % (n_elf, n_needed))
+        print("contents: every expected file and conffile present, a man page beside every program; %d ELF "
+              "files, %d NEEDED entries, each provided by the package or its Depends" % (n_elf, n_needed))
         check_unpacked(root, tmp, version, debs)
         changes = glob.glob(os.path.join(tmp, "*.changes"))
         assert len(changes) == 1, changes
