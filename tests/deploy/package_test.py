@@ -44,7 +44,8 @@ EXPECT = {
                       "lib/systemd/system/netreduce-dataplane.service", "lib/systemd/system/netreduced.service",
                       "usr/share/netreduce/monitoring/prometheus.yml", "usr/share/netreduce/monitoring/alerts.yml",
                       "usr/share/netreduce/monitoring/grafana/netreduce.json",
-                      "usr/share/doc/netreduce-box/README.md"],
+                      "usr/share/doc/netreduce-box/README.md", "usr/share/doc/netreduce-box/operations.md",
+                      "usr/share/doc/netreduce-box/dataplane.md", "usr/share/doc/netreduce-box/api.md"],
     "netreduce-tools": ["usr/bin/netreduce-allreduce-perf", "usr/bin/netreduce-loopback",
                         "usr/bin/netreduce-pcap-inspect"],
     "libnetreduce1": [ARCH_LIB + "/libnetreduce.so.1"],
@@ -286,6 +287,22 @@ def check_unpacked(root, tmp, version, debs):
     text = (out.stdout + out.stderr).strip()
     assert out.returncode == 0 and not text, "systemd-analyze verify: exit %d\n%s" % (out.returncode, text)
     print("  systemd-analyze verify --root: %s clean" % ", ".join(os.path.basename(u) for u in units))
+    # Each unit's Documentation= must lead somewhere the packages install.
+    n_docs = 0
+    for u in units:
+        for line in open(u):
+            if not line.startswith("Documentation="):
+                continue
+            for uri in line.split("=", 1)[1].split():
+                m = re.match(r"man:([\w.-]+)\((\d)\)$", uri)
+                path = ("usr/share/man/man%s/%s.%s.gz" % (m.group(2), m.group(1), m.group(2)) if m
+                        else uri[len("file:///"):] if uri.startswith("file:///") else None)
+                assert path, "%s: Documentation=%s is neither man: nor file:///" % (os.path.basename(u), uri)
+                assert os.path.exists(os.path.join(root, path)), "%s: Documentation=%s: the packages have no /%s" % (
+                    os.path.basename(u), uri, path)
+                n_docs += 1
+    assert n_docs >= len(units), "the units name only %d Documentation= targets" % n_docs
+    print("  Documentation= of the units: %d targets, each installed" % n_docs)
 
 
 MAN_TAG_RE = re.compile(r"^[EWIP]: [^:]+: (binary-without-manpage|manpage-[\w-]+|groff-message)\b")
