@@ -194,6 +194,9 @@ def main():
             sys.exit("FAIL: the demo verified %d frames, %d wrong, %d missing:\n%s" % (good, wrong, missing, tail(out)))
         log("demo: ./scripts/demo.sh exit 0 in %.0f s on a fresh Debian 12 tree, %d frames verified, 0 wrong, 0 missing"
             % (took, good))
+        for line in out.splitlines():
+            if re.match(r"\s*(throughput|forward-only|box worker):", line):
+                log("  " + line.strip())
 
         if not args.skip_test_deps:
             rc, took, out = run_inside(base, work, "./scripts/install-deps.sh test", {}, args.deps_timeout,
