@@ -16,21 +16,24 @@ fails here, not on the newcomer's machine:
      a fresh /dev/shm and /tmp: what DPDK's --no-huge memif demo needs):
      exactly `./scripts/demo.sh`, which must exit 0 and report a non-zero
      count of verified frames with none wrong or missing;
-  4. then `./scripts/install-deps.sh test` in the same tree, so a test
-     dependency missing from the apt list is caught the same way.
+  4. then `./scripts/install-deps.sh test` in the same tree, and there a
+     configure of the whole tree with its tests (every library and program
+     meson looks for) and an import of every Python module the tests and
+     the package import (tests/fresh/imports.py): a test dependency missing
+     from the apt list fails here.
 
 Downloaded .deb files are shared with the host's apt cache
 (/var/cache/apt/archives, bind-mounted): the same Debian packages, fetched
-once. The demo's API port is a free one (NETREDUCE_DEMO_PORT), so the test
-runs beside others. Needs root (mount, chroot): without it the test fails
-with that reason.
+once. The demo's API port is a free one (NETREDUCE_DEMO_PORT). Needs root
+(mount, chroot): without it the test fails with that reason. Each step's
+output is kept as fresh-STEP.log in --workdir; the tree is removed.
 """
 
 import argparse
 import os
 import re
-import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -39,6 +42,12 @@ import time
 
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 SUITE = "bookworm"
+READY = "netreduce-fresh: the tree is mounted"
+# What the test profile's tree must then do: configure everything the suite
+# builds, and import what the Python tests import.
+TEST_DEPS_CHECK = ("./scripts/install-deps.sh test"
+                   " && meson setup /tmp/fresh-build -Dtests=enabled -Ddpdk=enabled -Dman=enabled"
+                   " && /usr/bin/python3 tests/fresh/imports.py .")
 
 
 def log(msg):
@@ -58,18 +67,25 @@ def host_mirror():
     return DEFAULT_MIRROR
 
 
-def ensure_base(cache, mirror):
+def ensure_base(cache, mirror, timeout):
     """The cached minbase tree, made once (atomically: a half-made tree is never used)."""
     base = os.path.join(cache, SUITE + "-minbase")
     if os.path.exists(os.path.join(base, ".netreduce-complete")):
         log("base tree: %s (cached)" % base)
         return base
     os.makedirs(cache, exist_ok=True)
+    for old in os.listdir(cache):  # left by a run that was killed
+        if old.startswith(SUITE + "-minbase.partial."):
+            shutil.rmtree(os.path.join(cache, old), ignore_errors=True)
     partial = tempfile.mkdtemp(prefix=SUITE + "-minbase.partial.", dir=cache)
     t0 = time.monotonic()
     cmd = ["debootstrap", "--variant=minbase", SUITE, partial, mirror]
     log("base tree: %s" % " ".join(cmd))
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        shutil.rmtree(partial, ignore_errors=True)
+        sys.exit("FAIL: debootstrap did not finish in %d s (mirror %s)" % (timeout, mirror))
     if p.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
         sys.exit("FAIL: debootstrap exited %d:\n%s" % (p.returncode, p.stdout[-4000:]))
@@ -88,18 +104,22 @@ def free_port():
 
 def source_archive(source, dest):
     """HEAD of the checkout at SOURCE, as a clone would give it, into DEST."""
-    if subprocess.run(["git", "-C", source, "rev-parse", "HEAD"], capture_output=True).returncode != 0:
-        sys.exit("FAIL: %s is not a git checkout: the test runs `git archive HEAD`" % source)
-    dirty = subprocess.run(["git", "-C", source, "status", "--porcelain", "--untracked-files=no"],
+    # A checkout owned by another user is still this test's to read.
+    git = ["git", "-c", "safe.directory=" + source, "-C", source]
+    p = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit("FAIL: git rev-parse HEAD in %s: %s (the test runs `git archive HEAD`)" % (source, p.stderr.strip()))
+    dirty = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
     if dirty:
         log("note: the checkout has uncommitted changes; this test runs HEAD as committed")
-    head = subprocess.run(["git", "-C", source, "log", "-1", "--format=%h %s"], capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(git + ["log", "-1", "--format=%h %s"], capture_output=True, text=True).stdout.strip()
     os.makedirs(dest)
-    archive = subprocess.Popen(["git", "-C", source, "archive", "--format=tar", "HEAD"], stdout=subprocess.PIPE)
-    subprocess.run(["tar", "-x", "-C", dest], stdin=archive.stdout, check=True)
-    if archive.wait() != 0:
-        sys.exit("FAIL: git archive HEAD failed")
+    archive = subprocess.Popen(git + ["archive", "--format=tar", "HEAD"], stdout=subprocess.PIPE)
+    tar = subprocess.run(["tar", "-x", "-C", dest], stdin=archive.stdout)
+    archive.stdout.close()
+    if archive.wait() != 0 or tar.returncode != 0:
+        sys.exit("FAIL: git archive HEAD | tar -x failed")
     log("source: git archive of %s" % head)
 
 
@@ -109,7 +129,8 @@ INSIDE = r"""
 set -euo pipefail
 base=$1 work=$2 step=$3; shift 3
 root=$work/root
-mount -t overlay overlay -o "lowerdir=$base,upperdir=$work/upper,workdir=$work/ovl" "$root"
+mount -t overlay overlay -o "lowerdir=$base,upperdir=$work/upper,workdir=$work/ovl" "$root" ||
+  { echo "overlay mount failed: the kernel or this container does not allow it" >&2; exit 1; }
 mount -t proc proc "$root/proc"
 mount --rbind /sys "$root/sys"
 mount --rbind /dev "$root/dev"
@@ -118,6 +139,7 @@ mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
 if [ -d /var/cache/apt/archives ]; then
   mount --bind /var/cache/apt/archives "$root/var/cache/apt/archives"
 fi
+echo "$READY"
 exec chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@" \
   /bin/bash -c "cd /root/netreduce && $step"
@@ -127,7 +149,8 @@ exec chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
 def run_inside(base, work, step, env, timeout, logfile):
     """Runs STEP (a shell command) in the tree's /root/netreduce; returns (rc, seconds, output)."""
     cmd = ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--propagation", "private",
-           "/bin/bash", "-c", INSIDE, "inside", base, work, step] + ["%s=%s" % kv for kv in env.items()]
+           "/usr/bin/env", "READY=" + READY, "/bin/bash", "-c", INSIDE, "inside", base, work, step] + [
+               "%s=%s" % kv for kv in env.items()]
     t0 = time.monotonic()
     with open(logfile, "w") as out:
         try:
@@ -143,17 +166,38 @@ def tail(text, n=80):
     return "\n".join(text.splitlines()[-n:])
 
 
+def step(base, work, name, command, env, timeout, logdir):
+    """Runs COMMAND in the tree; exits with a FAIL line naming what went wrong. Returns (seconds, output)."""
+    logfile = os.path.join(logdir, "fresh-%s.log" % name)
+    rc, took, out = run_inside(base, work, command, env, timeout, logfile)
+    if READY not in out:
+        sys.exit("FAIL: the tree could not be mounted for `%s` (exit %s), so nothing ran in it:\n%s\n(log: %s)"
+                 % (command, rc, tail(out), logfile))
+    if rc is None:
+        sys.exit("FAIL: `%s` did not finish in %d s on the fresh tree; its output:\n%s\n(log: %s)"
+                 % (command, timeout, tail(out), logfile))
+    if rc != 0:
+        sys.exit("FAIL: `%s` exited %d on the fresh tree after %.0f s; its output:\n%s\n(log: %s)"
+                 % (command, rc, took, tail(out), logfile))
+    return took, out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source", required=True, help="the repository checkout to test (HEAD is used)")
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/netreduce/fresh"),
                     help="where the debootstrap tree is kept between runs")
-    ap.add_argument("--workdir", default=None, help="where the run's overlay and logs go (default: a temp dir)")
+    ap.add_argument("--workdir", default=tempfile.gettempdir(), help="where the run's overlay and logs go")
     ap.add_argument("--mirror", default=None, help="Debian mirror for debootstrap (default: the host's)")
-    ap.add_argument("--demo-timeout", type=int, default=1500)
-    ap.add_argument("--deps-timeout", type=int, default=900)
+    # Within meson's 2700 s for the test: 600 + 1200 + 600.
+    ap.add_argument("--debootstrap-timeout", type=int, default=600)
+    ap.add_argument("--demo-timeout", type=int, default=1200)
+    ap.add_argument("--deps-timeout", type=int, default=600)
     ap.add_argument("--skip-test-deps", action="store_true", help="run the demo only")
     args = ap.parse_args()
+    # meson's timeout sends SIGTERM: leave through the finally below, which
+    # removes the tree (the mounts and processes die with their namespace).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("FAIL: terminated (the test's time limit?)"))
 
     if os.geteuid() != 0:
         sys.exit("FAIL: needs root (debootstrap, mount, chroot); run the suite as root")
@@ -161,9 +205,10 @@ def main():
         if shutil.which(tool) is None:
             sys.exit("FAIL: %s not found (./scripts/install-deps.sh test installs it)" % tool)
 
-    base = ensure_base(os.path.abspath(args.cache), args.mirror or host_mirror())
-    work = tempfile.mkdtemp(prefix="netreduce-fresh.", dir=args.workdir)
-    keep = False
+    base = ensure_base(os.path.abspath(args.cache), args.mirror or host_mirror(), args.debootstrap_timeout)
+    logdir = os.path.abspath(args.workdir)
+    os.makedirs(logdir, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="netreduce-fresh.", dir=logdir)
     try:
         for d in ("upper", "ovl", "root"):
             os.makedirs(os.path.join(work, d))
@@ -173,24 +218,13 @@ def main():
         os.makedirs(os.path.join(work, "upper", "etc"), exist_ok=True)
         shutil.copy("/etc/resolv.conf", os.path.join(work, "upper", "etc", "resolv.conf"))
 
-        env = {"NETREDUCE_DEMO_PORT": str(free_port())}
-        rc, took, out = run_inside(base, work, "./scripts/demo.sh", env, args.demo_timeout,
-                                   os.path.join(work, "demo.log"))
-        if rc is None:
-            keep = True
-            sys.exit("FAIL: ./scripts/demo.sh did not finish in %d s on the fresh tree; its output:\n%s\n(log: %s)"
-                     % (args.demo_timeout, tail(out), work))
-        if rc != 0:
-            keep = True
-            sys.exit("FAIL: ./scripts/demo.sh exited %d on the fresh tree after %.0f s; its output:\n%s\n(log: %s)"
-                     % (rc, took, tail(out), work))
+        took, out = step(base, work, "demo", "./scripts/demo.sh", {"NETREDUCE_DEMO_PORT": str(free_port())},
+                         args.demo_timeout, logdir)
         m = re.search(r"results verified: (\d+) aggregated frames byte-exact \(sum and ICRC\), (\d+) wrong, (\d+) missing", out)
         if not m:
-            keep = True
             sys.exit("FAIL: ./scripts/demo.sh exited 0 but printed no 'results verified' line:\n%s" % tail(out))
         good, wrong, missing = map(int, m.groups())
         if good == 0 or wrong or missing:
-            keep = True
             sys.exit("FAIL: the demo verified %d frames, %d wrong, %d missing:\n%s" % (good, wrong, missing, tail(out)))
         log("demo: ./scripts/demo.sh exit 0 in %.0f s on a fresh Debian 12 tree, %d frames verified, 0 wrong, 0 missing"
             % (took, good))
@@ -199,17 +233,12 @@ def main():
                 log("  " + line.strip())
 
         if not args.skip_test_deps:
-            rc, took, out = run_inside(base, work, "./scripts/install-deps.sh test", {}, args.deps_timeout,
-                                       os.path.join(work, "install-deps.log"))
-            if rc != 0:
-                keep = True
-                sys.exit("FAIL: ./scripts/install-deps.sh test %s on the fresh tree; its output:\n%s\n(log: %s)"
-                         % ("timed out" if rc is None else "exited %d" % rc, tail(out), work))
-            log("test profile: ./scripts/install-deps.sh test exit 0 in %.0f s on the same tree" % took)
+            took, out = step(base, work, "test-deps", TEST_DEPS_CHECK, {}, args.deps_timeout, logdir)
+            log("test profile: `%s` exit 0 in %.0f s on the same tree" % (TEST_DEPS_CHECK, took))
+            log("  " + tail(out, 1).strip())
         return 0
     finally:
-        if not keep:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
