@@ -168,7 +168,8 @@ print("   box worker:       %.0f ns per packet (%.2f Mpps per lcore), busy %.0f%
 if busy < 0.9:
     print("   (the box worker was idle %.0f%% of the time: over memif on a small machine the"
           % (100 * (1 - busy)))
-    print("    generator, not the box, sets the rate; bench/README.md has the box's own limits)")
+    print("    generator, not the box, sets the rate; the box's own limits:")
+    print("    bench/README.md#loopback-benchmark-netreduce-loopback)")
 sys.exit(1 if bad or fbad or v["good"] == 0 or fv["good"] == 0 else 0)
 EOF
 echo
@@ -176,7 +177,7 @@ echo
 echo "6. counters through the API (netreducectl stats) and Prometheus (/metrics):"
 "$ctl" stats | sed 's/^/   /' | head -n 30
 echo "   ..."
-curl -sf "$api/metrics" | grep -E "^netreduce_(ring_(aggregated_packets|messages_completed)_total|port_box_(received|transmitted)_packets_total|lcore_busy_ratio)" \
+curl -sSf "$api/metrics" | grep -E "^netreduce_(ring_(aggregated_packets|messages_completed)_total|port_box_(received|transmitted)_packets_total|lcore_busy_ratio)" \
   | sed 's/^/   /' || die "no /metrics from netreduced"
 echo
 echo "/metrics:  $api/metrics   (scrape config: deploy/prometheus.yml)"

@@ -1,7 +1,7 @@
 // netreduced's core, independent of HTTP: the ring table (the source of
 // truth, persisted through StateFile), quotas, ownership, leases, fabric
 // pushes and the reconciler that makes the data plane's rings equal to the
-// table. Design: docs/design.md#the-control-plane; API: docs/api.md.
+// table. Design: docs/design.md#the-control-plane; API: docs/api.md#the-routes.
 //
 // Example: a job POSTs ring 7 (P = 3 members) with "lease_ms": 30000.
 //  1. create_ring, under `mu_`: validate the spec and quotas, persist it

@@ -1,6 +1,7 @@
 // netreduced's HTTP front end: cpp-httplib's request parser, router and
 // response writer, behind a connection layer of our own that no client can
-// wedge. The API: docs/api.md; the listen.* limits: docs/operations.md.
+// wedge. The API: docs/api.md#the-routes; the listen.* limits:
+// docs/operations.md#configuration-keys.
 //
 //   accept -> gate (1 thread, epoll) --whole head--> workers (listen.threads)
 //               ^ sockets without a whole head yet     | one request each,

@@ -6,7 +6,7 @@
 // they are). A fresh registry per scrape mirrors the data plane's own
 // counters (which only grow while it runs and restart from 0 with it, which
 // Prometheus' rate() handles as a counter reset). The full list of series is
-// in docs/operations.md.
+// in docs/operations.md#prometheus-metrics.
 #pragma once
 
 #include <cstdint>

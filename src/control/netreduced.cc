@@ -1,5 +1,5 @@
 // netreduced: the control daemon. HTTP/1.1 + JSON API under /v1 (contract in
-// docs/api.md), Prometheus /metrics, persistence and the
+// docs/api.md#the-routes), Prometheus /metrics, persistence and the
 // data plane reconciler (control/daemon.h). The HTTP front end
 // (control/http_server.h) authenticates before any body is read, caps
 // bodies, keeps slow clients off the worker threads and bounds data plane

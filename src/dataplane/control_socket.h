@@ -1,6 +1,6 @@
 // The control channel's transport: a Unix stream socket carrying one request
 // line and one reply line per request (the protocol is in control_api.cc;
-// the commands: docs/dataplane.md).
+// the commands: docs/dataplane.md#commands).
 //
 // Example: netreduced connects to /run/netreduce/dataplane.sock, writes
 // {"cmd": "ping"}\n, and poll_once() reads the line, runs the handler and

@@ -2,7 +2,7 @@
 // the wire: what arrives on one leaves on the other. Worker lcores poll the
 // ports and run one Engine each; the main lcore runs the control socket and
 // DPDK telemetry, never the data path. Design:
-// docs/design.md#the-data-plane; running it: docs/dataplane.md.
+// docs/design.md#the-data-plane; running it: docs/dataplane.md#workers-and-placement.
 //
 // Example: workers W0 and W1, ring 7 of P = 3 ranks A, B, C.
 //  1. Install (rings.cc): ring 7 goes to the worker with the fewest rings,

@@ -3,8 +3,9 @@
 // the ports and the workers; the main lcore serves the control socket and
 // housekeeping until stop() or a signal; then the workers are joined,
 // telemetry is detached, the final counters are printed (one JSON line on
-// stdout, or where the caller says) and the ports are closed. A library function rather than main()'s
-// body: netreduce-loopback runs the same box in its own process.
+// stdout, or where the caller says) and the ports are closed. A library
+// function rather than main()'s body: netreduce-loopback runs the same box
+// in its own process.
 #include <rte_cycles.h>
 #include <rte_ethdev.h>
 #include <rte_launch.h>

@@ -25,7 +25,8 @@
 // lookup.
 // EngineConfig::prefetch_tables / prefetch_frames switch the two kinds; the
 // table prefetch is off by default (it did not pay in engine-bench's
-// BM_ColdTables, warm or cold: bench/README.md).
+// BM_ColdTables, warm or cold:
+// bench/README.md#engine-bench-per-packet-cost-of-the-aggregation-engine).
 #include "engine/engine.h"
 
 #include <algorithm>

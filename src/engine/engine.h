@@ -119,7 +119,8 @@ struct EngineConfig {
   // history entry, cell, held records and result of later packets
   // (`prefetch_tables`), and the frame bytes two packets ahead
   // (`prefetch_frames`). engine-bench's BM_ColdTables measures them
-  // (bench/README.md): the table prefetch cost 10% with warm
+  // (bench/README.md#engine-bench-per-packet-cost-of-the-aggregation-engine):
+  // the table prefetch cost 10% with warm
   // tables and 20% with cold ones, so it is off; the frame prefetch halved
   // the loopback's cost per packet at 1 KB (frames arrive cold), so it is on.
   bool prefetch_tables = false;

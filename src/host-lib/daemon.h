@@ -1,5 +1,5 @@
 // Registration of a job's ring with the control daemon (src/control, API in
-// docs/api.md), done by rank 0.
+// docs/api.md#post-v1rings), done by rank 0.
 //
 // register_ring: POST /v1/rings with the ring JSON of common/ring_json.h
 // (plus "lease_ms"), bearer token; then GET /v1/rings/{id} until it reports

@@ -1,6 +1,6 @@
 // Parallel NetReduce (paper section 3.4, docs/design.md#parallel-rings): n
 // local ranks on one host (processes or threads) share one all-reduce.
-// Using it: docs/host-library.md.
+// Using it: docs/host-library.md#local-ranks-parallel-netreduce.
 //
 // Example: P = 4 ranks on H = 2 hosts, n = 2 local ranks each. Local rank 0
 // of both hosts forms ring 0 (H members, host order), local rank 1 ring 1:

@@ -125,7 +125,7 @@ TEST_CASE("bootstrap: deadlines name who is missing", "[hostlib][bootstrap]") {
 
 namespace {
 
-// A fake daemon speaking the API contract of src/control (docs/api.md), with
+// A fake daemon speaking the API contract of src/control (docs/api.md#the-routes), with
 // a ring table of its own: POST of a new id 201 with a credential, of a held
 // id 409; GET installed (or not); PUT .../lease and DELETE only with the
 // ring's credential (403 otherwise, 404 when absent).

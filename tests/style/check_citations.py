@@ -4,10 +4,10 @@
   check_citations.py SOURCE_DIR
 
 Over every file git tracks (or every file, outside a checkout):
-- a citation of a repository document, `docs/design.md#tables` or
-  `README.md`, in a comment or a page: the file must exist and, with
-  `#anchor`, have a heading whose GitHub anchor it is (`## ICRC fix-up` is
-  `#icrc-fix-up`);
+- a citation of a repository document in code, a comment or a
+  configuration file, `docs/design.md#tables`: the file must exist and the
+  citation must name a heading of it by its GitHub anchor (`## ICRC fix-up`
+  is `#icrc-fix-up`), so a reader lands on the section meant;
 - a relative Markdown link, `[text](../bench/README.md#figures)`: resolved from
   the page's own folder, the same rule;
 - no citation of a design file outside the repository (a `DESIGN` markdown
@@ -105,6 +105,8 @@ def main():
                 if "/" not in target and target not in ("README.md", "CONTRIBUTING.md"):
                     continue  # a bare file name: not a repository citation
                 cited += 1
+                if not frag and not name.endswith(".scd"):  # a man page's SEE ALSO names whole documents
+                    errors.append("%s: cites %s without a heading (cite %s#section)" % (where, target, target))
                 check_target(root, "", target, frag, where, errors)
     for e in errors:
         print(e)

@@ -48,7 +48,7 @@ loop or leak:
     frame coming back from the box is switched, not redirected again.
   - ARP and the TCP connections that perftest and rdma-cm use to exchange QP
     numbers do not cross the box (they are not UDP 4791), exactly as in the
-    deployment (deploy/switch-steering.md: an ACL/PBR rule redirecting UDP 4791
+    deployment (deploy/switch-steering.md#why-it-cannot-loop: an ACL/PBR rule redirecting UDP 4791
     to the box's port A, with port B an ordinary access port that does not
     learn and is excluded from flooding).
 The u32 match assumes a 20-byte IPv4 header; RoCE with IP options (which the
