@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "run" command: the box on virtual ports, end to end.
+# The README's demo command: the box on virtual ports, end to end.
 #
 #   ./scripts/demo.sh            install, build, run the demo, stop everything
 #   ./scripts/demo.sh --keep     leave netreduced and the data plane running at

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the scripts that set up a machine (demo.sh, test.sh): runs one
 # set-up step with its output kept aside, and on failure shows that output
 # and one line that says what to do. No step's errors go to /dev/null.

@@ -5,7 +5,7 @@
 #      users build it, warnings as errors);
 #   3. builds the DPDK-free code with ASan + UBSan (build-asan/) and runs its
 #      tests there too;
-#   4. ends with one line "netreduce: N passed, M failed".
+#   4. ends with one line "netreduce: N passed, M failed, K skipped".
 # Exit status 0 only if every test passed. Extra arguments go to `meson test`
 # (e.g. --suite wire).
 set -euo pipefail
