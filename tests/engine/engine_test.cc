@@ -620,10 +620,10 @@ TEST_CASE("a retired connection never re-binds before its tombstone expires, the
 
 TEST_CASE("re-installed id: the old run's resend arriving first never enters the new run's cells",
           "[engine][lifecycle]") {
-  // Review finding: with re-binding allowed, the old run's go-back-N resend
-  // of a first packet bound the rank before the new run's first packet, its
-  // data went into cell (m, 0), and the new run's own packet was dropped as
-  // a duplicate: every rank got a wrong sum.
+  // If a retired connection could bind again, the old run's go-back-N
+  // resend of a first packet would bind the rank before the new run's first
+  // packet, its data would go into cell (m, 0), and the new run's own packet
+  // would be dropped as a duplicate: every rank would get a wrong sum.
   Removal x;
   x.remove();
   REQUIRE(x.h.e->install_ring(ring_spec(x.t.ring_id, 3, 4, 2)).ok());
@@ -726,9 +726,9 @@ TEST_CASE("an RDMA WRITE off ring links whose data begins with INET is forwarded
   {
     // Within the grace after the box started (claim_all_until), the same
     // packet is dropped: a restarted box cannot know which rings it held,
-    // and forwarding a running job's first packet raw gave wrong sums (review
-    // of the merge: a data plane restart mid-job). Once the period ends it
-    // passes untouched again.
+    // and forwarding a running job's first packet raw would give wrong sums
+    // (a data plane restarted mid-job). Once the period ends it passes
+    // untouched again.
     engine::EngineConfig cfg;
     cfg.claim_all_until = 100;
     Fixture y(3, 2, cfg);
