@@ -37,6 +37,8 @@
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 #include <rte_ring.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -1142,6 +1144,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  // The in-process box logs as netreduce-dataplane does, but to stderr:
+  // stdout holds the results alone. --quiet keeps its warnings only.
+  spdlog::set_default_logger(spdlog::stderr_logger_mt("netreduce-loopback"));
+  if (o.quiet) spdlog::set_level(spdlog::level::warn);
   for (const auto& d : o.dtypes)
     if (!wire::parse_dtype(d)) {
       std::fprintf(stderr, "netreduce-loopback: --dtypes: unknown dtype '%s'\n", d.c_str());

@@ -6,11 +6,12 @@
 
 One short in-process run each way (the box on net_ring ports). Stdout must
 hold no JSON (the in-process box's final counters must not follow the table
-as one multi-kilobyte line), and neither stream a progress line; the JSON
-report must parse and say ok.
+as one multi-kilobyte line) and no log line of the box, and neither stream a
+progress line; the JSON report must parse and say ok.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -23,6 +24,8 @@ r = subprocess.run(args, capture_output=True, text=True, timeout=120)
 assert r.returncode == 0, "--quiet run failed (exit %d):\n%s" % (r.returncode, r.stderr[-3000:])
 lines = [l for l in r.stdout.splitlines() if l.strip()]
 assert lines, "--quiet printed no table"
+logs = [l for l in lines if re.match(r"\[\d{4}-\d\d-\d\d ", l)]
+assert not logs, "--quiet printed the box's log lines on stdout: %s" % logs[:3]
 json_lines = [l for l in lines if l.lstrip().startswith("{")]
 assert not json_lines, "--quiet printed JSON on stdout (%d bytes): %s..." % (
     sum(map(len, json_lines)), json_lines[0][:200])
