@@ -1,35 +1,26 @@
 // libnetreduce, C++ API: all-reduce for data-parallel training over RoCEv2,
 // through the netreduce box when there is one, as a plain ring otherwise.
 //
-// One Communicator per process and job. Communicator::create() connects an
-// RC queue pair to the successor (rank + 1 mod P) and accepts one from the
-// predecessor, exchanging QP information through a TCP rendezvous at the
-// bootstrap address (rank 0 listens there, like NCCL's unique id). Rank 0
-// then registers the job's ring with the control daemon (NETREDUCE_DAEMON)
-// and tells every rank which path the collectives take. The ring is the
-// job's own: the daemon gives rank 0 a credential for it, rank 0 renews its
-// lease while the communicator lives and deletes it when it is destroyed,
-// and never touches a ring another job registered.
-//   Path::ina   the box aggregates: each rank RDMA-WRITEs each message once
-//               and receives the reduced message from its predecessor's QP;
-//   Path::ring  no box configured, the daemon unreachable or refusing the
-//               ring: reduce-scatter + all-gather ring all-reduce over the
-//               same QPs. path_reason() says why.
-// Striping (Options::rings = R): the communicator runs R rings side by side,
-// each with its own QPs and its own ring id at the box; every tensor is cut
-// into R element-aligned stripes (stripe i: count / R elements, one more for
-// i < count % R) and stripe i runs on ring i, all at once. The ring path
-// stripes the same way.
-// Parallel NetReduce (Options::local_size = n > 1, paper section 3.4): the
-// n ranks of one host (processes or threads) share a POSIX shm segment;
-// each call reduce-scatters inside the host (local rank l folds shard l of
-// every local rank's tensor, in local-rank order), ring l (local rank l of
-// every host, in host order) all-reduces shard l across the hosts (through
-// the box, or the ring fallback), and the host all-gathers the shards. Per
-// host, the wire carries one tensor's bytes, not n. Bit-exact rule (INA
-// path), per element: fold over hosts in ring order of (fold over local
-// ranks in local order). Composes with rings: ring l is striped over R
-// rings, the job registers n x R ring ids (ring l R + s for stripe s).
+// Example: P = 3 ranks, each with float g[4]; rank 0 listens at 10.0.0.1.
+//   std::unique_ptr<netreduce::Communicator> comm;
+//   netreduce::Error e = netreduce::Communicator::create(
+//       r, 3, "", -1, "10.0.0.1:29500", netreduce::Options{}, comm);
+//   e = comm->allreduce(g, g, 4, netreduce::DataType::fp32, netreduce::Op::sum);
+// create() connects an RC QP to rank r + 1 mod 3 and accepts one from
+// r - 1, exchanging QP numbers through a TCP rendezvous at the bootstrap
+// address. Rank 0 registers the job's ring with the daemon
+// (NETREDUCE_DAEMON), which gives it a credential and a lease that it renews
+// while comm lives, and tells every rank the path: Path::ina (the box sums:
+// each rank writes each message once and receives the sum from its
+// predecessor's QP) or Path::ring (no box, the daemon unreachable or
+// refusing: reduce-scatter + all-gather over the same QPs; path_reason()
+// says why). Then every rank's g holds g0 + g1 + g2, summed in rank order
+// per element on the INA path.
+// Options::rings = R stripes each tensor over R rings, Options::local_size
+// = n shares one all-reduce among the n ranks of a host:
+// docs/host-library.md#several-rings-striping,
+// docs/host-library.md#local-ranks-parallel-netreduce,
+// docs/design.md#parallel-rings.
 //
 // Errors are values, never exceptions. Every wait has a deadline; on expiry
 // the error names the peer rank, the message id and what was missing.
