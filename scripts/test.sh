@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The whole netreduce test suite, from a fresh clone on Debian 12:
 #   1. installs the Debian packages it needs (scripts/install-deps.sh);
-#   2. builds and tests the release build (build/, --buildtype=release as
-#      users build it, warnings as errors);
+#   2. builds and tests build/ (debugoptimized, warnings as errors);
 #   3. builds the DPDK-free code with ASan + UBSan (build-asan/) and runs its
 #      tests there too;
-#   4. ends with one line "netreduce: N passed, M failed, K skipped".
+#   4. compiles a release build of the whole tree (build-release/,
+#      --buildtype=release as users build it, warnings as errors, no tests);
+#   5. ends with one line "netreduce: N passed, M failed, K skipped".
 # Exit status 0 only if every test passed. Extra arguments go to `meson test`
 # (e.g. --suite wire).
 set -euo pipefail
@@ -30,19 +31,23 @@ setup() {  # setup DIR [meson options...]
 
 # Warnings are errors in the project's own builds (not in users' builds:
 # meson.build leaves werror off by default).
-echo "== build (release) =="
-setup build --buildtype=release -Dwerror=true -Dtests=enabled -Ddpdk=enabled
+echo "== build (debugoptimized) =="
+setup build --buildtype=debugoptimized -Dwerror=true -Dtests=enabled -Ddpdk=enabled
 meson compile -C build -j "$jobs"
 
 echo "== build (ASan + UBSan, DPDK-free code) =="
 # Sanitized runs are ~10x slower: the same randomized tests with fewer seeds
-# (the release build runs the full counts).
+# (build/ runs the full counts).
 setup build-asan --buildtype=debug -Dwerror=true -Dtests=enabled -Db_sanitize=address,undefined -Db_lundef=false \
   -Ddpdk=disabled -Dfuzz_iterations=1000000 -Dsim_seeds=1000 -Dsim_tree_seeds=1000 -Dengine_fuzz_iterations=60000
 meson compile -C build-asan -j "$jobs"
 
+echo "== build (release, as users build it; compiled, not tested) =="
+setup build-release --buildtype=release -Dwerror=true -Dtests=disabled -Ddpdk=enabled
+meson compile -C build-release -j "$jobs"
+
 status=0
-echo "== test (release) =="
+echo "== test (build/) =="
 meson test -C build --print-errorlogs --num-processes "$jobs" "$@" || status=1
 echo "== test (ASan + UBSan) =="
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
