@@ -36,12 +36,7 @@ esac
 build=build-demo
 targets=(netreduce-dataplane netreduced netreducectl netreduce-loopback)
 hint="the output above says why; ./scripts/install-deps.sh demo installs what the build needs"
-options=(--buildtype=release -Dtests=disabled -Ddpdk=enabled)
-if [ -f "$build/build.ninja" ]; then
-  run_step "configure $build/ (release)" "$hint" meson setup --reconfigure "$build" "${options[@]}"
-else
-  run_step "configure $build/ (release)" "$hint" meson setup "$build" "${options[@]}"
-fi
+meson_setup "$build" "$hint" --buildtype=release -Dtests=disabled -Ddpdk=enabled
 run_step "compile ${targets[*]} (a few minutes on 2 cores)" "$hint" \
   meson compile -C "$build" "${targets[@]}"
 

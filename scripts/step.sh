@@ -23,3 +23,15 @@ run_step() {
   rm -f "$log"
   return "$rc"
 }
+
+# meson_setup DIR "WHAT TO DO IF IT FAILS" [MESON OPTIONS...]: configures DIR,
+# or reconfigures it with the options given when it was configured before.
+meson_setup() {
+  local dir=$1 hint=$2
+  shift 2
+  if [ -f "$dir/build.ninja" ]; then
+    run_step "configure $dir/" "$hint" meson setup --reconfigure "$dir" "$@"
+  else
+    run_step "configure $dir/" "$hint" meson setup "$dir" "$@"
+  fi
+}

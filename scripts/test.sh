@@ -20,30 +20,21 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc)
 hint="the output above says why; ./scripts/install-deps.sh test installs what the build needs"
 
-setup() {  # setup DIR [meson options...]
-  local dir=$1; shift
-  if [ -f "$dir/build.ninja" ]; then
-    run_step "configure $dir/" "$hint" meson setup --reconfigure "$dir" "$@"
-  else
-    run_step "configure $dir/" "$hint" meson setup "$dir" "$@"
-  fi
-}
-
 # Warnings are errors in the project's own builds (not in users' builds:
 # meson.build leaves werror off by default).
 echo "== build (debugoptimized) =="
-setup build --buildtype=debugoptimized -Dwerror=true -Dtests=enabled -Ddpdk=enabled
+meson_setup build "$hint" --buildtype=debugoptimized -Dwerror=true -Dtests=enabled -Ddpdk=enabled
 meson compile -C build -j "$jobs"
 
 echo "== build (ASan + UBSan, DPDK-free code) =="
 # Sanitized runs are ~10x slower: the same randomized tests with fewer seeds
 # (build/ runs the full counts).
-setup build-asan --buildtype=debug -Dwerror=true -Dtests=enabled -Db_sanitize=address,undefined -Db_lundef=false \
+meson_setup build-asan "$hint" --buildtype=debug -Dwerror=true -Dtests=enabled -Db_sanitize=address,undefined -Db_lundef=false \
   -Ddpdk=disabled -Dfuzz_iterations=1000000 -Dsim_seeds=1000 -Dsim_tree_seeds=1000 -Dengine_fuzz_iterations=60000
 meson compile -C build-asan -j "$jobs"
 
 echo "== build (release, as users build it; compiled, not tested) =="
-setup build-release --buildtype=release -Dwerror=true -Dtests=disabled -Ddpdk=enabled
+meson_setup build-release "$hint" --buildtype=release -Dwerror=true -Dtests=disabled -Ddpdk=enabled
 meson compile -C build-release -j "$jobs"
 
 status=0
