@@ -29,6 +29,8 @@ DEMO=(
 TEST=(
   # tests and benchmarks
   catch2 clang-format libbenchmark-dev python3-scapy iproute2 python3-numpy python3-matplotlib prometheus
+  # zlib: the C++ tests' independent CRC-32 (golden result digests)
+  zlib1g-dev
   # the Python package (python/netreduce) and its tests: PyTorch (CPU, Gloo)
   python3-torch
   # system tests: the Soft-RoCE lab (QEMU guests on Debian's kernel, rdma_rxe)

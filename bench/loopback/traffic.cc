@@ -3,6 +3,7 @@
 #include <bit>
 #include <cstring>
 
+#include "wire/icrc.h"
 #include "wire/parse.h"
 #include "wire/psn.h"
 
@@ -87,6 +88,8 @@ Traffic::Traffic(const TrafficSpec& spec) : spec_(spec) {
       }
       store_int(spec_.dtype, total, &sum_[size_t{t} * data_bytes_ + e * esize]);
     }
+  for (unsigned t = 0; t < kTemplates; ++t)
+    sum_crc_[t] = wire::crc32(0, &sum_[size_t{t} * data_bytes_], data_bytes_);
 }
 
 // Rank r at 10.77.<ring id's low byte>.(r + 1): rings of different ids
@@ -111,8 +114,8 @@ const uint8_t* Traffic::sum_of(uint64_t n) const {
   return &sum_[size_t(n % kTemplates) * data_bytes_];
 }
 
-size_t Traffic::build_with(unsigned rank, uint64_t n, uint32_t k, const uint8_t* data, uint8_t* out,
-                           size_t cap) const {
+size_t Traffic::build_with(unsigned rank, uint64_t n, uint32_t k, const uint8_t* data, uint32_t imm,
+                           uint8_t* out, size_t cap) const {
   const testing::RingAddressing a = addressing();
   const unsigned succ = a.succ(rank);
   wire::InaMessage m = a.message(
@@ -124,12 +127,12 @@ size_t Traffic::build_with(unsigned rank, uint64_t n, uint32_t k, const uint8_t*
   m.base.dst_mac = {0x02, 0x4E, 0x52, 0x00, 0x00, static_cast<uint8_t>(succ + 1)};
   m.va = 0x7f0000000000ull + (n % (2 * spec_.window)) * spec_.msg_len * spec_.pmtu;
   m.rkey = 0x1234;
-  m.imm = static_cast<uint32_t>(n);
+  m.imm = imm;
   return wire::build_message_packet(m, k, out, cap);
 }
 
 size_t Traffic::build(unsigned rank, uint64_t n, uint32_t k, uint8_t* out, size_t cap) const {
-  return build_with(rank, n, k, data_of(rank, n), out, cap);
+  return build_with(rank, n, k, data_of(rank, n), static_cast<uint32_t>(n), out, cap);
 }
 
 Traffic::Verdict Traffic::check_frame(const uint8_t* frame, size_t len, bool aggregated,
@@ -156,7 +159,11 @@ Traffic::Verdict Traffic::check_frame(const uint8_t* frame, size_t len, bool agg
   if (off >= count) return Verdict::unknown;
   id.n = base + off;
   const uint8_t* data = aggregated ? sum_of(id.n) : data_of(id.rank, id.n);
-  const size_t want = build_with(id.rank, id.n, id.k, data, scratch, max_frame_);
+  // A reduced message's last packet carries the box's seal (src/engine/digest.h).
+  const uint32_t msg_id = static_cast<uint32_t>(spec_.msg_id0 + id.n);
+  const uint32_t imm =
+      aggregated ? msg_id ^ sum_crc_[id.n % kTemplates] : static_cast<uint32_t>(id.n);
+  const size_t want = build_with(id.rank, id.n, id.k, data, imm, scratch, max_frame_);
   if (want == 0 || want != len || std::memcmp(scratch, frame, len) != 0) return Verdict::bad;
   return Verdict::good;
 }

@@ -91,8 +91,8 @@ class Traffic {
                       uint64_t count, Id& id, uint8_t* scratch) const;
 
  private:
-  size_t build_with(unsigned rank, uint64_t n, uint32_t k, const uint8_t* data, uint8_t* out,
-                    size_t cap) const;
+  size_t build_with(unsigned rank, uint64_t n, uint32_t k, const uint8_t* data, uint32_t imm,
+                    uint8_t* out, size_t cap) const;
   const uint8_t* data_of(unsigned rank, uint64_t n) const;
   const uint8_t* sum_of(uint64_t n) const;
   uint32_t psn0(unsigned rank) const;
@@ -100,8 +100,9 @@ class Traffic {
   TrafficSpec spec_;
   size_t data_bytes_ = 0;
   size_t max_frame_ = 0;
-  std::vector<uint8_t> data_;  // [rank][template][data_bytes]
-  std::vector<uint8_t> sum_;   // [template][data_bytes]
+  std::vector<uint8_t> data_;          // [rank][template][data_bytes]
+  std::vector<uint8_t> sum_;           // [template][data_bytes]
+  uint32_t sum_crc_[kTemplates] = {};  // crc32 of each sum: the seals of reduced messages
 };
 
 }  // namespace netreduce::bench

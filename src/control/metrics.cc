@@ -214,6 +214,8 @@ std::string render_metrics(const MetricsInput& in) {
                          "payload bytes of the ring taken into aggregator cells");
   auto& r_msg =
       b.counter("netreduce_ring_messages_completed_total", "messages whose every cell completed");
+  auto& r_seal = b.counter("netreduce_ring_messages_sealed_total",
+                           "message results sealed with the box's digest (released or served)");
   auto& r_cell = b.counter("netreduce_ring_cells_completed_total",
                            "cells that collected every rank and were released");
   auto& r_rtx = b.counter("netreduce_ring_retransmissions_served_total",
@@ -256,6 +258,7 @@ std::string render_metrics(const MetricsInput& in) {
     set(r_pk, l, num(c, "packets_aggregated"));
     set(r_by, l, num(c, "bytes_aggregated"));
     set(r_msg, l, num(c, "messages_completed"));
+    set(r_seal, l, num(c, "messages_sealed"));
     set(r_cell, l, num(c, "cells_completed"));
     set(r_rtx, l, num(c, "retransmissions_served"));
     set(r_rb, l, num(c, "connections_rebound"));

@@ -44,6 +44,7 @@ struct Cell {
   uint8_t op = 0;
   CellState state = CellState::empty;
   uint16_t boxes = 0;  // tree: bitmap over child boxes whose partial arrived (in the padding)
+  uint32_t crc = 0;    // complete: crc32 of the result (the digest's part, digest.h; the fix-up's)
 };
 static_assert(sizeof(Cell) == 32, "a cell stays half a line");
 

@@ -35,6 +35,7 @@
 
 #include "engine/cells.h"
 #include "engine/clt.h"
+#include "engine/digest.h"
 #include "engine/history.h"
 #include "engine/icrc_fixup.h"
 #include "engine/pass_table.h"
@@ -101,7 +102,7 @@ struct alignas(64) Engine::Impl {
 
   explicit Impl(const EngineConfig& c)
       : cfg(c), clt(c.clt_capacity), pass(c.pass_capacity), rings(cfg) {
-    if (cfg.icrc_fixup == IcrcFixup::linear) shifts.entries.resize(ShiftCache::kEntries);
+    shifts.entries.resize(ShiftCache::kEntries);  // the fix-up's (linear) and the digests'
     select();
   }
 
@@ -153,13 +154,15 @@ struct alignas(64) Engine::Impl {
   Outcome aggregate(Ring& ring, unsigned rank, const HistEntry& msg, uint32_t k, Pkt pkt,
                     const ParsedFrame& p, uint32_t head, uint64_t now, Sink& out) noexcept;
   template <ReduceMode M, IcrcFixup F>
-  void complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned in_rank,
+  bool complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned in_rank,
                 const ParsedFrame& in_p, uint16_t in_off, uint32_t in_head, Sink& out) noexcept;
   template <ReduceMode M>
   void reset_cell(Ring& ring, size_t ci, Cell& cell, uint32_t tag, Sink& out) noexcept;
   void open_cell(Ring& ring, Cell& cell, uint32_t msg_id, uint16_t msg_len, uint16_t data_len,
                  uint8_t dtype, uint8_t op, uint64_t now) noexcept;
   void finish_cell(Ring& ring, Cell& cell) noexcept;
+  bool digest_imm(Ring& ring, size_t ci, uint32_t& imm) noexcept;
+  void drop_held(Ring& ring, size_t ci, unsigned except, Reason why, Sink& out) noexcept;
 
   // Tree nodes (tree.h).
   template <IcrcFixup F>
@@ -411,9 +414,12 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
   if (!cfg.verify_icrc) head = head_crc<F>(pkt.data, p, data_off);
 
   if (c == CellCase::serve) {  // case 1: the stored result
-    const uint8_t* result = ring.result_of(ci);
-    std::memcpy(pkt.data + data_off, result, data_len);
-    fix_icrc<F>(shifts, pkt.data, p, data_off, data_len, result_crc<F>(result, data_len), head);
+    // A message's last packet leaves sealed or not at all (digest.h).
+    uint32_t imm = 0;
+    if (last && !digest_imm(ring, ci, imm)) return count(Reason::message_incomplete, &ring);
+    std::memcpy(pkt.data + data_off, ring.result_of(ci), data_len);
+    if (p.immdt) seal<F>(pkt.data, p, data_off, imm, head);
+    fix_icrc<F>(shifts, pkt.data, p, data_off, data_len, cell.crc, head);
     ++ring.counters.retransmissions_served;
     ++counters[static_cast<size_t>(Reason::served_from_cell)];
     return {Verdict::emit, Reason::served_from_cell};
@@ -452,13 +458,17 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
     if (completes) tree_full<F>(ring, ci, cell, out);  // a tree node: held like the others
     return {Verdict::held, Reason::held};
   }
-  complete<M, F>(ring, ci, cell, pkt, rank, p, data_off, head, out);
+  if (!complete<M, F>(ring, ci, cell, pkt, rank, p, data_off, head, out))
+    return count(Reason::message_incomplete, &ring);
   ++counters[static_cast<size_t>(Reason::held)];
   return {Verdict::held, Reason::held};
 }
 
+// Reduces a cell's P packets and releases them with the result. A message's
+// last cell whose message is not complete here releases nothing (digest.h):
+// its held packets are dropped and false returned (the caller drops `in`).
 template <ReduceMode M, IcrcFixup F>
-void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned in_rank,
+bool Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned in_rank,
                             const ParsedFrame& in_p, uint16_t in_off, uint32_t in_head,
                             Sink& out) noexcept {
   const size_t elems = cell.data_len / wire::dtype_size(cell.dtype);
@@ -474,7 +484,13 @@ void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
   } else {
     kern.finish(ring.acc_of(ci), result, elems);
   }
-  const uint32_t crc_data = result_crc<F>(result, cell.data_len);
+  cell.crc = wire::crc32(0, result, cell.data_len);
+  finish_cell(ring, cell);
+  uint32_t imm = 0;
+  if (wire::is_write_last(in_p.opcode) && !digest_imm(ring, ci, imm)) {
+    drop_held(ring, ci, in_rank, Reason::message_incomplete, out);
+    return false;
+  }
 
   for (unsigned r = 0; r < ring.p; ++r) {
     Pkt& pk = out.tx[out.ntx];  // filled in place: no Pkt staged on the stack
@@ -511,10 +527,11 @@ void Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
       head = sh.head_crc;
     }
     std::memcpy(pk.data + off, result, cell.data_len);
-    fix_icrc<F>(shifts, pk.data, *pf, off, cell.data_len, crc_data, head);
+    if (pf->immdt) seal<F>(pk.data, *pf, off, imm, head);
+    fix_icrc<F>(shifts, pk.data, *pf, off, cell.data_len, cell.crc, head);
     ++out.ntx;
   }
-  finish_cell(ring, cell);
+  return true;
 }
 
 void Engine::Impl::open_cell(Ring& ring, Cell& cell, uint32_t msg_id, uint16_t msg_len,
@@ -539,6 +556,36 @@ void Engine::Impl::finish_cell(Ring& ring, Cell& cell) noexcept {
   MsgSlot& ms = ring.msgs[cell.tag & (ring.slots - 1)];
   if (ms.valid && ms.tag == cell.tag && ++ms.cells_done == ms.len)
     ++ring.counters.messages_completed;
+}
+
+// The ImmDt that seals the message whose last cell is ci (digest.h); false
+// while an earlier cell of the message is not complete here.
+bool Engine::Impl::digest_imm(Ring& ring, size_t ci, uint32_t& imm) noexcept {
+  uint32_t crc = 0;
+  if (!message_crc(ring, ci, shifts, crc)) return false;
+  ++ring.counters.messages_sealed;
+  imm = ring.cells[ci].tag ^ crc;
+  return true;
+}
+
+// Drops the packets cell ci holds (deterministic mode; accumulate mode holds
+// none) but rank `except`'s, counted under `why` with that one: the caller
+// drops it.
+void Engine::Impl::drop_held(Ring& ring, size_t ci, unsigned except, Reason why,
+                             Sink& out) noexcept {
+  const auto r_why = static_cast<size_t>(why);
+  for (unsigned r = 0; r < ring.p; ++r) {
+    if (r == except) continue;
+    Held* h = ring.held.empty() ? nullptr : &ring.held[ci * ring.p + r];
+    if (h && !h->pkt.data) continue;  // a tree node's remote rank
+    ++counters[r_why];
+    ++ring.counters.drops[r_why];
+    if (!h) continue;  // accumulate mode: the packet was consumed on arrival
+    out.drop[out.ndrop++] = h->pkt;
+    --ring.held_packets;
+    ring.held_bytes -= h->pkt.len;
+    h->pkt.data = nullptr;
+  }
 }
 
 template <ReduceMode M>
@@ -726,15 +773,24 @@ template <IcrcFixup F>
 void Engine::Impl::deliver(Ring& ring, size_t ci, Cell& cell, Sink& out) noexcept {
   TreeNode& t = *ring.tree;
   const uint8_t* result = ring.result_of(ci);
-  const uint32_t crc_data = result_crc<F>(result, cell.data_len);
+  cell.crc = wire::crc32(0, result, cell.data_len);
+  finish_cell(ring, cell);
   Held* held = ring.held.data() + ci * ring.p;
+  // The local ranks' packets of a message's last cell leave sealed or not
+  // at all (digest.h); the child boxes get the result either way.
+  uint32_t imm = 0;
+  const auto first_rank = static_cast<unsigned>(std::countr_zero(ring.all_ranks));
+  const bool unsealed = first_rank < ring.p && wire::is_write_last(held[first_rank].p.opcode) &&
+                        !digest_imm(ring, ci, imm);
+  if (unsealed) drop_held(ring, ci, ring.p, Reason::message_incomplete, out);
   for (const TreeChild& c : t.spec.children) {
-    if (c.kind != TreeChild::Kind::rank) continue;
+    if (unsealed || c.kind != TreeChild::Kind::rank) continue;
     Held& h = held[c.index];
     Pkt& pk = out.tx[out.ntx];
     pk = h.pkt;
     std::memcpy(pk.data + h.data_off, result, cell.data_len);
-    fix_icrc<F>(shifts, pk.data, h.p, h.data_off, cell.data_len, crc_data, h.head_crc);
+    if (h.p.immdt) seal<F>(pk.data, h.p, h.data_off, imm, h.head_crc);
+    fix_icrc<F>(shifts, pk.data, h.p, h.data_off, cell.data_len, cell.crc, h.head_crc);
     ++out.ntx;
     h.pkt.data = nullptr;
     --ring.held_packets;
@@ -744,7 +800,6 @@ void Engine::Impl::deliver(Ring& ring, size_t ci, Cell& cell, Sink& out) noexcep
     if (send_b2b(ring, ci, cell, wire::B2bKind::result, t.spec.boxes[b], static_cast<uint16_t>(b),
                  out))
       ++ring.counters.tree.results_sent;
-  finish_cell(ring, cell);
 }
 
 Outcome Engine::Impl::resend_partial(Ring& ring, size_t ci, const Cell& cell, Sink& out) noexcept {

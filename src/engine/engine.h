@@ -150,6 +150,9 @@ struct RingCounters {
   uint64_t bytes_aggregated = 0;    // data bytes of those packets
   uint64_t cells_completed = 0;
   uint64_t messages_completed = 0;
+  // Message results sealed with their digest (digest.h): last cells
+  // released and last packets served.
+  uint64_t messages_sealed = 0;
   uint64_t retransmissions_served = 0;  // emitted from a completed cell
   uint64_t connections_rebound = 0;     // a rank's connection replaced by a new QP
   ReasonCounters drops{};               // drops attributed to this ring, by reason

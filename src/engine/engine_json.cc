@@ -26,6 +26,7 @@ json ring_info_to_json(const engine::RingInfo& i) {
                    {"bytes_aggregated", i.counters.bytes_aggregated},
                    {"cells_completed", i.counters.cells_completed},
                    {"messages_completed", i.counters.messages_completed},
+                   {"messages_sealed", i.counters.messages_sealed},
                    {"retransmissions_served", i.counters.retransmissions_served},
                    {"connections_rebound", i.counters.connections_rebound},
                    {"drops", drops}};

@@ -2,7 +2,7 @@
 //
 // full: recompute each released packet's ICRC over the whole packet.
 // linear: ICRC = crc(head || data || pad) = combine(crc(head), crc(data ||
-// pad)) with CRC linearity: crc(data) once per cell (result_crc), per packet
+// pad)) with CRC linearity: crc(data) once per cell (Cell::crc), per packet
 // only its head CRC and the shift of len(data || pad). The head CRC comes
 // with the packet (Held / StoredHdr::head_crc): ICRC verification produced
 // it on arrival (wire::icrc_verify_head), and the engine only rewrites the
@@ -42,13 +42,6 @@ struct ShiftCache {
   const wire::Crc32Shift& rebuild(uint32_t len) noexcept;
 };
 
-// The CRC of a cell's result that fix_icrc<F> takes (0 for full).
-template <IcrcFixup F>
-inline uint32_t result_crc(const uint8_t* result, uint16_t len) noexcept {
-  if constexpr (F == IcrcFixup::linear) return wire::crc32(0, result, len);
-  return 0;
-}
-
 // The head CRC a released packet needs for fix_icrc<F> when verification
 // did not produce it (verification off): computed from the frame. 0 for full.
 template <IcrcFixup F>
@@ -59,7 +52,7 @@ inline uint32_t head_crc(const uint8_t* frame, const wire::ParsedFrame& p,
 }
 
 // Stores the ICRC of a frame whose data [data_off, data_off + data_len) was
-// rewritten with a result whose CRC is crc_data (result_crc<F>).
+// rewritten with a result whose crc32 is crc_data (Cell::crc; full ignores it).
 template <IcrcFixup F>
 inline void fix_icrc(ShiftCache& shifts, uint8_t* frame, const wire::ParsedFrame& p,
                      uint16_t data_off, uint16_t data_len, uint32_t crc_data,

@@ -31,6 +31,9 @@ enum class Fate : uint8_t { forward, aggregate, drop };
   X(first_packet_lost, drop, "no recorded message of the connection contains the PSN")       \
   X(duplicate, drop, "duplicate of a packet already held in its cell")                       \
   X(stale_message, drop, "retransmission into a cell already reused by a newer message")     \
+  X(message_incomplete, drop,                                                                \
+    "a message's last packet while an earlier cell of the message is not complete here: "    \
+    "never released unsealed (its sender resends it, served sealed)")                        \
   X(unknown_ring, drop, "INA header names a ring that is not installed")                     \
   X(rank_address_mismatch, drop, "source address is not the registered address of the rank") \
   X(bad_ina_header, drop, "INA header invalid (version, dtype, op, rank or message length)") \

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "reduce/reduce.h"
+#include "wire/icrc.h"
 #include "wire/ina.h"
 
 namespace netreduce::host {
@@ -192,12 +193,20 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
   auto* dst = static_cast<uint8_t*>(recv);
   const std::string who = "rank " + std::to_string(t_.rank()) + ": ";
 
+  // A message that fails the box's seal ends the call, but only once what is
+  // in flight has come back (no new message is sent): the transport is then
+  // as quiet as after a call that succeeded, and the caller may go on over
+  // it (the probe's ring path).
+  Error unsealed;
+  const auto drained = [](const Window& w) {
+    return w.results_received() == w.next_send() && w.writes_completed() == w.next_send();
+  };
   Completion comps[kPollBatch];
   for (;;) {
     bool finished = true;
     for (unsigned g = 0; g < R; ++g) {
       Stripe& k = st[g];
-      while (k.w.can_send(k.w.next_send())) {
+      while (unsealed.ok() && k.w.can_send(k.w.next_send())) {
         const size_t i = k.w.next_send();
         const size_t remote = (i % N) * slot;
         const size_t off = g * send_ring_bytes_ + remote;
@@ -217,12 +226,13 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
           return fail(e);
         (void)k.w.sent(i);
       }
-      finished = finished && k.w.finished();
+      finished = finished && (unsealed.ok() ? k.w.finished() : drained(k.w));
     }
-    if (finished) return {};
+    if (finished) return unsealed.ok() ? Error{} : fail(unsealed);
     unsigned n = 0;
     if (Error e = t_.poll(comps, kPollBatch, n, deadline)) return fail(e);
     if (n == 0) {
+      if (!unsealed.ok()) return fail(unsealed);  // the first cause, not the drain's timeout
       std::string what;
       for (unsigned g = 0; g < R; ++g) {
         const Stripe& k = st[g];
@@ -281,12 +291,12 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
                                     " from predecessor rank " + std::to_string(t_.predecessor()) +
                                     " failed (" + c.what + ", status " +
                                     std::to_string(c.vendor_status) + ")"));
-      if (c.imm != id || i >= k.w.next_send())
-        return fail(Error::make(
-            ErrorCode::transport,
-            who + ring() + "from predecessor rank " + std::to_string(t_.predecessor()) +
-                ": immediate " + std::to_string(c.imm) + " where message id " + std::to_string(id) +
-                " was expected" + (i >= k.w.next_send() ? " (not sent yet by this rank)" : "")));
+      if (i >= k.w.next_send())
+        return fail(Error::make(ErrorCode::transport, who + ring() + "from predecessor rank " +
+                                                          std::to_string(t_.predecessor()) +
+                                                          ": immediate " + hex(c.imm) +
+                                                          " for message id " + std::to_string(id) +
+                                                          ", not sent yet by this rank"));
       const uint8_t* r = t_.recv_region(c.lane).addr + (i % N) * slot;
       const size_t want = kInaHeaderBytes + k.plan.data_bytes(i);
       const auto hdr = wire::ina_decode(r, c.byte_len);
@@ -298,6 +308,22 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
             who + ring() + "message id " + std::to_string(id) + " from predecessor rank " +
                 std::to_string(t_.predecessor()) + " has a wrong INA header or length (" +
                 std::to_string(c.byte_len) + " bytes, expected " + std::to_string(want) + ")"));
+      // The box's seal (docs/design.md#result-digests): nothing else is
+      // copied out, so a bypassed or restarted box never hands back raw data.
+      const uint32_t crc = wire::crc32(0, r + kInaHeaderBytes, k.plan.data_bytes(i));
+      if ((c.imm ^ crc) != id && unsealed.ok()) {
+        failed_seal_ = true;
+        unsealed = Error::make(
+            ErrorCode::transport,
+            who + ring() + "message id " + std::to_string(id) + " from predecessor rank " +
+                std::to_string(t_.predecessor()) + " fails the box's seal (immediate " +
+                hex(c.imm) + ", data crc32 " + hex(crc) +
+                "): no box reduced it from every rank (bypassed or restarted on the path?)");
+      }
+      if (!unsealed.ok()) {
+        (void)k.w.result_received(i);  // draining: nothing more is copied out
+        continue;
+      }
       std::memcpy(dst + (k.s.first + k.plan.first_elem(i)) * es, r + kInaHeaderBytes,
                   k.plan.data_bytes(i));
       (void)k.w.result_received(i);
@@ -496,8 +522,11 @@ Error probe_box(Collective& c, unsigned rank, unsigned world, Clock::time_point 
   const unsigned R = c.rings();
   std::array<int32_t, kMaxRings> mine{}, got{};
   mine.fill(static_cast<int32_t>(rank) + 1);
-  if (Error e = c.ina_allreduce(mine.data(), got.data(), R, DataType::int32, Op::sum, deadline))
-    return e;
+  if (Error e = c.ina_allreduce(mine.data(), got.data(), R, DataType::int32, Op::sum, deadline)) {
+    if (!c.failed_seal()) return e;
+    reason = e.message;  // no sealing box on the path: the ring path, said why
+    return {};
+  }
   const int32_t want = static_cast<int32_t>(world * (world + 1) / 2);
   for (unsigned g = 0; g < R; ++g) {
     if (got[g] == want) continue;

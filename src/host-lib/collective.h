@@ -12,7 +12,9 @@
 //  - INA path: ring 0's message j goes into its send slot j mod 2 (INA
 //    header with ring 0's id, then data) and leaves as one RDMA WRITE WITH
 //    IMM (imm = j) to the successor's receive slot j mod 2 of lane 0; the
-//    box reduces it with the other ranks' and releases the sum there.
+//    box reduces it with the other ranks' and releases the sum there, its
+//    immediate now j ^ crc32(sum): this rank copies the result out only
+//    when the immediate it gets is that seal (src/engine/digest.h).
 //  - Ring path: per ring, segments of at most P * stride / esize elements;
 //    2(P - 1) = 4 steps each, one WRITE WITH IMM (imm = segment tag << 8 |
 //    step) into the successor's half (segment parity) of its receive
@@ -78,6 +80,9 @@ class Collective {
   static Error check_args(const void* send, void* recv, size_t count, DataType t, Op op);
 
   const CollectiveConfig& config() const noexcept { return cfg_; }
+  // The call that made this collective unusable failed on a result the box
+  // had not sealed (the error says which message).
+  bool failed_seal() const noexcept { return failed_seal_; }
   unsigned rings() const noexcept { return static_cast<unsigned>(rings_.size()); }
 
  private:
@@ -106,15 +111,17 @@ class Collective {
   size_t ring_stride_ = 0;      // bytes per ring-path receive slot
   std::vector<RingState> rings_;
   Error failed_{};
+  bool failed_seal_ = false;
 };
 
 // Checks that the box really is on the path before the INA path is trusted:
 // one all-reduce of R int32 (rank + 1), one element per ring, each of which
-// must sum to P (P + 1) / 2. Without a box each rank would get its
-// predecessor's data and the INA path would silently return wrong results.
-// Returns the all-reduce's own error (a timeout: the box drops our packets),
-// or ok with `confirmed` false and a reason (naming the ring) when a sum is
-// wrong.
+// must sum to P (P + 1) / 2. Every INA message is checked against the box's
+// seal anyway; the sum is a second check. Returns the all-reduce's own error
+// (a timeout: the box drops our packets), or ok with `confirmed` false and a
+// reason when a result fails its seal (no sealing box on the path: the
+// error's text) or a sum is wrong (naming the ring). Either way `c` is
+// unusable afterwards; the caller makes the ring path's.
 Error probe_box(Collective& c, unsigned rank, unsigned world, Clock::time_point deadline,
                 bool& confirmed, std::string& reason);
 

@@ -62,7 +62,8 @@ struct LoopbackFabric::Impl {
   std::set<WriteRec*> writes;  // writes not fully delivered
   uint64_t into_box = 0, dropped = 0;
   uint16_t pmtu = 1024;
-  unsigned group_lanes = 1;            // lanes per local rank (R)
+  unsigned group_lanes = 1;  // lanes per local rank (R)
+  std::function<bool(unsigned, unsigned, uint32_t, uint32_t)> cfg_bypass;  // LoopbackConfig::bypass
   std::vector<uint64_t> host_payload;  // INA payload bytes each host sent into the box
   unsigned installed = 0;  // rings installed in the box (ids ring.ring_id + 0..installed-1)
 
@@ -105,6 +106,7 @@ struct LoopbackFabric::Impl {
       Lane& rx = ranks[w->receiver]->lanes[w->lane];
       if (f->remote_off + p.payload_len <= rx.recv.size())
         std::memcpy(rx.recv.data() + f->remote_off, data + p.payload, p.payload_len);
+      if (p.immdt) w->imm = reinterpret_cast<const wire::ImmDt*>(data + p.immdt)->imm.host();
       if (--w->remaining == 0) finish_write(w);
       frames.erase(f);
       delete f;
@@ -158,6 +160,10 @@ struct LoopbackFabric::Impl {
       }
       f->frame.resize(flen);
       frames.insert(f);
+      if (cfg_bypass && cfg_bypass(sender, lane, ina.msg_id, k)) {
+        deliver(f, f->frame.data(), f->frame.size());
+        continue;
+      }
       ++into_box;
       engine::Sink sink;
       const engine::Outcome o =
@@ -276,6 +282,7 @@ LoopbackFabric::LoopbackFabric(const LoopbackConfig& cfg) : cfg_(cfg), impl_(new
   }
   nonce_ = std::random_device{}() * 0x100000001ull ^ std::random_device{}();
   impl_->group_lanes = cfg_.rings;
+  impl_->cfg_bypass = cfg_.bypass;
   impl_->host_payload.assign(cfg.world, 0);
   const unsigned lanes = cfg_.rings * cfg_.local_size;
   for (unsigned r = 0; r < cfg.world; ++r) {

@@ -11,7 +11,8 @@
 //     releases (or forwards) is parsed and its payload written into rank
 //     2's receive region at its offset.
 //  3. Once the last packet is delivered, rank 2 gets a receive completion
-//     with the immediate and rank 1 a write completion.
+//     with the immediate of the last packet as delivered (the box's seal)
+//     and rank 1 a write completion.
 // A packet the engine drops is lost (no retransmission here): the writer
 // times out, which is how tests see drops. Without `box` or the INA magic a
 // write is delivered at once, completions in the order posted, as RC does.
@@ -31,6 +32,7 @@
 //   named from a per-fabric nonce, so they must be created concurrently.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "engine/engine.h"
@@ -48,6 +50,11 @@ struct LoopbackConfig {
   // with rings > 1, ring g is this spec with id ring.ring_id + g.
   engine::RingSpec ring{};
   engine::EngineConfig engine{};
+  // A bypassed box (tests): the packets of INA writes for which this says
+  // true skip the engine and reach their receiver as sent. Called with the
+  // fabric's lock held: sender rank, lane, the INA header's message id,
+  // packet index in the message. Unset: every packet goes through the box.
+  std::function<bool(unsigned sender, unsigned lane, uint32_t msg_id, uint32_t k)> bypass;
 };
 
 class LoopbackFabric {

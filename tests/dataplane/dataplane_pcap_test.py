@@ -37,6 +37,7 @@ import signal
 import socket
 import stat
 import struct
+import zlib
 import subprocess
 import sys
 import tempfile
@@ -328,6 +329,20 @@ def run_dataplane(tmp, in_pcap, rings, workers, loop=False, during=None, extra=N
     return frames, final, status, rings_now
 
 
+def check_headers(b, orig, off, opcode, msg_id, result):
+    """A released frame's bytes before its data `off` are the sender's, but a
+    last packet's ImmDt (WRITE LAST WITH IMMEDIATE: the 4 bytes before the
+    data) is the box's seal: msg_id ^ crc32 of the message's whole result,
+    zlib's CRC computed here (src/engine/digest.h)."""
+    if opcode != 0x09:
+        assert b[:off] == orig[:off], "headers changed"
+        return
+    assert b[:off - 4] == orig[:off - 4], "headers changed"
+    want = (msg_id ^ zlib.crc32(np.ascontiguousarray(result).tobytes())) & 0xFFFFFFFF
+    got = struct.unpack("!I", b[off - 4:off])[0]
+    assert got == want, "message %d: immediate 0x%08x, the seal is 0x%08x" % (msg_id, got, want)
+
+
 def check_released(out_frames, in_frames, data, ranks, pmtu, cap, psn_base=1000):
     """Every INA frame in the output: reduced data, own headers, valid ICRC."""
     by_key = {}
@@ -355,16 +370,17 @@ def check_released(out_frames, in_frames, data, ranks, pmtu, cap, psn_base=1000)
             got = np.frombuffer(b[pay_off + 24:-4], dtype=np.float32)
             lo = 0
         else:
-            assert b[:pay_off] == orig[:pay_off], "headers changed"
             rank = [r for r in range(ranks) if ip(r, int(src.split(".")[1])) == src][0]
             rel = (f[BTH].psn - (psn_base + rank * 100)) & 0xFFFFFF
             m, k = divmod(rel, (cap + 24) // pmtu)  # packets per message
             got = np.frombuffer(b[pay_off:-4], dtype=np.float32)
             lo = (k * pmtu - 24) // 4
-        want = data[(0, m)].copy()
+        whole = data[(0, m)].copy()
         for r in range(1, ranks):
-            want = (want + data[(r, m)]).astype(np.float32)  # rank order, fp32 each step
-        want = want[lo: lo + len(got)]
+            whole = (whole + data[(r, m)]).astype(np.float32)  # rank order, fp32 each step
+        if opcode != 0x06:
+            check_headers(b, orig, pay_off, opcode, m, whole)
+        want = whole[lo: lo + len(got)]
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), \
             "message %d packet %d from rank %d: data is not the rank-order sum" % (m, k, rank)
         checked += 1
@@ -1255,9 +1271,9 @@ def tree_leaf_scenario(tmp, in_pcap, rng, workers=1):
             "bad ICRC"
         op = f[BTH].opcode
         off = 14 + 20 + 8 + 12 + (16 + 24 if op == 0x06 else 0) + (4 if op == 0x09 else 0)
-        assert b[:off] == orig[:off], "headers changed"
         r = 0 if f[IP].src == ip(0, 5) else 1
         m, k = divmod((f[BTH].psn - (1000 + r * 100)) & 0xFFFFFF, ppm)
+        check_headers(b, orig, off, op, m, total[m])
         got = np.frombuffer(b[off:-4], dtype=np.float32)
         want = position_data(total[m], k, pmtu)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), "result (%d, %d) rank %d" % (m, k, r)

@@ -3,9 +3,12 @@
 // checks at the end that every buffer came back exactly once.
 #pragma once
 
+#include <zlib.h>
+
 #include <cstring>
 #include <list>
 #include <memory>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -108,6 +111,22 @@ inline std::vector<uint8_t> data_of(const std::vector<uint8_t>& f) {
   REQUIRE(wire::parse_frame(f.data(), f.size(), p) == wire::ParseStatus::ok);
   const size_t skip = wire::is_write_first(p.opcode) ? sizeof(wire::InaHdr) : 0;
   return {f.begin() + p.payload + static_cast<long>(skip), f.begin() + p.payload + p.payload_len};
+}
+
+// The ImmDt a host accepts on a message's last packet (src/engine/digest.h):
+// msg_id ^ crc32 of the message's result data, by zlib (not the wire layer
+// under test).
+inline uint32_t expected_seal(uint32_t msg_id, const std::vector<uint8_t>& message_data) {
+  return msg_id ^ static_cast<uint32_t>(
+                      ::crc32(0, message_data.data(), static_cast<uInt>(message_data.size())));
+}
+
+// A frame's ImmDt, if it has one.
+inline std::optional<uint32_t> imm_of(const std::vector<uint8_t>& f) {
+  wire::ParsedFrame p;
+  REQUIRE(wire::parse_frame(f.data(), f.size(), p) == wire::ParseStatus::ok);
+  if (!p.immdt) return std::nullopt;
+  return reinterpret_cast<const wire::ImmDt*>(f.data() + p.immdt)->imm.host();
 }
 
 inline bool icrc_ok(const std::vector<uint8_t>& f) {

@@ -930,3 +930,58 @@ TEST_CASE("process_burst releases what per-packet process releases, in every mod
       CHECK(reason(one, Reason::served_from_cell) > 0);
     }
 }
+
+TEST_CASE("a message's last packets carry its digest; before the message completes, none leave",
+          "[engine][digest]") {
+  for (const auto mode : {engine::ReduceMode::deterministic, engine::ReduceMode::accumulate})
+    for (const auto fixup : {engine::IcrcFixup::linear, engine::IcrcFixup::full}) {
+      INFO("accumulate " << (mode == engine::ReduceMode::accumulate) << " full ICRC "
+                         << (fixup == engine::IcrcFixup::full));
+      engine::EngineConfig cfg;
+      cfg.mode = mode;
+      cfg.icrc_fixup = fixup;
+      Fixture x(3, 2, cfg);
+      x.add_message();
+      x.add_message(2 * 256 + 40);
+      const auto all_of = [&](uint32_t m, uint32_t k) {
+        for (unsigned r = 0; r < 3; ++r) x.h.feed(x.pkt(r, m, k));
+        return x.h.take_sent();
+      };
+      // Message 0 in order: only its last packets change their ImmDt, to
+      // 0 ^ crc32(result), and their ICRC holds.
+      for (uint32_t k = 0; k + 1 < x.packets(0); ++k)
+        for (const auto& f : all_of(0, k)) CHECK(imm_of(f) == std::nullopt);
+      const auto last0 = all_of(0, x.packets(0) - 1);
+      x.expect_released(last0, 0, x.packets(0) - 1);
+      for (const auto& f : last0) CHECK(imm_of(f) == expected_seal(0, reference(x.msgs[0])));
+
+      // Message 1: rank 0's middle packet is lost before the box, so its last
+      // cell completes while cell 1 is open: the last packets are dropped
+      // (a copy with the senders' immediate must never reach a host).
+      const uint32_t last = x.packets(1) - 1;
+      REQUIRE(last == 2);
+      all_of(1, 0);
+      x.h.feed(x.pkt(1, 1, 1));
+      x.h.feed(x.pkt(2, 1, 1));
+      CHECK(x.h.take_sent().empty());
+      CHECK(all_of(1, last).empty());
+      CHECK(reason(x.h, Reason::message_incomplete) == 3);
+      // Only cell 1's packets are held (deterministic mode holds them).
+      CHECK(x.h.live.size() == (mode == engine::ReduceMode::deterministic ? 2u : 0u));
+      // A resend of a last packet before the gap is filled: dropped too.
+      CHECK(x.h.feed(x.pkt(1, 1, last)).reason == Reason::message_incomplete);
+      // Rank 0 goes back: its middle packet completes cell 1, its last
+      // packet is served from the cell, sealed now.
+      x.h.feed(x.pkt(0, 1, 1));
+      x.expect_released(x.h.take_sent(), 1, 1);
+      CHECK(x.h.feed(x.pkt(0, 1, last)).verdict == Verdict::emit);
+      const auto served = x.h.take_sent();
+      REQUIRE(served.size() == 1);
+      CHECK(icrc_ok(served[0]));
+      CHECK(imm_of(served[0]) == expected_seal(1, reference(x.msgs[1])));
+      const auto info = x.h.e->ring_info(1);
+      REQUIRE(info);
+      CHECK(info->counters.messages_sealed == 2);
+      CHECK(info->counters.drops[static_cast<size_t>(Reason::message_incomplete)] == 4);
+    }
+}

@@ -527,7 +527,76 @@ TEST_CASE("probe: the INA path is trusted only when the box is on the path", "[h
       INFO(errs[r].message << why[r]);
       REQUIRE(errs[r].ok());
       CHECK(ok[r] == box);
-      if (!box) CHECK(why[r].find("not on the path") != std::string::npos);
+      if (!box) CHECK(why[r].find("fails the box's seal") != std::string::npos);
     }
+  }
+}
+
+TEST_CASE("a bypassed box: no rank copies out a result the box did not seal", "[hostlib][seal]") {
+  // The shapes of a box that leaves the path while a call runs (a bypass
+  // relay, a withdrawn steering rule): packets of the call's last message
+  // reach their receivers as their senders wrote them. P = 3, three messages
+  // of 4 packets per call.
+  struct Shape {
+    const char* name;
+    bool (*skips)(unsigned sender, uint32_t k);  // for the last message's packets
+    bool whole_call;
+  };
+  const Shape shapes[] = {
+      {"the whole call bypasses the box", [](unsigned, uint32_t) { return true; }, true},
+      {"the box goes mid-message", [](unsigned, uint32_t k) { return k >= 2; }, false},
+      {"only the header packet goes through", [](unsigned, uint32_t k) { return k >= 1; }, false},
+      {"steering flaps for one packet", [](unsigned s, uint32_t k) { return s == 0 && k == 1; },
+       false},
+  };
+  std::mt19937_64 rng(91);
+  const unsigned P = 3;
+  for (const Shape& shape : shapes) {
+    INFO(shape.name);
+    const Shape* armed = nullptr;
+    uint32_t first_id = 0, last_id = 0;
+    LoopbackConfig cfg = box_fabric(P, 4, 2, 256);
+    cfg.bypass = [&](unsigned sender, unsigned, uint32_t id, uint32_t k) {
+      if (!armed || id < first_id) return false;
+      return armed->whole_call || (id == last_id && armed->skips(sender, k));
+    };
+    Options o;
+    o.window = 2;
+    Job job(cfg, o);
+    MessagePlan plan;
+    REQUIRE(make_plan(1, DataType::fp32, 4, 256, plan).ok());
+    const size_t count = 3 * plan.elems_per_msg;
+    std::vector<std::vector<uint8_t>> in, out;
+    for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::fp32, count, false));
+    const auto want = rank_order_reference(in, DataType::fp32, Op::sum);
+    for (const Error& e : job.run(in, out, count, DataType::fp32, Op::sum)) REQUIRE(e.ok());
+    REQUIRE(out[0] == want);
+    // Every message so far (the probe's and this call's) completed at the box:
+    // the next call's ids follow.
+    first_id = static_cast<uint32_t>(job.fabric.box_ring()->counters.messages_completed);
+    last_id = first_id + 2;
+    armed = &shape;
+    const auto errs = job.run(in, out, count, DataType::fp32, Op::sum, 600);
+    unsigned failed = 0;
+    for (unsigned r = 0; r < P; ++r) {
+      INFO("rank " << r << ": " << errs[r].message);
+      if (errs[r].ok()) {
+        CHECK(out[r] == want);
+        continue;
+      }
+      ++failed;
+      CHECK((errs[r].code == ErrorCode::timeout || errs[r].code == ErrorCode::transport));
+      // What was copied out before the failure is the box's result; the rest
+      // is untouched (0xEE).
+      for (size_t i = 0; i < out[r].size(); ++i)
+        if (out[r][i] != 0xEE && out[r][i] != want[i]) {
+          FAIL("byte " << i << " of the result is neither the reference nor untouched");
+          break;
+        }
+    }
+    CHECK(failed > 0);
+    if (shape.whole_call)  // every rank got raw data: every rank names the seal
+      for (const Error& e : errs)
+        CHECK(e.message.find("fails the box's seal") != std::string::npos);
   }
 }
