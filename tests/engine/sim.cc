@@ -1,5 +1,7 @@
 #include "engine/sim.h"
 
+#include <zlib.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -59,7 +61,8 @@ struct Worker {
   uint32_t rcv_next = 0;  // next expected packet index
   bool nak_sent = false;
   std::vector<uint8_t> rbuf;  // predecessor's messages as written into our memory
-  uint32_t results = 0;       // messages received completely (in order)
+  uint32_t results = 0;       // messages received completely (in order) and accepted
+  bool rejected = false;      // a message failed its seal: this worker stopped
 };
 
 struct Layout {
@@ -98,6 +101,9 @@ class Sim {
   void box(Frame* f);
   bool done() const;
   void lifecycle();
+  void make_engine();
+  bool bypassed() const { return p_.bypass_at && now_ >= p_.bypass_at && now_ < p_.bypass_until; }
+  bool seal_ok(const Worker& w, unsigned m, const wire::ParsedFrame& pf, const uint8_t* f) const;
   engine::RingSpec spec() const;
   bool msg_done(const Worker& w, uint32_t m) const {
     return w.results > m && w.snd_una >= w.msg_first[m + 1];
@@ -115,6 +121,8 @@ class Sim {
   uint64_t frames_ = 0;
   uint64_t progress_ = 0;  // last tick a worker accepted data or an ACK moved snd_una
   bool removed_ = false;
+  bool faulted_ = false;  // removed, bypassed or restarted so far
+  uint64_t rejected_ = 0;
   engine::Sink sink_;
   const bool trace_ = std::getenv("NETREDUCE_SIM_TRACE") != nullptr;
 };
@@ -131,7 +139,7 @@ void Sim::lifecycle() {
     if (Status s = engine_->remove_ring(kRingId, now_, released); !s)
       throw std::runtime_error("remove_ring: " + s.to_string());
     for (const Pkt& pk : released) pool_.free(of(pk));
-    removed_ = true;
+    removed_ = faulted_ = true;
     if (trace_)
       std::fprintf(stderr, "t=%llu ring removed\n", static_cast<unsigned long long>(now_));
   }
@@ -141,14 +149,27 @@ void Sim::lifecycle() {
     if (trace_)
       std::fprintf(stderr, "t=%llu ring installed again\n", static_cast<unsigned long long>(now_));
   }
+  if (now_ == p_.bypass_at) faulted_ = true;
+  if (now_ == p_.restart_at) {
+    // Whatever the engine held is gone with it (its buffers return to the
+    // pool, as a restarted process's memory would).
+    std::vector<Pkt> released;
+    (void)engine_->remove_ring(kRingId, now_, released);
+    for (const Pkt& pk : released) pool_.free(of(pk));
+    engine_.reset();
+    make_engine();
+    faulted_ = true;
+    if (trace_)
+      std::fprintf(stderr, "t=%llu box restarted\n", static_cast<unsigned long long>(now_));
+  }
+  if (p_.restart_at && now_ == p_.reinstall_after_restart) {
+    if (Status s = engine_->install_ring(spec()); !s)
+      throw std::runtime_error("install_ring after the restart: " + s.to_string());
+  }
   engine_->expire_retired(now_);
 }
 
-void Sim::fill_tensor(std::vector<uint8_t>& t) {
-  sim::fill_tensor(p_.dtype, rng_, t.data(), lay_.elems);
-}
-
-void Sim::setup() {
+void Sim::make_engine() {
   engine::EngineConfig cfg;
   cfg.mode = p_.mode;
   cfg.icrc_fixup = p_.fixup;
@@ -156,6 +177,14 @@ void Sim::setup() {
   cfg.allocator = {&Sim::alloc_cb, this};
   cfg.retire_grace = kRetireGrace;
   engine_ = std::make_unique<engine::Engine>(cfg);
+}
+
+void Sim::fill_tensor(std::vector<uint8_t>& t) {
+  sim::fill_tensor(p_.dtype, rng_, t.data(), lay_.elems);
+}
+
+void Sim::setup() {
+  make_engine();
   if (Status s = engine_->install_ring(spec()); !s)
     throw std::runtime_error("install_ring: " + s.to_string());
 
@@ -201,7 +230,7 @@ size_t Sim::build_packet(const Worker& w, uint32_t idx, std::vector<uint8_t>& ou
 
 void Sim::sender_tick(Worker& w) {
   // Rule W: message m may go once m - N is done (or m < N).
-  while (w.allowed < p_.messages &&
+  while (!w.rejected && w.allowed < p_.messages &&
          (p_.violate_window && w.rank == 0
               ? true
               : w.allowed < p_.window || msg_done(w, w.allowed - p_.window)))
@@ -249,7 +278,17 @@ void Sim::on_data(Worker& w, Frame* f, const wire::ParsedFrame& pf) {
     ++w.rcv_next;
     w.nak_sent = false;
     progress_ = now_;
-    if (w.rcv_next == pred.msg_first[m + 1]) w.results = m + 1;  // WRITE WITH IMM completion
+    if (w.rcv_next == pred.msg_first[m + 1] && !w.rejected) {  // WRITE WITH IMM completion
+      if (seal_ok(w, m, pf, f->b.data())) {
+        w.results = m + 1;
+      } else {
+        w.rejected = true;
+        ++rejected_;
+        if (trace_)
+          std::fprintf(stderr, "t=%llu worker %u rejects message %u (seal)\n",
+                       static_cast<unsigned long long>(now_), w.rank, m);
+      }
+    }
     send_ack(w, kSyndromeAck, psn);
   } else if (idx < w.rcv_next) {  // duplicate: re-ACK what we have
     send_ack(w, kSyndromeAck, wire::psn_add(pred.psn_base, w.rcv_next - 1));
@@ -257,6 +296,17 @@ void Sim::on_data(Worker& w, Frame* f, const wire::ParsedFrame& pf) {
     w.nak_sent = true;
     send_ack(w, kSyndromeNakSeq, wire::psn_add(pred.psn_base, w.rcv_next));
   }
+}
+
+// The host's rule: imm ^ crc32(the message's data) == msg_id (the sim's
+// msg_id is the message index), with zlib's CRC.
+bool Sim::seal_ok(const Worker& w, unsigned m, const wire::ParsedFrame& pf,
+                  const uint8_t* f) const {
+  if (!pf.immdt) return false;
+  const uint32_t imm = reinterpret_cast<const wire::ImmDt*>(f + pf.immdt)->imm.host();
+  const size_t bytes = lay_.data_bytes(m, w.tensor.size());
+  const uint8_t* data = w.rbuf.data() + size_t{m} * p_.msg_len * p_.pmtu + engine::kInaHeaderBytes;
+  return (imm ^ static_cast<uint32_t>(::crc32(0, data, static_cast<uInt>(bytes)))) == m;
 }
 
 void Sim::on_ack(Worker& w, const uint8_t* d, const wire::ParsedFrame& pf) {
@@ -301,6 +351,10 @@ void Sim::deliver(Frame* f) {
 }
 
 void Sim::box(Frame* f) {
+  if (bypassed()) {  // the box is not on the path: the frame goes on as sent
+    out_.send(f, now_);
+    return;
+  }
   ++frames_;
   sink_.clear();
   const engine::Outcome o = engine_->process(as_pkt(f), now_, sink_);
@@ -433,7 +487,7 @@ SimResult Sim::run() {
   SimResult res;
   setup();
   for (now_ = 1; now_ <= p_.max_ticks && !done(); ++now_) {
-    if (removed_ && now_ - progress_ > kStuckTicks) break;
+    if (faulted_ && now_ - progress_ > kStuckTicks) break;
     lifecycle();
     while (Frame* f = in_.next(now_)) box(f);
     while (Frame* f = out_.next(now_)) deliver(f);
@@ -444,8 +498,10 @@ SimResult Sim::run() {
   res.counters = engine_->counters();
   if (auto info = engine_->ring_info(kRingId)) res.ring = info->counters;
   res.removed = removed_;
-  if (!done() && removed_) {
-    res.stuck_after_removal = true;
+  res.faulted = faulted_;
+  res.rejected = rejected_;
+  if (!done() && faulted_) {
+    res.stuck_after_fault = true;
     res.error = check_results();  // what the workers did complete must be right
   } else if (!done()) {
     std::ostringstream e;
@@ -509,6 +565,13 @@ SimParams random_params(uint64_t seed, bool allow_accumulate) {
     p.remove_at = u(1, 250);
     if (u(0, 1)) p.reinstall_at = p.remove_at + u(0, 150);
   }
+  if (u(0, 7) == 0) {
+    p.bypass_at = u(1, 250);
+    p.bypass_until = p.bypass_at + (u(0, 2) == 0 ? u(1, 3) : u(20, 400));
+  } else if (u(0, 6) == 0 && !p.remove_at) {
+    p.restart_at = u(1, 250);
+    if (u(0, 3) != 0) p.reinstall_after_restart = p.restart_at + u(0, 150);
+  }
   return p;
 }
 
@@ -525,6 +588,9 @@ std::string describe(const SimParams& p) {
     << p.corrupt_out;
   if (p.remove_at) o << " remove_at=" << p.remove_at;
   if (p.reinstall_at) o << " reinstall_at=" << p.reinstall_at;
+  if (p.bypass_at) o << " bypass=[" << p.bypass_at << "," << p.bypass_until << ")";
+  if (p.restart_at) o << " restart_at=" << p.restart_at;
+  if (p.reinstall_after_restart) o << " reinstall_after_restart=" << p.reinstall_after_restart;
   return o.str();
 }
 

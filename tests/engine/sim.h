@@ -12,14 +12,22 @@
 // channels that drop, duplicate, reorder and corrupt on both sides. The
 // receiver verifies the ICRC like rxe does.
 //
+// A worker accepts a message only when its last packet's immediate is the
+// box's seal of what it received (msg_id ^ crc32 of the data, zlib's CRC:
+// src/engine/digest.h), as the host library does; a message that fails it
+// is rejected and the worker stops, as a host's call fails.
 // At the end each worker's received data must equal a reference reduction
 // computed independently (tests/engine/reference.h) in rank order:
 // bit-identical in deterministic mode; in accumulate mode identical across
 // workers and exact for integers and min/max, within rounding for float sums.
-// When the ring is removed mid-run (SimParams::remove_at), workers may never
-// finish: the run ends once nothing progressed for kStuckTicks and counts as
-// the expected outcome, but every message a worker did complete must still
-// hold the reference result: a removal may fail a job, never corrupt it.
+// When the ring is removed mid-run (SimParams::remove_at), the box is
+// bypassed for a while (bypass_at: frames go from sender to receiver
+// untouched, as a bypass relay or a withdrawn steering rule does) or the box
+// restarts (restart_at: a fresh engine that forwards everything until the
+// ring is installed again), workers may never finish: the run ends once
+// nothing progressed for kStuckTicks and counts as the expected outcome, but
+// every message a worker accepted must still hold the reference result: a
+// fault may fail a job, never corrupt it.
 #pragma once
 
 #include <cstdint>
@@ -54,11 +62,21 @@ struct SimParams {
   // The workers keep their QPs: the job carries on or gets stuck.
   uint64_t remove_at = 0;
   uint64_t reinstall_at = 0;
+  // The box is bypassed for ticks [bypass_at, bypass_until) (0: never).
+  uint64_t bypass_at = 0;
+  uint64_t bypass_until = 0;
+  // The box restarts at this tick (0: never): its engine and every cell,
+  // connection and history are gone; the ring is installed again at
+  // reinstall_after_restart (0: never), frames forwarded untouched until then.
+  uint64_t restart_at = 0;
+  uint64_t reinstall_after_restart = 0;
 };
 
 // Random parameters for a seed: P 2..16, every dtype x op by turn, loss,
 // duplication and reordering up to 5% each, corruption up to 1%. One seed in
-// eight removes the ring at a random tick, half of those re-install it.
+// eight removes the ring at a random tick, half of those re-install it; one
+// in eight bypasses the box for a while (a flap of 1-3 ticks in a third of
+// those), one in eight restarts it.
 SimParams random_params(uint64_t seed, bool allow_accumulate = true);
 
 struct SimResult {
@@ -66,9 +84,11 @@ struct SimResult {
   // The ring was removed and the workers could not finish (no progress for
   // a long while): the expected outcome of a removal, not a failure, as long
   // as every message a worker did complete holds the reference result.
-  bool stuck_after_removal = false;
-  bool removed = false;  // the removal happened before the run ended
-  std::string error;     // first problem found (names seed, worker, message)
+  bool stuck_after_fault = false;  // or after a bypass or restart
+  bool removed = false;            // the removal happened before the run ended
+  bool faulted = false;            // a removal, bypass or restart happened before the run ended
+  uint64_t rejected = 0;           // messages workers rejected (their seal did not match)
+  std::string error;               // first problem found (names seed, worker, message)
   uint64_t ticks = 0;
   uint64_t frames = 0;  // frames handed to the engine
   engine::ReasonCounters counters{};

@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   engine::ReasonCounters total{};
   uint64_t frames = 0, served = 0, completed = 0, failures = 0;
-  uint64_t removed = 0, stuck = 0, reinstalled_done = 0;
+  uint64_t removed = 0, stuck = 0, reinstalled_done = 0, faulted = 0, fault_stuck = 0;
+  uint64_t rejected = 0;
   std::array<uint64_t, 18> combos{};
   for (uint64_t s = first; s < first + seeds; ++s) {
     const sim::SimParams p = sim::random_params(s);
@@ -36,9 +37,14 @@ int main(int argc, char** argv) {
       continue;
     }
     ++combos[s % 18];
+    rejected += r.rejected;
+    if (r.faulted && !r.removed) {
+      ++faulted;
+      if (r.stuck_after_fault) ++fault_stuck;
+    }
     if (r.removed) {
       ++removed;
-      if (r.stuck_after_removal)
+      if (r.stuck_after_fault)
         ++stuck;
       else if (p.reinstall_at)
         ++reinstalled_done;
@@ -57,6 +63,10 @@ int main(int argc, char** argv) {
               " ended stuck (expected), %" PRIu64
               " completed after re-installation; every completed message checked\n",
               removed, stuck, reinstalled_done);
+  std::printf("  box bypassed or restarted mid-run in %" PRIu64 " seeds: %" PRIu64
+              " ended stuck (expected); %" PRIu64
+              " messages rejected by their seal, none accepted wrong\n",
+              faulted, fault_stuck, rejected);
   std::printf("  dtype x op combinations run:");
   for (uint64_t c : combos) std::printf(" %" PRIu64, c);
   std::printf("\n  engine reasons:");
