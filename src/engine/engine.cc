@@ -156,13 +156,12 @@ struct alignas(64) Engine::Impl {
   template <ReduceMode M, IcrcFixup F>
   bool complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned in_rank,
                 const ParsedFrame& in_p, uint16_t in_off, uint32_t in_head, Sink& out) noexcept;
-  template <ReduceMode M>
   void reset_cell(Ring& ring, size_t ci, Cell& cell, uint32_t tag, Sink& out) noexcept;
   void open_cell(Ring& ring, Cell& cell, uint32_t msg_id, uint16_t msg_len, uint16_t data_len,
                  uint8_t dtype, uint8_t op, uint64_t now) noexcept;
   void finish_cell(Ring& ring, Cell& cell) noexcept;
   bool digest_imm(Ring& ring, size_t ci, uint32_t& imm) noexcept;
-  void drop_held(Ring& ring, size_t ci, unsigned except, Reason why, Sink& out) noexcept;
+  void drop_held(Ring& ring, size_t ci, uint64_t ranks, Reason why, Sink& out) noexcept;
 
   // Tree nodes (tree.h).
   template <IcrcFixup F>
@@ -405,8 +404,8 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
   const uint64_t bit = uint64_t{1} << rank;
 
   const CellCase c = cell_case(cell, msg.msg_id, bit);
-  if (c == CellCase::stale) return count(Reason::stale_message, &ring);      // case 5
-  if (c == CellCase::reset) reset_cell<M>(ring, ci, cell, msg.msg_id, out);  // case 4
+  if (c == CellCase::stale) return count(Reason::stale_message, &ring);   // case 5
+  if (c == CellCase::reset) reset_cell(ring, ci, cell, msg.msg_id, out);  // case 4
   if (cell.state == CellState::empty)
     open_cell(ring, cell, msg.msg_id, msg.len, data_len, msg.dtype, msg.op, now);
   if (cell.data_len != data_len) return count(Reason::length_mismatch, &ring);
@@ -488,7 +487,7 @@ bool Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
   finish_cell(ring, cell);
   uint32_t imm = 0;
   if (wire::is_write_last(in_p.opcode) && !digest_imm(ring, ci, imm)) {
-    drop_held(ring, ci, in_rank, Reason::message_incomplete, out);
+    drop_held(ring, ci, cell.arrived & ~(uint64_t{1} << in_rank), Reason::message_incomplete, out);
     return false;
   }
 
@@ -568,43 +567,30 @@ bool Engine::Impl::digest_imm(Ring& ring, size_t ci, uint32_t& imm) noexcept {
   return true;
 }
 
-// Drops the packets cell ci holds (deterministic mode; accumulate mode holds
-// none) but rank `except`'s, counted under `why` with that one: the caller
-// drops it.
-void Engine::Impl::drop_held(Ring& ring, size_t ci, unsigned except, Reason why,
+// Counts the packets of `ranks` (a bitmap of ranks that arrived in cell ci)
+// as dropped for `why`, and hands back those the cell holds (deterministic
+// mode; accumulate mode consumed them on arrival).
+void Engine::Impl::drop_held(Ring& ring, size_t ci, uint64_t ranks, Reason why,
                              Sink& out) noexcept {
   const auto r_why = static_cast<size_t>(why);
   for (unsigned r = 0; r < ring.p; ++r) {
-    if (r == except) continue;
-    Held* h = ring.held.empty() ? nullptr : &ring.held[ci * ring.p + r];
-    if (h && !h->pkt.data) continue;  // a tree node's remote rank
+    if (!(ranks >> r & 1)) continue;
     ++counters[r_why];
     ++ring.counters.drops[r_why];
-    if (!h) continue;  // accumulate mode: the packet was consumed on arrival
-    out.drop[out.ndrop++] = h->pkt;
+    if (ring.held.empty()) continue;
+    Held& h = ring.held[ci * ring.p + r];
+    out.drop[out.ndrop++] = h.pkt;
     --ring.held_packets;
-    ring.held_bytes -= h->pkt.len;
-    h->pkt.data = nullptr;
+    ring.held_bytes -= h.pkt.len;
+    h = Held{};
   }
 }
 
-template <ReduceMode M>
 void Engine::Impl::reset_cell(Ring& ring, size_t ci, Cell& cell, uint32_t tag, Sink& out) noexcept {
   if (cell.state == CellState::collecting || cell.state == CellState::awaiting) {
     --ring.open_cells;
     // Only a worker that broke rule W reuses a cell others still wait on.
-    for (unsigned r = 0; r < ring.p; ++r) {
-      if (!(cell.arrived >> r & 1)) continue;
-      ++counters[static_cast<size_t>(Reason::evicted_incomplete)];
-      ++ring.counters.drops[static_cast<size_t>(Reason::evicted_incomplete)];
-      if constexpr (M == ReduceMode::deterministic) {
-        Held& h = ring.held[ci * ring.p + r];
-        out.drop[out.ndrop++] = h.pkt;
-        --ring.held_packets;
-        ring.held_bytes -= h.pkt.len;
-        h = Held{};
-      }
-    }
+    drop_held(ring, ci, cell.arrived, Reason::evicted_incomplete, out);
   }
   cell = Cell{};
   cell.tag = tag;
@@ -661,7 +647,7 @@ Outcome Engine::Impl::partial_in(Ring& ring, TreeNode& t, const wire::B2bFrame& 
   const auto bit = static_cast<uint16_t>(1u << in.child);
   const CellCase c = cell_case_box(cell, in.msg_id, bit);
   if (c == CellCase::stale) return count(Reason::stale_message, &ring);
-  if (c == CellCase::reset) reset_cell<ReduceMode::deterministic>(ring, ci, cell, in.msg_id, out);
+  if (c == CellCase::reset) reset_cell(ring, ci, cell, in.msg_id, out);
   if (cell.state == CellState::empty)
     open_cell(ring, cell, in.msg_id, in.msg_len, b.data_len, in.dtype, in.op, now);
   if (cell.data_len != b.data_len) return count(Reason::length_mismatch, &ring);
@@ -782,7 +768,7 @@ void Engine::Impl::deliver(Ring& ring, size_t ci, Cell& cell, Sink& out) noexcep
   const auto first_rank = static_cast<unsigned>(std::countr_zero(ring.all_ranks));
   const bool unsealed = first_rank < ring.p && wire::is_write_last(held[first_rank].p.opcode) &&
                         !digest_imm(ring, ci, imm);
-  if (unsealed) drop_held(ring, ci, ring.p, Reason::message_incomplete, out);
+  if (unsealed) drop_held(ring, ci, ring.all_ranks, Reason::message_incomplete, out);
   for (const TreeChild& c : t.spec.children) {
     if (unsealed || c.kind != TreeChild::Kind::rank) continue;
     Held& h = held[c.index];
