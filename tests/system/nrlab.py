@@ -590,7 +590,9 @@ def rxe_wedge_warnings(lab):
 def run_step(lab, reports, step, *args):
     """step(*args), run once more if it failed (Failed) while a guest's
     rdma_rxe wedged (rxe_wedge_warnings moved): a fault of the guest kernel,
-    not of what is under test. The retry must pass on its own (fresh
+    not of what is under test. The wedged guests boot again first (a wedged
+    guest can stop answering on TCP too, so the retry could never connect).
+    The retry must pass on its own (fresh
     captures, counters and ring, as the step makes them); a failure without
     the signature, or a second one, is the step's failure. `reports` get
     back the lines and figures they had before the first attempt, and a line
@@ -606,8 +608,9 @@ def run_step(lab, reports, step, *args):
         for r, (lines, figures) in zip(reports, saved):
             r.lines, r.figures = lines, figures
             r.line("first attempt failed while rdma_rxe wedged in %s (kernel WARNING in __rxe_cleanup); "
-                   "run again. Its error: %s" % (", ".join(wedged), str(e).splitlines()[0][:300]))
-        log("rdma_rxe wedged in %s: running the step again" % ", ".join(wedged))
+                   "booted it again and ran the step again. Its error: %s" % (", ".join(wedged), str(e).splitlines()[0][:300]))
+        log("rdma_rxe wedged in %s: booting it again and running the step again" % ", ".join(wedged))
+    lab.reboot([g for g in lab.guests if g.name in wedged])
     return step(*args)
 
 
@@ -919,6 +922,7 @@ class Lab:
         cleanup_stale()
         prune_runs(self.workdir)
         ver, vmlinux, initrd = prepare_boot(os.path.join(self.workdir, "cache"))
+        self._boot_files = (vmlinux, initrd)
         shutil.rmtree(self.run_dir, ignore_errors=True)
         os.makedirs(self.run_dir)
         self.kernel = ver
@@ -945,6 +949,23 @@ class Lab:
             for b in self.boxes.values():
                 b.start(self.box_mode, self.rings)
         self.setup_seconds = time.monotonic() - t0
+
+    def reboot(self, guests):
+        """Boots `guests` again on a fresh kernel (same address, MAC and tap)
+        after a fault of a guest's kernel; their old files move to
+        <dir>.<n>. Returns when all are ready."""
+        for g in guests:
+            g.shutdown()
+            n = 1
+            while os.path.exists("%s.%d" % (g.dir, n)):
+                n += 1
+            os.rename(g.dir, "%s.%d" % (g.dir, n))
+            g._next = 0
+            g.boot(*self._boot_files)
+        deadline = time.monotonic() + self.boot_timeout
+        for g in guests:
+            g.wait_ready(deadline)
+            log("%s booted again, ready in %.1fs: gid index %s" % (g.name, g.ready_seconds, g.gid_index))
 
     def _new_namespace(self):
         """The lab's namespace (IPv6 off, lo up); returns an `ip -n ns` runner."""

@@ -15,7 +15,9 @@ Checks (each can fail):
     the box); Job.kill ends the stalled pair (rxe treats retry_cnt 7 as
     "forever"); restarted, the box carries RoCE again;
   - netem loss on a guest's link (Guest.netem) reaches the RoCE traffic: the
-    transfer completes through go-back-N and rxe counts the recovery.
+    transfer completes through go-back-N and rxe counts the recovery;
+  - a guest booted again (Lab.reboot, as run_step does when a guest's rxe
+    wedges) has fresh files and carries TCP and RoCE through the box again.
 """
 import argparse
 import os
@@ -116,6 +118,20 @@ def main():
                           "duplicate_request")) if v})
             report.figure("ib_write_bw g0 -> g1 with netem loss 5% on g0: rxe recovery", recov)
             expect(recov, "netem loss on g0 left no trace in rxe's counters")
+
+            # A guest booted again (what run_step does after an rxe wedge) is whole again.
+            g0.run("echo before > /nrlab/marker", check=True)
+            lab.reboot([g0])
+            expect(os.path.exists(os.path.join(g0.dir + ".1", "marker")) and
+                   not os.path.exists(os.path.join(g0.dir, "marker")), "Lab.reboot left g0's old files in place")
+            r = g0.run("for i in $(seq 100); do exec 3<>/dev/tcp/%s/8000 && break; sleep 0.2; done; "
+                       "printf 'GET /index.txt HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3" % nrlab.HOST_IP, timeout=60)
+            expect(r.rc == 0 and "netreduce lab" in r.out, "HOST_IP unreachable from g0 booted again: %r" % r)
+            before = roce_packets(lab.box.stats())
+            rc, rs = nrlab.perftest(g1, g0, "ib_send_lat", ["-s", "2", "-n", "20"], 18550, on_hang=report.line)
+            expect(rc.rc == 0 and rs.rc == 0, "ib_send_lat g0 -> g1 after g0 booted again: %r %r" % (rc, rs))
+            expect(roce_packets(lab.box.stats()) - before >= 40, "g0 booted again sent no RoCE through the box")
+            report.figure("g0 booted again (Lab.reboot): ready in", "%.1f" % g0.ready_seconds, "s")
             report.figure("scenario wall time", "%.1f" % (time.monotonic() - t0), "s")
             ok = True
     except (Failed, nrlab.LabError) as e:
