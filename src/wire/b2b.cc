@@ -41,7 +41,16 @@ B2bStatus parse_b2b(const uint8_t* data, size_t len, B2bFrame& out) noexcept {
   const Ipv4Hdr* ip = at<Ipv4Hdr>(data, off);
   if (ip->version() != 4 || ip->protocol != kIpProtoUdp) return B2bStatus::not_b2b;
   const size_t ihl = ip->ihl_bytes();
-  if (ihl < sizeof(Ipv4Hdr) || len < off + ihl + sizeof(UdpHdr)) return B2bStatus::not_b2b;
+  if (ihl < sizeof(Ipv4Hdr)) return B2bStatus::not_b2b;
+  if ((ip->flags_frag.host() & 0x1FFF) != 0) {
+    // A later fragment: what sits where the UDP header would is data, never
+    // a port to read.
+    out.l3 = static_cast<uint16_t>(off);
+    out.src_ip = ip->src.host();
+    out.dst_ip = ip->dst.host();
+    return B2bStatus::later_fragment;
+  }
+  if (len < off + ihl + sizeof(UdpHdr)) return B2bStatus::not_b2b;
   if (at<UdpHdr>(data, off + ihl)->dst_port.host() != kB2bPort) return B2bStatus::not_b2b;
   // From here on it claims to be ours: every defect has its own status.
   out.l3 = static_cast<uint16_t>(off);

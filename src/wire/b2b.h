@@ -25,9 +25,12 @@
 // Ethernet FCS (docs/design.md#wire-format).
 //
 // Status. parse_b2b never reads outside [data, data + len). not_b2b is
-// ordinary traffic (not IPv4 / UDP / kB2bPort); every other status but ok
-// names one kind of malformed or corrupted frame. Pure functions: any
-// thread.
+// ordinary traffic (not IPv4 / UDP / kB2bPort). later_fragment is an IPv4
+// fragment of a UDP datagram after the first: it carries no UDP header, so
+// only its address can say whether it is box-to-box (a box address takes
+// nothing but box-to-box frames: the caller decides). Every other status
+// but ok names one kind of malformed or corrupted frame. Pure functions:
+// any thread.
 #pragma once
 
 #include <cstddef>
@@ -93,6 +96,7 @@ static_assert(sizeof(B2bHdr) % 8 == 0, "keeps 8-byte elements aligned as in the 
 #define NETREDUCE_B2B_STATUS(X)                                                           \
   X(ok, "box-to-box frame parsed")                                                        \
   X(not_b2b, "not IPv4 / UDP to the box-to-box port: ordinary traffic")                   \
+  X(later_fragment, "IPv4 fragment of a UDP datagram after the first: no UDP header")     \
   X(truncated, "frame shorter than its headers, or than its IPv4 total length")           \
   X(bad_ip, "IPv4 header with options, IHL below 5, a fragment, or a short length")       \
   X(bad_udp_length, "UDP length inconsistent with the IPv4 total length")                 \

@@ -20,7 +20,7 @@ import struct
 import sys
 
 from scapy.all import (Dot1Q, Ether, IP, IPOption_NOP, TCP, UDP, Packet, PcapWriter,  # noqa: E402
-                       Raw, bind_layers, raw)
+                       Raw, bind_layers, fragment, raw)
 from scapy.fields import ByteField, IntField, ShortField, XIntField, XShortField  # noqa: E402
 
 B2B_PORT = 4792
@@ -161,6 +161,7 @@ def malformed(rng, i):
         ("bad_udp_length", lambda: build(rng, f, udp_over={"len": 8 + 32 + f["data_len"] - 4})),
         ("bad_ip", lambda: build(rng, f, ip_over={"flags": "MF"})),
         ("bad_ip", lambda: build(rng, f, ip_over={"options": [IPOption_NOP()] * 4})),
+        ("later_fragment", lambda: later_fragment(build(rng, f, ip_over={"flags": 0}))),
         ("truncated", lambda: build(rng, f)[:-3]),
         ("truncated", lambda: build(rng, f, data=b"")[:14 + 20 + 8 + 20]),
         ("not_b2b", lambda: build(rng, f, udp_over={"dport": 4791})),
@@ -169,6 +170,13 @@ def malformed(rng, i):
     ]
     name, make = cases[i % len(cases)]
     return name, make(), f
+
+
+def later_fragment(frame):
+    """The last fragment scapy cuts a frame into (8-byte pieces after the first 8): its IPv4
+    offset is not 0 and it carries no UDP header, only the datagram's later bytes."""
+    eth = Ether(frame)
+    return raw(Ether(src=eth.src, dst=eth.dst) / fragment(eth[IP], fragsize=8)[-1])
 
 
 def flip_data(frame):
