@@ -74,6 +74,14 @@ bool aggregable(const Frame& f) noexcept {
   return f.st == wire::ParseStatus::ok && wire::is_rdma_write(f.p.opcode);
 }
 
+// The parse statuses a box-to-box frame can end in: UDP to another port
+// than RoCE's, and the IPv4 defects parse_frame finds before it reads any
+// port (a frame cut short of its IPv4 total length, a fragment).
+bool may_be_box_frame(wire::ParseStatus st) noexcept {
+  return st == wire::ParseStatus::not_roce_port || st == wire::ParseStatus::ip_total_length ||
+         st == wire::ParseStatus::ip_fragment;
+}
+
 // ICRC verification of an arriving packet; the linear fix-up keeps the head
 // CRC up to its data (icrc_fixup.h).
 template <IcrcFixup F>
@@ -99,6 +107,9 @@ struct alignas(64) Engine::Impl {
   TableStats stats{};
   BurstFn burst_fn = nullptr;
   OneFn one_fn = nullptr;
+  // The box's addresses beyond this engine's trees (set_box_addresses).
+  const uint32_t* box_ips = nullptr;
+  size_t box_ips_n = 0;
 
   explicit Impl(const EngineConfig& c)
       : cfg(c), clt(c.clt_capacity), pass(c.pass_capacity), rings(cfg) {
@@ -164,8 +175,14 @@ struct alignas(64) Engine::Impl {
   void drop_held(Ring& ring, size_t ci, uint64_t ranks, Reason why, Sink& out) noexcept;
 
   // Tree nodes (tree.h).
+  bool is_box_ip(uint32_t ip) const noexcept {
+    if (rings.is_box_ip(ip)) return true;
+    for (size_t i = 0; i < box_ips_n; ++i)
+      if (box_ips[i] == ip) return true;
+    return false;
+  }
   template <IcrcFixup F>
-  Outcome box_frame(const Frame& f, uint64_t now, Sink& out) noexcept;
+  Outcome box_frame(const Frame& f, Reason ordinary, uint64_t now, Sink& out) noexcept;
   template <IcrcFixup F>
   Outcome partial_in(Ring& ring, TreeNode& t, const wire::B2bFrame& b, const uint8_t* frame,
                      uint64_t now, Sink& out) noexcept;
@@ -237,11 +254,14 @@ unsigned Engine::Impl::run(const Frame* frames, unsigned n, uint64_t now, Outcom
 template <ReduceMode M, IcrcFixup F>
 Outcome Engine::Impl::one(const Frame& f, uint64_t now, Sink& out) noexcept {
   if (f.st != wire::ParseStatus::ok) {
-    // Box-to-box frames are UDP to another port: looked at only when a
-    // tree node is installed (then only trees exist in deterministic mode).
-    if (f.st == wire::ParseStatus::not_roce_port && rings.trees() != 0)
-      return box_frame<F>(f, now, out);
-    return count(wire::is_not_roce(f.st) ? Reason::fwd_not_roce : Reason::fwd_unparsed);
+    const Reason ordinary = wire::is_not_roce(f.st) ? Reason::fwd_not_roce : Reason::fwd_unparsed;
+    // Box-to-box frames are UDP to another port: looked at only while the
+    // box has a tree node, here or on another engine (then only trees exist
+    // in deterministic mode). A cut-short or fragmented one fails parsing
+    // before its port is read: it is looked at too.
+    if (may_be_box_frame(f.st) && (rings.trees() != 0 || box_ips_n != 0))
+      return box_frame<F>(f, ordinary, now, out);
+    return count(ordinary);
   }
   if (!wire::is_rdma_write(f.p.opcode)) return count(Reason::fwd_not_write);
   const ConnKey key = conn_key(f.pkt.data, f.p);
@@ -598,13 +618,23 @@ void Engine::Impl::reset_cell(Ring& ring, size_t ci, Cell& cell, uint32_t tag, S
 
 // ---- tree nodes (tree.h) ------------------------------------------------------
 
+// `ordinary`: the reason of a frame that turns out not to be box-to-box.
+// Every box-to-box frame to a box address is judged here, whichever engine
+// of the box holds its tree (set_box_addresses): malformed in any way (cut
+// short, fragmented, IPv4 options, a short header) or for a tree this
+// engine lacks, it is dropped under its b2b_* reason, never forwarded.
 template <IcrcFixup F>
-Outcome Engine::Impl::box_frame(const Frame& f, uint64_t now, Sink& out) noexcept {
+Outcome Engine::Impl::box_frame(const Frame& f, Reason ordinary, uint64_t now, Sink& out) noexcept {
   wire::B2bFrame b;
   const wire::B2bStatus st = wire::parse_b2b(f.pkt.data, f.pkt.len, b);
-  if (st == wire::B2bStatus::not_b2b) return count(Reason::fwd_not_roce);
+  if (st == wire::B2bStatus::not_b2b) return count(ordinary);
+  // A later fragment has no port: a UDP fragment to a box address is taken
+  // for part of a box-to-box datagram (a box address receives nothing
+  // else); elsewhere it is ordinary traffic, not known to be box-to-box.
+  if (st == wire::B2bStatus::later_fragment)
+    return count(is_box_ip(b.dst_ip) ? Reason::b2b_malformed : ordinary);
   // Frames for other boxes pass, whatever their state: they are not ours to judge.
-  if (!rings.is_box_ip(b.dst_ip)) return count(Reason::fwd_b2b_transit);
+  if (!is_box_ip(b.dst_ip)) return count(Reason::fwd_b2b_transit);
   if (st == wire::B2bStatus::bad_checksum) return count(Reason::b2b_bad_checksum);
   if (st != wire::B2bStatus::ok) return count(Reason::b2b_malformed);
   const wire::B2bInfo& in = b.info;
@@ -889,6 +919,11 @@ void Engine::classify(Pkt pkt, Frame& f) noexcept {
 unsigned Engine::process_burst(const Frame* frames, unsigned n, uint64_t now, Outcome* outcomes,
                                Sink& out) noexcept {
   return (impl_.get()->*impl_->burst_fn)(frames, n, now, outcomes, out);
+}
+
+void Engine::set_box_addresses(const uint32_t* ips, size_t n) noexcept {
+  impl_->box_ips = n ? ips : nullptr;
+  impl_->box_ips_n = n;
 }
 
 std::vector<uint32_t> Engine::ring_ids() const { return impl_->rings.ids(); }

@@ -28,7 +28,7 @@
 // - The engine's thread (one data plane worker) calls every non-static
 //   method. process_burst / process are the hot path: no allocation, lock,
 //   logging or exception. install_ring, remove_ring and expire_retired run
-//   on it between bursts.
+//   on it between bursts; set_box_addresses before a burst.
 // - Any thread runs the static prepare_ring (allocation, zero-fill: the data
 //   plane's control thread) and frees a ring remove_ring detached.
 #pragma once
@@ -269,6 +269,16 @@ class Engine {
   // drains `out` and calls again with the rest.
   unsigned process_burst(const Frame* frames, unsigned n, uint64_t now, Outcome* outcomes,
                          Sink& out) noexcept;
+  // The box's box-to-box addresses (every tree node's TreeSpec::self.ip,
+  // host order) beyond this engine's own trees: where several engines share
+  // one box (the data plane's workers), a box-to-box frame for the box may
+  // reach an engine that holds no tree of it, and it must still be judged
+  // as the box's (dropped when malformed or for an unknown tree), never
+  // forwarded as transit or ordinary traffic. ips[0..n) is the caller's and
+  // is read by process / process_burst until the next call, so it must stay
+  // valid until then; n = 0: this engine's trees only. No allocation: a
+  // pointer flip, made per burst.
+  void set_box_addresses(const uint32_t* ips, size_t n) noexcept;
 
   std::vector<uint32_t> ring_ids() const;
   size_t ring_count() const noexcept;

@@ -65,8 +65,9 @@ enum class Fate : uint8_t { forward, aggregate, drop };
     "sent up again, the duplicate dropped (tree)")                                           \
   X(b2b_bad_checksum, drop, "box-to-box frame for this box failed its CRC32C (corrupted)")   \
   X(b2b_malformed, drop,                                                                     \
-    "box-to-box frame for this box malformed (IPv4/UDP lengths, magic, version, kind, "      \
-    "dtype, op, length or position: wire/b2b.h)")                                            \
+    "box-to-box frame for this box malformed (cut short, IPv4 options or fragments, "        \
+    "IPv4/UDP lengths, short header, magic, version, kind, dtype, op, length or position: "  \
+    "wire/b2b.h)")                                                                           \
   X(b2b_unknown_tree, drop, "box-to-box frame for a tree this box does not have")            \
   X(b2b_unknown_box, drop,                                                                   \
     "box-to-box frame from an address that is not the child box (partial, final) or the "    \

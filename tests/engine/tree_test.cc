@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <utility>
 
 #include "engine/box_harness.h"
 #include "engine/reference.h"
@@ -577,6 +578,142 @@ TEST_CASE("box-to-box frames: unknown box, unknown tree, corrupted, malformed, l
   x.send(0, 0, 0);
   CHECK(x.delivered[{0, 0, 0}] == 2);  // served from leaf A's cell, no partial sent
   CHECK(x.info(1).counters.tree.partials_resent == 0);
+}
+
+namespace {
+
+// A valid partial of tree `tree` from src to dst (64 data bytes), and the
+// same frame broken in each way a box-to-box frame can be malformed before
+// or after its UDP port is read.
+std::vector<uint8_t> b2b_partial(uint32_t src, uint32_t dst, uint32_t tree) {
+  std::vector<uint8_t> d(64, 7);
+  wire::B2bFrameSpec s;
+  s.src_ip = src;
+  s.dst_ip = dst;
+  s.info.tree_id = tree;
+  s.info.msg_len = 3;
+  s.info.dtype = static_cast<uint8_t>(wire::Dtype::fp32);
+  s.info.op = static_cast<uint8_t>(wire::ReduceOp::sum);
+  s.data = d.data();
+  s.data_len = d.size();
+  std::vector<uint8_t> f(wire::b2b_frame_size(d.size()));
+  REQUIRE(wire::build_b2b(s, f.data(), f.size()) == f.size());
+  return f;
+}
+
+struct Broken {
+  const char* what;
+  std::vector<uint8_t> frame;
+  Reason reason = Reason::b2b_malformed;     // to a box address
+  Reason transit = Reason::fwd_b2b_transit;  // to another address
+};
+
+std::vector<Broken> broken_b2b(uint32_t src, uint32_t dst) {
+  constexpr size_t l3 = sizeof(wire::EthHdr), l4 = l3 + sizeof(wire::Ipv4Hdr);
+  const auto ip = [](std::vector<uint8_t>& f) { return reinterpret_cast<wire::Ipv4Hdr*>(&f[l3]); };
+  const auto resum = [&](std::vector<uint8_t>& f) {
+    ip(f)->checksum.set(0);
+    ip(f)->checksum.set(wire::internet_checksum(&f[l3], ip(f)->ihl_bytes()));
+    return f;
+  };
+  const std::vector<uint8_t> good = b2b_partial(src, dst, 1);
+  std::vector<Broken> out;
+  auto f = good;
+  f.resize(f.size() - 3);  // the IPv4 total length says 3 bytes more
+  out.push_back({"cut short", f});
+  f = good;
+  ip(f)->flags_frag.set(0x2000);  // more fragments follow
+  out.push_back({"first fragment", resum(f)});
+  // The last fragment: data only, from offset 64 of the UDP datagram on.
+  f = good;
+  f.erase(f.begin() + l4, f.begin() + l4 + 64);
+  ip(f)->flags_frag.set(64 / 8);
+  ip(f)->total_length.set(static_cast<uint16_t>(f.size() - l3));
+  // No port to read: to another address it is not known as box-to-box.
+  out.push_back({"later fragment", resum(f), Reason::b2b_malformed, Reason::fwd_unparsed});
+  f = good;
+  f.insert(f.begin() + l4, 4, uint8_t{1});  // four NOP options
+  ip(f)->version_ihl = 0x46;
+  ip(f)->total_length.set(static_cast<uint16_t>(f.size() - l3));
+  out.push_back({"IPv4 options", resum(f)});
+  f = good;
+  f.resize(l4 + sizeof(wire::UdpHdr) + 20);  // 20 of the header's 32 bytes
+  ip(f)->total_length.set(static_cast<uint16_t>(f.size() - l3));
+  reinterpret_cast<wire::UdpHdr*>(&f[l4])->length.set(sizeof(wire::UdpHdr) + 20);
+  out.push_back({"short header", resum(f)});
+  out.push_back({"unknown tree", b2b_partial(src, dst, 99), Reason::b2b_unknown_tree});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("malformed box-to-box frames for the box are dropped by any of its engines",
+          "[engine][tree]") {
+  Fabric x({1, 1}, wire::Dtype::fp32, wire::ReduceOp::sum);
+  std::vector<uint32_t> box_ips{kRootIp, leaf_ip(0)};
+  // The engines a frame for the root's address may reach: the root's own;
+  // one holding no tree (another worker of the box, with a plain ring);
+  // one holding a tree of the box at another address (the leaf's).
+  Harness plain;
+  REQUIRE(plain.e->install_ring(ring_spec(2, 4)).ok());
+  plain.e->set_box_addresses(box_ips.data(), box_ips.size());
+  auto& leaf = *x.boxes[1];
+  leaf.e->set_box_addresses(box_ips.data(), box_ips.size());
+  const std::pair<const char*, Harness*> engines[] = {
+      {"the tree's", x.boxes[0].get()}, {"no tree", &plain}, {"another tree", &leaf}};
+  for (const auto& [name, h] : engines) {
+    INFO("engine: " << name);
+    const engine::ReasonCounters before = h->e->counters();
+    unsigned dropped = 0;
+    for (const Broken& b : broken_b2b(leaf_ip(0), kRootIp)) {
+      INFO(b.what);
+      const auto o = h->feed(b.frame);
+      CHECK(o.verdict == Verdict::drop);
+      CHECK(o.reason == b.reason);
+      ++dropped;
+    }
+    // A valid partial of tree 1 for the root's address: only the root holds
+    // tree 1 there (the leaf holds it at its own address).
+    if (h != x.boxes[0].get()) {
+      CHECK(h->feed(b2b_partial(leaf_ip(0), kRootIp, 1)).reason == Reason::b2b_unknown_tree);
+      ++dropped;
+    }
+    CHECK(h->take_sent().empty());
+    const auto& c = h->e->counters();
+    const auto diff = [&](Reason r) { return c[engine::index(r)] - before[engine::index(r)]; };
+    CHECK(diff(Reason::b2b_malformed) + diff(Reason::b2b_unknown_tree) == dropped);
+    // Frames for another box pass byte for byte, whatever their state.
+    for (const Broken& b : broken_b2b(leaf_ip(0), 0x0A0100FF)) {
+      INFO("transit, " << b.what);
+      const auto o = h->feed(b.frame);
+      CHECK(o.verdict == Verdict::forward);
+      CHECK(o.reason == b.transit);
+      const auto out = h->take_sent();
+      REQUIRE(out.size() == 1);
+      CHECK(out[0] == b.frame);
+    }
+    // UDP to the box address on another port is ordinary traffic, whole or cut short.
+    auto other = b2b_partial(leaf_ip(0), kRootIp, 1);
+    reinterpret_cast<wire::UdpHdr*>(&other[sizeof(wire::EthHdr) + sizeof(wire::Ipv4Hdr)])
+        ->dst_port.set(9999);
+    CHECK(h->feed(other).reason == Reason::fwd_not_roce);
+    other.resize(other.size() - 3);
+    CHECK(h->feed(other).reason == Reason::fwd_unparsed);
+    CHECK(h->take_sent().size() == 2);
+  }
+  // Without box addresses an engine without a tree has no box to judge for:
+  // the port is ordinary traffic, as on a box without trees.
+  plain.e->set_box_addresses(nullptr, 0);
+  for (const Broken& b : broken_b2b(leaf_ip(0), kRootIp)) {
+    INFO("no box addresses, " << b.what);
+    CHECK(plain.feed(b.frame).verdict == Verdict::forward);
+  }
+  // The tree still works after the drops: they took no cell.
+  x.add_message();
+  for (uint32_t k = 0; k < x.packets(0); ++k)
+    for (unsigned r = 0; r < 2; ++r) x.send(r, 0, k);
+  CHECK(x.all_delivered());
+  x.check_exactly_once();
 }
 
 TEST_CASE("tree specs are checked against the ring; same tree again is a no-op", "[engine][tree]") {
