@@ -6,6 +6,11 @@
 // order the packets would have left one by one (a frame, then what it
 // released). The engine stops early only when its sink could overflow: the
 // sink is drained and the rest of the burst goes in again.
+//
+// The engine gets the box's box-to-box addresses (LinkTable::box_ips) for
+// the burst, so it drops a frame for the box even without the frame's tree;
+// the table is RCU-protected, valid until this worker's next quiescent
+// state, so the engine forgets the pointer again before the burst ends.
 #include <rte_mbuf.h>
 
 #include "dataplane/lcore.h"
@@ -15,6 +20,8 @@ namespace netreduce::dataplane {
 void aggregate(Lcore& lc, const engine::Frame* frames, unsigned n, uint64_t now) {
   Worker& w = lc.w;
   engine::Sink& sink = w.sink;
+  const LinkTable* links = lc.link_table();
+  if (links) w.engine->set_box_addresses(links->box_ips.data(), links->box_ips.size());
   engine::Outcome outcomes[kMaxBurst];
   unsigned done = 0;
   while (done < n) {
@@ -49,6 +56,7 @@ void aggregate(Lcore& lc, const engine::Frame* frames, unsigned n, uint64_t now)
     done += k;
   }
   sink.clear();
+  w.engine->set_box_addresses(nullptr, 0);
 }
 
 }  // namespace netreduce::dataplane

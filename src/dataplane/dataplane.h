@@ -238,6 +238,10 @@ class Dataplane {
   // when they share links; a tree without local ranks goes where its
   // retiring namesake is, see place()).
   std::unordered_map<uint32_t, LinkUse> tree_use_;
+  // Box-to-box address (a tree node's self IP) -> tree nodes, installed or
+  // retiring, with it: LinkTable::box_ips. An address stays the box's while
+  // its removed trees retire, so their frames are dropped, not forwarded.
+  std::map<uint32_t, uint32_t> box_ip_use_;
   uint64_t memory_reserved_ = 0;
   uint64_t mbufs_reserved_ = 0;
 };

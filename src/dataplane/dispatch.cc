@@ -5,7 +5,10 @@
 // connection of no ring goes to the link's home worker (one with a ring on
 // it: its engine drops an INA packet naming a ring it lacks, and forwards
 // plain traffic, as any engine owning the link would). Box-to-box frames (UDP wire::kB2bPort) of a
-// tree another worker owns go by the header's tree id. Everything else stays, compacted in place.
+// tree another worker owns go by the header's tree id; one whose tree id is unknown or cannot be
+// read (a short header, IPv4 options, cut short, fragmented) stays, and the engine here, which
+// knows the box's addresses (LinkTable::box_ips), drops it if it is for this box. Everything else
+// stays, compacted in place.
 // Cost: one hash lookup per RDMA WRITE, on the parse classify made (two on a split link), and one
 // per UDP frame to the box-to-box port while a tree is installed (RoCE frames never look at the
 // tree table); skipped entirely with a single worker.

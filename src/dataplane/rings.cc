@@ -47,9 +47,10 @@
 // a no-op; another tree (or none) under an installed id is a conflict.
 //
 // Published state. Workers see only the LinkTable (link -> owner, tree id
-// -> owner), rebuilt from `link_use_` and `tree_use_` and published
-// RCU-style (dataplane.h). `rings_` and
-// `link_use_` are control-thread state; workers never read them.
+// -> owner, the box's box-to-box addresses), rebuilt from `link_use_`,
+// `tree_use_` and `box_ip_use_` and published RCU-style (dataplane.h).
+// `rings_` and `link_use_` are control-thread state; workers never read
+// them.
 #include <rte_mbuf.h>
 #include <rte_rcu_qsbr.h>
 #include <spdlog/spdlog.h>
@@ -134,6 +135,8 @@ void Dataplane::publish_link_use() {
   for (const auto& [key, use] : conn_use_) next->conn_owner.emplace(key, use.owner);
   next->tree_owner.reserve(tree_use_.size());
   for (const auto& [id, use] : tree_use_) next->tree_owner.emplace(id, use.owner);
+  next->box_ips.reserve(box_ip_use_.size());
+  for (const auto& [ip, trees] : box_ip_use_) next->box_ips.push_back(ip);
   publish_links(std::move(next));
 }
 
@@ -358,9 +361,11 @@ Status Dataplane::install_ring(const engine::RingSpec& spec,
   for (uint64_t key : links_of(spec, tree)) ++link_use_[key][static_cast<uint16_t>(owner)];
   for (uint64_t key : conns_of(spec, tree))
     ++conn_use_.try_emplace(key, LinkUse{static_cast<uint16_t>(owner), 0}).first->second.rings;
-  if (tree)
+  if (tree) {
     ++tree_use_.try_emplace(spec.ring_id, LinkUse{static_cast<uint16_t>(owner), 0})
           .first->second.rings;
+    ++box_ip_use_[tree->self.ip];
+  }
   publish_link_use();
   rings_[spec.ring_id] = {spec, tree, owner, need, held_max};
   memory_reserved_ += need;
@@ -439,10 +444,13 @@ void Dataplane::housekeeping() {
     for (uint64_t key : conns_of(r.spec, r.tree))
       if (auto it = conn_use_.find(key); it != conn_use_.end() && --it->second.rings == 0)
         conn_use_.erase(it);
-    if (r.tree)
+    if (r.tree) {
       if (auto it = tree_use_.find(r.spec.ring_id);
           it != tree_use_.end() && --it->second.rings == 0)
         tree_use_.erase(it);
+      if (auto it = box_ip_use_.find(r.tree->self.ip); it != box_ip_use_.end() && --it->second == 0)
+        box_ip_use_.erase(it);
+    }
     spdlog::info("ring {} retired: its links are released", r.spec.ring_id);
   }
   std::erase_if(retiring_, due);

@@ -22,9 +22,10 @@ stalls) | slow_client (clients that flood requests and never
 read: others are answered within 1 s, SIGTERM still stops the box) |
 control_access (socket mode 0660 whatever the umask, peers of other uids refused
 unless in control.group, control.max_clients, a second box refused) |
-tree_leaf / tree_root / tree_steering / tree_bad_json (multi-rack tree nodes: a leaf's
-partials up and results into held packets; a root's results down through each child's
-port; the same root and leaf on 2 workers, box-to-box frames steered by tree id; malformed
+tree_leaf / tree_root / tree_steering / tree_malformed / tree_bad_json (multi-rack tree
+nodes: a leaf's partials up and results into held packets; a root's results down through
+each child's port; the same root and leaf on 2 workers, box-to-box frames steered by tree
+id; malformed box-to-box frames for the box dropped on every worker arrangement; malformed
 "tree" fields refused by name). Box-to-box frames come from tests/tools/b2b_golden.py's
 scapy layer and CRC32C, sums from numpy.
 """
@@ -45,7 +46,7 @@ import threading
 import time
 
 import numpy as np
-from scapy.all import Ether, IP, UDP, Raw, ARP, rdpcap, wrpcap, raw
+from scapy.all import Ether, IP, IPOption_NOP, UDP, Raw, ARP, PcapWriter, fragment, rdpcap, wrpcap, raw
 from scapy.contrib.roce import BTH
 
 INA_MAGIC = 0x494E4554
@@ -1369,6 +1370,107 @@ def tree_root_scenario(tmp, in_pcap, rng, workers):
                              msgs * ppm, msgs * ppm, dispatched))
 
 
+def broken_b2b(src, dst, tree_id, data):
+    """A partial from src to dst, broken in each way a box-to-box frame can be malformed, as
+    (what, frame bytes): cut short of its IPv4 total length, as IPv4 fragments (scapy's, the
+    later ones without a UDP header), with IPv4 options, with 20 of the header's 32 bytes; and
+    a valid one of an unknown tree."""
+    def partial(tree, **ip_over):
+        return (Ether(src=src["mac"], dst=dst["mac"]) / IP(src=src["ip"], dst=dst["ip"], ttl=64, **ip_over)
+                / UDP(sport=0xC123, dport=B2B_PORT, chksum=0)
+                / B2B(kind=1, tree_id=tree, msg_id=0, k=0, msg_len=3, child=0, dtype=FP32, op=SUM)
+                / Raw(data.tobytes()))
+    out = [("cut short", raw(partial(tree_id, flags="DF"))[:-3])]
+    whole = partial(tree_id)
+    for i, frag in enumerate(fragment(whole[IP], fragsize=256)):
+        out.append(("fragment %d" % i, raw(Ether(src=src["mac"], dst=dst["mac"]) / frag)))
+    out.append(("IPv4 options", raw(partial(tree_id, flags="DF", options=[IPOption_NOP()] * 4))))
+    short = raw(partial(tree_id, flags="DF")[B2B])[:20]
+    out.append(("short header", raw(Ether(src=src["mac"], dst=dst["mac"])
+                                    / IP(src=src["ip"], dst=dst["ip"], flags="DF", ttl=64)
+                                    / UDP(sport=0xC123, dport=B2B_PORT, chksum=0) / Raw(short))))
+    out.append(("unknown tree", raw(partial(99, flags="DF"))))
+    return out
+
+
+def write_frames(path, frames):
+    """Frame bytes into a pcap as they are (scapy would rebuild a cut-short frame)."""
+    w = PcapWriter(path, linktype=1, sync=True)
+    for f in frames:
+        w.write(f)
+    w.close()
+
+
+def tree_malformed_scenario(tmp, rng):
+    """Malformed box-to-box frames for the box (cut short, fragments, IPv4 options, a short
+    header, an unknown tree) are dropped under b2b_malformed / b2b_unknown_tree and never leave,
+    on 1 worker, on 2 with the tree on the worker without the RX queue (the frames reach an
+    engine without the tree: dispatch cannot steer them by tree id), and on 2 with the tree on
+    the RX worker. The same frames for another box, and UDP to the box's address on another
+    port, leave byte-identical; the root still sums its children's partials."""
+    pmtu, ppm, rid = 1024, 3, 22
+    cap = ppm * pmtu - 24
+    parts = {c: (rng.integers(-1000, 1000, cap // 4) / 8).astype(np.float32) for c in range(2)}
+    partials = [raw(b2b_frame(box, SPINE, 1, rid, 0, k, ppm, c, position_data(parts[c], k, pmtu)))
+                for k in range(ppm) for c, box in ((1, LEAF2), (0, LEAF))]
+    d = position_data(parts[0], 0, pmtu)
+    mine = broken_b2b(LEAF, SPINE, rid, d)
+    other = {"ip": "10.9.0.7", "mac": "02:00:00:00:09:07"}
+    transit = broken_b2b(LEAF, other, rid, d)
+    ordinary = raw(Ether(src=LEAF["mac"], dst=SPINE["mac"]) / IP(src=LEAF["ip"], dst=SPINE["ip"], flags="DF")
+                   / UDP(sport=0xC123, dport=9999) / Raw(b"not box-to-box" * 8))
+    frames = [f for _, f in mine] + [f for _, f in transit] + [ordinary] + partials
+    fragments = sum(1 for what, _ in mine if what.startswith("fragment"))
+    assert fragments >= 3, fragments
+    later = fragments - 1  # no UDP header: to another box not even known as box-to-box
+    for name, workers, tree_first in (("1 worker", 1, True), ("2 workers, tree on the other", 2, False),
+                                      ("2 workers, tree on the RX worker", 2, True)):
+        run = os.path.join(tmp, name.replace(" ", "_").replace(",", ""))
+        os.mkdir(run)
+        in_pcap = os.path.join(run, "in.pcap")
+        write_frames(in_pcap, frames)
+        rings = [dict(ring_spec(rid, 4, 6, ppm, pmtu), tree=root_tree())]
+        if workers > 1:
+            plain = ring_spec(1, 2, 1, ppm, pmtu)
+            rings = rings + [plain] if tree_first else [plain] + rings
+        out1, final, status, listed = run_dataplane(run, in_pcap, rings, workers, extra=TREE_EXTRA)
+        out0 = rdpcap(os.path.join(run, "out0.pcap"))
+        ring = [r for r in listed["rings"] if r["spec"]["id"] == rid][0]
+        if workers > 1:
+            assert ring["worker"] == (0 if tree_first else 1), (name, ring["worker"])
+        left = [raw(f) for f in out0] + [raw(f) for f in out1]
+        for what, f in mine:
+            assert f not in left, "%s: a %s frame for the box was forwarded" % (name, what)
+        got1 = [raw(f) for f in out1]
+        for what, f in transit:
+            assert got1.count(f) == 1, "%s: a %s frame for another box did not pass untouched" % (name, what)
+        assert got1.count(ordinary) == 1, "%s: UDP to the box on another port did not pass untouched" % name
+        results = [f for f in out0 + out1 if UDP in f and f[UDP].dport == B2B_PORT and f[IP].src == SPINE["ip"]]
+        assert len(results) == 2 * ppm, "%s: %d results" % (name, len(results))
+        for f in results:
+            child, box = (0, LEAF) if f[IP].dst == LEAF["ip"] else (1, LEAF2)
+            m, k, got = check_b2b(f, SPINE, box, 2, rid, ppm, child)
+            want = position_data((parts[0] + parts[1]).astype(np.float32), k, pmtu)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), "%s: result %d" % (name, k)
+        assert len(out0) == ppm and len(out1) == ppm + len(transit) + 1, (name, len(out0), len(out1))
+        reasons = final["reasons"]
+        want = {"b2b_malformed": len(mine) - 1, "b2b_unknown_tree": 1, "partial_taken": 2 * ppm,
+                "fwd_b2b_transit": len(transit) - later, "fwd_unparsed": later, "fwd_not_roce": 1}
+        assert {r: reasons[r] for r in want} == want, (name, {r: reasons[r] for r in want})
+        dispatched = [w["dispatched"] for w in final["workers"]]
+        if workers > 1 and not tree_first:
+            # Only the valid partials went over: the rest was judged by the RX worker's
+            # engine, which holds no tree.
+            assert dispatched == [2 * ppm, 0], (name, dispatched)
+            w0 = final["workers"][0]["reasons"]
+            assert w0["b2b_malformed"] == len(mine) - 1 and w0["b2b_unknown_tree"] == 1, (name, w0)
+        elif workers > 1:
+            assert dispatched == [0, 0], (name, dispatched)
+        print("tree_malformed (%s): %d malformed frames for the box dropped (%d fragments), %d for another "
+              "box and 1 other UDP frame forwarded untouched, %d partials summed; dispatched %s" %
+              (name, len(mine), fragments, len(transit), len(partials), dispatched))
+
+
 def tree_bad_json_scenario(tmp, in_pcap):
     """Each malformed tree field refused with its field named, nothing installed; the
     same ring and tree again is ok, another tree a conflict; accumulate mode refuses trees."""
@@ -1588,6 +1690,8 @@ def main():
             leaf = os.path.join(tmp, "leaf")
             os.mkdir(leaf)
             tree_leaf_scenario(leaf, os.path.join(leaf, "in.pcap"), rng, 2)
+        elif scenario == "tree_malformed":
+            tree_malformed_scenario(tmp, rng)
         elif scenario == "tree_bad_json":
             tree_bad_json_scenario(tmp, in_pcap)
         elif scenario == "idle":
