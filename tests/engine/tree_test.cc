@@ -301,6 +301,27 @@ struct Fabric {
   }
 };
 
+// A box-to-box frame of tree `tree` (message 0 of 3 packets, fp32 sum)
+// with `data_len` zero data bytes.
+std::vector<uint8_t> b2b_frame(uint32_t src, uint32_t dst, wire::B2bKind kind, uint16_t child,
+                               uint32_t tree, size_t data_len) {
+  std::vector<uint8_t> d(data_len, 0);
+  wire::B2bFrameSpec s;
+  s.src_ip = src;
+  s.dst_ip = dst;
+  s.info.kind = kind;
+  s.info.tree_id = tree;
+  s.info.msg_len = 3;
+  s.info.child = child;
+  s.info.dtype = static_cast<uint8_t>(wire::Dtype::fp32);
+  s.info.op = static_cast<uint8_t>(wire::ReduceOp::sum);
+  s.data = d.data();
+  s.data_len = d.size();
+  std::vector<uint8_t> f(wire::b2b_frame_size(d.size()));
+  REQUIRE(wire::build_b2b(s, f.data(), f.size()) == f.size());
+  return f;
+}
+
 }  // namespace
 
 TEST_CASE("two leaves and a root: every worker gets the tree reference, every dtype x op",
@@ -506,46 +527,22 @@ TEST_CASE("traffic a box does not own passes untouched", "[engine][tree]") {
   CHECK(x.boxes[1]->feed(x.pkt(2, 0, 0)).verdict == Verdict::forward);
   x.boxes[1]->take_sent();
   // A box-to-box frame for another box passes.
-  std::vector<uint8_t> d(64, 1);
-  wire::B2bFrameSpec s;
-  s.src_ip = leaf_ip(0);
-  s.dst_ip = 0x0A0100FF;
-  s.info.tree_id = x.t.ring_id;
-  s.info.dtype = static_cast<uint8_t>(wire::Dtype::fp32);
-  s.info.op = static_cast<uint8_t>(wire::ReduceOp::sum);
-  s.data = d.data();
-  s.data_len = d.size();
-  std::vector<uint8_t> f(wire::b2b_frame_size(d.size()));
-  REQUIRE(wire::build_b2b(s, f.data(), f.size()) == f.size());
-  CHECK(x.boxes[0]->feed(f).reason == Reason::fwd_b2b_transit);
+  const auto partial = wire::B2bKind::partial;
+  CHECK(x.boxes[0]->feed(b2b_frame(leaf_ip(0), 0x0A0100FF, partial, 0, x.t.ring_id, 64)).reason ==
+        Reason::fwd_b2b_transit);
   // A box with no tree: the port is ordinary traffic.
   Harness plain;
   REQUIRE(plain.e->install_ring(ring_spec(1, 4)).ok());
-  s.dst_ip = kRootIp;
-  REQUIRE(wire::build_b2b(s, f.data(), f.size()) == f.size());
-  CHECK(plain.feed(f).reason == Reason::fwd_not_roce);
+  CHECK(plain.feed(b2b_frame(leaf_ip(0), kRootIp, partial, 0, x.t.ring_id, 64)).reason ==
+        Reason::fwd_not_roce);
 }
 
 TEST_CASE("box-to-box frames: unknown box, unknown tree, corrupted, malformed, late",
           "[engine][tree]") {
   Fabric x({1, 1}, wire::Dtype::fp32, wire::ReduceOp::sum);
   x.add_message();
-  std::vector<uint8_t> d(232, 0);  // packet 0's data
   auto frame = [&](uint32_t src, uint32_t dst, wire::B2bKind kind, uint16_t child, uint32_t tree) {
-    wire::B2bFrameSpec s;
-    s.src_ip = src;
-    s.dst_ip = dst;
-    s.info.kind = kind;
-    s.info.tree_id = tree;
-    s.info.msg_len = 3;
-    s.info.child = child;
-    s.info.dtype = static_cast<uint8_t>(wire::Dtype::fp32);
-    s.info.op = static_cast<uint8_t>(wire::ReduceOp::sum);
-    s.data = d.data();
-    s.data_len = d.size();
-    std::vector<uint8_t> f(wire::b2b_frame_size(d.size()));
-    REQUIRE(wire::build_b2b(s, f.data(), f.size()) == f.size());
-    return f;
+    return b2b_frame(src, dst, kind, child, tree, 232);  // packet 0's data
   };
   const auto partial = wire::B2bKind::partial;
   const auto result = wire::B2bKind::result;
@@ -586,19 +583,7 @@ namespace {
 // same frame broken in each way a box-to-box frame can be malformed before
 // or after its UDP port is read.
 std::vector<uint8_t> b2b_partial(uint32_t src, uint32_t dst, uint32_t tree) {
-  std::vector<uint8_t> d(64, 7);
-  wire::B2bFrameSpec s;
-  s.src_ip = src;
-  s.dst_ip = dst;
-  s.info.tree_id = tree;
-  s.info.msg_len = 3;
-  s.info.dtype = static_cast<uint8_t>(wire::Dtype::fp32);
-  s.info.op = static_cast<uint8_t>(wire::ReduceOp::sum);
-  s.data = d.data();
-  s.data_len = d.size();
-  std::vector<uint8_t> f(wire::b2b_frame_size(d.size()));
-  REQUIRE(wire::build_b2b(s, f.data(), f.size()) == f.size());
-  return f;
+  return b2b_frame(src, dst, wire::B2bKind::partial, 0, tree, 64);
 }
 
 struct Broken {
