@@ -43,7 +43,7 @@ namespace dpcmd {
 
 bool is_read_only(std::string_view cmd) noexcept {
   return cmd == kPing || cmd == kStatus || cmd == kStats || cmd == kListRings || cmd == kGetRing ||
-         cmd == kListCtt;
+         cmd == kListCtt || cmd == kListFaults;
 }
 
 json ping() { return {{"cmd", kPing}}; }
@@ -58,6 +58,20 @@ json remove_ring(uint32_t id) { return {{"cmd", kRemoveRing}, {"id", id}}; }
 json set_mode(std::string_view mode) { return {{"cmd", kSetMode}, {"mode", std::string(mode)}}; }
 json set_polling(bool enabled) { return {{"cmd", kSetPolling}, {"enabled", enabled}}; }
 json shutdown() { return {{"cmd", kShutdown}}; }
+json set_fault(std::optional<uint32_t> ring, std::string_view kind, double fraction,
+               uint32_t duration_ms) {
+  return {{"cmd", kSetFault},
+          {"ring", ring ? json(*ring) : json("all")},
+          {"kind", std::string(kind)},
+          {"fraction", fraction},
+          {"duration_ms", duration_ms}};
+}
+json clear_faults(std::optional<uint32_t> ring) {
+  json j = {{"cmd", kClearFaults}};
+  if (ring) j["ring"] = *ring;
+  return j;
+}
+json list_faults() { return {{"cmd", kListFaults}}; }
 
 }  // namespace dpcmd
 

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -47,6 +48,10 @@ inline constexpr char kGetRing[] = "get_ring";
 inline constexpr char kSetMode[] = "set_mode";
 inline constexpr char kSetPolling[] = "set_polling";
 inline constexpr char kShutdown[] = "shutdown";
+// Fault injection (dataplane/faults.h), refused unless faults.enabled.
+inline constexpr char kSetFault[] = "set_fault";
+inline constexpr char kClearFaults[] = "clear_faults";
+inline constexpr char kListFaults[] = "list_faults";
 // Reserved for multi-rack connection translation: answered "unimplemented".
 inline constexpr char kInstallCtt[] = "install_ctt";
 inline constexpr char kRemoveCtt[] = "remove_ctt";
@@ -66,6 +71,11 @@ nlohmann::json remove_ring(uint32_t id);
 nlohmann::json set_mode(std::string_view mode);  // "aggregate" | "forward"
 nlohmann::json set_polling(bool enabled);
 nlohmann::json shutdown();
+// ring: an id, or nullopt for every installed ring (set) / every fault (clear).
+nlohmann::json set_fault(std::optional<uint32_t> ring, std::string_view kind, double fraction,
+                         uint32_t duration_ms);
+nlohmann::json clear_faults(std::optional<uint32_t> ring);
+nlohmann::json list_faults();
 }  // namespace dpcmd
 
 // An error code name ("not_found", ...) back to its code; internal if unknown.

@@ -164,50 +164,66 @@ void parse_rings(const YAML::Node& n, const std::string& path, DataplaneConfig& 
                });
 }
 
-void parse_top(const YAML::Node& root, DataplaneConfig& cfg) {
-  bool has_ports = false;
-  for_each_key(root, "",
-               {"eal", "ports", "mtu", "rx_desc", "tx_desc", "burst", "idle_sleep_max_us",
-                "idle_after_us", "mode", "workers", "memory", "engine", "rings", "control"},
+void parse_faults(const YAML::Node& n, const std::string& path, DataplaneConfig& cfg) {
+  for_each_key(n, path, {"enabled", "max_duration_ms", "seed"},
                [&](std::string_view key, const YAML::Node& v, const std::string& f) {
-                 if (key == "eal") {
-                   parse_eal(v, f, cfg);
-                 } else if (key == "ports") {
-                   parse_ports(v, f, cfg);
-                   has_ports = true;
-                 } else if (key == "mtu") {
-                   cfg.mtu = static_cast<uint16_t>(integer(v, f, 1500, 9600));
-                 } else if (key == "rx_desc") {
-                   cfg.rx_desc = power_of_two(v, f, 64, 16384);
-                 } else if (key == "tx_desc") {
-                   cfg.tx_desc = power_of_two(v, f, 64, 16384);
-                 } else if (key == "burst") {
-                   cfg.burst = static_cast<uint16_t>(integer(v, f, 1, 256));
-                 } else if (key == "idle_sleep_max_us") {
-                   cfg.idle_sleep_max_us = static_cast<uint32_t>(integer(v, f, 0, 100000));
-                 } else if (key == "idle_after_us") {
-                   cfg.idle_after_us = static_cast<uint32_t>(integer(v, f, 0, 10000000));
-                 } else if (key == "mode") {
-                   const std::string& s = scalar(v, f, "aggregate or forward");
-                   if (s == "aggregate") {
-                     cfg.mode = Mode::aggregate;
-                   } else if (s == "forward") {
-                     cfg.mode = Mode::forward;
-                   } else {
-                     fail(f, "must be aggregate or forward, got " + show(s));
-                   }
-                 } else if (key == "workers") {
-                   parse_workers(v, f, cfg);
-                 } else if (key == "memory") {
-                   parse_memory(v, f, cfg);
-                 } else if (key == "engine") {
-                   parse_engine(v, f, cfg);
-                 } else if (key == "rings") {
-                   parse_rings(v, f, cfg);
+                 if (key == "enabled") {
+                   cfg.faults_enabled = boolean(v, f);
+                 } else if (key == "max_duration_ms") {
+                   cfg.faults_max_duration_ms = static_cast<uint32_t>(integer(v, f, 1, 86400000));
                  } else {
-                   parse_control(v, f, cfg);
+                   cfg.faults_seed = integer(v, f, 0, INT64_MAX);
                  }
                });
+}
+
+void parse_top(const YAML::Node& root, DataplaneConfig& cfg) {
+  bool has_ports = false;
+  for_each_key(
+      root, "",
+      {"eal", "ports", "mtu", "rx_desc", "tx_desc", "burst", "idle_sleep_max_us", "idle_after_us",
+       "mode", "workers", "memory", "engine", "rings", "control", "faults"},
+      [&](std::string_view key, const YAML::Node& v, const std::string& f) {
+        if (key == "eal") {
+          parse_eal(v, f, cfg);
+        } else if (key == "ports") {
+          parse_ports(v, f, cfg);
+          has_ports = true;
+        } else if (key == "mtu") {
+          cfg.mtu = static_cast<uint16_t>(integer(v, f, 1500, 9600));
+        } else if (key == "rx_desc") {
+          cfg.rx_desc = power_of_two(v, f, 64, 16384);
+        } else if (key == "tx_desc") {
+          cfg.tx_desc = power_of_two(v, f, 64, 16384);
+        } else if (key == "burst") {
+          cfg.burst = static_cast<uint16_t>(integer(v, f, 1, 256));
+        } else if (key == "idle_sleep_max_us") {
+          cfg.idle_sleep_max_us = static_cast<uint32_t>(integer(v, f, 0, 100000));
+        } else if (key == "idle_after_us") {
+          cfg.idle_after_us = static_cast<uint32_t>(integer(v, f, 0, 10000000));
+        } else if (key == "mode") {
+          const std::string& s = scalar(v, f, "aggregate or forward");
+          if (s == "aggregate") {
+            cfg.mode = Mode::aggregate;
+          } else if (s == "forward") {
+            cfg.mode = Mode::forward;
+          } else {
+            fail(f, "must be aggregate or forward, got " + show(s));
+          }
+        } else if (key == "workers") {
+          parse_workers(v, f, cfg);
+        } else if (key == "memory") {
+          parse_memory(v, f, cfg);
+        } else if (key == "engine") {
+          parse_engine(v, f, cfg);
+        } else if (key == "rings") {
+          parse_rings(v, f, cfg);
+        } else if (key == "faults") {
+          parse_faults(v, f, cfg);
+        } else {
+          parse_control(v, f, cfg);
+        }
+      });
   if (!has_ports) fail("ports", "required key missing (list the 2 ports: - name: <device>)");
 }
 

@@ -79,6 +79,13 @@ struct DataplaneConfig {
   // How long a control request waits for a worker to take a command from its
   // command ring (control.command_timeout_ms; dataplane.h, Threads).
   uint32_t command_timeout_ms = 1000;
+
+  // Fault injection (dataplane/faults.h): refused unless enabled. A fault
+  // lasts the duration_ms its request gives, at most max_duration_ms; the
+  // workers' PRNGs are seeded from `seed` (reproducible tests).
+  bool faults_enabled = false;
+  uint32_t faults_max_duration_ms = 600000;
+  uint64_t faults_seed = 1;
 };
 
 // Parses and validates YAML text. `origin` names the source in messages (a

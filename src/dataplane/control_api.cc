@@ -36,6 +36,19 @@
 //                                                     only while paused: dataplane.h);
 //                                                     "unavailable" naming a stuck worker
 //                                                     that could not be waited out
+//   {"cmd": "set_fault", "ring": 7 | "all", "kind": "drop", "fraction": 0.5,
+//    "duration_ms": 10000}                           -> {"ok": true, "faults": [...]}
+//                                                     injects a fault (dataplane/faults.h):
+//                                                     drop | duplicate | reorder | bypass;
+//                                                     fraction 0..1 (default 1); duration_ms
+//                                                     required, 1..faults.max_duration_ms.
+//                                                     Refused (conflict, field faults.enabled)
+//                                                     unless faults.enabled
+//   {"cmd": "clear_faults", "ring": 7}               -> {"ok": true, "cleared": n, "faults": [...]}
+//                                                     (no "ring", or "all": every fault)
+//   {"cmd": "list_faults"}                           -> {"ok": true, "enabled", "max_duration_ms",
+//                                                     "faults": [{"ring", "kind", "fraction",
+//                                                     "remaining_ms", "packets"}]}
 //   {"cmd": "shutdown"}
 // Errors: {"ok": false, "error": {"code": "...", "field": "...", "message": "..."}}.
 // Requests that run a command on workers (install_ring, remove_ring) answer
@@ -206,6 +219,49 @@ json Dataplane::answer(const std::string& line) {
       if (!s) return error_json(s);  // the flag is set, but a stuck worker may be in a PMD call
       return json{{"ok", true}, {"polling", polling()}, {"previous", previous}};
     }
+    if (cmd == dpcmd::kSetFault || cmd == dpcmd::kClearFaults) {
+      if (cmd == dpcmd::kSetFault)
+        if (Status s = faults_allowed(); !s) return error_json(s);
+      // "ring": an id, or "all" (clear_faults: also absent).
+      std::optional<uint32_t> ring;
+      const auto r = req.find("ring");
+      if (r != req.end() && r->is_number_unsigned() && r->get<uint64_t>() <= 0xFFFFFFFFu) {
+        ring = r->get<uint32_t>();
+      } else if (!(r != req.end() && *r == "all") && (cmd == dpcmd::kSetFault || r != req.end())) {
+        return error_json(
+            Status::invalid("ring", "a ring id (unsigned 32-bit integer) or \"all\" is required"));
+      }
+      if (cmd == dpcmd::kClearFaults) {
+        const size_t n = clear_faults(ring);
+        return json{{"ok", true}, {"cleared", n}, {"faults", faults_json()}};
+      }
+      const auto k = req.find("kind");
+      const std::optional<FaultKind> kind =
+          k != req.end() && k->is_string() ? fault_kind_from(k->get<std::string>()) : std::nullopt;
+      if (!kind)
+        return error_json(
+            Status::invalid("kind", "must be \"drop\", \"duplicate\", \"reorder\" or \"bypass\""));
+      double fraction = 1.0;
+      if (const auto f = req.find("fraction"); f != req.end()) {
+        if (!f->is_number() || !(f->get<double>() >= 0.0 && f->get<double>() <= 1.0))
+          return error_json(Status::invalid("fraction", "must be a number from 0 to 1"));
+        fraction = f->get<double>();
+      }
+      const auto d = req.find("duration_ms");
+      if (d == req.end() || !d->is_number_unsigned() || d->get<uint64_t>() == 0 ||
+          d->get<uint64_t>() > cfg_.faults_max_duration_ms)
+        return error_json(
+            Status::invalid("duration_ms", "is required: milliseconds, 1.." +
+                                               std::to_string(cfg_.faults_max_duration_ms) +
+                                               " (faults.max_duration_ms); a fault always ends"));
+      if (Status s = set_fault(ring, *kind, fraction, d->get<uint32_t>()); !s) return error_json(s);
+      return json{{"ok", true}, {"faults", faults_json()}};
+    }
+    if (cmd == dpcmd::kListFaults)
+      return json{{"ok", true},
+                  {"enabled", cfg_.faults_enabled},
+                  {"max_duration_ms", cfg_.faults_max_duration_ms},
+                  {"faults", faults_json()}};
     if (cmd == dpcmd::kInstallCtt || cmd == dpcmd::kRemoveCtt || cmd == dpcmd::kListCtt)
       return error_json({StatusCode::unimplemented, "cmd",
                          "connection translation (multi-rack hierarchies) is not built yet"});

@@ -285,7 +285,9 @@ void Dataplane::worker_loop(Worker& w) {
            {port_ids_[0], port_ids_[1]},
            workers_.data(),
            static_cast<unsigned>(workers_.size()),
-           &links_};
+           &links_,
+           &fault_table_,
+           pool_};
   // One TSC read per iteration: its end is the next one's start and `now`.
   uint64_t t0 = rte_rdtsc();
   w.last_busy = t0;
@@ -321,7 +323,11 @@ void Dataplane::worker_loop(Worker& w) {
         forward(lc, pkts, n);
         continue;
       }
-      const unsigned k = dispatch(lc, frames, classify(lc, pkts, n, frames));
+      unsigned k = classify(lc, pkts, n, frames);
+      // Injected faults (faults.h): one predictable branch while none is active.
+      if (const FaultTable* ft = lc.fault_table(); ft) [[unlikely]]
+        k = inject_faults(lc, *ft, frames, k, t0);
+      k = dispatch(lc, frames, k);
       aggregate(lc, frames, k, t0);
     }
     if (poll) {

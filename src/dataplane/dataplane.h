@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "dataplane/config.h"
+#include "dataplane/faults.h"
 #include "dataplane/lcore.h"
 #include "dataplane/ports.h"
 #include "dataplane/reasons.h"
@@ -56,6 +57,16 @@
 struct rte_rcu_qsbr;
 
 namespace netreduce::dataplane {
+
+// rings.cc: the links the box owns for a ring (LinkTable::key), every rank's
+// or a tree node's local ranks' only (the engine installs no other; the rest
+// pass any worker untouched), and their receiving connections
+// (LinkTable::conn_key: the successor's address and QP number; empty
+// without qpns), in the same order.
+std::vector<uint64_t> links_of(const engine::RingSpec& spec,
+                               const std::optional<engine::TreeSpec>& tree);
+std::vector<uint64_t> conns_of(const engine::RingSpec& spec,
+                               const std::optional<engine::TreeSpec>& tree);
 
 class Dataplane {
  public:
@@ -114,6 +125,14 @@ class Dataplane {
   Status install_ring(const engine::RingSpec& spec,
                       const std::optional<engine::TreeSpec>& tree = std::nullopt);
   Status remove_ring(uint32_t ring_id);
+  // Fault injection (faults.h; faults.cc). set_fault: `ring` nullopt means
+  // every installed ring; refused unless faults.enabled. clear_faults: the
+  // ring's fault, or every one; returns how many were active.
+  Status set_fault(std::optional<uint32_t> ring, FaultKind kind, double fraction,
+                   uint32_t duration_ms);
+  size_t clear_faults(std::optional<uint32_t> ring);
+  Status faults_allowed() const;  // conflict, field faults.enabled, when off
+  nlohmann::json faults_json();   // [{"ring", "kind", "fraction", "remaining_ms", "packets"}]
   // One JSON request line -> one JSON reply line. Never throws.
   std::string handle_request(const std::string& line) noexcept;
 
@@ -168,6 +187,10 @@ class Dataplane {
   // Control-loop work between socket rounds (control thread): drops retired
   // rings whose grace (plus a margin) has passed, and their links.
   void housekeeping();
+  // Control-loop work (faults.cc): faults whose time is up or whose ring is
+  // gone end, and the table is republished without them.
+  void expire_faults();
+  void publish_faults();  // builds the FaultTable from faults_ and rings_
   // rings.cc: placement and lifecycle.
   void publish_links(std::unique_ptr<LinkTable> t);
   void publish_link_use();  // LinkTable from link_use_
@@ -244,6 +267,24 @@ class Dataplane {
   std::map<uint32_t, uint32_t> box_ip_use_;
   uint64_t memory_reserved_ = 0;
   uint64_t mbufs_reserved_ = 0;
+
+  // Fault injection (faults.h). Active faults, one per ring, in ring id
+  // order; `packets` carries the hits of the tables already replaced.
+  // Control only; workers read the published table.
+  struct ActiveFault {
+    uint32_t ring_id;
+    FaultKind kind;
+    double fraction;
+    std::chrono::steady_clock::time_point until;
+    uint64_t until_tsc;
+    uint64_t packets = 0;
+  };
+  std::vector<ActiveFault> faults_;
+  std::atomic<const FaultTable*> fault_table_{nullptr};
+  std::unique_ptr<FaultTable> fault_owned_;
+  // Replaced tables a stuck worker may still read, as links_deferred_.
+  std::vector<std::pair<uint64_t, std::unique_ptr<FaultTable>>> faults_deferred_;
+  uint64_t fault_generation_ = 0;
 };
 
 }  // namespace netreduce::dataplane

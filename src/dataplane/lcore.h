@@ -29,6 +29,8 @@ struct rte_eth_dev_tx_buffer;
 
 namespace netreduce::dataplane {
 
+struct FaultTable;  // faults.h
+
 inline constexpr unsigned kMaxBurst = 256;
 inline constexpr unsigned kMaxWorkers = 64;
 
@@ -181,6 +183,10 @@ struct alignas(64) Worker {
   uint64_t last_flush = 0;
   uint64_t last_busy = 0;  // TSC of the last iteration that moved packets (idle rule)
   uint32_t sleep_us = 0;   // the idle rule's current step; 0: not sleeping
+  // Fault injection (faults.h): the PRNG state and the generation of the
+  // table it was seeded for.
+  uint64_t fault_rng = 0;
+  uint64_t fault_generation = 0;
   // Set (release) once the worker has left its loop and drained its command
   // ring; from then on control callers run commands themselves.
   std::atomic<bool> stopped{false};
@@ -206,11 +212,16 @@ struct Lcore {
   Worker* const* workers = nullptr;  // every worker (dispatch: their inboxes)
   unsigned nworkers = 0;
   const std::atomic<const LinkTable*>* links;  // control publishes (release), stages load
+  // Active faults (faults.h; nullptr: none): control publishes (release).
+  const std::atomic<const FaultTable*>* faults = nullptr;
+  rte_mempool* pool = nullptr;  // the packet pool (a duplicate's copy)
 
   unsigned slot_of(uint16_t port) const noexcept { return port == port_id[0] ? 0 : 1; }
   // The link table, loaded once per burst (acquire); RCU: valid until this
   // worker's next quiescent state.
   const LinkTable* link_table() const noexcept { return links->load(std::memory_order_acquire); }
+  // The fault table, loaded once per burst (acquire); RCU as link_table().
+  const FaultTable* fault_table() const noexcept { return faults->load(std::memory_order_acquire); }
 };
 
 // Stage functions (one file each), called by worker_loop. `now` is the TSC
@@ -223,6 +234,8 @@ unsigned classify(Lcore& lc, rte_mbuf** pkts, unsigned n, engine::Frame* frames)
 unsigned dispatch(Lcore& lc, engine::Frame* frames, unsigned n);
 // aggregate.cc: the burst through the engine; queues what leaves.
 void aggregate(Lcore& lc, const engine::Frame* frames, unsigned n, uint64_t now);
+// faults.cc: inject_faults (faults.h), between classify and dispatch while
+// a fault is active.
 // forward.cc: the forward-only mode: every packet to the other port.
 void forward(Lcore& lc, rte_mbuf** pkts, unsigned n);
 // transmit.cc: queue one packet for the port opposite to `in_slot`; flush.

@@ -75,8 +75,8 @@ namespace {
 // control thread drops the links (different clocks: TSC and steady_clock).
 constexpr auto kRetireMargin = std::chrono::milliseconds(100);
 
-// The links the box owns: every rank's, or a tree node's local ranks' only
-// (the engine installs no other; the rest pass any worker untouched).
+}  // namespace
+
 std::vector<uint64_t> links_of(const engine::RingSpec& spec,
                                const std::optional<engine::TreeSpec>& tree) {
   std::vector<uint64_t> out;
@@ -93,8 +93,6 @@ std::vector<uint64_t> links_of(const engine::RingSpec& spec,
   return out;
 }
 
-// The receiving connections of the links the box owns (links_of's order):
-// the successor's address and QP number. Empty without qpns.
 std::vector<uint64_t> conns_of(const engine::RingSpec& spec,
                                const std::optional<engine::TreeSpec>& tree) {
   std::vector<uint64_t> out;
@@ -104,6 +102,8 @@ std::vector<uint64_t> conns_of(const engine::RingSpec& spec,
     out.push_back(LinkTable::conn_key(spec.members[(r + 1) % p], spec.qpns[(r + 1) % p]));
   return out;
 }
+
+namespace {
 
 std::string join_ids(const std::set<uint32_t>& ids) {
   std::string s;

@@ -50,6 +50,7 @@ Status Dataplane::run(std::FILE* final_out) {
   while (!quitting()) {
     sock.poll_once(std::chrono::milliseconds(100), handler);
     housekeeping();
+    expire_faults();
   }
   sock.close();
   control_ = nullptr;

@@ -94,6 +94,13 @@ TEST_CASE("the example configuration loads", "[dataplane][config]") {
   CHECK(cfg.control_group.empty());
   CHECK(cfg.command_timeout_ms == 1000);
   CHECK(cfg.command_timeout_ms == DataplaneConfig{}.command_timeout_ms);
+  // The example shows fault injection off, with the defaults.
+  CHECK_FALSE(cfg.faults_enabled);
+  CHECK(cfg.faults_max_duration_ms == 600000);
+  CHECK(cfg.faults_seed == 1);
+  CHECK(cfg.faults_enabled == DataplaneConfig{}.faults_enabled);
+  CHECK(cfg.faults_max_duration_ms == DataplaneConfig{}.faults_max_duration_ms);
+  CHECK(cfg.faults_seed == DataplaneConfig{}.faults_seed);
 
   // parse_config on the same text gives the same result.
   DataplaneConfig again;
@@ -138,6 +145,9 @@ TEST_CASE("omitted keys keep the defaults of config.h", "[dataplane][config]") {
     CHECK(c.control_max_clients == def.control_max_clients);
     CHECK(c.control_group == def.control_group);
     CHECK(c.command_timeout_ms == def.command_timeout_ms);
+    CHECK(c.faults_enabled == def.faults_enabled);
+    CHECK(c.faults_max_duration_ms == def.faults_max_duration_ms);
+    CHECK(c.faults_seed == def.faults_seed);
   }
 }
 
@@ -173,6 +183,10 @@ control:
   max_clients: 4096
   group: netreduce
   command_timeout_ms: 600000
+faults:
+  enabled: true
+  max_duration_ms: 86400000
+  seed: 9223372036854775807
 )");
   INFO(p.status.to_string());
   REQUIRE(p.status.ok());
@@ -203,6 +217,9 @@ control:
   CHECK(c.control_max_clients == 4096);
   CHECK(c.control_group == "netreduce");
   CHECK(c.command_timeout_ms == 600000);
+  CHECK(c.faults_enabled);
+  CHECK(c.faults_max_duration_ms == 86400000);
+  CHECK(c.faults_seed == 9223372036854775807ull);
 
   // The other enumerators, and the range ends.
   const Parsed q = parse_with(
@@ -271,6 +288,13 @@ TEST_CASE("every rule names the dotted key and the problem", "[dataplane][config
       {"control:\n  path: /x\n", "control.path",
        "unknown key (known: socket, max_clients, group, command_timeout_ms)"},
       {"control:\n  command_timeout_ms: 5\n", "control.command_timeout_ms", "10"},
+      {"faults:\n  enable: true\n", "faults.enable",
+       "unknown key (known: enabled, max_duration_ms, seed)"},
+      {"faults:\n  enabled: yes\n", "faults.enabled", "true or false"},
+      {"faults:\n  max_duration_ms: 0\n", "faults.max_duration_ms", "1..86400000"},
+      {"faults:\n  max_duration_ms: 86400001\n", "faults.max_duration_ms", "1..86400000"},
+      {"faults:\n  seed: -1\n", "faults.seed", "must be"},
+      {"faults: on\n", "faults", "must be a mapping"},
       {"mtu: 4200\nmtu: 9000\n", "mtu", "given twice"},
       {"engine:\n  max_rings: 4\n  max_rings: 5\n", "engine.max_rings", "given twice"},
       {"[a]: 1\n", "", "keys must be plain names"},
