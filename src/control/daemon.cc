@@ -722,6 +722,60 @@ Reply Daemon::get_ring(uint32_t id) {
   return {200, j};
 }
 
+Reply Daemon::set_fault(const json& body) {
+  if (!body.is_object()) return error_reply(Status::invalid("", "must be a JSON object"));
+  for (const auto& [k, v] : body.items())
+    if (k != "ring" && k != "kind" && k != "fraction" && k != "duration_ms")
+      return error_reply(Status::invalid(k,
+                                         "unknown field (known: ring, kind, fraction, "
+                                         "duration_ms)"));
+  // Shapes here; values (kind, ranges, the ring, the gate) are the data
+  // plane's to check: its errors name the same fields.
+  std::optional<uint32_t> ring;
+  const json r = body.value("ring", json());
+  if (r.is_number_unsigned() && r.get<uint64_t>() <= 0xFFFFFFFFu) {
+    ring = r.get<uint32_t>();
+  } else if (r != "all") {
+    return error_reply(
+        Status::invalid("ring", "a ring id (unsigned 32-bit integer) or \"all\" is required"));
+  }
+  const json kind = body.value("kind", json());
+  if (!kind.is_string())
+    return error_reply(
+        Status::invalid("kind", "is required: \"drop\", \"duplicate\", \"reorder\" or \"bypass\""));
+  const json fraction = body.value("fraction", json(1.0));
+  if (!fraction.is_number())
+    return error_reply(Status::invalid("fraction", "must be a number from 0 to 1"));
+  const json duration = body.value("duration_ms", json());
+  if (!duration.is_number_unsigned() || duration.get<uint64_t>() > 0xFFFFFFFFu)
+    return error_reply(
+        Status::invalid("duration_ms", "is required: how long the fault lasts, in milliseconds"));
+  json reply;
+  if (Status s = dp_.call(dpcmd::set_fault(ring, kind.get<std::string>(), fraction.get<double>(),
+                                           duration.get<uint32_t>()),
+                          reply);
+      !s)
+    return error_reply(s);
+  spdlog::warn("fault injected by the operator: {} {} of {} for {} ms", kind.get<std::string>(),
+               fraction.get<double>(), ring ? "ring " + std::to_string(*ring) : "every ring",
+               duration.get<uint32_t>());
+  return {200, {{"faults", reply.value("faults", json::array())}}};
+}
+
+Reply Daemon::clear_faults(std::optional<uint32_t> ring) {
+  json reply;
+  if (Status s = dp_.call(dpcmd::clear_faults(ring), reply); !s) return error_reply(s);
+  reply.erase("ok");
+  return {200, reply};
+}
+
+Reply Daemon::list_faults() {
+  json reply;
+  if (Status s = dp_.call(dpcmd::list_faults(), reply); !s) return error_reply(s);
+  reply.erase("ok");
+  return {200, reply};
+}
+
 Reply Daemon::status() {
   json dp = {{"connected", false}, {"socket", cfg_.dataplane_socket}};
   json st;

@@ -109,6 +109,13 @@ class Daemon {
   Reply fabric_delete(uint32_t id, const std::string& entry);
   // The bearer token for calls to peer daemons (fabric.token_file); before start().
   void set_fabric_token(std::string token) { fabric_token_ = std::move(token); }
+  // Fault injection at the data plane (dataplane/faults.h), for operators'
+  // rehearsals: the data plane refuses it unless its faults.enabled. body:
+  // {"ring": id | "all", "kind", "fraction" (default 1), "duration_ms"}.
+  // `ring` nullopt: clear every fault.
+  Reply set_fault(const nlohmann::json& body);
+  Reply clear_faults(std::optional<uint32_t> ring);
+  Reply list_faults();
   Reply list_rings();
   Reply get_ring(uint32_t id);
   Reply status();

@@ -135,6 +135,13 @@ std::string render_metrics(const MetricsInput& in) {
                 "packets the data plane dropped or passed on untouched before the engine saw "
                 "them, by fate and reason"),
       in.stats.value("dataplane_reasons", json::object()));
+  // Injected faults in force (dataplane/faults.h): a rehearsal, or a
+  // forgotten one, shows on dashboards and can be alerted on.
+  auto& faults = b.gauge("netreduce_dataplane_faults_active",
+                         "1 for each ring with an injected fault in force, by ring and kind "
+                         "(drop, duplicate, reorder, bypass)");
+  for (const json& f : in.stats.value("faults", json::array()))
+    set(faults, {{"ring", std::to_string(f.value("ring", 0u))}, {"kind", f.value("kind", "")}}, 1);
 
   // Ports.
   auto& rx_p = b.counter("netreduce_port_received_packets_total", "packets received by the port");

@@ -3,6 +3,8 @@
 //   netreducectl [--server URL] [--token-file F] [--json] ring add --id 7 --members a,b,c ...
 //   netreducectl ring add --file ring.json | ring ls | ring show ID | ring rm ID
 //   netreducectl status | stats
+//   netreducectl fault set --ring 7|all --kind drop --fraction 0.5 --duration-ms 10000
+//   netreducectl fault clear [--ring 7] | fault ls
 //
 // Human-readable tables by default; --json prints the API's JSON as is.
 // `ring add` prints the new ring's credential (the daemon tells it once);
@@ -208,6 +210,24 @@ void print_fabric(const json& f) {
   table({"BOX", "PUSHED", "NODE", "ERROR"}, rows);
 }
 
+// Active faults (GET /v1/faults, and the answers of fault set / clear).
+void print_faults(const json& faults) {
+  std::vector<std::vector<std::string>> rows;
+  for (const json& f : faults)
+    rows.push_back({field(f, "ring"), field(f, "kind"), field(f, "fraction"),
+                    field(f, "remaining_ms"), field(f, "packets")});
+  table({"RING", "KIND", "FRACTION", "REMAINING_MS", "PACKETS"}, rows);
+}
+
+// --ring: a ring id or "all"; anything else is a usage error.
+json ring_or_all(const std::string& s, const char* cmd) {
+  if (s == "all") return "all";
+  if (!s.empty() && s.size() <= 10 && s.find_first_not_of("0123456789") == std::string::npos &&
+      std::stoull(s) <= 0xFFFFFFFFull)
+    return std::stoull(s);
+  usage_error(std::string(cmd) + ": --ring must be a ring id or \"all\", got '" + s + "'");
+}
+
 void print_ring(const json& r) {
   table(kRingHead, {ring_row(r)});
   if (r.contains("fabric")) print_fabric(r["fabric"]);
@@ -281,6 +301,26 @@ int main(int argc, char** argv) {
   rm->add_option("id", rm_id, "ring id")->required();
   rm->add_option("--credential", credential,
                  "act as the ring's owner (needed with a job token; checked if given)");
+  CLI::App* fault = app.add_subcommand(
+      "fault", "injected faults for rehearsals (data plane faults.enabled): set, clear, ls");
+  fault->require_subcommand(1);
+  CLI::App* fset = fault->add_subcommand(
+      "set", "drop, duplicate, reorder or bypass a fraction of a ring's packets for a while");
+  std::string fault_ring, fault_kind;
+  double fraction = 1.0;
+  uint32_t duration_ms = 0;
+  fset->add_option("--ring", fault_ring, "ring id, or all (every installed ring)")->required();
+  fset->add_option("--kind", fault_kind, "drop, duplicate, reorder or bypass")
+      ->required()
+      ->check(CLI::IsMember({"drop", "duplicate", "reorder", "bypass"}));
+  fset->add_option("--fraction", fraction, "share of the ring's packets, 0..1 (default 1)")
+      ->check(CLI::Range(0.0, 1.0));
+  fset->add_option("--duration-ms", duration_ms,
+                   "how long the fault lasts (required; at most faults.max_duration_ms)")
+      ->required();
+  CLI::App* fclear = fault->add_subcommand("clear", "end injected faults now (default: all)");
+  fclear->add_option("--ring", fault_ring, "only this ring's fault");
+  CLI::App* fls = fault->add_subcommand("ls", "active faults: remaining time, packets faulted");
   CLI::App* status = app.add_subcommand("status", "daemon and data plane status");
   CLI::App* stats = app.add_subcommand("stats", "data plane counters: ports, lcores, rings, drops");
 
@@ -360,6 +400,44 @@ int main(int argc, char** argv) {
     }
     return kOk;
   }
+  if (fset->parsed()) {
+    const json body = {{"ring", ring_or_all(fault_ring, "fault set")},
+                       {"kind", fault_kind},
+                       {"fraction", fraction},
+                       {"duration_ms", duration_ms}};
+    const json r = call(o, "POST", "/v1/faults", body.dump(), true);
+    if (o.json_out) {
+      std::cout << r.dump(2) << "\n";
+    } else {
+      print_faults(r.value("faults", json::array()));
+    }
+    return kOk;
+  }
+  if (fclear->parsed()) {
+    std::string path = "/v1/faults";
+    if (!fault_ring.empty() && fault_ring != "all") {
+      const json id = ring_or_all(fault_ring, "fault clear");
+      path += "/" + std::to_string(id.get<uint64_t>());
+    }
+    const json r = call(o, "DELETE", path, "", true);
+    if (o.json_out) {
+      std::cout << r.dump(2) << "\n";
+    } else {
+      std::cout << field(r, "cleared") << " fault(s) cleared\n";
+    }
+    return kOk;
+  }
+  if (fls->parsed()) {
+    const json r = call(o, "GET", "/v1/faults");
+    if (o.json_out) {
+      std::cout << r.dump(2) << "\n";
+    } else {
+      if (!r.value("enabled", false))
+        std::cout << "fault injection is off at the data plane (faults.enabled)\n";
+      print_faults(r.value("faults", json::array()));
+    }
+    return kOk;
+  }
   if (status->parsed()) {
     const json r = call(o, "GET", "/v1/status");
     if (o.json_out) {
@@ -433,6 +511,10 @@ int main(int argc, char** argv) {
     rows.clear();
     const json r_reasons = r.value("reasons", json::object());
     for (const auto& [k, v] : r_reasons.items())
+      if (v.is_number() && v.get<double>() != 0) rows.push_back({k, str(v)});
+    // The data plane's own (dataplane/reasons.h): full queues, injected faults.
+    const json dp_reasons = r.value("dataplane_reasons", json::object());
+    for (const auto& [k, v] : dp_reasons.items())
       if (v.is_number() && v.get<double>() != 0) rows.push_back({k, str(v)});
     std::cout << "\n";
     table({"REASON", "PACKETS"}, rows);

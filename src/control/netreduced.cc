@@ -209,6 +209,33 @@ int main(int argc, char** argv) {
             if (ring_id(req, res, id))
               send(res, daemon.fabric_delete(id, req.get_param_value("entry")));
           });
+  // Fault injection (operators' rehearsals): the operator token only, never
+  // the jobs' (a job must not be able to break other jobs' rings).
+  auto operator_only = [&](const httplib::Request& req, httplib::Response& res) {
+    if (authorize(req) == Role::kOperator) return true;
+    send(res, error_reply({StatusCode::permission_denied, "Authorization",
+                           "fault injection needs the operator token (auth.token_file)"}));
+    return false;
+  };
+  svr.post("/v1/faults", kAuth | kDataplane,
+           [&](const httplib::Request& req, httplib::Response& res, const std::string& text) {
+             json body;
+             if (operator_only(req, res) && json_body(text, res, body))
+               send(res, daemon.set_fault(body));
+           });
+  svr.get("/v1/faults", kDataplane, [&](const httplib::Request&, httplib::Response& res) {
+    send(res, daemon.list_faults());
+  });
+  svr.del("/v1/faults", kAuth | kDataplane,
+          [&](const httplib::Request& req, httplib::Response& res) {
+            if (operator_only(req, res)) send(res, daemon.clear_faults(std::nullopt));
+          });
+  svr.del(R"(/v1/faults/([^/]+))", kAuth | kDataplane,
+          [&](const httplib::Request& req, httplib::Response& res) {
+            uint32_t id;
+            if (operator_only(req, res) && ring_id(req, res, id))
+              send(res, daemon.clear_faults(id));
+          });
   svr.get("/v1/status", kDataplane,
           [&](const httplib::Request&, httplib::Response& res) { send(res, daemon.status()); });
   svr.get("/v1/stats", kDataplane,

@@ -10,7 +10,8 @@
 //   {"cmd": "stats"}                                  -> reasons (engine, summed),
 //                                                     dataplane_reasons (dataplane/reasons.h,
 //                                                     summed), per worker (both), per port
-//                                                     (device counters, box_reasons)
+//                                                     (device counters, box_reasons),
+//                                                     faults (as list_faults')
 //   {"cmd": "install_ring", "ring": {...}}            -> {"ok": true} (see common/ring_json.h;
 //                                                     an optional "tree" in the ring: this
 //                                                     box's node of a multi-rack tree,
@@ -176,6 +177,7 @@ json Dataplane::answer(const std::string& line) {
     if (cmd == dpcmd::kStats) {
       json j = stats_json(*this, snapshots(*this));
       j["retiring"] = retiring_json();
+      j["faults"] = faults_json();  // injected faults in force (faults.h)
       j["ok"] = true;
       return j;
     }
