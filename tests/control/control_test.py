@@ -11,6 +11,8 @@ Scenarios:
   cli                netreducectl: tables, --json, exit codes 0/1/2/3
   restart_daemon     kill -9 the daemon, start it again: the same rings, still installed
   restart_dataplane  kill -9 the data plane, start it again: the rings come back by themselves
+  faults             fault injection through the API and the CLI: refused unless the data plane's
+                     faults.enabled, operator token only, bad arguments by field, /metrics
   traffic            a ring created through the API, RoCE traffic from scapy over veth pairs
                      (net_af_packet), the counters read back through /metrics equal what was sent
   prometheus         the real Prometheus server scrapes the daemon; a netreduce series is read
@@ -177,8 +179,11 @@ class Dataplane:
     """The real data plane. kind "ring": two net_ring ports (no traffic);
     kind "af_packet": two given interfaces."""
 
-    def __init__(self, tmp, sock, kind="ring", ifaces=None):
+    extra = {}  # top-level configuration keys (e.g. faults); subclasses keep the default
+
+    def __init__(self, tmp, sock, kind="ring", ifaces=None, extra=None):
         self.tmp, self.sock, self.kind, self.ifaces = tmp, sock, kind, ifaces
+        self.extra = extra or {}
         self.n = 0
         self.start()
 
@@ -196,6 +201,7 @@ class Dataplane:
                        "--file-prefix", prefix] + vdevs,
                "ports": [{"name": p} for p in ports], "mtu": 1500,
                "memory": {"mbufs": 8192}, "control": {"socket": self.sock}}
+        cfg.update(self.extra)
         path = os.path.join(self.tmp, "dp.yaml")
         with open(path, "w") as f:
             json.dump(cfg, f)
@@ -567,6 +573,97 @@ def scenario_restart_dataplane(tmp):
     dp.proc.wait(timeout=30)
     d.stop()
     print("restart_dataplane: killed -9 twice; rings 1 and 2 re-installed each time with no operator action")
+
+
+def scenario_faults(tmp):
+    """Fault injection through the daemon and netreducectl: refused (409, naming
+    faults.enabled) by a data plane without it; operator token only (401
+    without a token, 403 with the jobs' token); bad arguments 400/404 by field;
+    set, listed with its remaining time, visible in /metrics (promtool), cleared."""
+    job_token = os.path.join(tmp, "job-token")
+    with open(job_token, "w") as f:
+        f.write("job-%s\n" % TOKEN)
+    d = Daemon(tmp, auth={"job_token_file": job_token})
+    dp = Dataplane(tmp, d.cfg["dataplane"]["socket"])
+    assert d.call("POST", "/v1/rings", ring(1, base=1))[0] == 201
+    wait_until("ring 1 installed", lambda: dp.ring_ids() == [1], timeout=30)
+    body = {"ring": 1, "kind": "bypass", "duration_ms": 60000}
+    msg = expect_error(d.call("POST", "/v1/faults", body), 409, "conflict", "faults.enabled")
+    assert "faults.enabled: true" in msg, msg
+    rc, out, err = ctl(d, "fault", "set", "--ring", "1", "--kind", "drop", "--duration-ms", "1000")
+    assert rc == 1 and "faults.enabled" in err, (rc, out, err)
+    st, listed = d.call("GET", "/v1/faults", token=None)
+    assert st == 200 and listed["enabled"] is False and listed["faults"] == [], listed
+    rc, out, err = ctl(d, "fault", "ls")
+    assert rc == 0 and "off at the data plane" in out, (rc, out, err)
+
+    # The same box with fault injection on: the daemon re-installs ring 1.
+    dp.ask(cmd="shutdown")
+    dp.proc.wait(timeout=30)
+    dp.extra = {"faults": {"enabled": True, "max_duration_ms": 120000}}
+    dp.start()
+    wait_until("ring 1 re-installed", lambda: dp.ring_ids() == [1], timeout=30)
+
+    # Operators only.
+    expect_error(d.call("POST", "/v1/faults", body, token=None), 401, "unauthorized", "Authorization")
+    expect_error(d.call("POST", "/v1/faults", body, token="job-" + TOKEN), 403, "forbidden", "Authorization")
+    expect_error(d.call("DELETE", "/v1/faults", token="job-" + TOKEN), 403, "forbidden", "Authorization")
+    expect_error(d.call("DELETE", "/v1/faults/1", token=None), 401, "unauthorized", "Authorization")
+    # Bad arguments, by field.
+    for bad, http, code, field in ((dict(body, fraction=2), 400, "invalid_argument", "fraction"),
+                                   (dict(body, fraction="all"), 400, "invalid_argument", "fraction"),
+                                   (dict(body, duration_ms=0), 400, "invalid_argument", "duration_ms"),
+                                   (dict(body, duration_ms=120001), 400, "invalid_argument", "duration_ms"),
+                                   ({"ring": 1, "kind": "drop"}, 400, "invalid_argument", "duration_ms"),
+                                   (dict(body, ring=9), 404, "not_found", "ring"),
+                                   (dict(body, ring="x"), 400, "invalid_argument", "ring"),
+                                   (dict(body, kind="explode"), 400, "invalid_argument", "kind"),
+                                   (dict(body, colour="red"), 400, "invalid_argument", "colour")):
+        expect_error(d.call("POST", "/v1/faults", bad), http, code, field)
+    expect_error(d.call("DELETE", "/v1/faults/abc"), 400, "invalid_argument", "id")
+    st, listed = d.call("GET", "/v1/faults")
+    assert st == 200 and listed["enabled"] is True and listed["faults"] == [], listed
+
+    # Set, list, see it in /metrics, clear.
+    st, r = d.call("POST", "/v1/faults", body)
+    assert st == 200 and [(f["ring"], f["kind"], f["fraction"]) for f in r["faults"]] == [(1, "bypass", 1.0)], r
+    st, listed = d.call("GET", "/v1/faults", token=None)
+    assert 0 < listed["faults"][0]["remaining_ms"] <= 60000 and listed["faults"][0]["packets"] == 0, listed
+    text = wait_until("/metrics to show the fault", lambda: (lambda t: t if metric(
+        t, "netreduce_dataplane_faults_active", ring=1, kind="bypass") == 1 else None)(d.metrics()))
+    for reason, fate in (("fault_drop", "drop"), ("fault_duplicate", "forward"), ("fault_reorder", "forward"),
+                         ("fault_bypass", "forward")):
+        assert metric(text, "netreduce_dataplane_packets_total", reason=reason, fate=fate) == 0, (reason, text)
+    promtool_check(text)
+    rc, out, err = ctl(d, "fault", "ls")
+    assert rc == 0 and re.search(r"^1\s+bypass\s+1\.000\s+\d+\s+0$", out, re.M), (rc, out, err)
+    rc, out, err = ctl(d, "fault", "set", "--ring", "all", "--kind", "drop", "--fraction", "0.25",
+                       "--duration-ms", "5000")
+    assert rc == 0 and re.search(r"^1\s+drop\s+0\.250\s+\d+\s+0$", out, re.M), (rc, out, err)
+    rc, out, err = ctl(d, "--json", "fault", "ls")
+    assert rc == 0 and [f["kind"] for f in json.loads(out)["faults"]] == ["drop"], (rc, out, err)
+    rc, out, err = ctl(d, "fault", "clear", "--ring", "1")
+    assert rc == 0 and out.strip() == "1 fault(s) cleared", (rc, out, err)
+    rc, out, err = ctl(d, "fault", "clear")
+    assert rc == 0 and out.strip() == "0 fault(s) cleared", (rc, out, err)
+    st, r = d.call("DELETE", "/v1/faults")
+    assert st == 200 and r["cleared"] == 0 and r["faults"] == [], r
+    wait_until("/metrics to drop the fault",
+               lambda: metric(d.metrics(), "netreduce_dataplane_faults_active", ring=1, kind="bypass") is None)
+    # Usage errors are the CLI's own (exit 2); a job's token is refused by the daemon (exit 1).
+    for args in (["fault", "set", "--ring", "1", "--kind", "drop", "--fraction", "2", "--duration-ms", "10"],
+                 ["fault", "set", "--ring", "one", "--kind", "drop", "--duration-ms", "10"],
+                 ["fault", "set", "--ring", "1", "--kind", "melt", "--duration-ms", "10"],
+                 ["fault", "set", "--ring", "1", "--kind", "drop"], ["fault"]):
+        rc, out, err = ctl(d, *args)
+        assert rc == 2, (args, rc, out, err)
+    rc, out, err = ctl(d, "fault", "clear", token=False, env_extra={"NETREDUCE_TOKEN": "job-" + TOKEN})
+    assert rc == 1 and "forbidden" in err, (rc, out, err)
+    dp.ask(cmd="shutdown")
+    dp.proc.wait(timeout=30)
+    d.stop()
+    print("faults: refused without faults.enabled (%r); operator token only (401, 403); bad arguments by "
+          "field; set, listed, in /metrics, cleared through the API and netreducectl" % msg[:60])
 
 
 def netns_pair(ns, tag):
