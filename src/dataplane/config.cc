@@ -160,7 +160,8 @@ void parse_control(const YAML::Node& n, const std::string& path, DataplaneConfig
 void parse_rings(const YAML::Node& n, const std::string& path, DataplaneConfig& cfg) {
   for_each_key(n, path, {"retire_grace_ms"},
                [&](std::string_view, const YAML::Node& v, const std::string& f) {
-                 cfg.retire_grace_ms = static_cast<uint32_t>(integer(v, f, 0, 86400000));
+                 cfg.retire_grace_ms =
+                     static_cast<uint32_t>(integer(v, f, kMinRetireGraceMs, 86400000));
                });
 }
 

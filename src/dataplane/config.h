@@ -24,6 +24,9 @@ struct PortConfig {
   std::string name;
 };
 
+// The least rings.retire_grace_ms the box accepts.
+inline constexpr uint32_t kMinRetireGraceMs = 1000;
+
 struct DataplaneConfig {
   // EAL arguments (e.g. ["-l", "0-1", "--no-huge", "-m", "512", "--vdev", "net_ring0"]);
   // arguments after "--" on the command line are appended.
@@ -66,8 +69,11 @@ struct DataplaneConfig {
   // Rings. A removed ring is retired, not forgotten: for this long its
   // connections and links stay known and their packets are dropped
   // (ring_retired), so a job still sending fails loudly instead of receiving
-  // unreduced data. Must exceed the hosts' RC retransmission budget (QP
-  // retry_cnt x the local ACK timeout, e.g. 7 x 4.3 s at timeout 20, rounded up).
+  // unreduced data, and a resend of the old job never enters a new ring on
+  // the same QP numbers. Must exceed the hosts' RC retransmission budget (7
+  // transmissions x the ACK timeout, e.g. 7 x 4.3 s at timeout 20): at least
+  // kMinRetireGraceMs, twice the host library's default budget (7 x 67 ms);
+  // hosts with a longer one check it against the box's value at create.
   uint32_t retire_grace_ms = 60000;
 
   // Control socket (control_socket.h). Created with mode 0660; root, the

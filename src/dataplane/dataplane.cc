@@ -162,10 +162,6 @@ Status Dataplane::setup() {
     ec.retire_grace = rte_get_tsc_hz() / 1000 * uint64_t{cfg_.retire_grace_ms};
     publish_cycles_ = rte_get_tsc_hz() / 1000 * kPublishMs;
     stall_threshold_cycles_ = rte_get_tsc_hz() / 1000000 * kStallUs;
-    // A restarted box does not know which rings it held: for one grace it
-    // drops INA first packets off ring links instead of forwarding them, so
-    // a job still running through it fails instead of getting raw data.
-    ec.claim_all_until = rte_rdtsc() + ec.retire_grace;
     ec.allocator = {[](void* ctx, uint16_t len) -> engine::Pkt {
                       rte_mbuf* m = rte_pktmbuf_alloc(static_cast<rte_mempool*>(ctx));
                       if (!m || rte_pktmbuf_tailroom(m) < len) {

@@ -292,9 +292,11 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
   }
   // The box only claims traffic on ring links: elsewhere a payload that
   // happens to begin with the magic is somebody's data, passed untouched
-  // before anything else looks at it.
-  if (!link)
-    return count(now < cfg.claim_all_until ? Reason::ring_retired : Reason::fwd_not_ring_link);
+  // before anything else looks at it, from the box's first packet on. A
+  // restarted box does the same with a job of its previous instance: that
+  // job's receivers reject the raw data, which lacks the box's seal
+  // (docs/design.md#result-digests).
+  if (!link) return count(Reason::fwd_not_ring_link);
   uint32_t head = 0;
   if (cfg.verify_icrc && !verify<F>(f, p, static_cast<uint16_t>(p.payload + kInaHeaderBytes), head))
     return count(Reason::bad_icrc);

@@ -109,12 +109,6 @@ struct EngineConfig {
   // to go sets a grace longer than any message of the job can stay in
   // flight (e.g. the host's retransmission timeout times its retry count).
   uint64_t retire_grace = kRetireNever;
-  // Until this time (process()'s clock), an INA first packet off every ring
-  // link is dropped as ring_retired instead of forwarded: a box that has just
-  // (re)started cannot know which rings it held, so it treats them all as
-  // retired for one grace period (the data plane sets start + retire_grace).
-  // 0: no such period (tests, the in-process loopback).
-  uint64_t claim_all_until = 0;
   // The burst loop's software prefetches (engine.cc top): the CLT home slot,
   // history entry, cell, held records and result of later packets
   // (`prefetch_tables`), and the frame bytes two packets ahead

@@ -225,7 +225,7 @@ faults:
   const Parsed q = parse_with(
       "mode: aggregate\nmtu: 1500\nburst: 1\nworkers: [0, 1023]\n"
       "memory: {mbufs: 1024, mbuf_cache: 0, engine: 1}\n"
-      "rings: {retire_grace_ms: 0}\n"
+      "rings: {retire_grace_ms: 1000}\n"
       "engine: {reduce_mode: deterministic, icrc_fixup: linear, verify_icrc: true, max_rings: 1,"
       " clt_capacity: 1048576, stall_timeout_ms: 1}\n");
   INFO(q.status.to_string());
@@ -243,7 +243,7 @@ faults:
   CHECK(q.cfg.max_rings == 1);
   CHECK(q.cfg.clt_capacity == 1048576);
   CHECK(q.cfg.stall_timeout_ms == 1);
-  CHECK(q.cfg.retire_grace_ms == 0);
+  CHECK(q.cfg.retire_grace_ms == 1000);
 }
 
 TEST_CASE("memory.engine sizes", "[dataplane][config]") {
@@ -384,8 +384,12 @@ TEST_CASE("every rule names the dotted key and the problem", "[dataplane][config
        "aaaaaaaaaaaaaaaaa\n",
        "control.socket", "at most 107 bytes"},
       {"rings:\n  grace: 5\n", "rings.grace", "unknown key (known: retire_grace_ms)"},
-      {"rings:\n  retire_grace_ms: -1\n", "rings.retire_grace_ms", "must be in 0..86400000"},
-      {"rings:\n  retire_grace_ms: 86400001\n", "rings.retire_grace_ms", "must be in 0..86400000"},
+      {"rings:\n  retire_grace_ms: -1\n", "rings.retire_grace_ms", "must be in 1000..86400000"},
+      {"rings:\n  retire_grace_ms: 0\n", "rings.retire_grace_ms",
+       "must be in 1000..86400000, got 0"},
+      {"rings:\n  retire_grace_ms: 999\n", "rings.retire_grace_ms", "must be in 1000..86400000"},
+      {"rings:\n  retire_grace_ms: 86400001\n", "rings.retire_grace_ms",
+       "must be in 1000..86400000"},
       {"control:\n  max_clients: 0\n", "control.max_clients", "must be in 1..4096, got 0"},
       {"control:\n  max_clients: 4097\n", "control.max_clients", "must be in 1..4096"},
       {"control:\n  group: \"\"\n", "control.group", "empty"},
@@ -568,7 +572,7 @@ bool valid(const DataplaneConfig& c) {
   if (c.max_rings < 1 || c.max_rings > 1024) return false;
   if (c.clt_capacity < 16 || c.clt_capacity > 1048576) return false;
   if (c.stall_timeout_ms < 1 || c.stall_timeout_ms > 3600000) return false;
-  if (c.retire_grace_ms > 86400000) return false;
+  if (c.retire_grace_ms < kMinRetireGraceMs || c.retire_grace_ms > 86400000) return false;
   if (c.control_socket.empty() || c.control_socket[0] != '/') return false;
   if (c.control_max_clients < 1 || c.control_max_clients > 4096) return false;
   return true;

@@ -1177,10 +1177,6 @@ LEAF = {"ip": "10.9.0.1", "mac": "02:00:00:00:09:01"}
 LEAF2 = {"ip": "10.9.0.2", "mac": "02:00:00:00:09:02"}
 SPINE = {"ip": "10.9.0.9", "mac": "02:00:00:00:09:09"}
 B2B_PORT = 4792
-# No claim-all period after start (rings.retire_grace_ms 0): traffic of ranks this box
-# does not hold is forwarded from the first packet on, as it would be once a restarted
-# box's grace has passed.
-TREE_EXTRA = {"rings": {"retire_grace_ms": 0}}
 
 
 def position_data(d, k, pmtu):
@@ -1245,7 +1241,7 @@ def tree_leaf_scenario(tmp, in_pcap, rng, workers=1):
     specs = [dict(ring_spec(rid, 4, 5, ppm, pmtu), tree=leaf_tree())]
     if workers > 1:  # an ordinary ring first takes worker 0 (the one with the RX queue)
         specs.insert(0, ring_spec(1, 2, 1, ppm, pmtu))
-    out, final, status, rings = run_dataplane(tmp, in_pcap, specs, workers, extra=TREE_EXTRA)
+    out, final, status, rings = run_dataplane(tmp, in_pcap, specs, workers)
     local = {ip(0, 5), ip(1, 5)}
     # Ranks 2 and 3: byte-identical.
     outs = {raw(f) for f in out}
@@ -1338,7 +1334,7 @@ def tree_root_scenario(tmp, in_pcap, rng, workers):
     rings = [dict(ring_spec(rid, 4, 6, ppm, pmtu), tree=root_tree())]
     if workers > 1:  # an ordinary ring first takes worker 0 (the one with the RX queue)
         rings.insert(0, ring_spec(1, 2, 1, ppm, pmtu))
-    out1, final, status, listed = run_dataplane(tmp, in_pcap, rings, workers, extra=TREE_EXTRA)
+    out1, final, status, listed = run_dataplane(tmp, in_pcap, rings, workers)
     out0 = rdpcap(os.path.join(tmp, "out0.pcap"))
     ring = [r for r in listed["rings"] if r["spec"]["id"] == rid][0]
     for port, out, child, box in ((0, out0, 0, LEAF), (1, out1, 1, LEAF2)):
@@ -1436,7 +1432,7 @@ def tree_malformed_scenario(tmp, rng):
         if workers > 1:
             plain = ring_spec(1, 2, 1, ppm, pmtu)
             rings = rings + [plain] if tree_first else [plain] + rings
-        out1, final, status, listed = run_dataplane(run, in_pcap, rings, workers, extra=TREE_EXTRA)
+        out1, final, status, listed = run_dataplane(run, in_pcap, rings, workers)
         out0 = rdpcap(os.path.join(run, "out0.pcap"))
         ring = [r for r in listed["rings"] if r["spec"]["id"] == rid][0]
         if workers > 1:

@@ -61,7 +61,7 @@ def trees():
 class Box:
     """One netreduce-dataplane on two af_packet ports."""
 
-    def __init__(self, exe, tmp, name, port_a, port_b, tree, grace_ms):
+    def __init__(self, exe, tmp, name, port_a, port_b, tree):
         self.exe, self.name = exe, name
         self.dir = os.path.join(tmp, name)
         os.makedirs(self.dir, exist_ok=True)
@@ -72,8 +72,7 @@ class Box:
                        "lib.eal:warning", "--file-prefix", "nr%s%d" % (name, os.getpid()),
                        "--vdev", "net_af_packet0,iface=%s" % port_a, "--vdev", "net_af_packet1,iface=%s" % port_b],
                "ports": [{"name": "net_af_packet0"}, {"name": "net_af_packet1"}],
-               "mtu": 1500, "memory": {"mbufs": 4096}, "control": {"socket": self.sock},
-               "rings": {"retire_grace_ms": grace_ms}}
+               "mtu": 1500, "memory": {"mbufs": 4096}, "control": {"socket": self.sock}}
         with open(self.cfg, "w") as f:
             json.dump(cfg, f)
         with open(self.rings, "w") as f:  # the box's persisted entries: given again at every start
@@ -144,9 +143,9 @@ class Fabric:
             dp.sh("ip", "link", "set", near, "up")
         t = trees()
         L = self.links
-        self.boxes = {"leafA": Box(self.exe, self.tmp, "leafA", L["rackA"][0], L["AS"][0], t["leafA"], 0),
-                      "spine": Box(self.exe, self.tmp, "spine", L["AS"][1], L["SB"][0], t["spine"], 500),
-                      "leafB": Box(self.exe, self.tmp, "leafB", L["rackB"][0], L["SB"][1], t["leafB"], 0)}
+        self.boxes = {"leafA": Box(self.exe, self.tmp, "leafA", L["rackA"][0], L["AS"][0], t["leafA"]),
+                      "spine": Box(self.exe, self.tmp, "spine", L["AS"][1], L["SB"][0], t["spine"]),
+                      "leafB": Box(self.exe, self.tmp, "leafB", L["rackB"][0], L["SB"][1], t["leafB"])}
         for b in self.boxes.values():
             b.start()
         return self
@@ -228,7 +227,6 @@ def main():
 
     with tempfile.TemporaryDirectory() as tmp, Fabric(exe, tmp) as fab:
         leaf_a, spine, leaf_b = fab.boxes["leafA"], fab.boxes["spine"], fab.boxes["leafB"]
-        time.sleep(0.6)  # the spine's start-up grace (retire_grace_ms 500)
         # Message 0: both racks; each rack receives the other's released packets.
         got = fab.exchange([("A", of(0, "A")), ("B", of(0, "B"))])
         n0 = check_released(got["B"], of(0, "A"), total(0), 0) + check_released(got["A"], of(0, "B"), total(0), 0)
@@ -248,7 +246,6 @@ def main():
         listed = spine.ctl(cmd="list_rings")
         assert listed["ok"] and [r["spec"].get("tree") for r in listed["rings"]] == [dict(trees()["spine"], index_at_parent=0)], listed
         assert spine.ring()["counters"]["tree"]["partials_received"] == 0  # a fresh entry
-        time.sleep(0.6)  # its start-up grace: released packets crossing it are not dropped after it
         # Rack B's packets, then rank 0's retransmission of message 1 (the same bytes).
         resend = [f for f in of(1, "A") if f[IP].src == dp.ip(0, BASE)]
         got = fab.exchange([("B", of(1, "B")), ("A", resend)])

@@ -723,22 +723,6 @@ TEST_CASE("an RDMA WRITE off ring links whose data begins with INET is forwarded
     }
   }
   CHECK(reason(x.h, Reason::fwd_not_ring_link) == 8);
-  {
-    // Within the grace after the box started (claim_all_until), the same
-    // packet is dropped: a restarted box cannot know which rings it held,
-    // and forwarding a running job's first packet raw would give wrong sums
-    // (a data plane restarted mid-job). Once the period ends it passes
-    // untouched again.
-    engine::EngineConfig cfg;
-    cfg.claim_all_until = 100;
-    Fixture y(3, 2, cfg);
-    const auto f = write(0x0A, rank_ip(7), rank_ip(8));
-    CHECK(y.h.feed(f).reason == Reason::ring_retired);
-    CHECK(y.h.sent.empty());
-    y.h.now = 100;
-    CHECK(y.h.feed(f).reason == Reason::fwd_not_ring_link);
-    REQUIRE(y.h.take_sent().size() == 1);
-  }
   // On a ring link the same bytes are strict: no such ring.
   CHECK(x.h.feed(write(0x06, rank_ip(0), rank_ip(1))).reason == Reason::unknown_ring);
   // A removed ring's links stay strict too.
