@@ -4,7 +4,8 @@
 //
 //   {"cmd": "ping"}                                   -> {"ok": true}
 //   {"cmd": "status"}                                 -> instance, ports, workers, memory, mbufs,
-//                                                     rings, retiring, control (the socket's
+//                                                     rings, retiring, retire_grace_ms,
+//                                                     capabilities, control (the socket's
 //                                                     counters) ("instance" differs in every
 //                                                     process: the daemon's restart detector)
 //   {"cmd": "stats"}                                  -> reasons (engine, summed),
@@ -194,6 +195,9 @@ json Dataplane::answer(const std::string& line) {
                   {"rings", rings_.size()},
                   {"retiring", retiring_json()},
                   {"retire_grace_ms", cfg_.retire_grace_ms},
+                  // What hosts may rely on: "result_digest", every INA result
+                  // sealed (docs/design.md#result-digests).
+                  {"capabilities", json::array({"result_digest"})},
                   {"memory",
                    {{"engine_reserved_bytes", memory_reserved_},
                     {"engine_budget_bytes", cfg_.engine_memory}}},

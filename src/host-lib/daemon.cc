@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -296,31 +297,68 @@ Registration setup_job_rings(const Options& options, const std::string& bootstra
   return all;
 }
 
-unsigned box_workers(const DaemonTarget& target, int timeout_ms, std::string& why) {
+namespace {
+
+// The "dataplane" object of the daemon's GET /v1/status, or false with why.
+bool dataplane_status(const DaemonTarget& target, int timeout_ms, nlohmann::json& dp,
+                      std::string& why) {
   if (target.url.empty()) {
     why = "no box configured (NETREDUCE_DAEMON unset)";
-    return 0;
+    return false;
   }
   try {
     auto cli = client(target, timeout_ms, why);
-    if (!cli) return 0;
+    if (!cli) return false;
     auto res = cli->Get("/v1/status");
     if (!res || res->status != 200) {
       why = "daemon at " + target.url + " status: " + describe_error(res);
-      return 0;
+      return false;
     }
     const auto j = nlohmann::json::parse(res->body);
-    const auto dp = j.value("dataplane", nlohmann::json::object());
-    const auto w = dp.value("workers", nlohmann::json::array());
-    if (!w.is_array() || w.empty()) {
-      why = "daemon at " + target.url + " reports no data plane workers (data plane down?)";
-      return 0;
-    }
-    return static_cast<unsigned>(w.size());
+    dp = j.value("dataplane", nlohmann::json::object());
+    if (!dp.is_object()) throw std::runtime_error("\"dataplane\" is not an object");
+    return true;
   } catch (const std::exception& e) {
     why = std::string("daemon status: ") + e.what();
   }
-  return 0;
+  return false;
+}
+
+}  // namespace
+
+unsigned box_workers(const DaemonTarget& target, int timeout_ms, std::string& why) {
+  nlohmann::json dp;
+  if (!dataplane_status(target, timeout_ms, dp, why)) return 0;
+  const auto w = dp.value("workers", nlohmann::json::array());
+  if (!w.is_array() || w.empty()) {
+    why = "daemon at " + target.url + " reports no data plane workers (data plane down?)";
+    return 0;
+  }
+  return static_cast<unsigned>(w.size());
+}
+
+std::string box_unfit(const DaemonTarget& target, int timeout_ms, uint8_t qp_timeout) {
+  nlohmann::json dp;
+  std::string why;
+  if (!dataplane_status(target, timeout_ms, dp, why)) return why;
+  if (dp.value("connected", false) != true)
+    return "the daemon at " + target.url + " has no data plane connected (" +
+           dp.value("error", std::string("no error given")) + ")";
+  const auto caps = dp.value("capabilities", nlohmann::json::array());
+  if (!caps.is_array() || std::find(caps.begin(), caps.end(), "result_digest") == caps.end())
+    return "the box at " + target.url +
+           " does not seal its results (no \"result_digest\" among its capabilities): its "
+           "data plane predates result digests";
+  // 7 transmissions of a WRITE (retry_cnt 6), each waiting 4.096 us x 2^qp_timeout.
+  const double budget_ms = 7 * 4.096e-3 * static_cast<double>(uint64_t{1} << qp_timeout);
+  const auto grace = dp.value("retire_grace_ms", nlohmann::json());
+  if (!grace.is_number_unsigned() || static_cast<double>(grace.get<uint64_t>()) < budget_ms)
+    return "the box at " + target.url + " forgets a removed ring's connections after " +
+           (grace.is_number() ? std::to_string(grace.get<int64_t>()) : std::string("?")) +
+           " ms (rings.retire_grace_ms), sooner than this job's RC retransmission budget of " +
+           std::to_string(static_cast<uint64_t>(budget_ms)) + " ms (7 x 4.096 us x 2^" +
+           std::to_string(qp_timeout) + ", qp_timeout): raise it on the box";
+  return {};
 }
 
 // ---- OwnedRing ------------------------------------------------------------

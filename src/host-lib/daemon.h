@@ -118,6 +118,15 @@ Registration setup_job_rings(const Options& options, const std::string& bootstra
 // the daemon does not answer or reports no workers (data plane down).
 unsigned box_workers(const DaemonTarget& target, int timeout_ms, std::string& why);
 
+// Why the box behind the daemon cannot carry a job's INA path, or empty
+// when it can: it must seal every result (capability "result_digest" in
+// GET /v1/status, docs/design.md#result-digests) and keep a removed ring's
+// connections retired (dataplane.retire_grace_ms) longer than the job's RC
+// retransmission budget, 7 x 4.096 us x 2^qp_timeout, so that no resend of
+// an ended job can enter a new ring on the same QP numbers. A daemon that
+// does not answer is a reason too.
+std::string box_unfit(const DaemonTarget& target, int timeout_ms, uint8_t qp_timeout);
+
 class OwnedRing {
  public:
   // Starts the renewal thread when lease_ms > 0. timeout_ms bounds each call.

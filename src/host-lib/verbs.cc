@@ -629,6 +629,10 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
       d.reason = world < 2 ? "a single rank needs no box" : "a single host needs no box";
     } else if (!ips) {
       d.reason = "a rank's GID has no IPv4 address (give --ipv4)";
+    } else if (std::string why =
+                   box_unfit(daemon_target(options), options.daemon_timeout_ms, options.qp_timeout);
+               !why.empty()) {
+      d.reason = why;
     } else {
       const Registration reg = setup_job_rings(options, bootstrap, specs, R, owned);
       d.ina = reg.installed;

@@ -323,6 +323,8 @@ def run_dataplane(tmp, in_pcap, rings, workers, loop=False, during=None, extra=N
             time.sleep(0.3)
         status = ctl(cmd="status")
         assert status["instance"].split("-")[0] == str(proc.pid), status  # the daemon's restart detector
+        # What hosts check before they trust the box (host-lib box_unfit): it seals every result.
+        assert status["capabilities"] == ["result_digest"] and status["retire_grace_ms"] >= 1000, status
         telemetry = query_telemetry("nr%d" % os.getpid(), "/netreduce/stats")
         return status, telemetry, ctl(cmd="list_rings")
     (status, telemetry, rings_now), out, err = drive(proc, sock, body)

@@ -141,10 +141,14 @@ struct FakeDaemon {
   httplib::Server srv;
   std::thread th;
   int port = 0;
-  bool installed = true;     // what GET reports
-  int post_status = 0;       // non-zero: POST answers this, with an error body
-  int busy_posts = 0;        // the first N POSTs answer 503 busy with Retry-After
-  int workers = 2;           // GET /v1/status: dataplane.workers entries; < 0: data plane down
+  bool installed = true;  // what GET reports
+  int post_status = 0;    // non-zero: POST answers this, with an error body
+  int busy_posts = 0;     // the first N POSTs answer 503 busy with Retry-After
+  int workers = 2;        // GET /v1/status: dataplane.workers entries; < 0: data plane down
+  // GET /v1/status: dataplane.capabilities and retire_grace_ms, as the real
+  // data plane reports them (src/dataplane/control_api.cc, status).
+  nlohmann::json capabilities = nlohmann::json::array({"result_digest"});
+  nlohmann::json retire_grace_ms = 60000;
   std::set<uint32_t> taken;  // ids held by "other jobs": POST -> 409
   std::map<uint32_t, Ring> rings;
   std::vector<Call> calls;
@@ -212,7 +216,10 @@ struct FakeDaemon {
       std::lock_guard lk(mu);
       record(req);
       nlohmann::json dp = {{"connected", workers >= 0}};
+      if (workers < 0) dp["error"] = "data plane control socket: connection refused";
       if (workers >= 0) {
+        dp["capabilities"] = capabilities;
+        dp["retire_grace_ms"] = retire_grace_ms;
         dp["workers"] = nlohmann::json::array();
         for (int w = 0; w < workers; ++w)
           dp["workers"].push_back({{"worker", w}, {"lcore", w + 1}});
@@ -720,4 +727,35 @@ TEST_CASE("daemon: the box's worker count for rings 0", "[hostlib][daemon][strip
   const std::string url = "http://127.0.0.1:" + std::to_string(free_port());
   CHECK(box_workers({url, "", ""}, 500, why) == 0);
   CHECK(why.find("no answer") != std::string::npos);
+}
+
+TEST_CASE("daemon: a box that cannot carry the INA path is refused with why",
+          "[hostlib][daemon][seal]") {
+  FakeDaemon d;
+  const DaemonTarget t{d.url(), "", ""};
+  CHECK(box_unfit(t, 2000, 14) == "");
+  // 7 x 4.096 us x 2^20 = 30,064 ms: under the default 60 s grace.
+  CHECK(box_unfit(t, 2000, 20) == "");
+  // 2^23: 240,518 ms, more than the box keeps a removed ring's connections.
+  std::string why = box_unfit(t, 2000, 23);
+  CHECK(why.find("after 60000 ms (rings.retire_grace_ms), sooner than this job's RC "
+                 "retransmission budget of 240518 ms (7 x 4.096 us x 2^23, qp_timeout)") !=
+        std::string::npos);
+  d.retire_grace_ms = 0;  // a box from before the floor: resends could enter a new ring
+  CHECK(box_unfit(t, 2000, 14).find("after 0 ms") != std::string::npos);
+  d.retire_grace_ms = "60000";
+  CHECK(box_unfit(t, 2000, 14).find("after ? ms") != std::string::npos);
+  d.retire_grace_ms = 60000;
+  for (const auto& caps : {nlohmann::json::array(), nlohmann::json::array({"other"}),
+                           nlohmann::json("result_digest"), nlohmann::json()}) {
+    d.capabilities = caps;
+    INFO(caps.dump());
+    CHECK(box_unfit(t, 2000, 14).find("does not seal its results") != std::string::npos);
+  }
+  d.capabilities = nlohmann::json::array({"x", "result_digest"});
+  CHECK(box_unfit(t, 2000, 14) == "");
+  d.workers = -1;
+  CHECK(box_unfit(t, 2000, 14).find("has no data plane connected (data plane control socket") !=
+        std::string::npos);
+  CHECK(box_unfit({"", "", ""}, 2000, 14).find("NETREDUCE_DAEMON unset") != std::string::npos);
 }
