@@ -8,7 +8,8 @@
 // the engine's forwarding path (an ACK: parse + classify), one CRC-32 of the
 // payload (BM_Crc32), and the floor (BM_Floor: the bytes a packet must
 // touch, hot). After the table, a summary gives the engine's ns/packet over
-// the floor and over the CRC for P=4 fp32 (the targets).
+// the floor and over the CRC for P=4 fp32, and the result digest's share of
+// it (BM_Digest).
 //
 //   engine-bench --benchmark_filter=... (Google Benchmark flags)
 //   engine-bench --benchmark_filter='BM_Floor|BM_Crc32|BM_Aggregate/P:4/payload:(1024|4096)/bf16:0'
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/icrc_fixup.h"
 #include "reduce/reduce.h"
 #include "tests/support/ring_traffic.h"
 #include "wire/icrc.h"
@@ -329,6 +331,18 @@ void BM_Crc32(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(0));
 }
 
+// Reference point for the host's side of the digest: copying N bytes out of
+// the receive region (what a host does with every result anyway). The host
+// also CRCs them (BM_Crc32/N) before it copies.
+void BM_Memcpy(benchmark::State& state) {
+  std::vector<uint8_t> from(static_cast<size_t>(state.range(0)), 0x5A), to(from.size());
+  for (auto _ : state) {
+    std::memcpy(to.data(), from.data(), from.size());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(0));
+}
+
 // The floor: the bytes a packet must touch, hot, back to back, for one cell
 // of P middle packets (full payload): verify each frame's ICRC, reduce the P
 // payloads once, copy the result into each packet, CRC the result once.
@@ -361,6 +375,52 @@ void BM_Floor(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   const auto packets = static_cast<double>(state.iterations()) * ranks;
+  state.SetItemsProcessed(static_cast<int64_t>(packets));
+  state.counters["ns/pkt"] =
+      benchmark::Counter(packets, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+// The result digest's own work per packet (docs/design.md#result-digests),
+// from the primitives the engine uses, for one message of kMsgPackets cells
+// of P packets: each cell's result CRC (full fix-up only: linear computes it
+// anyway), the chain of combines that makes the message's CRC, and the
+// seal of the P last packets (their ImmDt, and for linear their head CRC
+// again). BM_Aggregate includes the same work; the summary states it as a
+// share of BM_Aggregate's time.
+void BM_Digest(benchmark::State& state) {
+  const unsigned ranks = static_cast<unsigned>(state.range(0));
+  const uint16_t pmtu = static_cast<uint16_t>(state.range(1));
+  const bool linear = state.range(2) != 0;
+  Frames fr = make_frames(ranks, pmtu, wire::Dtype::fp32);
+  std::vector<wire::ParsedFrame> last(ranks);
+  std::vector<uint8_t*> frame(ranks);
+  for (unsigned r = 0; r < ranks; ++r) {
+    auto& f = fr.live[size_t{kMsgPackets - 1} * ranks + r];  // message 0's LAST WITH IMMEDIATE
+    frame[r] = f.data();
+    if (wire::parse_frame(f.data(), f.size(), last[r]) != wire::ParseStatus::ok || !last[r].immdt)
+      state.SkipWithError("frame");
+  }
+  std::vector<uint8_t> results(size_t{kMsgPackets} * pmtu, 0x5A);
+  std::vector<uint32_t> cell_crc(kMsgPackets);
+  for (unsigned k = 0; k < kMsgPackets; ++k)
+    cell_crc[k] = wire::crc32(0, results.data() + size_t{k} * pmtu, pmtu);
+  engine::detail::ShiftCache shifts;
+  shifts.entries.resize(engine::detail::ShiftCache::kEntries);
+  const auto data_off = static_cast<uint16_t>(last[0].payload);
+  for (auto _ : state) {
+    if (!linear)
+      for (unsigned k = 0; k < kMsgPackets; ++k)
+        benchmark::DoNotOptimize(cell_crc[k] =
+                                     wire::crc32(0, results.data() + size_t{k} * pmtu, pmtu));
+    uint32_t d = cell_crc[0];
+    for (unsigned k = 1; k < kMsgPackets; ++k) d = shifts.get(pmtu).combine(d, cell_crc[k]);
+    for (unsigned r = 0; r < ranks; ++r) {
+      reinterpret_cast<wire::ImmDt*>(frame[r] + last[r].immdt)->imm.set(d);
+      if (linear) benchmark::DoNotOptimize(wire::icrc_head(frame[r], last[r], data_off));
+    }
+    benchmark::ClobberMemory();
+  }
+  const auto packets = static_cast<double>(state.iterations()) * kMsgPackets * ranks;
   state.SetItemsProcessed(static_cast<int64_t>(packets));
   state.counters["ns/pkt"] =
       benchmark::Counter(packets, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
@@ -407,6 +467,28 @@ class FloorReporter : public benchmark::ConsoleReporter {
       std::printf("%-8s %10s %10.2fx %12.2fx %12s %12.2fx   (in units of crc32)\n", "", "",
                   floor / crc, full / crc, "", lin / crc);
     }
+    std::printf("\nP=4 fp32, the result digest's share of the engine's ns/packet\n");
+    std::printf("%-8s %12s %12s %8s %12s %12s %8s\n", "payload", "digest full", "engine full",
+                "share", "digest lin", "engine lin", "share");
+    for (const int pl : {1024, 4096}) {
+      const std::string args = "/P:4/payload:" + std::to_string(pl);
+      const double df = get("BM_Digest" + args + "/linear:0");
+      const double dl = get("BM_Digest" + args + "/linear:1");
+      const double full = get("BM_Aggregate" + args + "/bf16:0/linear:0");
+      const double lin = get("BM_Aggregate" + args + "/bf16:0/linear:1");
+      if (!full || !lin || !df || !dl) continue;
+      std::printf("%-8d %12.1f %12.1f %7.1f%% %12.1f %12.1f %7.1f%%\n", pl, df, full,
+                  100 * df / full, dl, lin, 100 * dl / lin);
+    }
+    std::printf("\nThe host's check of a result (crc32 before the copy-out), hot buffers\n");
+    std::printf("%-8s %10s %10s %10s %14s\n", "bytes", "crc32 ns", "memcpy ns", "crc/copy",
+                "crc ns/byte");
+    for (const int n : {4096, 65536}) {
+      const double crc = get("BM_Crc32/" + std::to_string(n));
+      const double cp = get("BM_Memcpy/" + std::to_string(n));
+      if (!crc || !cp) continue;
+      std::printf("%-8d %10.1f %10.1f %9.2fx %14.4f\n", n, crc, cp, crc / cp, crc / n);
+    }
   }
 
  private:
@@ -416,7 +498,11 @@ class FloorReporter : public benchmark::ConsoleReporter {
 }  // namespace
 
 BENCHMARK(BM_Floor)->ArgNames({"P", "payload"})->ArgsProduct({{4}, {1024, 4096}});
-BENCHMARK(BM_Crc32)->Arg(1024)->Arg(4096);
+BENCHMARK(BM_Crc32)->Arg(1024)->Arg(4096)->Arg(65536);
+BENCHMARK(BM_Memcpy)->Arg(4096)->Arg(65536);
+BENCHMARK(BM_Digest)
+    ->ArgNames({"P", "payload", "linear"})
+    ->ArgsProduct({{4}, {1024, 4096}, {0, 1}});
 BENCHMARK(BM_ForwardBaseline);
 BENCHMARK(BM_BogusPsn)->ArgName("window")->Arg(8)->Arg(1024);  // S = 16 and S = 2048
 BENCHMARK(BM_ColdTables)
