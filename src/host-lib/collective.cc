@@ -94,6 +94,7 @@ Error Collective::create(Transport& transport, const CollectiveConfig& cfg,
                              std::to_string(256 * (P - 1)) + ")");
   }
   c->rings_.resize(R);
+  c->stage_.resize(slot);
   c->send_ring_bytes_ = size_t{cfg.window} * slot;
   c->work_ring_bytes_ = size_t{P} * std::max<size_t>(c->ring_stride_, 64);
   c->send_buf_ = std::make_unique<Buffer>(R * c->send_ring_bytes_);
@@ -292,11 +293,12 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
                                     " failed (" + c.what + ", status " +
                                     std::to_string(c.vendor_status) + ")"));
       if (i >= k.w.next_send())
-        return fail(Error::make(ErrorCode::transport, who + ring() + "from predecessor rank " +
-                                                          std::to_string(t_.predecessor()) +
-                                                          ": immediate " + hex(c.imm) +
-                                                          " for message id " + std::to_string(id) +
-                                                          ", not sent yet by this rank"));
+        return fail(Error::make(ErrorCode::transport,
+                                who + ring() + "from predecessor rank " +
+                                    std::to_string(t_.predecessor()) + ": immediate " + hex(c.imm) +
+                                    " for message id " + std::to_string(id) +
+                                    ", not sent yet by this rank (the "
+                                    "predecessor's raw write: box bypassed?)"));
       const uint8_t* r = t_.recv_region(c.lane).addr + (i % N) * slot;
       const size_t want = kInaHeaderBytes + k.plan.data_bytes(i);
       const auto hdr = wire::ina_decode(r, c.byte_len);
@@ -308,10 +310,21 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
             who + ring() + "message id " + std::to_string(id) + " from predecessor rank " +
                 std::to_string(t_.predecessor()) + " has a wrong INA header or length (" +
                 std::to_string(c.byte_len) + " bytes, expected " + std::to_string(want) + ")"));
-      // The box's seal (docs/design.md#result-digests): nothing else is
-      // copied out, so a bypassed or restarted box never hands back raw data.
-      const uint32_t crc = wire::crc32(0, r + kInaHeaderBytes, k.plan.data_bytes(i));
-      if ((c.imm ^ crc) != id && unsealed.ok()) {
+      if (!unsealed.ok()) {
+        (void)k.w.result_received(i);  // draining: nothing more is copied out
+        continue;
+      }
+      // The box's seal (docs/design.md#result-digests), checked on a
+      // private copy: a bypassed box lets the predecessor's raw write of a
+      // later message land in this slot at any moment, so the slot is read
+      // once, and the caller gets exactly the bytes the CRC covered, or
+      // nothing.
+      const size_t bytes = k.plan.data_bytes(i);
+      std::memcpy(stage_.data(), r + kInaHeaderBytes, bytes);
+      const uint32_t crc = wire::crc32(0, stage_.data(), bytes);
+      if ((c.imm ^ crc) == id) {
+        std::memcpy(dst + (k.s.first + k.plan.first_elem(i)) * es, stage_.data(), bytes);
+      } else {
         failed_seal_ = true;
         unsealed = Error::make(
             ErrorCode::transport,
@@ -320,12 +333,6 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
                 hex(c.imm) + ", data crc32 " + hex(crc) +
                 "): no box reduced it from every rank (bypassed or restarted on the path?)");
       }
-      if (!unsealed.ok()) {
-        (void)k.w.result_received(i);  // draining: nothing more is copied out
-        continue;
-      }
-      std::memcpy(dst + (k.s.first + k.plan.first_elem(i)) * es, r + kInaHeaderBytes,
-                  k.plan.data_bytes(i));
       (void)k.w.result_received(i);
     }
   }

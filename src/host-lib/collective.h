@@ -110,6 +110,7 @@ class Collective {
   size_t work_ring_bytes_ = 0;  // ring path work buffer of one ring
   size_t ring_stride_ = 0;      // bytes per ring-path receive slot
   std::vector<RingState> rings_;
+  std::vector<uint8_t> stage_;  // INA path: a result while its seal is checked
   Error failed_{};
   bool failed_seal_ = false;
 };
