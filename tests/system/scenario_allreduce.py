@@ -82,6 +82,9 @@ QP_RETRY_ERROR = (r"rank %(r)d: write of message id \d+ to successor rank \d fai
                   r"\(transport retry counter exceeded, status 12\)")
 DEADLINE_OR_QP_ERROR = (r"rank %(r)d: all-reduce \(ina path, ring \d+\) timed out after \d+ ms at message \d+ "
                         r"of \d+: .*(predecessor|successor) rank \d|" + QP_RETRY_ERROR)
+BYPASS_ERROR = (r"rank %(r)d: (message id \d+ from predecessor rank \d fails the box's seal|from predecessor "
+                r"rank \d: immediate 0x[0-9a-f]+ for message id \d+, not sent yet by this rank \(the predecessor's raw "
+                r"write: box bypassed\?\))|" + DEADLINE_OR_QP_ERROR)
 AFTER_RESTART = ["-d", "fp32", "-o", "sum", "-b", "8", "-e", "32K", "-f", "8", "-n", "1", "-w", "0", "-c", "1"]
 UNRECOVERED = ["retry_exceeded_err", "retry_rnr_exceeded_err"]  # rxe gave up: the QP went to error
 
@@ -185,6 +188,24 @@ class Daemon:
             return json.loads(r.stdout)
         except ValueError:
             return r.stdout
+
+    def post(self, path, body):
+        """POST (operator token) from inside the namespace; the parsed answer."""
+        return self._send("POST", path, body)
+
+    def delete(self, path):
+        return self._send("DELETE", path, None)
+
+    def _send(self, method, path, body):
+        with open(self.token_file) as f:
+            token = f.read().strip()
+        cmd = ["curl", "-sS", "--max-time", "10", "-f", "-X", method, "-H", "Authorization: Bearer " + token]
+        if body is not None:
+            cmd += ["-H", "Content-Type: application/json", "--data", json.dumps(body)]
+        r = self.lab.sh(*(cmd + [self.url + path]), timeout=30, check=False)
+        if r.returncode != 0:
+            raise nrlab.LabError("%s %s: %s" % (method, path, r.stderr.strip()))
+        return json.loads(r.stdout) if r.stdout.strip() else None
 
     def ring(self, ring_id):
         r = self.get("/v1/rings/%d" % ring_id)
@@ -565,7 +586,14 @@ def kill_mid_job(lab, a, daemon, rep, deadline_ms, want, what):
     deadline + margin, an error matching `want` (names the rank's peer and
     the message). Returns rxe's counters before and after."""
     rx0 = rxe_all(lab)
-    job = Job(lab, a.perf, FAIL_RUN + ["--timeout-ms", str(deadline_ms)], daemon, "INA, box killed (%s)" % what)
+    fault_mid_job(lab, a, daemon, rep, deadline_ms, want, what, lab.box.kill, "box SIGKILLed")
+    return rx0, rxe_all(lab)
+
+
+def fault_mid_job(lab, a, daemon, rep, deadline_ms, want, what, strike, struck):
+    """kill_mid_job's run with `strike()` (`struck` says what it did) for the
+    kill. Returns every rank's error text."""
+    job = Job(lab, a.perf, FAIL_RUN + ["--timeout-ms", str(deadline_ms)], daemon, "INA, %s (%s)" % (struck, what))
     deadline = time.monotonic() + 300
     base = None
     while True:  # the job is running through the box: its ring aggregates
@@ -579,11 +607,12 @@ def kill_mid_job(lab, a, daemon, rep, deadline_ms, want, what):
             break
         expect(time.monotonic() < deadline, "the long job never got going (aggregated %d bytes)" % agg)
         time.sleep(0.5)
-    lab.box.kill()
+    strike()
     t_kill = time.monotonic()
-    rep.line("%s: fp32 1 MiB x 1000 calls through the box, deadline %d ms per call; box SIGKILLed after %d data "
-             "bytes aggregated" % (what, deadline_ms, agg))
+    rep.line("%s: fp32 1 MiB x 1000 calls through the box, deadline %d ms per call; %s after %d data "
+             "bytes aggregated" % (what, deadline_ms, struck, agg))
     limit = deadline_ms / 1000 + FAIL_MARGIN_S
+    errs = []
     for r, j in enumerate(job.jobs):
         res = j.wait(max(1, limit - (time.monotonic() - t_kill)) + 5)
         end = time.monotonic() - t_kill
@@ -596,11 +625,32 @@ def kill_mid_job(lab, a, daemon, rep, deadline_ms, want, what):
         expect(re.search(want % {"r": r}, err), "rank %d's error is not the expected one (%s):\n%s" %
                (r, want % {"r": r}, err[-2000:]))
         expect("status: ok" not in res.out, "rank %d reported success" % r)
-    return rx0, rxe_all(lab)
+        errs.append(err)
+    return errs
 
 
-def restart_box(lab, daemon):
-    lab.box.start()
+def bypass_mid_job(lab, a, daemon, rep):
+    """The operator's bypass drill (POST /v1/faults, kind bypass, every
+    ring): the box forwards the running job's WRITEs raw, as a bypass relay
+    would. No rank may take its predecessor's data for a result: each fails,
+    by the box's seal, by a raw write of a message it has not sent yet (its
+    predecessor ran ahead), or by its deadline once its predecessor stopped;
+    at least one names the seal."""
+    errs = fault_mid_job(lab, a, daemon, rep, FAIL_DEADLINE_MS, BYPASS_ERROR, "bypass drill",
+                         lambda: daemon.post("/v1/faults", {"ring": "all", "kind": "bypass", "duration_ms": 120000}),
+                         "box bypassed (fault injection)")
+    sealed = [r for r, e in enumerate(errs) if "fails the box's seal" in e]
+    rep.figure("  ranks that rejected a raw message by its seal", sealed)
+    expect(sealed, "no rank named the seal: the bypass did not reach the ranks as raw data")
+    faults = daemon.get("/v1/faults")["faults"]
+    expect(all(f["kind"] == "bypass" for f in faults) and sum(f["packets"] for f in faults) > 0,
+           "the bypass fault forwarded no packet: %s" % faults)
+    rep.figure("  packets the bypass forwarded raw", sum(f["packets"] for f in faults))
+    daemon.delete("/v1/faults")
+
+
+def restart_box(lab, daemon, extra=None):
+    lab.box.start(extra=extra)
     deadline = time.monotonic() + 60
     while not (daemon.get("/v1/health", check=False) or {}).get("dataplane_connected"):
         expect(time.monotonic() < deadline, "netreduced did not reconnect to the restarted box")
@@ -621,9 +671,11 @@ def step4(lab, a, daemon, reports):
     rep.figure("  rxe retry_exceeded_err per guest", exceeded)
     expect(all(x > 0 for x in exceeded), "rxe did not give up retrying on every guest: %s" % exceeded)
 
-    # Restarted, the box gets the ring back from netreduced (reconciler) and
-    # the next job runs on the INA path again, exact.
-    restart_box(lab, daemon)
+    # Restarted (fault injection enabled), the box gets the ring back from
+    # netreduced (reconciler). The bypass drill fails a job loudly; with the
+    # fault cleared, the next job runs on the INA path again, exact.
+    restart_box(lab, daemon, {"faults": {"enabled": True}})
+    bypass_mid_job(lab, a, daemon, rep)
     job = Job(lab, a.perf, AFTER_RESTART, daemon, "INA after the box restarted")
     head, rows = job.check_ok(job.wait(600), "ina")
     c = daemon.ring(head["ring"])["counters"]
