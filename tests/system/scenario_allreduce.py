@@ -42,8 +42,11 @@ Steps, each reported on its own and each able to fail:
      Again with a 60 s deadline: now the QPs' retry count (6, not rxe's
      endless 7) must end every rank with "transport retry counter exceeded"
      and rxe must count retry_exceeded_err.
-     Restarted, the box gets its ring back and the next job runs on the INA
-     path again, exact.
+     Restarted with fault injection enabled, the box gets its ring back;
+     the operator's bypass drill (POST /v1/faults, bypass, every ring)
+     mid-job: every rank fails (the seal, an early raw write, or its
+     deadline), at least one by the seal, none reports success. Cleared,
+     the next job runs on the INA path again, exact.
 A report per step (figures, counters) is printed and saved next to the run.
 """
 import json
@@ -636,16 +639,27 @@ def bypass_mid_job(lab, a, daemon, rep):
     by the box's seal, by a raw write of a message it has not sent yet (its
     predecessor ran ahead), or by its deadline once its predecessor stopped;
     at least one names the seal."""
-    errs = fault_mid_job(lab, a, daemon, rep, FAIL_DEADLINE_MS, BYPASS_ERROR, "bypass drill",
-                         lambda: daemon.post("/v1/faults", {"ring": "all", "kind": "bypass", "duration_ms": 120000}),
+    seen = []
+
+    def bypass():
+        # The faults are read while the job's ring is still installed (a
+        # fault goes with its ring, which goes when its lease ends).
+        daemon.post("/v1/faults", {"ring": "all", "kind": "bypass", "duration_ms": 120000})
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            faults = daemon.get("/v1/faults")["faults"]
+            seen[:] = [sum(f["packets"] for f in faults if f["kind"] == "bypass")]
+            if seen[0] > 0:
+                return
+            time.sleep(0.1)
+
+    errs = fault_mid_job(lab, a, daemon, rep, FAIL_DEADLINE_MS, BYPASS_ERROR, "bypass drill", bypass,
                          "box bypassed (fault injection)")
     sealed = [r for r, e in enumerate(errs) if "fails the box's seal" in e]
     rep.figure("  ranks that rejected a raw message by its seal", sealed)
     expect(sealed, "no rank named the seal: the bypass did not reach the ranks as raw data")
-    faults = daemon.get("/v1/faults")["faults"]
-    expect(all(f["kind"] == "bypass" for f in faults) and sum(f["packets"] for f in faults) > 0,
-           "the bypass fault forwarded no packet: %s" % faults)
-    rep.figure("  packets the bypass forwarded raw", sum(f["packets"] for f in faults))
+    expect(seen and seen[0] > 0, "the bypass fault forwarded no packet within 10 s")
+    rep.figure("  packets the bypass had forwarded raw (first count above 0)", seen[0])
     daemon.delete("/v1/faults")
 
 
