@@ -48,9 +48,8 @@ enum class Fate : uint8_t { forward, aggregate, drop };
     "its cell")                                                                              \
   X(ring_removed, drop, "held packet released because its ring was removed")                 \
   X(ring_retired, drop,                                                                      \
-    "WRITE on a removed ring's connection or link during its grace period, "                 \
-    "or an INA first packet off ring links within the grace after the box "                  \
-    "started (its job fails; it never receives unreduced data)")                             \
+    "WRITE on a removed ring's connection or link during its grace period "                  \
+    "(its job fails; it never receives unreduced data)")                                     \
   X(clt_full, drop, "connection table full: a new INA connection cannot be tracked")         \
   X(alloc_failed, drop,                                                                      \
     "no buffer to build a released packet (accumulate mode) or a box-to-box frame")          \
