@@ -347,8 +347,7 @@ std::string box_unfit(const DaemonTarget& target, int timeout_ms, uint8_t qp_tim
   const auto caps = dp.value("capabilities", nlohmann::json::array());
   if (!caps.is_array() || std::find(caps.begin(), caps.end(), "result_digest") == caps.end())
     return "the box at " + target.url +
-           " does not seal its results (no \"result_digest\" among its capabilities): its "
-           "data plane predates result digests";
+           " does not seal its results (no \"result_digest\" among its capabilities)";
   // 7 transmissions of a WRITE (retry_cnt 6), each waiting 4.096 us x 2^qp_timeout.
   const double budget_ms = 7 * 4.096e-3 * static_cast<double>(uint64_t{1} << qp_timeout);
   const auto grace = dp.value("retire_grace_ms", nlohmann::json());

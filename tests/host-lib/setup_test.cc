@@ -741,7 +741,7 @@ TEST_CASE("daemon: a box that cannot carry the INA path is refused with why",
   CHECK(why.find("after 60000 ms (rings.retire_grace_ms), sooner than this job's RC "
                  "retransmission budget of 240518 ms (7 x 4.096 us x 2^23, qp_timeout)") !=
         std::string::npos);
-  d.retire_grace_ms = 0;  // a box from before the floor: resends could enter a new ring
+  d.retire_grace_ms = 0;  // resends of an ended job could enter a new ring
   CHECK(box_unfit(t, 2000, 14).find("after 0 ms") != std::string::npos);
   d.retire_grace_ms = "60000";
   CHECK(box_unfit(t, 2000, 14).find("after ? ms") != std::string::npos);
