@@ -85,7 +85,8 @@ QP_RETRY_ERROR = (r"rank %(r)d: write of message id \d+ to successor rank \d fai
                   r"\(transport retry counter exceeded, status 12\)")
 DEADLINE_OR_QP_ERROR = (r"rank %(r)d: all-reduce \(ina path, ring \d+\) timed out after \d+ ms at message \d+ "
                         r"of \d+: .*(predecessor|successor) rank \d|" + QP_RETRY_ERROR)
-BYPASS_ERROR = (r"rank %(r)d: (message id \d+ from predecessor rank \d fails the box's seal|from predecessor "
+BYPASS_ERROR = (r"rank %(r)d: (message id \d+ from predecessor rank \d (fails the box's seal|has a wrong INA "
+                r"header or length)|from predecessor "
                 r"rank \d: immediate 0x[0-9a-f]+ for message id \d+, not sent yet by this rank \(the predecessor's raw "
                 r"write: box bypassed\?\))|" + DEADLINE_OR_QP_ERROR)
 AFTER_RESTART = ["-d", "fp32", "-o", "sum", "-b", "8", "-e", "32K", "-f", "8", "-n", "1", "-w", "0", "-c", "1"]
@@ -637,7 +638,8 @@ def bypass_mid_job(lab, a, daemon, rep):
     ring): the box forwards the running job's WRITEs raw, as a bypass relay
     would. No rank may take its predecessor's data for a result: each fails,
     by the box's seal, by a raw write of a message it has not sent yet (its
-    predecessor ran ahead), or by its deadline once its predecessor stopped;
+    predecessor ran ahead) or of a later message over the header it was
+    reading, or by its deadline once its predecessor stopped;
     at least one names the seal."""
     seen = []
 
