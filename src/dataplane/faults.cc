@@ -47,8 +47,7 @@ void FaultTable::size_hits(unsigned workers) {
 
 uint64_t FaultTable::hits_of(unsigned rule, unsigned workers) const noexcept {
   uint64_t sum = 0;
-  for (unsigned w = 0; w < workers; ++w)
-    sum += hits[w * lines + rule / 8].n[rule % 8].load(std::memory_order_relaxed);
+  for (unsigned w = 0; w < workers; ++w) sum += hit(w, rule).load(std::memory_order_relaxed);
   return sum;
 }
 
@@ -113,14 +112,14 @@ unsigned inject_faults(Lcore& lc, const FaultTable& t, engine::Frame* frames, un
         out[k++] = held;
         held_rule = -1;
         ++w.stats.reasons[held.pkt.meta][index(Reason::fault_reorder)];
-        t.hits[w.index * t.lines + r / 8].n[r % 8].fetch_add(1, std::memory_order_relaxed);
+        t.hit(w.index, static_cast<unsigned>(r)).fetch_add(1, std::memory_order_relaxed);
       }
       continue;
     }
     auto* m = static_cast<rte_mbuf*>(f.pkt.handle);
     const unsigned slot = f.pkt.meta;
     // Only this worker writes its line: a relaxed add is a plain add.
-    auto& hits = t.hits[w.index * t.lines + static_cast<unsigned>(r) / 8].n[r % 8];
+    auto& hits = t.hit(w.index, static_cast<unsigned>(r));
     switch (t.rules[r].kind) {
       case FaultKind::drop:
         ++w.stats.reasons[slot][index(Reason::fault_drop)];

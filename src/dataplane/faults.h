@@ -93,7 +93,8 @@ struct FaultTable {
   unsigned lines = 0;  // per worker: rules rounded up to 8
   std::unique_ptr<Line[]> hits;
   void size_hits(unsigned workers);
-  std::atomic<uint64_t>& hit(unsigned worker, unsigned rule) noexcept {
+  // Only worker `worker` adds to its counters (relaxed), on a published table.
+  std::atomic<uint64_t>& hit(unsigned worker, unsigned rule) const noexcept {
     return hits[worker * lines + rule / 8].n[rule % 8];
   }
   uint64_t hits_of(unsigned rule, unsigned workers) const noexcept;

@@ -396,6 +396,14 @@ def port1_tx(ctl):
     return sum(w["tx_packets"][1] for w in ctl(cmd="stats")["workers"])
 
 
+def wait_port1_tx(ctl, timeout, packets=1000):
+    """Waits until a looping input has sent `packets` out of port 1."""
+    deadline = time.time() + timeout
+    while port1_tx(ctl) < packets:
+        assert time.time() < deadline, "no traffic from the looping input"
+        time.sleep(0.05)
+
+
 def stop_by(proc, ctl=None, sig=None, timeout=30):
     """Stops the box by "shutdown" (or a signal); returns (stdout, stderr); fails on a bad exit."""
     try:
@@ -465,10 +473,7 @@ def lcore_stalls_scenario(tmp, in_pcap):
                                     extra={"idle_sleep_max_us": 0})  # pure polling: always busy
     with dump_box_on_failure(proc):
         ctl = Control(sock)
-        deadline = time.time() + 20
-        while port1_tx(ctl) < 1000:
-            assert time.time() < deadline, "no traffic from the looping input"
-            time.sleep(0.05)
+        wait_port1_tx(ctl, 20)
         w0 = ctl(cmd="stats")["workers"][0]
         for _ in range(20):
             proc.send_signal(signal.SIGSTOP)
@@ -1684,10 +1689,7 @@ def faults_reorder_scenario(tmp, in_pcap, rng):
                                     extra={"faults": {"enabled": True}})
     with dump_box_on_failure(proc):
         ctl = Control(sock)
-        deadline = time.time() + 30
-        while port1_tx(ctl) < 1000:
-            assert time.time() < deadline, "no traffic from the looping input"
-            time.sleep(0.05)
+        wait_port1_tx(ctl, 30)
         assert ctl(cmd="set_fault", ring=1, kind="reorder", fraction=1.0, duration_ms=60000)["ok"]
         time.sleep(1.0)
         listed = ctl(cmd="list_faults")["faults"]
