@@ -23,7 +23,11 @@ DDP hook (allreduce_hook, HookState): divides the bucket by the world size
 torch.futures.Future that a completion thread (one per HookState) completes
 when the library finishes: buckets overlap with the backward pass and with
 each other (the library runs calls in order, so one FIFO thread suffices;
-ctypes drops the GIL while it waits).
+ctypes drops the GIL while it waits). A failed call reaches backward() as a
+RuntimeError carrying the library's message: the future handed to torch is
+a then() of the one the thread completes, and its callback raises. (torch
+1.13 crashes the process when DDP's reducer meets a Future whose exception
+was set from Python with set_exception.)
 
 c10d backend "netreduce" (registered on import): a Python subclass of
 torch.distributed.ProcessGroup (torch 1.13's PyProcessGroup trampoline, so
@@ -126,6 +130,15 @@ def rendezvous(store, rank, world, device=None, gid_index=-1, use_ring=False, **
     return comm, comm.path_reason
 
 
+def _unwrap(fut):
+    """then() callback: the call's value, or its error raised (torch turns it
+    into the RuntimeError its waiters see)."""
+    error, value = fut.value()
+    if error is not None:
+        raise error
+    return value
+
+
 class _Completer:
     """One thread completing futures in the order their requests were started.
     Counts what it completed: calls, data bytes and busy seconds (the union
@@ -140,25 +153,32 @@ class _Completer:
         self.t = threading.Thread(target=self._run, name="netreduce-completer", daemon=True)
         self.t.start()
 
-    def submit(self, req, fut, value, nbytes):
-        self.q.put((req, fut, value, nbytes, time.monotonic()))
+    def submit(self, reqs, value, nbytes):
+        """A torch future of the requests (one call's, started in order):
+        `value` once all finished, else the first one's error raised."""
+        done = torch.futures.Future()
+        self.q.put((reqs, done, value, nbytes, time.monotonic()))
+        return done.then(_unwrap)
 
     def _run(self):
         while True:
             item = self.q.get()
             if item is None:
                 return
-            req, fut, value, nbytes, start = item
-            try:
-                req.wait()
-                done = time.monotonic()
-                self.busy_seconds += done - max(start, self._last_done)
-                self._last_done = done
+            reqs, done, value, nbytes, start = item
+            error = None
+            for req in reqs:  # every one waited for: none is running afterwards
+                try:
+                    req.wait()
+                except Exception as e:
+                    error = error or e
+            if error is None:
+                now = time.monotonic()
+                self.busy_seconds += now - max(start, self._last_done)
+                self._last_done = now
                 self.calls += 1
                 self.bytes += nbytes
-                fut.set_result(value)
-            except BaseException as e:  # delivered to whoever waits on the future
-                fut.set_exception(e)
+            done.set_result((error, None if error else value))
 
     def stats(self):
         """{"calls", "bytes", "busy_seconds"} completed so far."""
@@ -229,10 +249,8 @@ def allreduce_hook(state, bucket):
         _say_once(("hook", state.reason), "DDP hook falls back to the process group's all_reduce: " + state.reason)
         work = dist.all_reduce(buf, group=state.process_group, async_op=True)
         return work.get_future().then(lambda f: f.value()[0])
-    fut = torch.futures.Future()
     req = state.comm.allreduce_async(buf, "sum")
-    state._completer.submit(req, fut, buf, buf.numel() * buf.element_size())
-    return fut
+    return state._completer.submit([req], buf, buf.numel() * buf.element_size())
 
 
 # ---------------------------------------------------------------------------
@@ -293,11 +311,8 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
         if self.comm is None:
             _say_once(("backend", self.reason), "backend falls back to Gloo's all_reduce: " + self.reason)
         elif self._usable(tensors, op):
-            fut = torch.futures.Future()
             reqs = [self.comm.allreduce_async(t, _OPS[op]) for t in tensors]
-            for r, t in zip(reqs[:-1], tensors):
-                self._completer.submit(r, torch.futures.Future(), None, t.numel() * t.element_size())
-            self._completer.submit(reqs[-1], fut, tensors, tensors[-1].numel() * tensors[-1].element_size())
+            fut = self._completer.submit(reqs, tensors, sum(t.numel() * t.element_size() for t in tensors))
             self.netreduce_calls += 1
             return _create_work_from_future(fut)
         self.delegated_calls += 1

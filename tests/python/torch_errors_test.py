@@ -1,0 +1,96 @@
+#!/usr/bin/python3
+"""netreduce.torch when a netreduce call fails: backward() raises a
+RuntimeError carrying the library's message, and the process lives on.
+
+A one-rank DDP training whose communicator is a stand-in (rendezvous()
+replaced before the group or hook is built) that fails each all-reduce the
+way the library does: when the call is waited for (a transport error or a
+deadline, found by the completion thread) or when it is started (a
+communicator already unusable). Both the c10d backend and the DDP hook, each
+in its own process: torch 1.13's reducer crashes the whole process when it
+meets a Future whose exception was set from Python, so a crash here is a
+test failure, not a lost test runner."""
+import faulthandler
+import os
+import sys
+import tempfile
+import unittest
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import netreduce
+
+MESSAGES = {
+    "wait": "rank 0: ring 7: receive from predecessor rank 2 failed at message id 0x00000003",
+    "start": "communicator unusable after: rank 0: all-reduce timed out after 60000 ms",
+}
+
+
+class FailingRequest:
+    def wait(self):
+        raise netreduce.TransportError(4, MESSAGES["wait"])
+
+
+class FailingCommunicator:
+    path, path_reason = "ina", "a stand-in box"
+
+    def __init__(self, where):
+        self.where, self.started = where, 0
+
+    def allreduce_async(self, buf, op):
+        self.started += 1
+        if self.where == "start":
+            raise netreduce.TimeoutError(3, MESSAGES["start"])
+        return FailingRequest()
+
+    def close(self):
+        pass
+
+
+def worker(_, where, variant, init, out):
+    faulthandler.enable(all_threads=True)
+    import netreduce.torch as nrt
+    comm = FailingCommunicator(where)
+    nrt.rendezvous = lambda *a, **k: (comm, comm.path_reason)
+    dist.init_process_group("netreduce" if variant == "backend" else "gloo", init_method=init, rank=0,
+                            world_size=1)
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(10, 4))
+    if variant == "hook":
+        ddp.register_comm_hook(nrt.HookState(), nrt.allreduce_hook)
+    try:
+        ddp(torch.randn(2, 10)).sum().backward()
+        result = "no error"
+    except RuntimeError as e:
+        result = str(e)
+    with open(out, "w") as f:
+        f.write("%d\n%s" % (comm.started, result))
+
+
+class FailedCall(unittest.TestCase):
+    def check(self, where, variant):
+        with tempfile.TemporaryDirectory(prefix="netreduce-torch-errors-") as tmp:
+            out = os.path.join(tmp, "result")
+            mp.spawn(worker, args=(where, variant, "file://" + os.path.join(tmp, "store"), out), nprocs=1,
+                     join=True)  # a crashed process raises ProcessExitedException
+            with open(out) as f:
+                started, result = f.read().split("\n", 1)
+        self.assertEqual(started, "1", "the one bucket's all-reduce was not started through netreduce")
+        self.assertIn(MESSAGES[where], result)
+
+    def test_backend_call_fails_when_waited_for(self):
+        self.check("wait", "backend")
+
+    def test_hook_call_fails_when_waited_for(self):
+        self.check("wait", "hook")
+
+    def test_backend_call_fails_to_start(self):
+        self.check("start", "backend")
+
+    def test_hook_call_fails_to_start(self):
+        self.check("start", "hook")
+
+
+if __name__ == "__main__":
+    sys.exit(unittest.main(verbosity=2))
