@@ -217,18 +217,23 @@ def run_scenario(a):
             env = {"PYTHONPATH": a.pythonpath, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
                    "MASTER_ADDR": g0.ip, "MASTER_PORT": STORE_PORT,
                    "NETREDUCE_DAEMON": daemon.url, "NETREDUCE_TOKEN_FILE": daemon.token_file}
-            t = time.monotonic()
-            jobs = [g.spawn(["/usr/bin/python3", os.path.abspath(__file__), "--worker", "--rank", r,
-                             "--master", g0.ip, "--gid-index", g.gid_index], env=env)
-                    for r, g in enumerate(lab.guests)]
-            results = [j.wait(WORKER_TIMEOUT) for j in jobs]
-            report.figure("training job wall time (import torch included)", "%.1f" % (time.monotonic() - t), "s")
-            if any(x.rc != 0 for x in results):
-                last = ["rank %d: %s" % (r, (x.err.strip().splitlines() or ["(no stderr)"])[-1])
-                        for r, x in enumerate(results)]
-                raise Failed("ranks exited %s\n%s\n%s" % ([x.rc for x in results], "\n".join(last), "\n".join(
-                    "--- rank %d stderr\n%s\n--- stdout\n%s" % (r, x.err[-3000:], x.out[-1000:])
-                    for r, x in enumerate(results))))
+
+            def training_job():
+                t = time.monotonic()
+                jobs = [g.spawn(["/usr/bin/python3", os.path.abspath(__file__), "--worker", "--rank", r,
+                                 "--master", g0.ip, "--gid-index", g.gid_index], env=env)
+                        for r, g in enumerate(lab.guests)]
+                results = [j.wait(WORKER_TIMEOUT) for j in jobs]
+                report.figure("training job wall time (import torch included)", "%.1f" % (time.monotonic() - t),
+                              "s")
+                if any(x.rc != 0 for x in results):
+                    last = ["rank %d: %s" % (r, (x.err.strip().splitlines() or ["(no stderr)"])[-1])
+                            for r, x in enumerate(results)]
+                    raise Failed("ranks exited %s\n%s\n%s" % ([x.rc for x in results], "\n".join(last), "\n".join(
+                        "--- rank %d stderr\n%s\n--- stdout\n%s" % (r, x.err[-3000:], x.out[-1000:])
+                        for r, x in enumerate(results))))
+
+            nrlab.run_step(lab, [report], training_job)
             outs = [torch.load(os.path.join(g.dir, "torch-result-%d.pt" % r)) for r, g in enumerate(lab.guests)]
             rings = {}
             for name in ("checks", "ina", "hook"):  # counters while the rings are still leased
