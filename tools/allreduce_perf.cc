@@ -371,6 +371,9 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
         "# order check: %zu elements against the nested rule (local ranks in local order, then "
         "%u hosts in ring order); %zu of them differ under the other nesting\n",
         order_checked, hosts, order_other);
+  if (comm.failovers() > 0)
+    std::printf("# rank %d: failovers %d, path now %s (%s)\n", rank, comm.failovers(),
+                to_string(comm.path()), comm.path_reason().c_str());
   if (rank == 0)
     std::printf("# errors: %zu, status: %s\n", total_errors,
                 status == 0 && total_errors == 0 ? "ok" : "FAILED");

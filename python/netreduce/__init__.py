@@ -15,7 +15,7 @@ threads (the DDP hook's completion thread relies on it).
         op_timeout_ms=5000. Rank 0 listens at `bootstrap`.
     .allreduce(buf, op="sum")        in place, blocking
     .allreduce_async(buf, op="sum")  -> Request (.wait(), .test())
-    .path ("ina" or "ring"), .path_reason, .ring_id, .rings, .rank, .world,
+    .path ("ina" or "ring"), .path_reason, .failovers, .ring_id, .rings, .rank, .world,
     .local_rank, .local_size
     .close() / with-statement
 
@@ -269,6 +269,12 @@ class Communicator:
     def rings(self):
         """How many rings (stripes) the communicator runs side by side."""
         return int(_lib.lib().nr_comm_rings(self._handle()))
+
+    @property
+    def failovers(self):
+        """INA calls finished on the ring path so far (after the first, .path
+        is "ring" and .path_reason says why)."""
+        return int(_lib.lib().nr_comm_failovers(self._handle()))
 
     @property
     def local_rank(self):

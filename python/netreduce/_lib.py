@@ -108,6 +108,7 @@ def lib():
             "nr_comm_rings": (I, [P]),
             "nr_comm_local_rank": (I, [P]),
             "nr_comm_local_size": (I, [P]),
+            "nr_comm_failovers": (I, [P]),
             "nr_last_error": (ctypes.c_char_p, []),
             "nr_status_string": (ctypes.c_char_p, [I]),
         }

@@ -199,8 +199,15 @@ class _CommOwner:
 
     @property
     def path(self):
-        """"ina", "ring" (the library's ring) or "fallback" (the group's own all_reduce)."""
+        """"ina", "ring" (the library's ring; also after a failover) or
+        "fallback" (the group's own all_reduce)."""
         return self.comm.path if self.comm is not None else "fallback"
+
+    @property
+    def failovers(self):
+        """Calls the library finished on the ring path after the INA path
+        failed (each switch is also logged on stderr)."""
+        return self.comm.failovers if self.comm is not None else 0
 
     def stats(self):
         """What went through netreduce: calls, bytes, busy_seconds."""

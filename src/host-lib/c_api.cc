@@ -211,6 +211,7 @@ int nr_comm_rank(const nr_comm* comm) { return comm && comm->c ? comm->c->rank()
 int nr_comm_world(const nr_comm* comm) { return comm && comm->c ? comm->c->world() : -1; }
 uint32_t nr_comm_ring_id(const nr_comm* comm) { return comm && comm->c ? comm->c->ring_id() : 0; }
 int nr_comm_rings(const nr_comm* comm) { return comm && comm->c ? comm->c->rings() : -1; }
+int nr_comm_failovers(const nr_comm* comm) { return comm && comm->c ? comm->c->failovers() : -1; }
 int nr_comm_local_rank(const nr_comm* comm) { return comm && comm->c ? comm->c->local_rank() : -1; }
 int nr_comm_local_size(const nr_comm* comm) { return comm && comm->c ? comm->c->local_size() : -1; }
 

@@ -14,8 +14,6 @@ namespace netreduce::host {
 
 namespace {
 
-constexpr unsigned kPollBatch = 16;
-
 std::string ms_since(Clock::time_point start) {
   return std::to_string(
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count());
@@ -94,6 +92,8 @@ Error Collective::create(Transport& transport, const CollectiveConfig& cfg,
                              std::to_string(256 * (P - 1)) + ")");
   }
   c->rings_.resize(R);
+  c->path_.store(cfg.path);
+  c->reasons_.push_back(cfg.reason);
   c->stage_.resize(slot);
   c->send_ring_bytes_ = size_t{cfg.window} * slot;
   c->work_ring_bytes_ = size_t{P} * std::max<size_t>(c->ring_stride_, 64);
@@ -151,16 +151,11 @@ std::string Collective::ring_tag(unsigned i, const StripeRange& s, size_t esize)
   return rings() > 1 ? ring_name(i, s, esize) + ": " : std::string();
 }
 
-Error Collective::allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
-                            Clock::time_point deadline) {
-  return cfg_.path == Path::ina ? ina_allreduce(send, recv, count, t, op, deadline)
-                                : ring_allreduce(send, recv, count, t, op, deadline);
-}
-
 // ---------------------------------------------------------------- INA path
 
 Error Collective::ina_allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
                                 Clock::time_point deadline) {
+  last_ = {};
   if (!failed_.ok())
     return Error::make(failed_.code, "communicator unusable after: " + failed_.message);
   if (Error e = check_args(send, recv, count, t, op)) return e;
@@ -172,6 +167,7 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
     MessagePlan plan;
     Window w;
     uint32_t base = 0;
+    uint32_t copied = 0, received = 0;  // messages copied out, receives completed
   };
   std::array<Stripe, kMaxRings> st;
   size_t total = 0;
@@ -194,13 +190,27 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
   auto* dst = static_cast<uint8_t*>(recv);
   const std::string who = "rank " + std::to_string(t_.rank()) + ": ";
 
-  // A message that fails the box's seal ends the call, but only once what is
-  // in flight has come back (no new message is sent): the transport is then
-  // as quiet as after a call that succeeded, and the caller may go on over
-  // it (the probe's ring path).
+  // Data no box sealed (a failed seal; with failover on also a raw write
+  // ahead of this rank or a wrong header) ends the call once what is in
+  // flight is back (no new message is sent). Without failover that is
+  // every result of what this rank sent: the transport is then as quiet as
+  // after a call that succeeded (the probe's ring path goes on over it).
+  // With failover, the predecessor may have sent more or fewer messages
+  // than this rank: only this rank's writes are awaited here, the receives
+  // once the ranks have agreed (failover.cc).
   Error unsealed;
-  const auto drained = [](const Window& w) {
-    return w.results_received() == w.next_send() && w.writes_completed() == w.next_send();
+  const bool failover = static_cast<bool>(exchange_);
+  const auto drained = [failover](const Window& w) {
+    return w.writes_completed() == w.next_send() &&
+           (failover || w.results_received() == w.next_send());
+  };
+  const auto record = [&](bool recoverable) {
+    for (unsigned g = 0; g < R; ++g) {
+      last_.copied[g] = st[g].copied;
+      last_.sent[g] = static_cast<uint32_t>(st[g].w.next_send());
+      last_.received[g] = st[g].received;
+    }
+    last_.recoverable = recoverable;
   };
   Completion comps[kPollBatch];
   for (;;) {
@@ -229,10 +239,20 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
       }
       finished = finished && (unsealed.ok() ? k.w.finished() : drained(k.w));
     }
-    if (finished) return unsealed.ok() ? Error{} : fail(unsealed);
+    if (finished) {
+      record(!unsealed.ok());
+      return unsealed.ok() ? Error{} : fail(unsealed);
+    }
     unsigned n = 0;
     if (Error e = t_.poll(comps, kPollBatch, n, deadline)) return fail(e);
     if (n == 0) {
+      // Results missing with every write of this rank acknowledged: a
+      // predecessor that stopped sending (it met raw data); the transport is
+      // sound, so failover may finish the call. Writes missing: it is not.
+      bool writes_back = true;
+      for (unsigned g = 0; g < R; ++g)
+        writes_back = writes_back && st[g].w.writes_completed() == st[g].w.next_send();
+      record(failover && writes_back);
       if (!unsealed.ok()) return fail(unsealed);  // the first cause, not the drain's timeout
       std::string what;
       for (unsigned g = 0; g < R; ++g) {
@@ -286,32 +306,53 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
       }
       const size_t i = k.w.results_received();
       const uint32_t id = k.base + static_cast<uint32_t>(i);
-      if (!c.ok)
+      if (!c.ok) {
+        record(false);
         return fail(Error::make(ErrorCode::transport,
                                 who + ring() + "receive of message id " + std::to_string(id) +
                                     " from predecessor rank " + std::to_string(t_.predecessor()) +
                                     " failed (" + c.what + ", status " +
                                     std::to_string(c.vendor_status) + ")"));
-      if (i >= k.w.next_send())
-        return fail(Error::make(ErrorCode::transport,
-                                who + ring() + "from predecessor rank " +
-                                    std::to_string(t_.predecessor()) + ": immediate " + hex(c.imm) +
-                                    " for message id " + std::to_string(id) +
-                                    ", not sent yet by this rank (the "
-                                    "predecessor's raw write: box bypassed?)"));
+      }
+      ++k.received;
+      // Raw data, not the box's: ends the call (with failover, once this
+      // rank's writes are back; without, at once).
+      const auto raw = [&](Error e) -> Error {
+        if (!failover) {
+          record(false);
+          return fail(std::move(e));
+        }
+        if (unsealed.ok()) unsealed = std::move(e);
+        return {};
+      };
+      if (i >= k.w.next_send()) {
+        if (!unsealed.ok()) continue;  // draining: the predecessor was ahead
+        if (Error e = raw(Error::make(ErrorCode::transport,
+                                      who + ring() + "from predecessor rank " +
+                                          std::to_string(t_.predecessor()) + ": immediate " +
+                                          hex(c.imm) + " for message id " + std::to_string(id) +
+                                          ", not sent yet by this rank (the "
+                                          "predecessor's raw write: box bypassed?)")))
+          return e;
+        continue;
+      }
       const uint8_t* r = t_.recv_region(c.lane).addr + (i % N) * slot;
       const size_t want = kInaHeaderBytes + k.plan.data_bytes(i);
       const auto hdr = wire::ina_decode(r, c.byte_len);
-      if (c.byte_len != want || !hdr || hdr->msg_id != id ||
-          hdr->dtype != static_cast<uint8_t>(t) || hdr->op != static_cast<uint8_t>(op) ||
-          hdr->ring_id != cfg_.ring_id(c.lane))
-        return fail(Error::make(
-            ErrorCode::transport,
-            who + ring() + "message id " + std::to_string(id) + " from predecessor rank " +
-                std::to_string(t_.predecessor()) + " has a wrong INA header or length (" +
-                std::to_string(c.byte_len) + " bytes, expected " + std::to_string(want) + ")"));
       if (!unsealed.ok()) {
         (void)k.w.result_received(i);  // draining: nothing more is copied out
+        continue;
+      }
+      if (c.byte_len != want || !hdr || hdr->msg_id != id ||
+          hdr->dtype != static_cast<uint8_t>(t) || hdr->op != static_cast<uint8_t>(op) ||
+          hdr->ring_id != cfg_.ring_id(c.lane)) {
+        if (Error e = raw(Error::make(
+                ErrorCode::transport,
+                who + ring() + "message id " + std::to_string(id) + " from predecessor rank " +
+                    std::to_string(t_.predecessor()) + " has a wrong INA header or length (" +
+                    std::to_string(c.byte_len) + " bytes, expected " + std::to_string(want) + ")")))
+          return e;
+        (void)k.w.result_received(i);
         continue;
       }
       // The box's seal (docs/design.md#result-digests), checked on a
@@ -324,6 +365,7 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
       const uint32_t crc = wire::crc32(0, stage_.data(), bytes);
       if ((c.imm ^ crc) == id) {
         std::memcpy(dst + (k.s.first + k.plan.first_elem(i)) * es, stage_.data(), bytes);
+        ++k.copied;
       } else {
         failed_seal_ = true;
         unsealed = Error::make(

@@ -31,12 +31,19 @@
 //   credit messages. A receive that comes before its step waits in a queue.
 // - A timeout or transport error leaves the ranks out of step: later calls
 //   fail with the first error, which names the ring and the message.
+// - Failover (failover.cc, once set_exchange was called): an INA call that
+//   met data no box sealed is finished on the ring path by every rank
+//   together, agreeing over the exchange; calls then take the ring path.
 // The box reduces each stripe in rank order, so INA results equal the
 // unstriped ones; ring-path float sums follow chunk order and depend on R.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -61,12 +68,22 @@ struct CollectiveConfig {
 // Receive-region bytes a configuration needs per lane (at least ring_buffer_bytes).
 size_t recv_region_bytes(const CollectiveConfig& cfg, unsigned world, size_t ring_buffer_bytes);
 
+inline constexpr unsigned kPollBatch = 16;  // completions taken per poll
+
+// Out-of-band allgather among the ring's ranks (the bootstrap connection):
+// every rank's blob in rank order, within the deadline. Failover uses it to
+// agree on a failed call (failover.cc).
+using Exchange = std::function<Error(const std::string& mine, std::vector<std::string>& all,
+                                     Clock::time_point deadline)>;
+
 class Collective {
  public:
   static Error create(Transport& transport, const CollectiveConfig& cfg,
                       std::unique_ptr<Collective>& out);
   ~Collective();
 
+  // On the path in use; an INA call that fails is finished on the ring path
+  // when failover is on (set_exchange) and every rank can (failover.cc).
   Error allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
                   Clock::time_point deadline);
   // Same, forcing the ring algorithm (tests; also what the ring path runs).
@@ -80,6 +97,15 @@ class Collective {
   static Error check_args(const void* send, void* recv, size_t count, DataType t, Op op);
 
   const CollectiveConfig& config() const noexcept { return cfg_; }
+  // Turns failover on (a ring without local ranks, after the probe).
+  void set_exchange(Exchange x) { exchange_ = std::move(x); }
+  // The path calls take now: config().path until a failover, then ring.
+  Path path() const noexcept { return path_.load(std::memory_order_acquire); }
+  // Failovers so far, and why the path is what it is (config().reason until
+  // the first failover, then the last one's reason; the reference stays
+  // valid while the collective lives).
+  unsigned failovers() const noexcept { return failovers_.load(std::memory_order_acquire); }
+  const std::string& path_reason() const;
   // The call that made this collective unusable failed on a result the box
   // had not sealed (the error says which message).
   bool failed_seal() const noexcept { return failed_seal_; }
@@ -88,6 +114,9 @@ class Collective {
  private:
   Collective(Transport& t, const CollectiveConfig& cfg);
   Error fail(Error e);
+  Error fail_over(const void* send, void* recv, size_t count, DataType t, Op op,
+                  Clock::time_point deadline, const Error& cause);
+  Error drain_receives(const std::vector<uint32_t>& expected, Clock::time_point deadline);
   // "ring i of R (id X, stripe bytes [a, b))" for errors.
   std::string ring_name(unsigned i, const StripeRange& s, size_t esize) const;
   // That and ": " with R > 1; empty with one ring (its errors name no
@@ -113,6 +142,21 @@ class Collective {
   std::vector<uint8_t> stage_;  // INA path: a result while its seal is checked
   Error failed_{};
   bool failed_seal_ = false;
+
+  // The last INA call, per ring: messages copied out (a prefix), sent, and
+  // receives completed; `recoverable`: it failed on data no box sealed with
+  // every write of this rank acknowledged (the transport is sound).
+  struct InaOutcome {
+    std::array<uint32_t, kMaxRings> copied{}, sent{}, received{};
+    bool recoverable = false;
+  };
+  InaOutcome last_{};
+  Exchange exchange_;
+  uint64_t calls_ = 0;  // allreduce calls so far (every rank alike)
+  std::atomic<Path> path_{Path::ring};
+  std::atomic<unsigned> failovers_{0};
+  mutable std::mutex reason_mu_;
+  std::deque<std::string> reasons_;  // config().reason, then one per failover
 };
 
 // Checks that the box really is on the path before the INA path is trusted:

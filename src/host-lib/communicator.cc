@@ -74,7 +74,7 @@ void Communicator::Impl::run() {
 Error Communicator::Impl::submit(const void* send, void* recv, size_t count, DataType t, Op op,
                                  int timeout_ms, std::shared_ptr<AllreduceHandle::State>& out) {
   auto st = std::make_shared<AllreduceHandle::State>();
-  st->path = collective->config().path;
+  st->path = collective->path();
   const int ms = timeout_ms < 0 ? options.op_timeout_ms : timeout_ms;
   {
     std::lock_guard lk(mu_);
@@ -129,9 +129,12 @@ int Communicator::local_size() const noexcept {
 int Communicator::host() const noexcept {
   return impl_->local ? static_cast<int>(impl_->host) : static_cast<int>(impl_->transport->rank());
 }
-Path Communicator::path() const noexcept { return impl_->collective->config().path; }
+Path Communicator::path() const noexcept { return impl_->collective->path(); }
 const std::string& Communicator::path_reason() const noexcept {
-  return impl_->collective->config().reason;
+  return impl_->collective->path_reason();
+}
+int Communicator::failovers() const noexcept {
+  return static_cast<int>(impl_->collective->failovers());
 }
 uint32_t Communicator::ring_id() const noexcept { return impl_->collective->config().ring_id(0); }
 int Communicator::rings() const noexcept { return static_cast<int>(impl_->collective->rings()); }

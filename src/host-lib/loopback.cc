@@ -1,8 +1,10 @@
 #include "host-lib/loopback.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <random>
 #include <set>
@@ -66,6 +68,18 @@ struct LoopbackFabric::Impl {
   std::function<bool(unsigned, unsigned, uint32_t, uint32_t)> cfg_bypass;  // LoopbackConfig::bypass
   std::vector<uint64_t> host_payload;  // INA payload bytes each host sent into the box
   unsigned installed = 0;  // rings installed in the box (ids ring.ring_id + 0..installed-1)
+
+  // exchange(): round k of each rank is its k-th call; a round is erased
+  // once every rank has read it. Its own lock: callers hold no other.
+  std::mutex x_mu;
+  std::condition_variable x_cv;
+  struct Round {
+    std::vector<std::string> blobs;
+    std::vector<bool> in;
+    unsigned reads = 0;
+  };
+  std::map<uint64_t, Round> x_rounds;
+  std::vector<uint64_t> x_next;  // per rank
 
   ~Impl() {
     for (FrameRec* f : frames) delete f;
@@ -342,6 +356,34 @@ Error LoopbackFabric::transport(unsigned rank, std::unique_ptr<Transport>& out) 
   return {};
 }
 
+Error LoopbackFabric::exchange(unsigned rank, const std::string& mine,
+                               std::vector<std::string>& all, Clock::time_point deadline) {
+  const unsigned P = cfg_.world * cfg_.local_size;
+  if (rank >= P) return Error::make(ErrorCode::invalid_argument, "exchange: rank out of range");
+  Impl& m = *impl_;
+  std::unique_lock lk(m.x_mu);
+  if (m.x_next.empty()) m.x_next.assign(P, 0);
+  const uint64_t k = m.x_next[rank]++;
+  Impl::Round& r = m.x_rounds[k];
+  if (r.blobs.empty()) {
+    r.blobs.resize(P);
+    r.in.assign(P, false);
+  }
+  r.blobs[rank] = mine;
+  r.in[rank] = true;
+  m.x_cv.notify_all();
+  const auto complete = [&] { return std::count(r.in.begin(), r.in.end(), true) == P; };
+  if (!m.x_cv.wait_until(lk, deadline, complete)) {
+    unsigned missing = 0;
+    while (r.in[missing]) ++missing;
+    return Error::make(ErrorCode::timeout, "exchange: rank " + std::to_string(missing) +
+                                               " did not take part before the deadline");
+  }
+  all = r.blobs;
+  if (++r.reads == P) m.x_rounds.erase(k);
+  return {};
+}
+
 uint64_t LoopbackFabric::host_bytes_into_box(unsigned host) const {
   std::lock_guard lk(impl_->mu);
   return host < impl_->host_payload.size() ? impl_->host_payload[host] : 0;
@@ -416,6 +458,12 @@ Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Op
     impl->global_world = static_cast<int>(fabric.config().world * n);
     impl->host = host;
   }
+  if (n == 1 && box)
+    impl->collective->set_exchange([&fabric, rank](const std::string& mine,
+                                                   std::vector<std::string>& all,
+                                                   Clock::time_point deadline) {
+      return fabric.exchange(rank, mine, all, deadline);
+    });
   out = std::make_unique<Communicator>(std::move(impl));
   return {};
 }

@@ -69,6 +69,11 @@ class LoopbackFabric {
   Error transport(unsigned rank, std::unique_ptr<Transport>& out);
 
   const LoopbackConfig& config() const noexcept { return cfg_; }
+
+  // The bootstrap's allgather for failover (collective.h's Exchange): rank's
+  // k-th call meets every other rank's k-th; thread-safe.
+  Error exchange(unsigned rank, const std::string& mine, std::vector<std::string>& all,
+                 Clock::time_point deadline);
   static uint32_t rank_ip(unsigned rank) noexcept { return 0x0A000001u + rank; }
 
   // Box statistics (zero without a box).

@@ -691,8 +691,15 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
     impl->global_world = world;
     impl->host = loc.host;
   }
-  impl->close_barrier = [b = std::shared_ptr<Bootstrap>(std::move(boot)),
-                         ms = std::max(options.op_timeout_ms, 1000)] {
+  std::shared_ptr<Bootstrap> b = std::move(boot);
+  // Failover (docs/design.md#failover) agrees over the bootstrap, which
+  // connects every rank: one ring of them, so not with local ranks.
+  if (n == 1 && impl->collective->path() == Path::ina)
+    impl->collective->set_exchange(
+        [b](const std::string& mine, std::vector<std::string>& all, Clock::time_point dl) {
+          return b->allgather(mine, all, dl);
+        });
+  impl->close_barrier = [b, ms = std::max(options.op_timeout_ms, 1000)] {
     std::vector<std::string> all;
     (void)b->allgather("", all, Clock::now() + std::chrono::milliseconds(ms));
   };

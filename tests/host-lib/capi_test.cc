@@ -48,6 +48,7 @@ TEST_CASE("C API: bad arguments are status codes with messages", "[hostlib][capi
   CHECK(o.delete_ring_at_close == 1);
   CHECK(o.lease_ms == d.lease_ms);
   CHECK(nr_comm_ring_id(nullptr) == 0);
+  CHECK(nr_comm_failovers(nullptr) == -1);
 }
 
 TEST_CASE("C API: no RDMA device", "[hostlib][capi]") {

@@ -532,40 +532,69 @@ TEST_CASE("probe: the INA path is trusted only when the box is on the path", "[h
   }
 }
 
-TEST_CASE("a bypassed box: no rank copies out a result the box did not seal", "[hostlib][seal]") {
+// What a call finished by failover must hold on every rank when messages
+// [0, M) of its one stripe were sealed somewhere (the box's rank-order
+// result) and the rest went round the ring (the ring's order over that tail).
+std::vector<uint8_t> failover_reference(const std::vector<std::vector<uint8_t>>& in, DataType t,
+                                        Op op, size_t split_elems, size_t seg_max) {
+  const size_t es = element_size(t);
+  std::vector<uint8_t> out = rank_order_reference(in, t, op);
+  std::vector<std::vector<uint8_t>> tail;
+  for (const auto& v : in) tail.emplace_back(v.begin() + split_elems * es, v.end());
+  if (!tail[0].empty()) {
+    const auto ring = ring_order_reference(tail, t, op, seg_max);
+    std::copy(ring.begin(), ring.end(), out.begin() + split_elems * es);
+  }
+  return out;
+}
+
+TEST_CASE("a bypassed box: the call is finished on the ring path, or fails on every rank",
+          "[hostlib][seal][failover]") {
   // The shapes of a box that leaves the path while a call runs (a bypass
-  // relay, a withdrawn steering rule): packets of the call's last message
-  // reach their receivers as their senders wrote them. P = 3, three messages
-  // of 4 packets per call.
+  // relay, a withdrawn steering rule, a restart that forgot the ring): some
+  // packets of the call reach their receivers as their senders wrote them.
+  // P = 3, three messages (0-2) of 4 packets per call. Where every rank gets
+  // raw data with its own writes delivered, every rank finishes the call on
+  // the ring path: the messages some rank had sealed hold the box's result,
+  // the rest the ring's, the same bytes everywhere. Where the box keeps
+  // packets it can never complete (the loopback does not retransmit them
+  // as RC would), ranks time out, and every rank fails the call.
   struct Shape {
     const char* name;
-    bool (*skips)(unsigned sender, uint32_t k);  // for the last message's packets
-    bool whole_call;
+    bool (*skips)(unsigned sender, uint32_t msg, uint32_t k);
+    bool recovers;
+    int split;        // messages of the box's result when known, else -1
+    uint16_t window;  // 1: message 1 leaves only once message 0 came back (RC's order)
   };
   const Shape shapes[] = {
-      {"the whole call bypasses the box", [](unsigned, uint32_t) { return true; }, true},
-      {"the box goes mid-message", [](unsigned, uint32_t k) { return k >= 2; }, false},
-      {"only the header packet goes through", [](unsigned, uint32_t k) { return k >= 1; }, false},
-      {"steering flaps for one packet", [](unsigned s, uint32_t k) { return s == 0 && k == 1; },
-       false},
+      {"the whole call bypasses the box", [](unsigned, uint32_t, uint32_t) { return true; }, true,
+       0, 2},
+      {"the box leaves after the first message",
+       [](unsigned, uint32_t m, uint32_t) { return m >= 1; }, true, -1, 1},
+      {"the box goes mid-message",
+       [](unsigned, uint32_t m, uint32_t k) { return m == 2 && k >= 2; }, false, -1, 2},
+      {"only the header packet goes through",
+       [](unsigned, uint32_t m, uint32_t k) { return m == 2 && k >= 1; }, false, -1, 2},
+      {"steering flaps for one packet",
+       [](unsigned s, uint32_t m, uint32_t k) { return m == 2 && s == 0 && k == 1; }, false, -1, 2},
   };
   std::mt19937_64 rng(91);
   const unsigned P = 3;
   for (const Shape& shape : shapes) {
     INFO(shape.name);
     const Shape* armed = nullptr;
-    uint32_t first_id = 0, last_id = 0;
+    uint32_t first_id = 0;
     LoopbackConfig cfg = box_fabric(P, 4, 2, 256);
     cfg.bypass = [&](unsigned sender, unsigned, uint32_t id, uint32_t k) {
-      if (!armed || id < first_id) return false;
-      return armed->whole_call || (id == last_id && armed->skips(sender, k));
+      return armed && id >= first_id && armed->skips(sender, id - first_id, k);
     };
     Options o;
-    o.window = 2;
+    o.window = shape.window;
     Job job(cfg, o);
     MessagePlan plan;
     REQUIRE(make_plan(1, DataType::fp32, 4, 256, plan).ok());
     const size_t count = 3 * plan.elems_per_msg;
+    const size_t seg_max = P * (cfg.recv_bytes / (4 * (P - 1)) / 64 * 64 / 4);
     std::vector<std::vector<uint8_t>> in, out;
     for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::fp32, count, false));
     const auto want = rank_order_reference(in, DataType::fp32, Op::sum);
@@ -574,18 +603,45 @@ TEST_CASE("a bypassed box: no rank copies out a result the box did not seal", "[
     // Every message so far (the probe's and this call's) completed at the box:
     // the next call's ids follow.
     first_id = static_cast<uint32_t>(job.fabric.box_ring()->counters.messages_completed);
-    last_id = first_id + 2;
     armed = &shape;
     const auto errs = job.run(in, out, count, DataType::fp32, Op::sum, 600);
-    unsigned failed = 0;
+    if (shape.recovers) {
+      std::string all;
+      for (unsigned r = 0; r < P; ++r)
+        all += "\nrank " + std::to_string(r) + ": " + errs[r].message;
+      INFO(all);
+      for (unsigned r = 0; r < P; ++r) {
+        INFO("rank " << r << ": " << errs[r].message);
+        REQUIRE(errs[r].ok());
+        CHECK(out[r] == out[0]);
+        CHECK(job.comms[r]->path() == Path::ring);
+        CHECK(job.comms[r]->failovers() == 1);
+        CHECK(job.comms[r]->path_reason().find("finished on the ring path") != std::string::npos);
+      }
+      // Messages 0..M-1 sealed somewhere, the rest round the ring: which M
+      // the failure left is the bypass's doing, the bytes must match one.
+      unsigned matches = 0;
+      for (size_t m = 0; m <= 3; ++m)
+        if (out[0] ==
+            failover_reference(in, DataType::fp32, Op::sum, m * plan.elems_per_msg, seg_max))
+          ++matches;
+      CHECK(matches >= 1);
+      if (shape.split >= 0)
+        CHECK(out[0] == failover_reference(in, DataType::fp32, Op::sum,
+                                           shape.split * plan.elems_per_msg, seg_max));
+      // The communicator stays on the ring path: the next call is the ring's.
+      for (auto& v : in) v = make_input(rng, DataType::fp32, count, false);
+      for (const Error& e : job.run(in, out, count, DataType::fp32, Op::sum)) REQUIRE(e.ok());
+      for (unsigned r = 0; r < P; ++r)
+        CHECK(out[r] == ring_order_reference(in, DataType::fp32, Op::sum, seg_max));
+      continue;
+    }
     for (unsigned r = 0; r < P; ++r) {
       INFO("rank " << r << ": " << errs[r].message);
-      if (errs[r].ok()) {
-        CHECK(out[r] == want);
-        continue;
-      }
-      ++failed;
+      REQUIRE(!errs[r].ok());
       CHECK((errs[r].code == ErrorCode::timeout || errs[r].code == ErrorCode::transport));
+      CHECK(errs[r].message.find("not finished on the ring path") != std::string::npos);
+      CHECK(job.comms[r]->failovers() == 0);
       // What was copied out before the failure is the box's result; the rest
       // is untouched (0xEE).
       for (size_t i = 0; i < out[r].size(); ++i)
@@ -594,9 +650,49 @@ TEST_CASE("a bypassed box: no rank copies out a result the box did not seal", "[
           break;
         }
     }
-    CHECK(failed > 0);
-    if (shape.whole_call)  // every rank got raw data: every rank names the seal
-      for (const Error& e : errs)
-        CHECK(e.message.find("fails the box's seal") != std::string::npos);
+  }
+}
+
+TEST_CASE("failover with two rings: every stripe finished on the ring path, exact",
+          "[hostlib][failover]") {
+  // A whole call bypassed on a striped communicator (R = 2): each ring's
+  // stripe is finished on the ring path. Integer sums, max and exactly
+  // representable float sums do not depend on the order: every rank must
+  // hold the rank-order reference, bit for bit; then the calls stay on the
+  // ring path.
+  const unsigned P = 3;
+  bool armed = false;
+  LoopbackConfig cfg = box_fabric(P, 4, 2, 256);
+  cfg.rings = 2;
+  cfg.bypass = [&](unsigned, unsigned, uint32_t, uint32_t) { return armed; };
+  Options o;
+  o.window = 2;
+  Job job(cfg, o);
+  REQUIRE(job.comms[0]->rings() == 2);
+  std::mt19937_64 rng(4242);
+  struct Call {
+    DataType t;
+    Op op;
+    bool exact;
+  };
+  const Call calls[] = {{DataType::int32, Op::sum, false},
+                        {DataType::fp32, Op::max, false},
+                        {DataType::fp32, Op::sum, true},
+                        {DataType::int64, Op::min, false}};
+  for (const Call& c : calls) {
+    INFO(to_string(c.t) << " " << to_string(c.op));
+    const size_t count = 2000;
+    std::vector<std::vector<uint8_t>> in, out;
+    for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, c.t, count, c.exact));
+    armed = &c == &calls[1];  // the second call meets the bypass
+    const auto errs = job.run(in, out, count, c.t, c.op, 2000);
+    const auto want = rank_order_reference(in, c.t, c.op);
+    for (unsigned r = 0; r < P; ++r) {
+      INFO("rank " << r << ": " << errs[r].message);
+      REQUIRE(errs[r].ok());
+      CHECK(out[r] == want);
+      CHECK(job.comms[r]->path() == (&c == &calls[0] ? Path::ina : Path::ring));
+      CHECK(job.comms[r]->failovers() == (&c == &calls[0] ? 0 : 1));
+    }
   }
 }

@@ -44,8 +44,9 @@ Steps, each reported on its own and each able to fail:
      and rxe must count retry_exceeded_err.
      Restarted with fault injection enabled, the box gets its ring back;
      the operator's bypass drill (POST /v1/faults, bypass, every ring)
-     mid-job: every rank fails (the seal, an early raw write, or its
-     deadline), at least one by the seal, none reports success. Cleared,
+     mid-job: every rank meets raw data (the seal, an early raw write) or
+     its deadline, the ranks agree and finish that call on the ring path,
+     and the job ends there, exact, each rank logging one switch. Cleared,
      the next job runs on the INA path again, exact.
 A report per step (figures, counters) is printed and saved next to the run.
 """
@@ -81,6 +82,10 @@ LOSS_RUN = ["-d", "fp32,int64,bf16", "-o", "sum", "-b", "8", "-e", "256K", "-f",
 FAIL_DEADLINE_MS = 5000
 FAIL_MARGIN_S = 30  # TCG guests on a shared 2-core machine: process exit and 9p are slow
 FAIL_RUN = ["-d", "fp32", "-o", "sum", "-b", "1M", "-e", "1M", "-n", "1000", "-w", "0", "-c", "0"]
+# The bypass drill's job: long enough to be running when the bypass comes,
+# short enough to finish on the ring path; its last call's result is checked.
+BYPASS_RUN = ["-d", "fp32", "-o", "sum", "-b", "1M", "-e", "1M", "-n", "200", "-w", "0", "-c", "1",
+              "--timeout-ms", "5000"]
 QP_RETRY_ERROR = (r"rank %(r)d: write of message id \d+ to successor rank \d failed "
                   r"\(transport retry counter exceeded, status 12\)")
 DEADLINE_OR_QP_ERROR = (r"rank %(r)d: all-reduce \(ina path, ring \d+\) timed out after \d+ ms at message \d+ "
@@ -584,6 +589,24 @@ def step3(lab, a, daemon, reports):
     check_rxe_clean(rep, lab, rx0, rx1, "INA with loss")
 
 
+def start_through_box(lab, job):
+    """Waits until `job` runs through the box: its rings aggregated 2 MiB per
+    rank more than when this was called."""
+    deadline = time.monotonic() + 300
+    base = None
+    while True:
+        expect(not any(j.done() for j in job.jobs), "a rank ended before the fault: %s" %
+               [j.output() for j in job.jobs if j.done()])
+        rings = lab.box.control(cmd="list_rings").get("rings", [])
+        agg = sum(r.get("counters", {}).get("bytes_aggregated", 0) for r in rings)
+        if base is None:
+            base = agg
+        if agg - base >= 2 * P * (1 << 20):
+            return agg
+        expect(time.monotonic() < deadline, "the long job never got going (aggregated %d bytes)" % agg)
+        time.sleep(0.5)
+
+
 def kill_mid_job(lab, a, daemon, rep, deadline_ms, want, what):
     """Starts a long INA job with a per-call deadline, kills the box once the
     job is aggregating, and checks every rank's end: exit 1 within the
@@ -598,19 +621,7 @@ def fault_mid_job(lab, a, daemon, rep, deadline_ms, want, what, strike, struck):
     """kill_mid_job's run with `strike()` (`struck` says what it did) for the
     kill. Returns every rank's error text."""
     job = Job(lab, a.perf, FAIL_RUN + ["--timeout-ms", str(deadline_ms)], daemon, "INA, %s (%s)" % (struck, what))
-    deadline = time.monotonic() + 300
-    base = None
-    while True:  # the job is running through the box: its ring aggregates
-        expect(not any(j.done() for j in job.jobs), "a rank ended before the box was killed: %s" %
-               [j.output() for j in job.jobs if j.done()])
-        rings = lab.box.control(cmd="list_rings").get("rings", [])
-        agg = sum(r.get("counters", {}).get("bytes_aggregated", 0) for r in rings)
-        if base is None:
-            base = agg
-        if agg - base >= 2 * P * (1 << 20):
-            break
-        expect(time.monotonic() < deadline, "the long job never got going (aggregated %d bytes)" % agg)
-        time.sleep(0.5)
+    agg = start_through_box(lab, job)
     strike()
     t_kill = time.monotonic()
     rep.line("%s: fp32 1 MiB x 1000 calls through the box, deadline %d ms per call; %s after %d data "
@@ -636,32 +647,45 @@ def fault_mid_job(lab, a, daemon, rep, deadline_ms, want, what, strike, struck):
 def bypass_mid_job(lab, a, daemon, rep):
     """The operator's bypass drill (POST /v1/faults, kind bypass, every
     ring): the box forwards the running job's WRITEs raw, as a bypass relay
-    would. No rank may take its predecessor's data for a result: each fails,
-    by the box's seal, by a raw write of a message it has not sent yet (its
-    predecessor ran ahead) or of a later message over the header it was
-    reading, or by its deadline once its predecessor stopped;
-    at least one names the seal."""
-    seen = []
-
-    def bypass():
-        # The faults are read while the job's ring is still installed (a
-        # fault goes with its ring, which goes when its lease ends).
-        daemon.post("/v1/faults", {"ring": "all", "kind": "bypass", "duration_ms": 120000})
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            faults = daemon.get("/v1/faults")["faults"]
-            seen[:] = [sum(f["packets"] for f in faults if f["kind"] == "bypass")]
-            if seen[0] > 0:
-                return
-            time.sleep(0.1)
-
-    errs = fault_mid_job(lab, a, daemon, rep, FAIL_DEADLINE_MS, BYPASS_ERROR, "bypass drill", bypass,
-                         "box bypassed (fault injection)")
-    sealed = [r for r, e in enumerate(errs) if "fails the box's seal" in e]
-    rep.figure("  ranks that rejected a raw message by its seal", sealed)
-    expect(sealed, "no rank named the seal: the bypass did not reach the ranks as raw data")
-    expect(seen and seen[0] > 0, "the bypass fault forwarded no packet within 10 s")
-    rep.figure("  packets the bypass had forwarded raw (first count above 0)", seen[0])
+    would. No rank may take its predecessor's data for a result: each meets
+    raw data (a failed seal, a raw write of a message it has not sent yet or
+    over the header it was reading) or, once its predecessor stopped, its
+    deadline; the ranks agree over the bootstrap and finish that call on the
+    ring path, and the job goes on there: every call exact (the run checks
+    its last result), every rank logs the switch once."""
+    job = Job(lab, a.perf, BYPASS_RUN, daemon, "INA, bypass drill")
+    agg = start_through_box(lab, job)
+    daemon.post("/v1/faults", {"ring": "all", "kind": "bypass", "duration_ms": 120000})
+    t_bypass = time.monotonic()
+    rep.line("bypass drill: fp32 1 MiB x %s calls through the box, deadline %d ms per call; every ring "
+             "bypassed (fault injection) after %d data bytes aggregated" % (BYPASS_RUN[9], FAIL_DEADLINE_MS, agg))
+    # The faults are read while the job's ring is still installed (a fault
+    # goes with its ring, which goes when its lease ends).
+    seen, switched = 0, [None] * P
+    while time.monotonic() < t_bypass + 60 and (None in switched or not seen):
+        if not seen:
+            seen = sum(f["packets"] for f in daemon.get("/v1/faults")["faults"] if f["kind"] == "bypass")
+        for r, j in enumerate(job.jobs):
+            if switched[r] is None and "switched to the ring path" in j.output()[1]:
+                switched[r] = time.monotonic() - t_bypass
+        time.sleep(0.1)
+    expect(seen > 0, "the bypass fault forwarded no packet within 60 s")
+    rep.figure("  packets the bypass had forwarded raw (first count above 0)", seen)
+    rep.figure("  seconds from the bypass to each rank's switch to the ring path",
+               ", ".join("-" if x is None else "%.1f" % x for x in switched))
+    results = job.wait(900)
+    for r, res in enumerate(results):
+        err = res.err.strip()
+        switch = [ln for ln in err.splitlines() if "switched to the ring path" in ln]
+        rep.line("  rank %d: %s" % (r, switch[0][:300] if switch else "(no switch logged)"))
+        expect(res.rc == 0, "rank %d exited %d after the bypass (expected 0: the call finished on the ring "
+               "path)\n%s" % (r, res.rc, err[-2000:]))
+        expect(len(switch) == 1, "rank %d logged %d switches to the ring path:\n%s" % (r, len(switch), err[-2000:]))
+        expect(re.search(BYPASS_ERROR % {"r": r}, switch[0]) or "the ranks' first error: rank " in switch[0],
+               "rank %d's switch does not say why:\n%s" % (r, switch[0]))
+        expect(re.search(r"# rank %d: failovers 1, path now ring" % r, res.out),
+               "rank %d does not report its failover:\n%s" % (r, res.out[-1500:]))
+    expect("status: ok" in results[0].out, "rank 0 did not report every call exact:\n%s" % results[0].out[-2000:])
     daemon.delete("/v1/faults")
 
 
@@ -688,8 +712,9 @@ def step4(lab, a, daemon, reports):
     expect(all(x > 0 for x in exceeded), "rxe did not give up retrying on every guest: %s" % exceeded)
 
     # Restarted (fault injection enabled), the box gets the ring back from
-    # netreduced (reconciler). The bypass drill fails a job loudly; with the
-    # fault cleared, the next job runs on the INA path again, exact.
+    # netreduced (reconciler). The bypass drill's job finishes on the ring
+    # path; with the fault cleared, the next job runs on the INA path again,
+    # exact.
     restart_box(lab, daemon, {"faults": {"enabled": True}})
     bypass_mid_job(lab, a, daemon, rep)
     job = Job(lab, a.perf, AFTER_RESTART, daemon, "INA after the box restarted")

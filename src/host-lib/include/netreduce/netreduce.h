@@ -108,7 +108,12 @@ nr_status nr_test(nr_request* req);
 /* Frees a request; it must have finished (nr_wait/nr_test returned its result). */
 void nr_request_free(nr_request* req);
 
+/* The path calls take now and why (the reason stays valid while comm
+   lives): the one chosen at create, until an INA call fails and is finished
+   on the ring path (a failover); then the ring path. */
 nr_status nr_comm_path(const nr_comm* comm, nr_path* path, const char** reason);
+/* Failovers so far (INA calls finished on the ring path); -1 for a null comm. */
+int nr_comm_failovers(const nr_comm* comm);
 /* Rings (stripes) the communicator runs; -1 for a null comm. */
 int nr_comm_rings(const nr_comm* comm);
 int nr_comm_rank(const nr_comm* comm);

@@ -166,8 +166,13 @@ class Communicator {
 
   int rank() const noexcept;
   int world() const noexcept;
+  // The path calls take now, and why: the path chosen at create until an
+  // INA call fails and is finished on the ring path (a failover), then the
+  // ring path with that failover's reason (valid while the communicator
+  // lives).
   Path path() const noexcept;
   const std::string& path_reason() const noexcept;
+  int failovers() const noexcept;     // INA calls finished on the ring path so far
   uint32_t ring_id() const noexcept;  // ring 0's
   uint16_t window() const noexcept;
   int rings() const noexcept;                 // rings (stripes) per call

@@ -1,0 +1,247 @@
+// Failover: an INA call that failed on data no box sealed is finished on the
+// ring path, every rank agreeing, and the collective stays on the ring path.
+// Design: docs/design.md#failover.
+//
+// Example: P = 3, one ring, a call of 4 messages; the box is bypassed while
+// message 2 is out. Rank 0 copied out messages 0-2 (their seals held), ranks
+// 1 and 2 only 0-1; every rank got raw data after that and stopped sending.
+//  1. Each rank waits for its own writes to be acknowledged, then sends a
+//     report over the bootstrap (call number, count, dtype, op, per ring:
+//     messages copied out, sent, receives seen; whether it can recover, and
+//     its error). Every rank gets every report: all decide alike.
+//  2. Each rank drains the receives its predecessor's `sent` still owes it,
+//     so no INA write lands in the receive region after this point.
+//  3. Messages [min copied, max copied) = [2, 3) have a result somewhere:
+//     the lowest rank that copied out the most (rank 0) sends its bytes of
+//     them in a second exchange; ranks 1 and 2 copy them in.
+//  4. Messages [max copied, 4) = [3, 4) reached no rank: every rank still
+//     holds its input there (copy-out happens only after a seal), and the
+//     ring path all-reduces that element range.
+// Result: messages 0-2 as the box summed them (rank order), message 3 in the
+// ring's order; the same bytes on every rank.
+// If any rank cannot recover (a deadline, a transport error: its QPs may be
+// in error) or the reports disagree, every rank returns an error naming it.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "host-lib/collective.h"
+
+namespace netreduce::host {
+namespace {
+
+struct Report {
+  uint64_t call = 0, count = 0;
+  unsigned dtype = 0, op = 0, recoverable = 0, rings = 0;
+  std::array<uint32_t, kMaxRings> copied{}, sent{}, received{};
+  std::string error;
+};
+
+constexpr const char* kMagic = "nr-failover-1";
+
+// A rank that cannot recover only tells the others (their reports change
+// nothing for it): it waits this long for them, not the whole agreement
+// budget. A box that died without a bypass cuts the bootstrap's path too.
+constexpr auto kReportGrace = std::chrono::seconds(1);
+
+std::string encode(const Report& r) {
+  std::ostringstream o;
+  o << kMagic << ' ' << r.call << ' ' << r.count << ' ' << r.dtype << ' ' << r.op << ' '
+    << r.recoverable << ' ' << r.rings;
+  for (unsigned g = 0; g < r.rings; ++g)
+    o << ' ' << r.copied[g] << ' ' << r.sent[g] << ' ' << r.received[g];
+  o << '\n' << r.error;
+  return o.str();
+}
+
+bool decode(const std::string& s, Report& r) {
+  const size_t nl = s.find('\n');
+  if (nl == std::string::npos) return false;
+  std::istringstream i(s.substr(0, nl));
+  std::string magic;
+  if (!(i >> magic >> r.call >> r.count >> r.dtype >> r.op >> r.recoverable >> r.rings) ||
+      magic != kMagic || r.rings < 1 || r.rings > kMaxRings)
+    return false;
+  for (unsigned g = 0; g < r.rings; ++g)
+    if (!(i >> r.copied[g] >> r.sent[g] >> r.received[g])) return false;
+  r.error = s.substr(nl + 1);
+  return true;
+}
+
+}  // namespace
+
+Error Collective::allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
+                            Clock::time_point deadline) {
+  ++calls_;
+  if (path() == Path::ring) return ring_allreduce(send, recv, count, t, op, deadline);
+  const bool usable = failed_.ok();
+  const Clock::time_point start = Clock::now();
+  Error e = ina_allreduce(send, recv, count, t, op, deadline);
+  if (e.ok() || !exchange_ || !usable || e.code == ErrorCode::invalid_argument) return e;
+  // The agreement runs until the call's deadline plus its budget again: a
+  // rank that learns of the failure only at its own deadline (a timeout)
+  // still finds the others waiting, and has a budget of its own left.
+  const Clock::time_point until =
+      std::max(deadline, Clock::now()) + std::max(deadline - start, Clock::duration{0});
+  return fail_over(send, recv, count, t, op, until, e);
+}
+
+const std::string& Collective::path_reason() const {
+  std::lock_guard lk(reason_mu_);
+  return reasons_.back();
+}
+
+Error Collective::drain_receives(const std::vector<uint32_t>& expected,
+                                 Clock::time_point deadline) {
+  const unsigned R = rings();
+  Completion comps[kPollBatch];
+  for (;;) {
+    bool done = true;
+    for (unsigned g = 0; g < R; ++g) done = done && last_.received[g] >= expected[g];
+    if (done) return {};
+    unsigned n = 0;
+    if (Error e = t_.poll(comps, kPollBatch, n, deadline)) return e;
+    if (n == 0)
+      return Error::make(ErrorCode::timeout,
+                         "predecessor rank " + std::to_string(t_.predecessor()) +
+                             "'s INA writes did not all arrive before the deadline");
+    for (unsigned i = 0; i < n; ++i) {
+      const Completion& c = comps[i];
+      if (c.lane >= R || !c.ok || c.kind != Completion::Kind::recv_imm)
+        return Error::make(ErrorCode::transport,
+                           std::string("unexpected completion while draining the INA call (") +
+                               (c.ok ? "a write" : c.what) + ")");
+      if (last_.received[c.lane] < expected[c.lane])
+        ++last_.received[c.lane];
+      else  // the predecessor's first ring-path write, already: kept for its step
+        rings_[c.lane].early.push_back(c);
+    }
+  }
+}
+
+Error Collective::fail_over(const void* send, void* recv, size_t count, DataType t, Op op,
+                            Clock::time_point deadline, const Error& cause) {
+  const unsigned P = t_.world(), me = t_.rank(), R = rings();
+  const std::string who = "rank " + std::to_string(me) + ": ";
+  const auto give_up = [&](const std::string& why) {
+    return fail(Error::make(cause.code, cause.message + "; not finished on the ring path: " + why));
+  };
+
+  // 1. Reports.
+  Report mine;
+  mine.call = calls_;
+  mine.count = count;
+  mine.dtype = static_cast<unsigned>(t);
+  mine.op = static_cast<unsigned>(op);
+  mine.recoverable = last_.recoverable ? 1 : 0;
+  mine.rings = R;
+  mine.copied = last_.copied;
+  mine.sent = last_.sent;
+  mine.received = last_.received;
+  mine.error = cause.message.substr(0, 400);
+  std::vector<std::string> blobs;
+  const Clock::time_point report_by =
+      mine.recoverable ? deadline : std::min(deadline, Clock::now() + kReportGrace);
+  if (Error e = exchange_(encode(mine), blobs, report_by))
+    return give_up(mine.recoverable
+                       ? "the ranks could not agree (" + e.message + ")"
+                       : "this rank cannot (a transport error, or writes not acknowledged)");
+  std::vector<Report> all(P);
+  std::string cannot;
+  for (unsigned r = 0; r < P; ++r) {
+    if (r >= blobs.size() || !decode(blobs[r], all[r]))
+      return give_up("rank " + std::to_string(r) + " sent no failover report");
+    const Report& x = all[r];
+    if (x.call != mine.call || x.count != mine.count || x.dtype != mine.dtype || x.op != mine.op ||
+        x.rings != R)
+      return give_up("rank " + std::to_string(r) + " reported call " + std::to_string(x.call) +
+                     " of " + std::to_string(x.count) + " elements where this rank is at call " +
+                     std::to_string(mine.call) + " of " + std::to_string(count));
+    if (!x.recoverable)
+      cannot += (cannot.empty() ? "" : "; ") +
+                (r == me ? std::string("this rank cannot")
+                         : "rank " + std::to_string(r) + " cannot (" + x.error + ")");
+  }
+  if (!cannot.empty()) return give_up(cannot);
+
+  // 2. The predecessor's INA writes still owed to this rank.
+  std::vector<uint32_t> owed(R);
+  for (unsigned g = 0; g < R; ++g) owed[g] = all[t_.predecessor()].sent[g];
+  if (Error e = drain_receives(owed, deadline)) return give_up(e.message);
+  failed_ = {};
+
+  // 3. Messages with a result somewhere: from the lowest rank that copied out most.
+  const size_t es = element_size(t);
+  const auto* src = static_cast<const uint8_t*>(send);
+  auto* dst = static_cast<uint8_t*>(recv);
+  struct Span {
+    size_t first = 0, count = 0;  // elements, in the call's buffer
+  };
+  std::array<Span, kMaxRings> have{}, redo{};
+  std::array<unsigned, kMaxRings> source{};
+  std::string blob;
+  bool any_have = false;
+  for (unsigned g = 0; g < R; ++g) {
+    const StripeRange s = stripe(count, R, g);
+    MessagePlan plan;
+    if (Error e = make_plan(s.count, t, cfg_.msg_len, cfg_.pmtu, plan)) return give_up(e.message);
+    uint32_t lo = all[0].copied[g], hi = all[0].copied[g];
+    for (unsigned r = 0; r < P; ++r) {
+      lo = std::min(lo, all[r].copied[g]);
+      if (all[r].copied[g] > hi) {
+        hi = all[r].copied[g];
+        source[g] = r;
+      }
+    }
+    const auto elem = [&](uint32_t m) { return m >= plan.messages ? s.count : plan.first_elem(m); };
+    have[g] = {s.first + elem(lo), elem(hi) - elem(lo)};
+    redo[g] = {s.first + elem(hi), s.count - elem(hi)};
+    if (have[g].count > 0) any_have = true;
+    if (have[g].count > 0 && source[g] == me)
+      blob.append(reinterpret_cast<const char*>(dst + have[g].first * es), have[g].count * es);
+  }
+  if (any_have) {
+    if (Error e = exchange_(blob, blobs, deadline))
+      return give_up("the ranks could not exchange results (" + e.message + ")");
+    std::vector<size_t> at(P, 0);
+    for (unsigned g = 0; g < R; ++g) {
+      if (have[g].count == 0) continue;
+      const unsigned from = source[g];
+      const size_t bytes = have[g].count * es;
+      if (blobs[from].size() < at[from] + bytes)
+        return give_up("rank " + std::to_string(from) + " sent too few result bytes");
+      // Where this rank copied out too, these are the same bytes (the box's
+      // one result for each message).
+      if (from != me) std::memcpy(dst + have[g].first * es, blobs[from].data() + at[from], bytes);
+      at[from] += bytes;
+    }
+  }
+
+  // 4. Messages no rank got: the ring path, from every rank's input.
+  for (unsigned g = 0; g < R; ++g) {
+    if (redo[g].count == 0) continue;
+    const size_t off = redo[g].first * es;
+    if (Error e = ring_allreduce(src + off, dst + off, redo[g].count, t, op, deadline))
+      return give_up(e.message);
+  }
+
+  std::string reason = "all-reduce call " + std::to_string(calls_) +
+                       " failed on the INA path and was finished on the ring path; the ranks' "
+                       "first error: ";
+  for (const Report& x : all)
+    if (!x.error.empty()) {
+      reason += x.error;
+      break;
+    }
+  {
+    std::lock_guard lk(reason_mu_);
+    reasons_.push_back(reason);
+  }
+  path_.store(Path::ring, std::memory_order_release);
+  failovers_.fetch_add(1, std::memory_order_acq_rel);
+  std::fprintf(stderr, "netreduce: %sswitched to the ring path: %s\n", who.c_str(), reason.c_str());
+  return {};
+}
+
+}  // namespace netreduce::host
