@@ -56,6 +56,7 @@ class Options(ctypes.Structure):
         ("local_rank", ctypes.c_int),
         ("local_size", ctypes.c_int),
         ("host_id", ctypes.c_char_p),
+        ("failback_calls", ctypes.c_uint32),
     ]
 
 

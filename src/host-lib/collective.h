@@ -99,11 +99,19 @@ class Collective {
   const CollectiveConfig& config() const noexcept { return cfg_; }
   // Turns failover on (a ring without local ranks, after the probe).
   void set_exchange(Exchange x) { exchange_ = std::move(x); }
+  // Failback: after a failover, the box is tried again after `first_gap`
+  // calls, the gap doubling after each failed try up to 64 x (0: never).
+  // `gate`, asked on rank 0 only (may be empty), returns why not to try now
+  // (e.g. the daemon does not list the ring as installed), or "".
+  void set_failback(uint32_t first_gap, std::function<std::string()> gate) {
+    failback_first_ = first_gap;
+    failback_gate_ = std::move(gate);
+  }
   // The path calls take now: config().path until a failover, then ring.
   Path path() const noexcept { return path_.load(std::memory_order_acquire); }
   // Failovers so far, and why the path is what it is (config().reason until
-  // the first failover, then the last one's reason; the reference stays
-  // valid while the collective lives).
+  // the first switch, then the last switch's; the reference stays valid
+  // while the collective lives).
   unsigned failovers() const noexcept { return failovers_.load(std::memory_order_acquire); }
   const std::string& path_reason() const;
   // The call that made this collective unusable failed on a result the box
@@ -117,6 +125,8 @@ class Collective {
   Error fail_over(const void* send, void* recv, size_t count, DataType t, Op op,
                   Clock::time_point deadline, const Error& cause);
   Error drain_receives(const std::vector<uint32_t>& expected, Clock::time_point deadline);
+  Error fail_back(Clock::time_point deadline);
+  void switch_path(Path p, std::string reason);
   // "ring i of R (id X, stripe bytes [a, b))" for errors.
   std::string ring_name(unsigned i, const StripeRange& s, size_t esize) const;
   // That and ": " with R > 1; empty with one ring (its errors name no
@@ -153,6 +163,9 @@ class Collective {
   InaOutcome last_{};
   Exchange exchange_;
   uint64_t calls_ = 0;  // allreduce calls so far (every rank alike)
+  uint32_t failback_first_ = 0;
+  uint64_t failback_gap_ = 0, failback_at_ = 0;  // calls; at 0: no try scheduled
+  std::function<std::string()> failback_gate_;
   std::atomic<Path> path_{Path::ring};
   std::atomic<unsigned> failovers_{0};
   mutable std::mutex reason_mu_;

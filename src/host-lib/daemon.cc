@@ -360,6 +360,27 @@ std::string box_unfit(const DaemonTarget& target, int timeout_ms, uint8_t qp_tim
   return {};
 }
 
+std::string rings_not_ready(const DaemonTarget& target, const std::vector<uint32_t>& ids,
+                            int timeout_ms) {
+  std::string why;
+  auto cli = client(target, timeout_ms, why);
+  if (!cli) return why;
+  for (uint32_t id : ids) {
+    auto g = cli->Get(ring_path(id));
+    if (!g || g->status != 200)
+      return "the daemon at " + target.url + " does not list ring " + std::to_string(id) + " (" +
+             describe_error(g) + ")";
+    try {
+      if (!nlohmann::json::parse(g->body).value("installed", false))
+        return "ring " + std::to_string(id) + " is not installed in the box (daemon at " +
+               target.url + ")";
+    } catch (const std::exception& e) {
+      return "the daemon at " + target.url + " sent an unreadable ring: " + e.what();
+    }
+  }
+  return {};
+}
+
 // ---- OwnedRing ------------------------------------------------------------
 
 OwnedRing::OwnedRing(DaemonTarget target, uint32_t ring_id, std::string credential,

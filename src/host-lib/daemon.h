@@ -127,6 +127,13 @@ unsigned box_workers(const DaemonTarget& target, int timeout_ms, std::string& wh
 // does not answer is a reason too.
 std::string box_unfit(const DaemonTarget& target, int timeout_ms, uint8_t qp_timeout);
 
+// Why the rings are not ready for INA traffic, or empty when the daemon
+// lists every one as installed (GET /v1/rings/{id}): asked before a
+// communicator that failed over tries the box again (a ring gone from the
+// box would drop the probe until the QPs' retry limit).
+std::string rings_not_ready(const DaemonTarget& target, const std::vector<uint32_t>& ids,
+                            int timeout_ms);
+
 class OwnedRing {
  public:
   // Starts the renewal thread when lease_ms > 0. timeout_ms bounds each call.

@@ -21,6 +21,8 @@
 // ring's order; the same bytes on every rank.
 // If any rank cannot recover (a deadline, a transport error: its QPs may be
 // in error) or the reports disagree, every rank returns an error naming it.
+// Failback (fail_back): failback_calls calls later the ranks probe the box
+// and take the INA path again if every rank's probe is sealed and right.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -39,6 +41,10 @@ struct Report {
 };
 
 constexpr const char* kMagic = "nr-failover-1";
+
+// Message ids a probe skips when trying the box again: past every cell the
+// box may still hold for the failed call (its slots are 2 x its window).
+constexpr uint32_t kFailbackIdSkip = 1u << 16;
 
 // A rank that cannot recover only tells the others (their reports change
 // nothing for it): it waits this long for them, not the whole agreement
@@ -74,6 +80,8 @@ bool decode(const std::string& s, Report& r) {
 Error Collective::allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
                             Clock::time_point deadline) {
   ++calls_;
+  if (path() == Path::ring && failback_at_ != 0 && calls_ >= failback_at_)
+    if (Error e = fail_back(deadline)) return e;
   if (path() == Path::ring) return ring_allreduce(send, recv, count, t, op, deadline);
   const bool usable = failed_.ok();
   const Clock::time_point start = Clock::now();
@@ -234,13 +242,92 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
       reason += x.error;
       break;
     }
+  switch_path(Path::ring, reason);
+  if (failback_first_ > 0) {
+    failback_gap_ = failback_first_;
+    failback_at_ = calls_ + failback_gap_;
+  }
+  return {};
+}
+
+void Collective::switch_path(Path p, std::string reason) {
+  std::fprintf(stderr, "netreduce: rank %u: switched to the %s path: %s\n", t_.rank(),
+               p == Path::ina ? "INA" : "ring", reason.c_str());
   {
     std::lock_guard lk(reason_mu_);
-    reasons_.push_back(reason);
+    reasons_.push_back(std::move(reason));
   }
-  path_.store(Path::ring, std::memory_order_release);
-  failovers_.fetch_add(1, std::memory_order_acq_rel);
-  std::fprintf(stderr, "netreduce: %sswitched to the ring path: %s\n", who.c_str(), reason.c_str());
+  path_.store(p, std::memory_order_release);
+  if (p == Path::ring) failovers_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+// Trying the box again: rank 0's gate, then one probe all-reduce through the
+// box (int32 rank + 1 per ring, message ids past any the box may still
+// hold), then every rank's verdict. All sealed and right: the INA path
+// again. Otherwise the ring path, and the next try after twice the gap. A
+// probe that left a rank's connections unsound (writes never acknowledged:
+// the box drops the ring's traffic) ends the communicator, as a failed INA
+// call without failover would.
+Error Collective::fail_back(Clock::time_point deadline) {
+  const unsigned P = t_.world(), me = t_.rank(), R = rings();
+  const auto later = [&] {
+    failback_gap_ = std::min<uint64_t>(failback_gap_ * 2, uint64_t{failback_first_} * 64);
+    failback_at_ = calls_ + failback_gap_;
+  };
+  const auto broken = [&](const std::string& why) {
+    return fail(Error::make(ErrorCode::transport,
+                            "rank " + std::to_string(me) + ": trying the box again (" +
+                                "all-reduce call " + std::to_string(calls_) + "): " + why));
+  };
+  std::vector<std::string> blobs;
+  const std::string gate = me == 0 && failback_gate_ ? failback_gate_() : std::string();
+  if (Error e = exchange_(gate, blobs, deadline)) return broken(e.message);
+  if (blobs.empty() || !blobs[0].empty()) {
+    later();
+    return {};
+  }
+  for (RingState& g : rings_) g.next_msg_id += kFailbackIdSkip;
+  std::array<int32_t, kMaxRings> mine{}, got{};
+  mine.fill(static_cast<int32_t>(me) + 1);
+  const Error e = ina_allreduce(mine.data(), got.data(), R, DataType::int32, Op::sum, deadline);
+  std::string wrong;
+  for (unsigned g = 0; e.ok() && g < R && wrong.empty(); ++g)
+    if (got[g] != static_cast<int32_t>(P * (P + 1) / 2))
+      wrong = "probe all-reduce gave " + std::to_string(got[g]) + " on ring " + std::to_string(g);
+  Report mine_r;
+  mine_r.call = calls_;
+  mine_r.count = R;
+  mine_r.dtype = static_cast<unsigned>(DataType::int32);
+  mine_r.op = static_cast<unsigned>(Op::sum);
+  mine_r.recoverable = e.ok() || last_.recoverable ? 1 : 0;
+  mine_r.rings = R;
+  mine_r.copied = last_.copied;
+  mine_r.sent = last_.sent;
+  mine_r.received = last_.received;
+  mine_r.error = e.ok() ? wrong : e.message.substr(0, 400);
+  if (Error x = exchange_(encode(mine_r), blobs, deadline)) return broken(x.message);
+  std::vector<Report> all(P);
+  std::string unsound, first_error;
+  for (unsigned r = 0; r < P; ++r) {
+    if (r >= blobs.size() || !decode(blobs[r], all[r]))
+      return broken("rank " + std::to_string(r) + " sent no probe report");
+    if (!all[r].recoverable)
+      unsound += (unsound.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " +
+                 all[r].error;
+    if (first_error.empty() && !all[r].error.empty()) first_error = all[r].error;
+  }
+  if (!unsound.empty()) return broken(unsound);
+  std::vector<uint32_t> owed(R);
+  for (unsigned g = 0; g < R; ++g) owed[g] = all[t_.predecessor()].sent[g];
+  if (Error x = drain_receives(owed, deadline)) return broken(x.message);
+  failed_ = {};
+  if (!first_error.empty()) {
+    later();
+    return {};
+  }
+  switch_path(Path::ina, "after all-reduce call " + std::to_string(calls_ - 1) +
+                             ", a probe through the box was sealed and right on every rank");
+  failback_at_ = 0;
   return {};
 }
 

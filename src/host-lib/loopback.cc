@@ -458,12 +458,14 @@ Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Op
     impl->global_world = static_cast<int>(fabric.config().world * n);
     impl->host = host;
   }
-  if (n == 1 && box)
+  if (n == 1 && box) {
     impl->collective->set_exchange([&fabric, rank](const std::string& mine,
                                                    std::vector<std::string>& all,
                                                    Clock::time_point deadline) {
       return fabric.exchange(rank, mine, all, deadline);
     });
+    impl->collective->set_failback(options.failback_calls, nullptr);
+  }
   out = std::make_unique<Communicator>(std::move(impl));
   return {};
 }

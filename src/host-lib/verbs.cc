@@ -694,11 +694,17 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   std::shared_ptr<Bootstrap> b = std::move(boot);
   // Failover (docs/design.md#failover) agrees over the bootstrap, which
   // connects every rank: one ring of them, so not with local ranks.
-  if (n == 1 && impl->collective->path() == Path::ina)
+  if (n == 1 && impl->collective->path() == Path::ina) {
     impl->collective->set_exchange(
         [b](const std::string& mine, std::vector<std::string>& all, Clock::time_point dl) {
           return b->allgather(mine, all, dl);
         });
+    impl->collective->set_failback(
+        options.failback_calls,
+        [target = daemon_target(options), ids = cc.ring_ids, ms = options.daemon_timeout_ms] {
+          return rings_not_ready(target, ids, ms);
+        });
+  }
   impl->close_barrier = [b, ms = std::max(options.op_timeout_ms, 1000)] {
     std::vector<std::string> all;
     (void)b->allgather("", all, Clock::now() + std::chrono::milliseconds(ms));

@@ -653,6 +653,44 @@ TEST_CASE("a bypassed box: the call is finished on the ring path, or fails on ev
   }
 }
 
+TEST_CASE("failback: the ranks try the box again and return to the INA path",
+          "[hostlib][failover]") {
+  // failback_calls 4: call 2 meets a bypassed box (failover); call 6 tries
+  // the box while it is still bypassed (the probe fails its seal: ring
+  // path, next try 8 calls later); the bypass ends; call 14 tries again and
+  // every rank is back on the INA path, with the box's rank-order results.
+  const unsigned P = 3;
+  bool bypassed = false;
+  LoopbackConfig cfg = box_fabric(P, 4, 2, 256);
+  cfg.bypass = [&](unsigned, unsigned, uint32_t, uint32_t) { return bypassed; };
+  Options o;
+  o.window = 2;
+  o.failback_calls = 4;
+  Job job(cfg, o);
+  std::mt19937_64 rng(77);
+  const size_t count = 700;
+  const size_t seg_max = P * (cfg.recv_bytes / (4 * (P - 1)) / 64 * 64 / 4);
+  for (unsigned call = 1; call <= 16; ++call) {
+    INFO("call " << call);
+    bypassed = call >= 2 && call <= 6;
+    std::vector<std::vector<uint8_t>> in, out;
+    for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::fp32, count, false));
+    const auto errs = job.run(in, out, count, DataType::fp32, Op::sum, 2000);
+    const bool ina = call == 1 || call >= 14;
+    const auto want = ina ? rank_order_reference(in, DataType::fp32, Op::sum)
+                          : ring_order_reference(in, DataType::fp32, Op::sum, seg_max);
+    for (unsigned r = 0; r < P; ++r) {
+      INFO("rank " << r << ": " << errs[r].message);
+      REQUIRE(errs[r].ok());
+      CHECK(job.comms[r]->path() == (ina ? Path::ina : Path::ring));
+      CHECK(job.comms[r]->failovers() == (call == 1 ? 0 : 1));
+      if (call != 2) CHECK(out[r] == want);  // call 2: box result or ring, as failover decides
+      CHECK(out[r] == out[0]);
+    }
+  }
+  CHECK(job.comms[0]->path_reason().find("sealed and right on every rank") != std::string::npos);
+}
+
 TEST_CASE("failover with two rings: every stripe finished on the ring path, exact",
           "[hostlib][failover]") {
   // A whole call bypassed on a striped communicator (R = 2): each ring's

@@ -29,12 +29,12 @@ class Task:
         x = torch.randn(self.batch_size, self.inp, generator=g)
         return x, x @ self.teacher + 0.1 * torch.randn(self.batch_size, self.out, generator=g)
 
-    def train(self, model, steps, rank):
+    def train(self, model, steps, rank, first=0):
         """`steps` SGD steps of `model` (a DDP wrapper or a plain module) on
-        rank's batches; the losses."""
+        rank's batches first, first + 1, ...; the losses."""
         opt = self.optimizer(model.parameters())
         losses = []
-        for s in range(steps):
+        for s in range(first, first + steps):
             x, y = self.batch(s, rank)
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x), y)

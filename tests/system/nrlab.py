@@ -871,7 +871,7 @@ class Lab:
     lab.box.stats(); ...  Everything is torn down on exit."""
 
     def __init__(self, guests=2, dataplane=None, workdir=None, mem_mb=512, mtu=1500, box_mode="aggregate",
-                 rings=None, boot_timeout=240, start_box=True,
+                 rings=None, boot_timeout=240, start_box=True, box_extra=None,
                  box_nice=int(os.environ.get("NRLAB_BOX_NICE", "0")), racks=None):
         """racks: None (one box, `guests` guests) or the guest counts of two
         racks, e.g. [2, 2]: a leaf box per rack and a spine (see "Two racks"
@@ -889,6 +889,7 @@ class Lab:
         self.workdir = os.path.abspath(workdir or os.path.join(ROOT, "build", "tests", "system", "lab"))
         self.dataplane = dataplane or os.path.join(ROOT, "build", "src", "dataplane", "netreduce-dataplane")
         self.box_mode, self.rings, self.boot_timeout, self.start_box = box_mode, rings, boot_timeout, start_box
+        self.box_extra = box_extra  # merged into the box's YAML (Box.start's extra)
         self.box_nice = box_nice
         self.ns = "nrlab-%d" % os.getpid()
         self.run_dir = os.path.join(self.workdir, "run-%d" % os.getpid())
@@ -947,7 +948,7 @@ class Lab:
         # After the boots: its polling worker would take a core from them.
         if self.start_box:
             for b in self.boxes.values():
-                b.start(self.box_mode, self.rings)
+                b.start(self.box_mode, self.rings, extra=self.box_extra)
         self.setup_seconds = time.monotonic() - t0
 
     def reboot(self, guests):

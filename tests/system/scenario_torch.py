@@ -18,7 +18,12 @@ of step s seeded by (s, r)):
            ring, INA), buckets all-reduced asynchronously;
   ring     DDP over a second netreduce process group with force_ring and
            use_ring: the library's RDMA ring all-reduce (no box), for the
-           byte comparison.
+           byte comparison;
+  failover the hook again (a third communicator, failback_calls 8) while the
+           host bypasses the box with fault injection once it aggregates,
+           and clears the bypass once every rank logged its switch to the
+           ring path; the phase trains until 20 steps after every rank is
+           back on the INA path: INA -> ring -> INA, no step lost.
 Checked on the host: every rank exited 0; each phase ran on its path; each
 phase's parameters are identical on every rank and equal (fp tolerance) to a
 single-process training on the concatenated batches computed here with torch;
@@ -52,6 +57,13 @@ STORE_PORT = 29500
 QP_TIMEOUT = 19
 GUEST_MEM_MB = 1024  # torch: ~180 MiB resident, plus its libraries in the page cache
 WORKER_TIMEOUT = 1500  # import torch in a cold TCG guest: 3-4 minutes; three phases of STEPS
+# The failover phase: the hook's communicator tries the box again 8 calls
+# after its failover (one call per step here), doubling while the box is
+# still bypassed; the phase trains until 20 steps after the return to the
+# INA path (at most FAILOVER_MAX_STEPS).
+FAILBACK_CALLS = 8
+FAILOVER_MAX_STEPS = 1500
+BACK_ON_INA_STEPS = 20
 CHECK_N = 1000
 
 
@@ -181,6 +193,25 @@ def worker(a):
     r = train(torch.nn.parallel.DistributedDataParallel(model(), process_group=ring_pg), rank, ring_pg.stats)
     r.update(path=ring_pg.path, reason=ring_pg.reason, ring=0)
     res["ring"] = r
+    # failover: the hook through the box while the host bypasses it (fault
+    # injection) and clears the bypass again (failover_drill): INA -> ring
+    # -> INA within one training.
+    phase("failover")
+    fs = nrt.HookState(failback_calls=FAILBACK_CALLS, **common)
+    ddp = torch.nn.parallel.DistributedDataParallel(model())
+    ddp.register_comm_hook(fs, nrt.allreduce_hook)
+    steps, back_at, losses = 0, None, []
+    while steps < FAILOVER_MAX_STEPS:
+        # The path switches inside a call, on every rank alike: read between
+        # steps, every rank decides the same.
+        losses += task().train(ddp, 1, rank, first=steps)
+        steps += 1
+        if back_at is None and fs.failovers > 0 and fs.path == "ina":
+            back_at = steps
+        if back_at is not None and steps - back_at >= BACK_ON_INA_STEPS:
+            break
+    res["failover"] = {"params": [p.detach().clone() for p in ddp.module.parameters()], "losses": losses,
+                       "steps": steps, "back_at": back_at, "path": fs.path, "failovers": fs.failovers}
     out["phases"] = res
     # Everything each communicator carried (DDP may all-reduce outside train()).
     out["comm_bytes"] = {"ina": res["checks"]["bytes"] + pg.stats()["bytes"], "hook": hs.stats()["bytes"]}
@@ -190,6 +221,7 @@ def worker(a):
     print(json.dumps({k: v for k, v in out.items() if k != "phases"}))
     # Leave without tearing down communicators one by one: exit closes them
     # (each close is a barrier with the peers, bounded by op_timeout_ms).
+    fs.close()
     hs.close()
     ring_pg.close()
     pg.close()
@@ -198,6 +230,49 @@ def worker(a):
 
 # ----------------------------------------------------------------------------
 # Host side
+
+
+def wait_all(jobs, text, timeout, what):
+    """Seconds until every rank's stderr contains `text`, per rank (from
+    now); Failed if one ends first or `timeout` passes."""
+    t0, seen = time.monotonic(), [None] * len(jobs)
+    while None in seen:
+        for r, j in enumerate(jobs):
+            if seen[r] is None and text in j.output()[1]:
+                seen[r] = time.monotonic() - t0
+        if None not in seen:
+            break
+        if any(j.done() for j in jobs) or time.monotonic() > t0 + timeout:
+            raise nrlab.Failed("%s: ranks %s never logged %r within %d s\n%s" % (
+                what, [r for r, x in enumerate(seen) if x is None], text, timeout,
+                "\n".join("--- rank %d stderr\n%s" % (r, j.output()[1][-2000:]) for r, j in enumerate(jobs))))
+        time.sleep(0.1)
+    return seen
+
+
+def failover_drill(lab, daemon, jobs, report):
+    """While the workers' failover phase trains through the box: bypass it
+    (POST /v1/faults, kind bypass, every ring) once it aggregates, until
+    every rank logged its switch to the ring path; then clear the bypass and
+    wait for every rank's switch back to the INA path."""
+    wait_all(jobs, "worker: phase failover", WORKER_TIMEOUT, "failover phase")
+
+    def aggregated():
+        return sum(r.get("counters", {}).get("bytes_aggregated", 0)
+                   for r in lab.box.control(cmd="list_rings").get("rings", []))
+    base, t0 = aggregated(), time.monotonic()
+    while aggregated() - base < 3 * P * 4 * sum(p.numel() for p in model().parameters()):
+        if time.monotonic() > t0 + 120 or any(j.done() for j in jobs):
+            raise nrlab.Failed("failover phase: the hook's ring never aggregated 3 steps")
+        time.sleep(0.1)
+    daemon.post("/v1/faults", {"ring": "all", "kind": "bypass", "duration_ms": 300000})
+    to_ring = wait_all(jobs, "switched to the ring path", 180, "after the bypass")
+    daemon.delete("/v1/faults")
+    to_ina = wait_all(jobs, "switched to the INA path", 300, "after the bypass was cleared")
+    report.figure("failover: seconds from the bypass to each rank's switch to the ring path",
+                  ", ".join("%.1f" % x for x in to_ring))
+    report.figure("failover: seconds from clearing the bypass to each rank's switch back to INA",
+                  ", ".join("%.1f" % x for x in to_ina))
 
 
 def run_scenario(a):
@@ -209,7 +284,7 @@ def run_scenario(a):
     report, ok = None, False
     try:
         with nrlab.Lab(guests=P, dataplane=a.dataplane, workdir=a.workdir, box_mode="aggregate",
-                       mem_mb=GUEST_MEM_MB) as lab:
+                       mem_mb=GUEST_MEM_MB, box_extra={"faults": {"enabled": True}}) as lab:
             report = nrlab.Report("torch", lab.run_dir)
             report.figure("lab setup, 3 guests (boot to rxe0 ready)", "%.1f" % lab.setup_seconds, "s")
             daemon = scenario_allreduce.Daemon(lab, a.daemon)
@@ -223,6 +298,7 @@ def run_scenario(a):
                 jobs = [g.spawn(["/usr/bin/python3", os.path.abspath(__file__), "--worker", "--rank", r,
                                  "--master", g0.ip, "--gid-index", g.gid_index], env=env)
                         for r, g in enumerate(lab.guests)]
+                failover_drill(lab, daemon, jobs, report)
                 results = [j.wait(WORKER_TIMEOUT) for j in jobs]
                 report.figure("training job wall time (import torch included)", "%.1f" % (time.monotonic() - t),
                               "s")
@@ -232,8 +308,9 @@ def run_scenario(a):
                     raise Failed("ranks exited %s\n%s\n%s" % ([x.rc for x in results], "\n".join(last), "\n".join(
                         "--- rank %d stderr\n%s\n--- stdout\n%s" % (r, x.err[-3000:], x.out[-1000:])
                         for r, x in enumerate(results))))
+                return results
 
-            nrlab.run_step(lab, [report], training_job)
+            results = nrlab.run_step(lab, [report], training_job)
             outs = [torch.load(os.path.join(g.dir, "torch-result-%d.pt" % r)) for r, g in enumerate(lab.guests)]
             rings = {}
             for name in ("checks", "ina", "hook"):  # counters while the rings are still leased
@@ -300,6 +377,29 @@ def run_scenario(a):
                    (rid, c["bytes_aggregated"], want))
             expect(rings[rid]["open_cells"] == 0 and rings[rid]["held_packets"] == 0,
                    "ring %d has cells open: %s" % (rid, rings[rid]))
+        # failover: INA -> ring -> INA in one training, every rank alike.
+        fo = [p["failover"] for p in ph]
+        report.line("failover (hook through the box, bypassed mid-training, then cleared):")
+        expect(all(f["path"] == "ina" and f["failovers"] == 1 and f["back_at"] for f in fo),
+               "failover: paths / failovers / back on INA at step %s" %
+               [(f["path"], f["failovers"], f["back_at"]) for f in fo])
+        expect(len({(f["steps"], f["back_at"]) for f in fo}) == 1, "failover: ranks trained different steps: %s" %
+               [(f["steps"], f["back_at"]) for f in fo])
+        for r in range(1, P):
+            for x, y in zip(fo[0]["params"], fo[r]["params"]):
+                expect(torch.equal(x, y), "failover: rank %d's parameters differ from rank 0's" % r)
+        fref = task().reference(fo[0]["steps"])
+        diff = max((x - y).abs().max().item() for x, y in zip(fref, fo[0]["params"]))
+        expect(all(torch.allclose(x, y, rtol=1e-4, atol=1e-5) for x, y in zip(fref, fo[0]["params"])),
+               "failover: parameters differ from the single-process reference by up to %g" % diff)
+        for r, res in enumerate(results):
+            switches = [ln for ln in res.err.splitlines() if "switched to the" in ln]
+            expect(len(switches) == 2 and "to the ring path" in switches[0] and "to the INA path" in switches[1],
+                   "failover: rank %d logged %s" % (r, switches))
+        report.line("  rank 0: %s" % "; ".join(ln[:200] for ln in results[0].err.splitlines()
+                                              if "switched to the" in ln))
+        report.figure("  steps trained / back on INA after step", "%d / %d" % (fo[0]["steps"], fo[0]["back_at"]))
+        report.figure("  identical on every rank; max |difference| to the single-process reference", "%.2e" % diff)
         ina_tx = [r["tx_bytes_per_step"] for r in (p["ina"] for p in ph)]
         ring_tx = [r["tx_bytes_per_step"] for r in (p["ring"] for p in ph)]
         report.figure("eth0 bytes per step INA / ring per worker (ideal P/(2(P-1)) = %.3f)" % (P / (2 * (P - 1))),

@@ -67,6 +67,9 @@ typedef struct {
   int local_rank;      /* -1: discovered; 0..local_size-1 */
   int local_size;      /* -1: discovered; 1: no local ranks */
   const char* host_id; /* NULL: NETREDUCE_HOST_ID, else boot id + hostname */
+  /* After a failover: calls before the first try back on the box (doubling
+     after each failed try, up to 64 x); 0: stay on the ring path. */
+  uint32_t failback_calls;
 } nr_options;
 
 /* ABI rule for nr_options. The struct only grows, at its end, and the

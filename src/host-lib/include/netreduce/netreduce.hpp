@@ -135,6 +135,12 @@ struct Options {
   // /proc/sys/kernel/random/boot_id + "/" + hostname. Tests set it to run
   // several "hosts" on one machine.
   std::string host_id;
+  // After a failover (an INA call finished on the ring path: failovers()),
+  // the ranks try the box again after this many calls: a probe all-reduce
+  // through it, and the INA path again if every rank's is sealed and right.
+  // Each failed try doubles the wait, up to 64 x this. 0: stay on the ring
+  // path.
+  uint32_t failback_calls = 64;
 };
 
 class AllreduceHandle;
