@@ -14,6 +14,10 @@ namespace netreduce::host {
 
 namespace {
 
+// The work request id of a stop notice (a zero-length WRITE WITH IMM to the
+// successor); message indices never reach it.
+constexpr uint64_t kStopWrId = ~uint64_t{0};
+
 std::string ms_since(Clock::time_point start) {
   return std::to_string(
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count());
@@ -197,20 +201,36 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
   // after a call that succeeded (the probe's ring path goes on over it).
   // With failover, the predecessor may have sent more or fewer messages
   // than this rank: only this rank's writes are awaited here, the receives
-  // once the ranks have agreed (failover.cc).
+  // once the ranks have agreed (failover.cc). And a rank that stops tells
+  // its successor at once, with a stop notice on every ring (a zero-length
+  // WRITE WITH IMM, which no INA message is): the successor, maybe waiting
+  // for a message this rank will not send, stops too and passes it on, so
+  // every rank reaches the agreement without waiting for its deadline.
   Error unsealed;
   const bool failover = static_cast<bool>(exchange_);
-  const auto drained = [failover](const Window& w) {
-    return w.writes_completed() == w.next_send() &&
+  std::array<uint8_t, kMaxRings> stop{};  // per ring: 0 none, 1 notice sent, 2 acknowledged
+  const auto drained = [&](unsigned g) {
+    const Window& w = st[g].w;
+    return w.writes_completed() == w.next_send() && stop[g] != 1 &&
            (failover || w.results_received() == w.next_send());
   };
   const auto record = [&](bool recoverable) {
     for (unsigned g = 0; g < R; ++g) {
       last_.copied[g] = st[g].copied;
-      last_.sent[g] = static_cast<uint32_t>(st[g].w.next_send());
+      last_.sent[g] = static_cast<uint32_t>(st[g].w.next_send()) + (stop[g] != 0 ? 1 : 0);
       last_.received[g] = st[g].received;
     }
     last_.recoverable = recoverable;
+  };
+  // The first cause ends the call; with failover, the stop notices go out.
+  const auto halt = [&](Error e) -> Error {
+    if (!unsealed.ok()) return {};
+    unsealed = std::move(e);
+    for (unsigned g = 0; failover && g < R; ++g) {
+      if (Error x = t_.post_write_imm(g, send_mr_, 0, 0, 0, 0, kStopWrId)) return x;
+      stop[g] = 1;
+    }
+    return {};
   };
   Completion comps[kPollBatch];
   for (;;) {
@@ -237,7 +257,7 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
           return fail(e);
         (void)k.w.sent(i);
       }
-      finished = finished && (unsealed.ok() ? k.w.finished() : drained(k.w));
+      finished = finished && (unsealed.ok() ? k.w.finished() : drained(g));
     }
     if (finished) {
       record(!unsealed.ok());
@@ -251,7 +271,8 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
       // sound, so failover may finish the call. Writes missing: it is not.
       bool writes_back = true;
       for (unsigned g = 0; g < R; ++g)
-        writes_back = writes_back && st[g].w.writes_completed() == st[g].w.next_send();
+        writes_back =
+            writes_back && st[g].w.writes_completed() == st[g].w.next_send() && stop[g] != 1;
       record(failover && writes_back);
       if (!unsealed.ok()) return fail(unsealed);  // the first cause, not the drain's timeout
       std::string what;
@@ -290,6 +311,17 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
       if (Error e = check_lane(c, R, who)) return fail(e);
       Stripe& k = st[c.lane];
       const auto ring = [&] { return ring_tag(c.lane, k.s, es); };  // errors only
+      if (c.kind == Completion::Kind::write_done && c.wr_id == kStopWrId) {
+        if (!c.ok) {
+          record(false);
+          return fail(Error::make(ErrorCode::transport,
+                                  who + ring() + "stop notice to successor rank " +
+                                      std::to_string(t_.successor()) + " failed (" + c.what +
+                                      ", status " + std::to_string(c.vendor_status) + ")"));
+        }
+        stop[c.lane] = 2;
+        continue;
+      }
       if (c.kind == Completion::Kind::write_done) {
         if (!c.ok)
           return fail(Error::make(ErrorCode::transport,
@@ -322,9 +354,20 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
           record(false);
           return fail(std::move(e));
         }
-        if (unsealed.ok()) unsealed = std::move(e);
+        if (Error x = halt(std::move(e))) {
+          record(false);
+          return fail(x);
+        }
         return {};
       };
+      if (failover && c.byte_len == 0) {  // the predecessor's stop notice
+        if (Error e = raw(Error::make(ErrorCode::transport,
+                                      who + ring() + "predecessor rank " +
+                                          std::to_string(t_.predecessor()) +
+                                          " stopped the call (it met data no box sealed)")))
+          return e;
+        continue;
+      }
       if (i >= k.w.next_send()) {
         if (!unsealed.ok()) continue;  // draining: the predecessor was ahead
         if (Error e = raw(Error::make(ErrorCode::transport,
@@ -368,12 +411,16 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
         ++k.copied;
       } else {
         failed_seal_ = true;
-        unsealed = Error::make(
+        Error e = Error::make(
             ErrorCode::transport,
             who + ring() + "message id " + std::to_string(id) + " from predecessor rank " +
                 std::to_string(t_.predecessor()) + " fails the box's seal (immediate " +
                 hex(c.imm) + ", data crc32 " + hex(crc) +
                 "): no box reduced it from every rank (bypassed or restarted on the path?)");
+        if (Error x = halt(std::move(e))) {
+          record(false);
+          return fail(x);
+        }
       }
       (void)k.w.result_received(i);
     }
