@@ -14,6 +14,7 @@
 
 #include "dataplane/dataplane.h"
 #include "wire/headers.h"
+#include "wire/ina.h"
 #include "wire/opcode.h"
 
 namespace netreduce::dataplane {
@@ -88,6 +89,16 @@ inline int rule_of(const FaultTable& t, const engine::Frame& f) noexcept {
   return -1;
 }
 
+// An ordinary WRITE's first packet (no INA header): a bypass leaves it to
+// the engine, which forwards it anyway and records its write, so that its
+// later packets still pass when the bypass ends in the middle of it (the
+// engine drops a ring link's later packets whose write it never saw). A job
+// that failed over to the ring path keeps running across the bypass's end.
+inline bool ordinary_first(const engine::Frame& f) noexcept {
+  return wire::is_write_first(f.p.opcode) &&
+         !wire::ina_decode(f.pkt.data + f.p.payload, f.p.payload_len);
+}
+
 }  // namespace
 
 unsigned inject_faults(Lcore& lc, const FaultTable& t, engine::Frame* frames, unsigned n,
@@ -106,7 +117,8 @@ unsigned inject_faults(Lcore& lc, const FaultTable& t, engine::Frame* frames, un
   for (unsigned i = 0; i < n; ++i) {
     const engine::Frame& f = frames[i];
     const int r = rule_of(t, f);
-    if (r < 0 || now >= t.rules[r].until_tsc || draw(w.fault_rng) >= t.rules[r].threshold) {
+    if (r < 0 || now >= t.rules[r].until_tsc || draw(w.fault_rng) >= t.rules[r].threshold ||
+        (t.rules[r].kind == FaultKind::bypass && ordinary_first(f))) {
       out[k++] = f;
       if (r >= 0 && r == held_rule) {  // the ring's next packet: the held one follows it
         out[k++] = held;

@@ -106,6 +106,18 @@ def other_traffic(base):
     return out
 
 
+def ordinary_write(base, pmtu, psn=5000):
+    """The two packets (WRITE FIRST, WRITE LAST) of an ordinary RDMA WRITE
+    from rank 0 to rank 1 on ina_packets' ring link (no INA header: a ring
+    path write)."""
+    def pkt(op, psn_, body):
+        return (Ether(src="02:00:00:00:%02x:00" % base, dst="02:00:00:00:%02x:01" % base)
+                / IP(src=ip(0, base), dst=ip(1, base), flags="DF", ttl=64) / UDP(sport=0xC000, dport=4791, chksum=0)
+                / BTH(opcode=op, dqpn=0x101, psn=psn_) / Raw(body))
+    return (pkt(0x06, psn, struct.pack("!QII", 0x20000, 0x1234, 2 * pmtu) + b"\x5a" * pmtu),
+            pkt(0x08, psn + 1, b"\xa5" * pmtu))
+
+
 def ring_spec(ring_id, ranks, base, pkts_per_msg, pmtu):
     return {"id": ring_id, "members": [ip(r, base) for r in range(ranks)], "msg_len": pkts_per_msg,
             "window": 4, "payload_bytes": pmtu}
@@ -1628,8 +1640,19 @@ def faults_scenario(tmp, rng):
         assert engine_seen == 0, "the engine saw %d of the bypassed packets: %s" % (engine_seen, en1)
         listed = ctl(cmd="list_faults")["faults"]
         assert listed[0]["packets"] == len(frames) and 0 < listed[0]["remaining_ms"] <= 60000, listed
+        # An ordinary WRITE on a ring link (a job that failed over to the ring
+        # path) whose first packet passes under the bypass and whose last one
+        # after it ends: the engine saw the first (recorded its write), so
+        # the last is forwarded too, not dropped as first_packet_lost.
+        first, last = ordinary_write(1, pmtu)
+        got = box.send([first])
+        assert raw(first) in [raw(f) for f in got], "the ordinary first packet was not forwarded under bypass"
         r = ctl(cmd="clear_faults", ring=1)
         assert r["ok"] and r["cleared"] == 1 and r["faults"] == [], r
+        got = box.send([last])
+        _, en_last = fault_counts(ctl)
+        assert raw(last) in [raw(f) for f in got], "the write's last packet was dropped after the bypass ended: %s" % {
+            k: en_last[k] - en1[k] for k in en_last if en_last[k] != en1[k]}
 
         # Drop 1.0 on every ring, for 4 s: nothing of the ring leaves; then it expires.
         r = ctl(cmd="set_fault", ring="all", kind="drop", fraction=1.0, duration_ms=4000)
