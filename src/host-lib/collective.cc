@@ -209,6 +209,11 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
   Error unsealed;
   const bool failover = static_cast<bool>(exchange_);
   std::array<uint8_t, kMaxRings> stop{};  // per ring: 0 none, 1 notice sent, 2 acknowledged
+  // A notice carries its call's number (the immediate); one from another
+  // call means the predecessor failed a call this rank completed: no
+  // agreement can finish it, and this rank says so in its report.
+  const uint32_t call_tag = static_cast<uint32_t>(calls_);
+  bool foreign_stop = false;
   const auto drained = [&](unsigned g) {
     const Window& w = st[g].w;
     return w.writes_completed() == w.next_send() && stop[g] != 1 &&
@@ -220,14 +225,18 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
       last_.sent[g] = static_cast<uint32_t>(st[g].w.next_send()) + (stop[g] != 0 ? 1 : 0);
       last_.received[g] = st[g].received;
     }
-    last_.recoverable = recoverable;
+    last_.recoverable = recoverable && !foreign_stop;
   };
   // The first cause ends the call; with failover, the stop notices go out.
   const auto halt = [&](Error e) -> Error {
     if (!unsealed.ok()) return {};
     unsealed = std::move(e);
     for (unsigned g = 0; failover && g < R; ++g) {
-      if (Error x = t_.post_write_imm(g, send_mr_, 0, 0, 0, 0, kStopWrId)) return x;
+      // Only where the send queue has room (a full window leaves none): the
+      // successor then learns at its deadline.
+      const Window& w = st[g].w;
+      if (w.next_send() - w.writes_completed() >= t_.max_outstanding_writes()) continue;
+      if (Error x = t_.post_write_imm(g, send_mr_, 0, 0, 0, call_tag, kStopWrId)) return x;
       stop[g] = 1;
     }
     return {};
@@ -264,7 +273,12 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
       return unsealed.ok() ? Error{} : fail(unsealed);
     }
     unsigned n = 0;
-    if (Error e = t_.poll(comps, kPollBatch, n, deadline)) return fail(e);
+    while (n < kPollBatch && !pending_.empty()) {
+      comps[n++] = pending_.front();
+      pending_.pop_front();
+    }
+    if (n == 0)
+      if (Error e = t_.poll(comps, kPollBatch, n, deadline)) return fail(e);
     if (n == 0) {
       // Results missing with every write of this rank acknowledged: a
       // predecessor that stopped sending (it met raw data); the transport is
@@ -361,10 +375,16 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
         return {};
       };
       if (failover && c.byte_len == 0) {  // the predecessor's stop notice
-        if (Error e = raw(Error::make(ErrorCode::transport,
-                                      who + ring() + "predecessor rank " +
-                                          std::to_string(t_.predecessor()) +
-                                          " stopped the call (it met data no box sealed)")))
+        const bool ours = c.imm == call_tag;
+        foreign_stop = foreign_stop || !ours;
+        if (Error e = raw(Error::make(
+                ErrorCode::transport,
+                who + ring() + "predecessor rank " + std::to_string(t_.predecessor()) +
+                    (ours ? std::string(" stopped the call (it met data no box sealed)")
+                          : " stopped all-reduce call " + std::to_string(c.imm) +
+                                ", which this rank had completed: the box was lost between "
+                                "the ranks' last results, and the ranks cannot finish it "
+                                "together"))))
           return e;
         continue;
       }

@@ -69,6 +69,8 @@ struct CollectiveConfig {
 size_t recv_region_bytes(const CollectiveConfig& cfg, unsigned world, size_t ring_buffer_bytes);
 
 inline constexpr unsigned kPollBatch = 16;  // completions taken per poll
+// The most one exchange carries (the bootstrap's frames hold 16 MiB).
+inline constexpr size_t kMaxExchangeBytes = size_t{15} << 20;
 
 // Out-of-band allgather among the ring's ranks (the bootstrap connection):
 // every rank's blob in rank order, within the deadline. Failover uses it to
@@ -125,7 +127,7 @@ class Collective {
   Error fail_over(const void* send, void* recv, size_t count, DataType t, Op op,
                   Clock::time_point deadline, const Error& cause);
   Error drain_receives(const std::vector<uint32_t>& expected, Clock::time_point deadline);
-  Error fail_back(Clock::time_point deadline);
+  Error fail_back(Clock::time_point deadline, Clock::duration budget);
   void switch_path(Path p, std::string reason);
   // "ring i of R (id X, stripe bytes [a, b))" for errors.
   std::string ring_name(unsigned i, const StripeRange& s, size_t esize) const;
@@ -150,6 +152,9 @@ class Collective {
   size_t ring_stride_ = 0;      // bytes per ring-path receive slot
   std::vector<RingState> rings_;
   std::vector<uint8_t> stage_;  // INA path: a result while its seal is checked
+  // INA path: completions a failback's drain took that belong to the next
+  // call (read before the transport's).
+  std::deque<Completion> pending_;
   Error failed_{};
   bool failed_seal_ = false;
 

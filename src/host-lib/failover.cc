@@ -80,8 +80,12 @@ bool decode(const std::string& s, Report& r) {
 Error Collective::allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
                             Clock::time_point deadline) {
   ++calls_;
-  if (path() == Path::ring && failback_at_ != 0 && calls_ >= failback_at_)
-    if (Error e = fail_back(deadline)) return e;
+  if (path() == Path::ring && failback_at_ != 0 && calls_ >= failback_at_ && failed_.ok()) {
+    // The try has a budget of its own (the call's), and the call its own again.
+    const Clock::duration budget = std::max(deadline - Clock::now(), Clock::duration{0});
+    if (Error e = fail_back(Clock::now() + budget, budget)) return e;
+    deadline = Clock::now() + budget;
+  }
   if (path() == Path::ring) return ring_allreduce(send, recv, count, t, op, deadline);
   const bool usable = failed_.ok();
   const Clock::time_point start = Clock::now();
@@ -109,7 +113,9 @@ Error Collective::drain_receives(const std::vector<uint32_t>& expected,
     for (unsigned g = 0; g < R; ++g) done = done && last_.received[g] >= expected[g];
     if (done) return {};
     unsigned n = 0;
-    if (Error e = t_.poll(comps, kPollBatch, n, deadline)) return e;
+    // One at a time: a completion past what is owed belongs to the next
+    // call, whichever path it takes.
+    if (Error e = t_.poll(comps, 1, n, deadline)) return e;
     if (n == 0)
       return Error::make(ErrorCode::timeout,
                          "predecessor rank " + std::to_string(t_.predecessor()) +
@@ -122,8 +128,10 @@ Error Collective::drain_receives(const std::vector<uint32_t>& expected,
                                (c.ok ? "a write" : c.what) + ")");
       if (last_.received[c.lane] < expected[c.lane])
         ++last_.received[c.lane];
-      else  // the predecessor's first ring-path write, already: kept for its step
+      else if (path() == Path::ring)  // the predecessor's first ring-path write: kept for its step
         rings_[c.lane].early.push_back(c);
+      else  // back on the INA path: the predecessor's first message of the next call
+        pending_.push_back(c);
     }
   }
 }
@@ -210,6 +218,13 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
       blob.append(reinterpret_cast<const char*>(dst + have[g].first * es), have[g].count * es);
   }
   if (any_have) {
+    size_t total = 0;  // every rank computes the same from the reports
+    for (unsigned g = 0; g < R; ++g) total += have[g].count * es;
+    if (total > kMaxExchangeBytes)
+      return give_up(std::to_string(total) +
+                     " bytes of results to pass between the ranks, more "
+                     "than one bootstrap exchange carries (" +
+                     std::to_string(kMaxExchangeBytes) + ")");
     if (Error e = exchange_(blob, blobs, deadline))
       return give_up("the ranks could not exchange results (" + e.message + ")");
     std::vector<size_t> at(P, 0);
@@ -268,13 +283,14 @@ void Collective::switch_path(Path p, std::string reason) {
 // probe that left a rank's connections unsound (writes never acknowledged:
 // the box drops the ring's traffic) ends the communicator, as a failed INA
 // call without failover would.
-Error Collective::fail_back(Clock::time_point deadline) {
+Error Collective::fail_back(Clock::time_point deadline, Clock::duration budget) {
   const unsigned P = t_.world(), me = t_.rank(), R = rings();
   const auto later = [&] {
     failback_gap_ = std::min<uint64_t>(failback_gap_ * 2, uint64_t{failback_first_} * 64);
     failback_at_ = calls_ + failback_gap_;
   };
   const auto broken = [&](const std::string& why) {
+    failback_at_ = 0;  // the communicator is unusable: no more tries
     return fail(Error::make(ErrorCode::transport,
                             "rank " + std::to_string(me) + ": trying the box again (" +
                                 "all-reduce call " + std::to_string(calls_) + "): " + why));
@@ -290,6 +306,9 @@ Error Collective::fail_back(Clock::time_point deadline) {
   std::array<int32_t, kMaxRings> mine{}, got{};
   mine.fill(static_cast<int32_t>(me) + 1);
   const Error e = ina_allreduce(mine.data(), got.data(), R, DataType::int32, Op::sum, deadline);
+  // The verdicts, as in a failover: a rank whose probe ended at its deadline
+  // still finds the others waiting.
+  deadline = std::max(deadline, Clock::now()) + budget;
   std::string wrong;
   for (unsigned g = 0; e.ok() && g < R && wrong.empty(); ++g)
     if (got[g] != static_cast<int32_t>(P * (P + 1) / 2))

@@ -88,6 +88,7 @@ struct PeerInfo {
   uint32_t ipv4 = 0;  // host order; 0 = unknown
   uint32_t active_mtu = 0;
   uint16_t msg_len = 0, payload_bytes = 0, window = 0, force_ring = 0;
+  uint32_t failback_calls = 0;  // every rank tries the box again on the same call
 };
 
 class VerbsTransport final : public Transport {
@@ -567,6 +568,7 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   mine.window = cc.window;
   mine.force_ring = options.force_ring ? 1 : 0;
   mine.rings_option = options.rings;
+  mine.failback_calls = options.failback_calls;
 
   if (Error e = boot->allgather(std::string(reinterpret_cast<const char*>(&mine), sizeof mine),
                                 blobs, deadline))
@@ -581,11 +583,11 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
     if (p.magic != mine.magic || p.world != mine.world || p.msg_len != mine.msg_len ||
         p.payload_bytes != mine.payload_bytes || p.window != mine.window ||
         p.recv_len != mine.recv_len || p.force_ring != mine.force_ring || p.rings != mine.rings ||
-        p.rings_option != mine.rings_option)
+        p.rings_option != mine.rings_option || p.failback_calls != mine.failback_calls)
       return Error::make(ErrorCode::invalid_argument,
                          "rank " + std::to_string(r) +
                              " uses different options (world, msg_len, payload_bytes, window, "
-                             "ring_buffer_bytes, force_ring or rings) than rank " +
+                             "ring_buffer_bytes, force_ring, rings or failback_calls) than rank " +
                              std::to_string(rank));
   }
   {
