@@ -30,6 +30,8 @@
 #include "engine/icrc_fixup.h"
 #include "reduce/reduce.h"
 #include "tests/support/ring_traffic.h"
+#include "wire/b2b.h"
+#include "wire/b2b_mac.h"
 #include "wire/icrc.h"
 #include "wire/message.h"
 #include "wire/parse.h"
@@ -331,6 +333,35 @@ void BM_Crc32(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(0));
 }
 
+// A box-to-box frame's keyed MAC (wire/b2b.h): verifying one frame of N data
+// bytes, as a box does for each partial or result it receives (sealing a
+// frame it sends costs the same hash). A leaf with P local ranks seals one
+// partial and verifies one result per cell of P packets.
+void BM_B2bMac(benchmark::State& state) {
+  const auto n = static_cast<size_t>(state.range(0));
+  std::vector<uint8_t> data(n, 0x5A);
+  wire::B2bKey key{};
+  key.fill(0x42);
+  wire::B2bMac mac(key);
+  wire::B2bFrameSpec s;
+  s.src_ip = 0x0A090001;
+  s.dst_ip = 0x0A090009;
+  s.info.msg_len = 4;
+  s.info.dtype = static_cast<uint8_t>(wire::Dtype::fp32);
+  s.info.op = static_cast<uint8_t>(wire::ReduceOp::sum);
+  s.data = data.data();
+  s.data_len = n;
+  s.mac = &mac;
+  std::vector<uint8_t> frame(wire::b2b_frame_size(n));
+  wire::B2bFrame b;
+  if (wire::build_b2b(s, frame.data(), frame.size()) != frame.size() ||
+      wire::parse_b2b(frame.data(), frame.size(), b) != wire::B2bStatus::ok)
+    state.SkipWithError("frame");
+  for (auto _ : state)
+    if (!mac.verify(frame.data() + b.hdr, b.data_len)) state.SkipWithError("mac");
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(0));
+}
+
 // Reference point for the host's side of the digest: copying N bytes out of
 // the receive region. The host copies each result into a private buffer,
 // CRCs that (BM_Crc32/N), then copies it to the caller: check = one CRC and
@@ -438,8 +469,9 @@ class FloorReporter : public benchmark::ConsoleReporter {
       if (r.run_type != Run::RT_Iteration || r.error_occurred) continue;
       const std::string name = r.run_name.str();
       const auto it = r.counters.find("ns/pkt");
-      const double ns = it != r.counters.end() ? it->second.value * 1e9
-                                               : r.GetAdjustedCPUTime();  // ns (BM_Crc32)
+      const double ns = it != r.counters.end()
+                            ? it->second.value * 1e9
+                            : r.GetAdjustedCPUTime();  // ns (BM_Crc32, BM_B2bMac)
       // The least over --benchmark_repetitions: on a shared machine the
       // interference only ever adds time.
       const auto [at, fresh] = ns_.try_emplace(name, ns);
@@ -481,6 +513,20 @@ class FloorReporter : public benchmark::ConsoleReporter {
       std::printf("%-8d %12.1f %12.1f %7.1f%% %12.1f %12.1f %7.1f%%\n", pl, df, full,
                   100 * df / full, dl, lin, 100 * dl / lin);
     }
+    std::printf(
+        "\nBox-to-box MAC (AES(Poly1305)) per frame; a leaf with P=4 local ranks seals\n"
+        "one partial and verifies one result per cell of 4 packets\n");
+    std::printf("%-8s %10s %10s %10s %14s %12s\n", "payload", "mac ns", "crc32 ns", "mac/crc",
+                "mac ns/pkt", "share full");
+    for (const int pl : {1024, 4096}) {
+      const double mac = get("BM_B2bMac/" + std::to_string(pl));
+      const double crc = get("BM_Crc32/" + std::to_string(pl));
+      const double full =
+          get("BM_Aggregate/P:4/payload:" + std::to_string(pl) + "/bf16:0/linear:0");
+      if (!mac || !crc || !full) continue;
+      std::printf("%-8d %10.1f %10.1f %9.2fx %14.1f %11.1f%%\n", pl, mac, crc, mac / crc,
+                  2 * mac / 4, 100 * (2 * mac / 4) / full);
+    }
     std::printf("\nThe host's check of a result (crc32 before the copy-out), hot buffers\n");
     std::printf("%-8s %10s %10s %10s %14s\n", "bytes", "crc32 ns", "memcpy ns", "crc/copy",
                 "crc ns/byte");
@@ -500,6 +546,7 @@ class FloorReporter : public benchmark::ConsoleReporter {
 
 BENCHMARK(BM_Floor)->ArgNames({"P", "payload"})->ArgsProduct({{4}, {1024, 4096}});
 BENCHMARK(BM_Crc32)->Arg(1024)->Arg(4096)->Arg(65536);
+BENCHMARK(BM_B2bMac)->Arg(1024)->Arg(4096);
 BENCHMARK(BM_Memcpy)->Arg(4096)->Arg(65536);
 BENCHMARK(BM_Digest)
     ->ArgNames({"P", "payload", "linear"})

@@ -18,6 +18,8 @@ DEMO=(
   g++ meson ninja-build pkg-config
   # data plane and wire layer
   libdpdk-dev dpdk libisal-dev
+  # box-to-box frames' keyed MAC (OpenSSL's Poly1305, AES, HMAC)
+  libssl-dev
   # host library
   libibverbs-dev rdma-core ibverbs-providers
   # control plane
@@ -29,6 +31,8 @@ DEMO=(
 TEST=(
   # tests and benchmarks
   catch2 clang-format libbenchmark-dev python3-scapy iproute2 python3-numpy python3-matplotlib prometheus
+  # AES for the box-to-box MAC's independent reference (tests/tools/b2b_golden.py)
+  python3-cryptography
   # zlib: the C++ tests' independent CRC-32 (golden result digests)
   zlib1g-dev
   # the Python package (python/netreduce) and its tests: PyTorch (CPU, Gloo)

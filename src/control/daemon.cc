@@ -33,19 +33,26 @@ bool same_spec(const engine::RingSpec& a, const engine::RingSpec& b) {
 
 using SteadyClock = std::chrono::steady_clock;
 
+// `n` bytes from the kernel's CSPRNG; false if getrandom fails.
+bool random_bytes(void* out, size_t n) {
+  auto* p = static_cast<unsigned char*>(out);
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::getrandom(p + got, n - got, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    got += static_cast<size_t>(r);
+  }
+  return true;
+}
+
 // 128 bits from the kernel's CSPRNG as 32 lowercase hex digits; empty if
 // getrandom fails (the caller answers 500 rather than issue a weak secret).
 std::string new_credential() {
   unsigned char raw[16];
-  size_t got = 0;
-  while (got < sizeof raw) {
-    const ssize_t n = ::getrandom(raw + got, sizeof raw - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return {};
-    }
-    got += static_cast<size_t>(n);
-  }
+  if (!random_bytes(raw, sizeof raw)) return {};
   static const char* hex = "0123456789abcdef";
   std::string out;
   for (unsigned char b : raw) {
@@ -59,7 +66,8 @@ std::string id_text(uint32_t id) { return "ring " + std::to_string(id); }
 
 // The data plane's install_ring for a record: its tree node inside the spec.
 json install_cmd(const RingRecord& rec) {
-  return {{"cmd", dpcmd::kInstallRing}, {"ring", ring_tree_to_json(rec.spec, rec.tree)}};
+  return {{"cmd", dpcmd::kInstallRing},
+          {"ring", ring_tree_to_json(rec.spec, rec.tree, KeyShown::included)}};
 }
 
 // A ring reply's "installed": this box's part (true at an origin that holds
@@ -73,12 +81,17 @@ void set_installed(json& j, bool here, const RingRecord& rec) {
   if (!rec.entry.empty() && j.contains("fabric")) j["fabric"]["installed_here"] = rec.local && here;
 }
 
-// A data plane ring report ({"spec": ring JSON + "tree", ...}) is this record, installed.
+// A data plane ring report ({"spec": ring JSON + "tree", ...}) is this
+// record, installed. The report's tree names its key by key_id only: the
+// tree is compared as the report writes it.
 bool installed_as(const json& r, const RingRecord& rec) {
+  if (!rec.local || !r.is_object() || !r.contains("spec") || !r["spec"].is_object()) return false;
+  json spec = r["spec"];
+  const json tree = spec.contains("tree") ? spec["tree"] : json();
+  spec.erase("tree");
   engine::RingSpec have;
-  std::optional<engine::TreeSpec> tree;
-  return r.contains("spec") && ring_tree_from_json(r["spec"], have, tree).ok() && rec.local &&
-         same_spec(rec.spec, have) && tree == rec.tree;
+  return ring_from_json(spec, have).ok() && same_spec(rec.spec, have) &&
+         tree == (rec.tree ? tree_to_json(*rec.tree) : json());
 }
 
 }  // namespace
@@ -227,21 +240,23 @@ Status Daemon::reconcile_locked() {
   if (Status s = dp_.call(dpcmd::list_rings(), reply); !s) return s;
   std::set<uint32_t> good;
   for (const json& r : reply.value("rings", json::array())) {
-    engine::RingSpec have;
-    std::optional<engine::TreeSpec> tree;
-    const bool parsed = r.contains("spec") && ring_tree_from_json(r["spec"], have, tree).ok();
-    if (!parsed) continue;
-    auto it = rings_.find(have.ring_id);
+    const json* id_field = r.is_object() && r.contains("spec") && r["spec"].is_object() &&
+                                   r["spec"].contains("id") && r["spec"]["id"].is_number_unsigned()
+                               ? &r["spec"]["id"]
+                               : nullptr;
+    if (!id_field || id_field->get<uint64_t>() > UINT32_MAX) continue;
+    const auto id = id_field->get<uint32_t>();
+    auto it = rings_.find(id);
     if (it != rings_.end() && installed_as(r, it->second)) {
-      good.insert(have.ring_id);
+      good.insert(id);
       continue;
     }
     json ignored;
-    if (Status s = dp_.call(dpcmd::remove_ring(have.ring_id), ignored);
+    if (Status s = dp_.call(dpcmd::remove_ring(id), ignored);
         !s && s.code() != StatusCode::not_found)
       return s;
     ++counters_.rings_pruned;
-    spdlog::info("reconcile: removed ring {} from the data plane ({})", have.ring_id,
+    spdlog::info("reconcile: removed ring {} from the data plane ({})", id,
                  it == rings_.end() ? "not in the state" : "spec differs from the state");
   }
   Status first_error;
@@ -340,10 +355,14 @@ json Daemon::fabric_view_locked(const RingRecord& rec) const {
   if (rec.origin.empty()) {
     json boxes = json::array();
     for (const PeerPush& p : rec.peers) {
+      // The peer's node as reports show it: key_id, never the key.
+      engine::RingSpec spec;
+      std::optional<engine::TreeSpec> tree;
+      const bool parsed = ring_tree_from_json(p.ring, spec, tree).ok();
       json b = {{"box", p.box},
                 {"pushed", p.pushed},
                 {"installed", p.installed},
-                {"tree", p.ring.value("tree", json())}};
+                {"tree", parsed && tree ? tree_to_json(*tree) : json()}};
       if (!p.error.empty()) b["error"] = p.error;
       boxes.push_back(std::move(b));
     }
@@ -534,8 +553,16 @@ Reply Daemon::create_ring_here(const json& body, const RingAuth& auth) {
   // The memory quota against what the ring needs: the engine's sizes.
   if (Status s = engine::validate(spec); !s) return error_reply(s);
   std::vector<FabricEntry> entries;
-  if (cfg_.fabric)
-    if (Status s = compute_fabric_entries(spec, *cfg_.fabric, entries); !s) return error_reply(s);
+  if (cfg_.fabric) {
+    // One epoch and key for every box of this installation (wire/b2b.h).
+    TreeSecret secret;
+    if (!random_bytes(&secret.epoch, sizeof secret.epoch) ||
+        !random_bytes(secret.key.data(), secret.key.size()))
+      return error_reply(
+          {StatusCode::internal, "", std::string("getrandom failed: ") + std::strerror(errno)});
+    if (Status s = compute_fabric_entries(spec, *cfg_.fabric, secret, entries); !s)
+      return error_reply(s);
+  }
   std::lock_guard lock(mu_);
   const auto now = SteadyClock::now();
   if (auto it = rings_.find(spec.ring_id); it != rings_.end()) {

@@ -32,7 +32,7 @@ std::string port_toward(const FabricBox& b, const std::string& child) {
 }  // namespace
 
 Status compute_fabric_entries(const engine::RingSpec& spec, const FabricConfig& fc,
-                              std::vector<FabricEntry>& out) {
+                              const TreeSecret& secret, std::vector<FabricEntry>& out) {
   const size_t nb = fc.boxes.size();
   // Local ranks per box, in rank order.
   std::vector<std::vector<uint16_t>> ranks(nb);
@@ -92,7 +92,10 @@ Status compute_fabric_entries(const engine::RingSpec& spec, const FabricConfig& 
       children.push_back({{"box", k}});
       boxes.push_back({{"ip", c.b2b_ip}, {"mac", c.b2b_mac}, {"port", port_toward(box, c.name)}});
     }
-    json tree = {{"self", {{"ip", box.b2b_ip}, {"mac", box.b2b_mac}}}, {"children", children}};
+    json tree = {{"self", {{"ip", box.b2b_ip}, {"mac", box.b2b_mac}}},
+                 {"children", children},
+                 {"epoch", secret.epoch},
+                 {"key", key_to_hex(secret.key)}};
     if (!boxes.empty()) tree["boxes"] = boxes;
     if (static_cast<int>(b) != lca) {
       const FabricBox& p = fc.boxes[parent[b]];
@@ -109,7 +112,7 @@ Status compute_fabric_entries(const engine::RingSpec& spec, const FabricConfig& 
 }
 
 json fabric_entry_json(const engine::RingSpec& spec, const FabricEntry& e) {
-  return ring_tree_to_json(spec, e.tree);
+  return ring_tree_to_json(spec, e.tree, KeyShown::included);
 }
 
 }  // namespace netreduce::control

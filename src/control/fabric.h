@@ -13,6 +13,8 @@
 //     (fabric.boxes); its parent is its fabric parent, except at the root.
 //     self = the box's b2b_ip/b2b_mac; a neighbour's "port" is this box's
 //     port toward it (port_to_parent, ports.<child>).
+//   - Every node carries the installation's TreeSecret (drawn by the
+//     daemon that creates the ring; the same on every box).
 //   - Every node is built as the data plane's tree JSON and read back with
 //     engine_json's tree_from_json, so engine::validate_tree checks it.
 #pragma once
@@ -33,9 +35,15 @@ struct FabricEntry {
   std::optional<engine::TreeSpec> tree;  // none: a plain ring (the one-rack case)
 };
 
+// A tree installation's epoch and key (engine::TreeSpec).
+struct TreeSecret {
+  uint32_t epoch = 0;
+  wire::B2bKey key{};
+};
+
 // Every involved box's entry, in fabric order (fabric.boxes).
 Status compute_fabric_entries(const engine::RingSpec& spec, const FabricConfig& fabric,
-                              std::vector<FabricEntry>& out);
+                              const TreeSecret& secret, std::vector<FabricEntry>& out);
 
 // The ring JSON a box's data plane installs: the spec with "tree" when there is one.
 nlohmann::json fabric_entry_json(const engine::RingSpec& spec, const FabricEntry& e);

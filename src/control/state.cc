@@ -192,7 +192,7 @@ Status StateFile::save(const RingMap& rings, const std::vector<FabricDelete>& de
       json f = {{"entry", rec.entry}};
       if (!rec.origin.empty()) f["origin"] = rec.origin;
       if (!rec.local) f["local"] = false;
-      if (rec.tree) f["tree"] = tree_to_json(*rec.tree);
+      if (rec.tree) f["tree"] = tree_to_json(*rec.tree, KeyShown::included);
       if (!rec.peers.empty()) {
         f["peers"] = json::array();
         for (const PeerPush& p : rec.peers)

@@ -623,8 +623,9 @@ void Engine::Impl::reset_cell(Ring& ring, size_t ci, Cell& cell, uint32_t tag, S
 // `ordinary`: the reason of a frame that turns out not to be box-to-box.
 // Every box-to-box frame to a box address is judged here, whichever engine
 // of the box holds its tree (set_box_addresses): malformed in any way (cut
-// short, fragmented, IPv4 options, a short header) or for a tree this
-// engine lacks, it is dropped under its b2b_* reason, never forwarded.
+// short, fragmented, IPv4 options, a short header), for a tree this engine
+// lacks, from another installation of it (epoch) or with a MAC its key does
+// not give, it is dropped under its b2b_* reason, never forwarded.
 template <IcrcFixup F>
 Outcome Engine::Impl::box_frame(const Frame& f, Reason ordinary, uint64_t now, Sink& out) noexcept {
   wire::B2bFrame b;
@@ -637,7 +638,6 @@ Outcome Engine::Impl::box_frame(const Frame& f, Reason ordinary, uint64_t now, S
     return count(is_box_ip(b.dst_ip) ? Reason::b2b_malformed : ordinary);
   // Frames for other boxes pass, whatever their state: they are not ours to judge.
   if (!is_box_ip(b.dst_ip)) return count(Reason::fwd_b2b_transit);
-  if (st == wire::B2bStatus::bad_checksum) return count(Reason::b2b_bad_checksum);
   if (st != wire::B2bStatus::ok) return count(Reason::b2b_malformed);
   const wire::B2bInfo& in = b.info;
   const int at = rings.find(in.tree_id);
@@ -646,6 +646,8 @@ Outcome Engine::Impl::box_frame(const Frame& f, Reason ordinary, uint64_t now, S
   if (!ring.tree || ring.tree->spec.self.ip != b.dst_ip)
     return count(Reason::b2b_unknown_tree, &ring);
   TreeNode& t = *ring.tree;
+  if (in.epoch != t.spec.epoch) return count(Reason::b2b_stale_epoch, &ring);
+  if (!t.mac->verify(f.pkt.data + b.hdr, b.data_len)) return count(Reason::b2b_bad_mac, &ring);
   // partial and final come up from child box `child`, result and query down
   // from the parent to this box's index there.
   const bool up = in.kind == wire::B2bKind::partial || in.kind == wire::B2bKind::final;
@@ -856,8 +858,10 @@ bool Engine::Impl::send_b2b(Ring& ring, size_t ci, const Cell& cell, wire::B2bKi
   s.info.child = child;
   s.info.dtype = cell.dtype;
   s.info.op = cell.op;
+  s.info.epoch = t.spec.epoch;
   s.data = ring.result_of(ci);
   s.data_len = data_len;
+  s.mac = t.mac.get();
   pk.len = static_cast<uint16_t>(wire::build_b2b(s, pk.data, len));
   pk.meta = to.meta;
   out.tx[out.ntx++] = pk;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/ring_json.h"
+#include "wire/b2b_mac.h"
 
 namespace netreduce {
 
@@ -133,7 +134,33 @@ Status box_from_json(const json& j, const std::string& field, bool with_port,
 
 }  // namespace
 
-json tree_to_json(const engine::TreeSpec& t) {
+bool key_from_hex(const std::string& s, wire::B2bKey& out) {
+  if (s.size() != 2 * out.size()) return false;
+  auto nibble = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int hi = nibble(s[2 * i]), lo = nibble(s[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out[i] = static_cast<uint8_t>(hi << 4 | lo);
+  }
+  return true;
+}
+
+std::string key_to_hex(const wire::B2bKey& k) {
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : k) {
+    s += hex[b >> 4];
+    s += hex[b & 15];
+  }
+  return s;
+}
+
+json tree_to_json(const engine::TreeSpec& t, KeyShown key) {
   json children = json::array(), boxes = json::array();
   for (const engine::TreeChild& c : t.children)
     children.push_back({{c.kind == engine::TreeChild::Kind::rank ? "rank" : "box", c.index}});
@@ -141,17 +168,32 @@ json tree_to_json(const engine::TreeSpec& t) {
   json j = {{"self", box_to_json(t.self, false)},
             {"children", children},
             {"boxes", boxes},
-            {"index_at_parent", t.index_at_parent}};
+            {"index_at_parent", t.index_at_parent},
+            {"epoch", t.epoch}};
   if (t.has_parent) j["parent"] = box_to_json(t.parent, true);
+  if (key == KeyShown::included) {
+    j["key"] = key_to_hex(t.key);
+  } else {
+    j["key_id"] = wire::B2bMac::key_id(t.key);
+  }
   return j;
 }
 
 Status tree_from_json(const json& j, const engine::RingSpec& ring, engine::TreeSpec& out) {
   if (!j.is_object()) return Status::invalid("tree", "must be an object");
-  if (Status s = only_keys(j, "tree", {"self", "children", "boxes", "parent", "index_at_parent"});
+  if (Status s = only_keys(
+          j, "tree", {"self", "children", "boxes", "parent", "index_at_parent", "epoch", "key"});
       !s)
     return s;
   engine::TreeSpec t;
+  if (!j.contains("epoch")) return Status::invalid("tree.epoch", "is required");
+  if (!small_uint(j["epoch"], 0xFFFFFFFF))
+    return Status::invalid("tree.epoch", "must be an integer in 0..4294967295");
+  t.epoch = j["epoch"].get<uint32_t>();
+  if (!j.contains("key")) return Status::invalid("tree.key", "is required");
+  if (!j["key"].is_string() || !key_from_hex(j["key"].get<std::string>(), t.key))
+    return Status::invalid("tree.key", "must be a string of " +
+                                           std::to_string(2 * wire::kB2bKeyBytes) + " hex digits");
   if (!j.contains("self")) return Status::invalid("tree.self", "is required");
   if (Status s = box_from_json(j["self"], "tree.self", false, t.self); !s) return s;
   if (!j.contains("children")) return Status::invalid("tree.children", "is required");
@@ -214,9 +256,10 @@ Status ring_tree_from_json(const json& j, engine::RingSpec& spec,
   return {};
 }
 
-json ring_tree_to_json(const engine::RingSpec& spec, const std::optional<engine::TreeSpec>& tree) {
+json ring_tree_to_json(const engine::RingSpec& spec, const std::optional<engine::TreeSpec>& tree,
+                       KeyShown key) {
   json j = ring_to_json(spec);
-  if (tree) j["tree"] = tree_to_json(*tree);
+  if (tree) j["tree"] = tree_to_json(*tree, key);
   return j;
 }
 

@@ -62,7 +62,10 @@ enum class Fate : uint8_t { forward, aggregate, drop };
   X(duplicate_resent_partial, drop,                                                          \
     "duplicate packet or partial for a cell awaiting its parent's result: the partial is "   \
     "sent up again, the duplicate dropped (tree)")                                           \
-  X(b2b_bad_checksum, drop, "box-to-box frame for this box failed its CRC32C (corrupted)")   \
+  X(b2b_stale_epoch, drop,                                                                   \
+    "box-to-box frame from another installation of the tree (its epoch is not this one's)")  \
+  X(b2b_bad_mac, drop,                                                                       \
+    "box-to-box frame whose keyed MAC does not match the tree's key (corrupted or forged)")  \
   X(b2b_malformed, drop,                                                                     \
     "box-to-box frame for this box malformed (cut short, IPv4 options or fragments, "        \
     "IPv4/UDP lengths, short header, magic, version, kind, dtype, op, length or position: "  \

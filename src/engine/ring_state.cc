@@ -65,6 +65,10 @@ Status RingTable::prepare(const EngineConfig& cfg, const RingSpec& spec, const T
     node->udp_src_port = static_cast<uint16_t>(0xC000 | (spec.ring_id & 0x3FFF));
     node->payload_bytes = spec.payload_bytes;
     node->box_data.assign(cells * node->nboxes * spec.payload_bytes, 0);
+    node->mac = std::make_unique<wire::B2bMac>(tree->key);
+    if (!node->mac->ok())
+      return {StatusCode::internal, "tree.key",
+              "cannot set up the box-to-box MAC: " + node->mac->error()};
     r.all_ranks = 0;
     for (const TreeChild& c : tree->children)
       if (c.kind == TreeChild::Kind::rank) r.all_ranks |= uint64_t{1} << c.index;

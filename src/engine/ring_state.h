@@ -29,6 +29,7 @@
 #include "engine/history.h"
 #include "engine/line_vector.h"
 #include "engine/tree.h"
+#include "wire/b2b_mac.h"
 
 namespace netreduce::engine::detail {
 
@@ -39,7 +40,8 @@ struct TreeNode {
   unsigned nboxes = 0;
   uint16_t udp_src_port = 0;  // of the frames it sends: one per tree, so RSS spreads trees
   uint16_t payload_bytes = 0;
-  LineVector<uint8_t> box_data;  // S * msg_len * nboxes * payload_bytes: child boxes' partials
+  LineVector<uint8_t> box_data;       // S * msg_len * nboxes * payload_bytes: child boxes' partials
+  std::unique_ptr<wire::B2bMac> mac;  // the installation's key, ready (seal, verify)
 
   uint8_t* box_data_of(size_t ci, unsigned box) noexcept {
     return box_data.data() + (ci * nboxes + box) * payload_bytes;

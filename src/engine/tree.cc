@@ -6,6 +6,8 @@
 namespace netreduce::engine {
 
 Status validate_tree(const RingSpec& ring, const TreeSpec& t) {
+  if (t.key == wire::B2bKey{})
+    return Status::invalid("key", "the tree needs its installation's key (not all zeros)");
   if (t.self.ip == 0) return Status::invalid("self", "the box needs its box-to-box address");
   if (t.children.empty()) return Status::invalid("children", "a tree node needs children");
   if (t.children.size() > kMaxRanks)

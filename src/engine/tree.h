@@ -24,6 +24,9 @@
 // delivers to L2. Every message is aggregated once at every box.
 // Floats: each level rounds once, so only integers and min/max equal the
 // flat rank-order reduction; every worker gets the same result.
+// Trust: every frame carries the installation's epoch and a MAC under its
+// key (wire/b2b.h); a frame with another epoch or a MAC that does not
+// match is dropped before it is looked at further.
 // Limits: deterministic mode only; at most kMaxChildBoxes child boxes and
 // kMaxRanks children in all (one input releases at most kMaxRanks packets).
 #pragma once
@@ -33,6 +36,7 @@
 
 #include "common/status.h"
 #include "engine/ring.h"
+#include "wire/b2b.h"
 #include "wire/headers.h"
 
 namespace netreduce::engine {
@@ -65,6 +69,10 @@ struct TreeSpec {
   bool has_parent = false;          // false: this box is the root
   TreeBox parent;                   // has_parent only
   uint16_t index_at_parent = 0;     // this box's child index at its parent
+  // The installation's epoch and key, the same on every box of the tree
+  // (drawn where the ring is created): in every frame's header and MAC.
+  uint32_t epoch = 0;
+  wire::B2bKey key{};
   bool operator==(const TreeSpec&) const = default;
 
   static TreeChild rank(uint16_t r) { return {TreeChild::Kind::rank, r}; }
@@ -72,10 +80,10 @@ struct TreeSpec {
 };
 
 // Every field against the ring it belongs to; the Status names the first bad
-// one: a self address; children not empty, at most kMaxRanks; every rank
-// below P and listed once; every child box listed exactly once, at most
-// kMaxChildBoxes, with an address other than self's; a parent with an
-// address when has_parent; and something to do (a child box or a parent).
+// one: a key that is not all zeros; a self address; children not empty, at most kMaxRanks; every
+// rank below P and listed once; every child box listed exactly once, at most kMaxChildBoxes, with
+// an address other than self's; a parent with an address when has_parent; and something to do (a
+// child box or a parent).
 Status validate_tree(const RingSpec& ring, const TreeSpec& tree);
 
 // Box-to-box traffic of one ring's tree node (RingCounters::tree).

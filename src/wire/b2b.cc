@@ -4,8 +4,8 @@
 #include <cstddef>
 #include <cstring>
 
+#include "wire/b2b_mac.h"
 #include "wire/build.h"
-#include "wire/icrc.h"
 #include "wire/ina.h"
 
 namespace netreduce::wire {
@@ -15,15 +15,7 @@ template <typename H>
 const H* at(const uint8_t* data, size_t off) noexcept {
   return reinterpret_cast<const H*>(data + off);
 }
-constexpr size_t kChecksumOffset = offsetof(B2bHdr, checksum);
 }  // namespace
-
-uint32_t b2b_checksum(const uint8_t* hdr, size_t data_len) noexcept {
-  static constexpr uint8_t kZero[4] = {};
-  uint32_t c = crc32c(0, hdr, kChecksumOffset);
-  c = crc32c(c, kZero, sizeof(kZero));
-  return crc32c(c, hdr + sizeof(B2bHdr), data_len);
-}
 
 B2bStatus parse_b2b(const uint8_t* data, size_t len, B2bFrame& out) noexcept {
   out = B2bFrame{};
@@ -74,7 +66,6 @@ B2bStatus parse_b2b(const uint8_t* data, size_t len, B2bFrame& out) noexcept {
   if (h->magic.host() != kB2bMagic) return B2bStatus::bad_magic;
   if (h->version != kB2bVersion) return B2bStatus::bad_version;
   const size_t data_len = body - sizeof(B2bHdr);
-  if (b2b_checksum(data + off, data_len) != h->checksum.host()) return B2bStatus::bad_checksum;
   if (h->kind < static_cast<uint8_t>(B2bKind::partial) ||
       h->kind > static_cast<uint8_t>(B2bKind::final))
     return B2bStatus::bad_kind;
@@ -97,10 +88,12 @@ B2bStatus parse_b2b(const uint8_t* data, size_t len, B2bFrame& out) noexcept {
   out.info.child = h->child.host();
   out.info.dtype = h->dtype;
   out.info.op = h->op;
+  out.info.epoch = h->epoch.host();
   return B2bStatus::ok;
 }
 
 size_t build_b2b(const B2bFrameSpec& s, uint8_t* out, size_t cap) noexcept {
+  if (!s.mac) return 0;
   if (s.data_len > 0xFFFF - (sizeof(Ipv4Hdr) + sizeof(UdpHdr) + sizeof(B2bHdr))) return 0;
   const size_t total = b2b_frame_size(s.data_len);
   if (total > cap) return 0;
@@ -128,10 +121,10 @@ size_t build_b2b(const B2bFrameSpec& s, uint8_t* out, size_t cap) noexcept {
   h->op = s.info.op;
   h->length.set(static_cast<uint16_t>(s.data_len));
   h->flags.set(0);
+  h->epoch.set(s.info.epoch);
   h->reserved.set(0);
   if (s.data_len) std::memmove(out + off + sizeof(B2bHdr), s.data, s.data_len);
-  h->checksum.set(b2b_checksum(out + off, s.data_len));
-  return total;
+  return s.mac->seal(out + off, s.data_len) ? total : 0;
 }
 
 }  // namespace netreduce::wire

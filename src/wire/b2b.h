@@ -4,7 +4,7 @@
 // cells (a restarted box) gets a result its children already hold.
 //
 // Frame: Ethernet [802.1Q, up to two tags] | IPv4 (no options, not
-// fragmented) | UDP to kB2bPort, checksum 0 | B2bHdr (32 bytes) | data. The
+// fragmented) | UDP to kB2bPort, checksum 0 | B2bHdr (48 bytes) | data. The
 // data is the reduced data bytes of one packet position k of one message m
 // (never an INA header). kB2bPort (4792, next to RoCEv2's 4791) is not
 // IANA-registered for this use: a fabric sends no other traffic to a box
@@ -12,27 +12,32 @@
 //
 // Example: leaf L1, child 1 of spine S, sends S its partial of ring 7,
 // message 5, position k = 1 of msg_len 2: 256 fp32 sums.
-//   IPv4 L1 -> S | UDP -> 4792 | magic "NR", version 1, kind partial,
+//   IPv4 L1 -> S | UDP -> 4792 | magic "NR", version 2, kind partial,
 //   tree_id 7, msg_id 5, k 1, msg_len 2, child 1, dtype fp32, op sum,
-//   length 1024, checksum | 1024 bytes of data
+//   length 1024, epoch E, mac | 1024 bytes of data
 // S answers with kind result and child 1, the same (tree_id, msg_id, k),
 // from S to L1. A query (no data, length 0) goes down the same way and is
 // answered with a final going up.
 //
-// The checksum, CRC32C over the header (checksum field zero) and the data,
-// decides whether a partial may enter a sum: unlike the UDP checksum it
-// catches swapped words, and unlike CRC-32 it is independent of the
-// Ethernet FCS (docs/design.md#wire-format).
+// Trust. Every box of one tree installation shares its epoch and a 32-byte
+// key (the daemon that created the ring drew both from the kernel's CSPRNG
+// and pushed them with the tree). The mac, over the UDP payload with the
+// mac field zero under that key (wire/b2b_mac.h), decides whether a frame
+// may touch a cell: a corrupted frame, a forged one (no key) and one from
+// another installation of the tree id (another key; its epoch names it)
+// are all rejected. A frame repeated within one installation is a resend,
+// which the protocol takes idempotently (tree.h). Checking the mac needs
+// the tree's key, so parse_b2b leaves it to the receiver (B2bMac::verify).
 //
 // Status. parse_b2b never reads outside [data, data + len). not_b2b is
 // ordinary traffic (not IPv4 / UDP / kB2bPort). later_fragment is an IPv4
 // fragment of a UDP datagram after the first: it carries no UDP header, so
 // only its address can say whether it is box-to-box (a box address takes
 // nothing but box-to-box frames: the caller decides). Every other status
-// but ok names one kind of malformed or corrupted frame. Pure functions:
-// any thread.
+// but ok names one kind of malformed frame. Pure functions: any thread.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -44,7 +49,12 @@ namespace netreduce::wire {
 
 inline constexpr uint16_t kB2bPort = 4792;
 inline constexpr uint16_t kB2bMagic = 0x4E52;  // "NR"
-inline constexpr uint8_t kB2bVersion = 1;
+inline constexpr uint8_t kB2bVersion = 2;
+inline constexpr size_t kB2bKeyBytes = 32;
+inline constexpr size_t kB2bMacBytes = 16;
+
+// A tree installation's key (TreeSpec::key).
+using B2bKey = std::array<uint8_t, kB2bKeyBytes>;
 
 enum class B2bKind : uint8_t {
   partial = 1,  // child -> parent: the child's reduction of its children
@@ -60,7 +70,7 @@ constexpr bool b2b_kind_has_data(B2bKind k) noexcept { return k != B2bKind::quer
 //   magic    "NR" (0x4E52): catches traffic that is not ours on the port
 //   version  kB2bVersion; a box drops every other version (bad_version)
 //            before it reads anything else, so a later version may change
-//            the rest of the layout, the checksum included
+//            the rest of the layout, the mac included
 //   kind     B2bKind
 //   tree_id  the id of the ring the tree serves
 //   msg_id   m, the ring's message id (serial-number arithmetic, as INA)
@@ -72,7 +82,9 @@ constexpr bool b2b_kind_has_data(B2bKind k) noexcept { return k != B2bKind::quer
 //   length   data bytes after the header, exactly what the UDP length
 //            leaves: 0 for a query, else whole elements, at least one
 //   flags, reserved  zero on send, ignored on receipt
-//   checksum CRC32C (Castagnoli) over the UDP payload with this field zero
+//   epoch    the tree installation's epoch (TreeSpec::epoch)
+//   mac      B2bMac (wire/b2b_mac.h) under the installation's key, over
+//            the UDP payload with this field zero
 struct B2bHdr {
   be16 magic;
   uint8_t version;
@@ -86,10 +98,11 @@ struct B2bHdr {
   uint8_t op;
   be16 length;
   be16 flags;
+  be32 epoch;
   be32 reserved;
-  be32 checksum;
+  uint8_t mac[kB2bMacBytes];
 };
-static_assert(sizeof(B2bHdr) == 32 && alignof(B2bHdr) == 1);
+static_assert(sizeof(B2bHdr) == 48 && alignof(B2bHdr) == 1);
 static_assert(sizeof(B2bHdr) % 8 == 0, "keeps 8-byte elements aligned as in the INA header");
 
 // X(name, description)
@@ -102,7 +115,6 @@ static_assert(sizeof(B2bHdr) % 8 == 0, "keeps 8-byte elements aligned as in the 
   X(bad_udp_length, "UDP length inconsistent with the IPv4 total length")                 \
   X(bad_magic, "magic is not \"NR\"")                                                     \
   X(bad_version, "protocol version not understood")                                       \
-  X(bad_checksum, "CRC32C over header and data does not match (corrupted)")               \
   X(bad_kind, "kind is not partial, result, query or final")                              \
   X(bad_dtype, "dtype is not a wire::Dtype")                                              \
   X(bad_op, "op is not a wire::ReduceOp")                                                 \
@@ -122,6 +134,7 @@ struct B2bInfo {
   uint16_t child = 0;
   uint8_t dtype = 0;
   uint8_t op = 0;
+  uint32_t epoch = 0;
   bool operator==(const B2bInfo&) const = default;
 };
 
@@ -143,6 +156,8 @@ struct B2bFrame {
 
 B2bStatus parse_b2b(const uint8_t* data, size_t len, B2bFrame& out) noexcept;
 
+class B2bMac;
+
 struct B2bFrameSpec {
   MacAddr src_mac{};
   MacAddr dst_mac{};
@@ -155,7 +170,8 @@ struct B2bFrameSpec {
   uint16_t udp_src_port = kB2bPort;
   B2bInfo info;
   const uint8_t* data = nullptr;
-  size_t data_len = 0;  // the header's length field
+  size_t data_len = 0;    // the header's length field
+  B2bMac* mac = nullptr;  // required: seals the frame (wire/b2b_mac.h)
 };
 
 // Bytes of a frame with `data_len` data bytes (no VLAN tag).
@@ -164,15 +180,10 @@ constexpr size_t b2b_frame_size(size_t data_len) noexcept {
 }
 
 // Builds the frame into out[0, cap): valid IPv4 checksum, UDP checksum 0,
-// the header's CRC32C. Returns its length, or 0 when it does not fit or
-// data_len is over 65535 - the headers. Validates nothing else: tests build
-// malformed frames with it. No allocation; the engine builds partials and
-// results with it on the packet path.
+// the header's mac. Returns its length, or 0 when there is no mac (or it
+// cannot seal), it does not fit or data_len is over 65535 - the headers. Validates nothing else:
+// tests build malformed frames with it. No allocation; the engine builds partials and results with
+// it on the packet path.
 size_t build_b2b(const B2bFrameSpec& spec, uint8_t* out, size_t cap) noexcept;
-
-// The CRC32C the header's checksum field must hold for the UDP payload
-// [hdr, hdr + sizeof(B2bHdr) + data_len) of a frame (the field itself read
-// as zero).
-uint32_t b2b_checksum(const uint8_t* hdr, size_t data_len) noexcept;
 
 }  // namespace netreduce::wire

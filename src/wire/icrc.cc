@@ -107,16 +107,6 @@ uint32_t crc32(uint32_t crc, const uint8_t* buf, size_t len) noexcept {
   return r;
 }
 
-uint32_t crc32c(uint32_t crc, const uint8_t* buf, size_t len) noexcept {
-  // ISA-L's crc32_iscsi neither inverts its seed nor its result.
-  const uint32_t r =
-      ~crc32_iscsi(const_cast<uint8_t*>(buf), static_cast<int>(len), ~crc);  // NOLINT: ISA-L API
-#if defined(__x86_64__)
-  if (kHasAvx) zero_upper();
-#endif
-  return r;
-}
-
 uint32_t icrc_head(const uint8_t* frame, const ParsedFrame& p, size_t upto) noexcept {
   uint32_t raw = kLrhRaw;
   const uint8_t* h = frame + p.l3;

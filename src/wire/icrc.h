@@ -23,10 +23,6 @@ namespace netreduce::wire {
 // zlib-style CRC-32: crc32(crc32(0, a), b) == crc32(0, a || b).
 uint32_t crc32(uint32_t crc, const uint8_t* buf, size_t len) noexcept;
 
-// CRC32C (Castagnoli; iSCSI, SCTP), zlib-style like crc32 above: the
-// box-to-box protocol's checksum (wire/b2b.h). ISA-L's crc32_iscsi.
-uint32_t crc32c(uint32_t crc, const uint8_t* buf, size_t len) noexcept;
-
 // ICRC over a frame that parse_frame accepted (IPv4, no options).
 uint32_t icrc_compute(const uint8_t* frame, const ParsedFrame& p) noexcept;
 // The ICRC value stored in the frame.

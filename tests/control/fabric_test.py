@@ -17,6 +17,7 @@ Scenarios:
                   daemon dies; the fabric route refuses the operator token and the fabric token
                   opens no other route; start-up refusals (exit 2) name fabric keys
 """
+import hashlib
 import json
 import os
 import subprocess
@@ -91,7 +92,8 @@ def ring(rid, members, **kw):
 FOUR = ["10.1.0.1", "10.2.0.1", "10.1.0.2", "10.2.0.2"]  # ranks alternate between the racks
 
 # The expected tree node of each box for FOUR, written out by hand (tree_to_json's form:
-# "boxes" and "index_at_parent" always present, "parent" absent at the root).
+# "boxes" and "index_at_parent" always present, "parent" absent at the root), without the
+# installation's epoch (drawn at random by the origin: see node()).
 WANT_TREE = {
     "leafA": {"self": {"ip": "10.8.0.1", "mac": "02:00:00:00:08:01"},
               "children": [{"rank": 0}, {"rank": 2}], "boxes": [], "index_at_parent": 0,
@@ -114,9 +116,43 @@ def dp_ring(dp, rid):
     return None
 
 
+def node(tree):
+    """A tree node as a daemon or a data plane reports it, checked to show its installation's
+    epoch (an integer) and key_id and never its key, without those two."""
+    if not isinstance(tree, dict):
+        return tree
+    assert "key" not in tree, "a report shows the installation's key: %s" % tree
+    assert isinstance(tree.get("epoch"), int) and len(tree.get("key_id", "")) == 16, tree
+    return {k: v for k, v in tree.items() if k not in ("epoch", "key_id")}
+
+
 def dp_tree(dp, rid):
     r = dp_ring(dp, rid)
-    return None if r is None else r["spec"].get("tree", "plain")
+    return None if r is None else node(r["spec"].get("tree", "plain"))
+
+
+def installation(ds, dps, rid):
+    """The one (epoch, key) every box holds for ring rid: epochs from the data planes' reports,
+    keys from the daemons' state files (mode 0600; where the origin keeps what it pushes)."""
+    reports = [r["spec"]["tree"] for r in (dp_ring(dp, rid) for dp in dps.values())
+               if r is not None and "tree" in r["spec"]]
+    epochs = {t["epoch"] for t in reports}
+    key_ids = {t["key_id"] for t in reports}
+    keys = set()
+    for d in ds.values():
+        path = d.cfg["state"]["file"]
+        assert os.stat(path).st_mode & 0o777 == 0o600, path
+        with open(path) as f:
+            for r in json.load(f)["rings"]:
+                fab = r.get("fabric", {}) if r["id"] == rid else {}
+                trees = [fab.get("tree")] + [p["ring"].get("tree") for p in fab.get("peers", [])]
+                keys |= {t["key"] for t in trees if t}
+    assert len(epochs) == 1 and len(keys) == 1, (epochs, keys)
+    key = keys.pop()
+    assert len(key) == 64 and int(key, 16) != 0, key
+    # Each data plane holds that key: its key_id is the start of its SHA-256 (hashlib's).
+    assert key_ids == {hashlib.sha256(bytes.fromhex(key)).hexdigest()[:16]}, (key_ids, key)
+    return epochs.pop(), key
 
 
 def setup(tmp, with_dataplanes=True):
@@ -157,13 +193,16 @@ def scenario_fabric(tmp):
     assert st == 201, (st, body)
     f = body["ring"]["fabric"]
     assert f["origin"] == "leafA" and f["box"] == "leafA" and f["local"] is True, f
-    assert f["tree"] == WANT_TREE["leafA"], f["tree"]
+    assert node(f["tree"]) == WANT_TREE["leafA"], f["tree"]
     assert {p["box"]: (p["pushed"], p["installed"]) for p in f["peers"]} == \
         {"spine": (True, True), "leafB": (True, True)}, f
     assert body["ring"]["installed"] is True and f["installed_here"] is True, body
     check_installed(dps, 21, WANT_TREE)
     for box in ("spine", "leafB"):
-        assert {p["box"]: p["tree"] for p in f["peers"]}[box] == WANT_TREE[box]
+        assert node({p["box"]: p["tree"] for p in f["peers"]}[box]) == WANT_TREE[box]
+    # One installation: the same epoch and key on every box, the epoch the one the POST showed.
+    epoch, key = installation(ds, dps, 21)
+    assert epoch == f["tree"]["epoch"], (epoch, f["tree"])
     # The rest of the spec is the registered ring's on every box.
     for dp in dps.values():
         spec = dict(dp_ring(dp, 21)["spec"])
@@ -173,7 +212,7 @@ def scenario_fabric(tmp):
     # GET at a peer: its node, installed, the origin named, the data plane's tree counters.
     st, g = spine.call("GET", "/v1/rings/21")
     assert st == 200 and g["installed"] is True, g
-    assert g["fabric"]["origin"] == "leafA" and g["fabric"]["tree"] == WANT_TREE["spine"], g
+    assert g["fabric"]["origin"] == "leafA" and node(g["fabric"]["tree"]) == WANT_TREE["spine"], g
     assert "peers" not in g["fabric"], g
     assert g["counters"]["tree"]["partials_received"] == 0, g["counters"]
     st, g = a.call("GET", "/v1/rings/21")
@@ -185,7 +224,7 @@ def scenario_fabric(tmp):
     spine.kill9()
     spine.start()
     st, g = spine.call("GET", "/v1/rings/21")
-    assert st == 200 and g["fabric"]["tree"] == WANT_TREE["spine"], g
+    assert st == 200 and node(g["fabric"]["tree"]) == WANT_TREE["spine"], g
     wait_until("spine entry installed after its daemon restarted",
                lambda: spine.call("GET", "/v1/rings/21")[1]["installed"] is True)
     # A restarted peer data plane gets its tree entry back from its own daemon.
@@ -196,6 +235,7 @@ def scenario_fabric(tmp):
     dps["leafA"].kill9()
     dps["leafA"].start()
     check_installed(dps, 21, WANT_TREE)
+    assert installation(ds, dps, 21) == (epoch, key)  # restarts keep the installation
 
     # A ring within one rack: a plain ring on its leaf only, even registered at another box.
     st, body = a.call("POST", "/v1/rings", ring(23, ["10.2.0.1", "10.2.0.2"]))
@@ -228,13 +268,22 @@ def scenario_fabric(tmp):
     check_installed(dps, 21, {})
     for d in ds.values():
         expect_error(d.call("GET", "/v1/rings/21"), 404, "not_found", "id")
+    # The same ring again is a new installation: a new epoch and key everywhere, so a frame
+    # of the old one still in flight is told apart.
+    assert a.call("POST", "/v1/rings", ring(21, FOUR))[0] == 201
+    check_installed(dps, 21, WANT_TREE)
+    again = installation(ds, dps, 21)
+    assert again[0] != epoch and again[1] != key, (epoch, again)
+    assert a.call("DELETE", "/v1/rings/21")[0] == 204
+    check_installed(dps, 21, {})
     assert a.call("DELETE", "/v1/rings/23")[0] == 204
     check_installed(dps, 23, {})
     for d in ds.values():
         assert d.call("GET", "/v1/rings")[1] == {"rings": []}, d.name
     teardown(ds, dps)
-    print("fabric: one POST installed 3 tree entries; restarts of a peer daemon and of two data "
-          "planes restored them; DELETE removed all; a one-rack ring went to its leaf only")
+    print("fabric: one POST installed 3 tree entries of one installation (epoch and key); restarts "
+          "of a peer daemon and of two data planes restored them; DELETE removed all, a new POST "
+          "drew a new installation; a one-rack ring went to its leaf only")
 
 
 def scenario_fabric_peer_down(tmp):

@@ -76,16 +76,33 @@ engine::RingSpec ring(std::initializer_list<const char*> members) {
   return spec;
 }
 
-// box name -> its "tree" JSON (null: a plain ring).
+TreeSecret secret() {
+  TreeSecret t;
+  t.epoch = 0xE90C4;
+  for (size_t i = 0; i < t.key.size(); ++i) t.key[i] = static_cast<uint8_t>(0xA0 + i);
+  return t;
+}
+
+// box name -> its "tree" JSON (null: a plain ring), without the
+// installation's epoch and key, checked here to be the secret's on every box.
 json trees_of(const engine::RingSpec& spec) {
   std::vector<FabricEntry> entries;
-  const Status s = compute_fabric_entries(spec, fabric(), entries);
+  const Status s = compute_fabric_entries(spec, fabric(), secret(), entries);
   INFO(s.to_string());
   REQUIRE(s.ok());
   json out = json::object();
   for (const FabricEntry& e : entries) {
     const json j = fabric_entry_json(spec, e);
     out[e.box] = j.contains("tree") ? j["tree"] : json();
+    if (j.contains("tree")) {
+      CHECK(e.tree->epoch == secret().epoch);
+      CHECK(e.tree->key == secret().key);
+      CHECK(out[e.box]["epoch"] == secret().epoch);
+      CHECK(out[e.box]["key"] ==
+            "a0a1a2a3a4a5a6a7a8a9aaabacadaeafb0b1b2b3b4b5b6b7b8b9babbbcbdbebf");
+      out[e.box].erase("epoch");
+      out[e.box].erase("key");
+    }
     json rest = j;
     rest.erase("tree");
     CHECK(rest == ring_to_json(spec));
@@ -235,8 +252,8 @@ TEST_CASE("fabric trees: one rack is a plain ring on its leaf; a member in no ra
   const json got = trees_of(ring({"10.3.0.1", "10.3.0.2", "10.3.0.3"}));
   CHECK(got == json::parse(R"({"leafC": null})"));  // no tree, no inner, no spine
   std::vector<FabricEntry> entries;
-  const Status s =
-      compute_fabric_entries(ring({"10.1.0.1", "10.2.0.1", "10.77.0.1"}), fabric(), entries);
+  const Status s = compute_fabric_entries(ring({"10.1.0.1", "10.2.0.1", "10.77.0.1"}), fabric(),
+                                          secret(), entries);
   REQUIRE_FALSE(s.ok());
   CHECK(s.code() == StatusCode::invalid_argument);
   CHECK(s.field() == "members[2]");
@@ -251,7 +268,7 @@ TEST_CASE("state file: a fabric ring's entry, node, peers and pending removals r
   StateFile st(dir + "/state.json");
   const engine::RingSpec spec = ring({"10.1.0.1", "10.2.0.1"});
   std::vector<FabricEntry> entries;
-  REQUIRE(compute_fabric_entries(spec, fabric(), entries).ok());
+  REQUIRE(compute_fabric_entries(spec, fabric(), secret(), entries).ok());
   REQUIRE(entries.size() == 3);  // leafA, leafB, spine (fabric order: spine first)
   RingMap rings;
   RingRecord origin;  // at leafA: its node and the other two boxes' entries

@@ -25,12 +25,12 @@ unless in control.group, control.max_clients, a second box refused) |
 tree_leaf / tree_root / tree_steering / tree_malformed / tree_bad_json (multi-rack tree
 nodes: a leaf's partials up and results into held packets; a root's results down through
 each child's port; the same root and leaf on 2 workers, box-to-box frames steered by tree
-id; malformed box-to-box frames for the box dropped on every worker arrangement; malformed
-"tree" fields refused by name) |
+id; malformed, forged, altered and stale box-to-box frames for the box dropped on every
+worker arrangement; malformed "tree" fields refused by name) |
 faults_refused / faults / faults_reorder (fault injection: refused unless faults.enabled;
 bypass byte-identical, drop, expiry, duplicate with exact sums, bad arguments by field;
 reorder under full bursts, nothing held after the clear). Box-to-box frames come from
-tests/tools/b2b_golden.py's scapy layer and CRC32C, sums from numpy.
+tests/tools/b2b_golden.py's scapy layer and mac, sums from numpy.
 """
 import contextlib
 import ctypes
@@ -1188,9 +1188,13 @@ def polling_scenario(tmp, in_pcap):
 
 # ---- multi-rack tree nodes: the data plane part ----------------------------------
 # Box-to-box frames are built and checked with tests/tools/b2b_golden.py's scapy
-# layer (its own field description and a textbook CRC32C), never with the box's code.
+# layer (its own field description and rendering of the mac), never with the box's code.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
-from b2b_golden import B2B, CHECKSUM_AT, crc32c  # noqa: E402
+from b2b_golden import B2B, HDR_LEN, key_id, mac_of, sealed  # noqa: E402
+
+# The test installation of every tree here: its epoch and key.
+TREE_EPOCH = 0x5EED0001
+TREE_KEY = bytes(range(0x40, 0x60))
 
 LEAF = {"ip": "10.9.0.1", "mac": "02:00:00:00:09:01"}
 LEAF2 = {"ip": "10.9.0.2", "mac": "02:00:00:00:09:02"}
@@ -1205,16 +1209,18 @@ def position_data(d, k, pmtu):
     return d[lo: lo + ((pmtu - 24) // 4 if k == 0 else pmtu // 4)]
 
 
-def b2b_frame(src, dst, kind, tree_id, m, k, msg_len, child, data):
+def b2b_frame(src, dst, kind, tree_id, m, k, msg_len, child, data, epoch=TREE_EPOCH, key=TREE_KEY):
+    d = data.tobytes()
     return (Ether(src=src["mac"], dst=dst["mac"]) / IP(src=src["ip"], dst=dst["ip"], flags="DF", ttl=64)
             / UDP(sport=0xC123, dport=B2B_PORT, chksum=0)
-            / B2B(kind=kind, tree_id=tree_id, msg_id=m, k=k, msg_len=msg_len, child=child, dtype=FP32, op=SUM)
-            / Raw(data.tobytes()))
+            / sealed(key, d, kind=kind, tree_id=tree_id, msg_id=m, k=k, msg_len=msg_len, child=child,
+                     dtype=FP32, op=SUM, epoch=epoch)
+            / Raw(d))
 
 
 def check_b2b(f, src, dst, kind, tree_id, msg_len, child):
     """A frame the box sent: addresses, a valid IPv4 checksum, UDP checksum 0, the header's
-    fields and CRC32C (recomputed here). Returns (m, k, data as float32)."""
+    fields, epoch and mac (recomputed here with the tree's key). Returns (m, k, data as float32)."""
     b = raw(f)
     assert f[Ether].src == src["mac"] and f[Ether].dst == dst["mac"], f.summary()
     assert f[IP].src == src["ip"] and f[IP].dst == dst["ip"], f.summary()
@@ -1225,18 +1231,27 @@ def check_b2b(f, src, dst, kind, tree_id, msg_len, child):
     assert f[UDP].chksum == 0 and f[UDP].dport == B2B_PORT, f.summary()
     h = f[B2B]
     payload = raw(f[UDP].payload)
-    assert crc32c(payload[:CHECKSUM_AT] + b"\0\0\0\0" + payload[CHECKSUM_AT + 4:]) == h.checksum, "bad CRC32C"
-    assert (h.magic, h.version, h.kind, h.tree_id, h.msg_len, h.child, h.dtype, h.op) == \
-        (0x4E52, 1, kind, tree_id, msg_len, child, FP32, SUM), h.show(dump=True)
-    data = payload[32:]
+    assert mac_of(payload, TREE_KEY) == h.mac, "bad mac"
+    assert (h.magic, h.version, h.kind, h.tree_id, h.msg_len, h.child, h.dtype, h.op, h.epoch) == \
+        (0x4E52, 2, kind, tree_id, msg_len, child, FP32, SUM, TREE_EPOCH), h.show(dump=True)
+    data = payload[HDR_LEN:]
     assert h.length == len(data)
-    assert len(b) == 14 + 20 + 8 + 32 + len(data), "frame length"
+    assert len(b) == 14 + 20 + 8 + HDR_LEN + len(data), "frame length"
     return h.msg_id, h.k, np.frombuffer(data, dtype=np.float32)
 
 
 def leaf_tree():
     return {"self": LEAF, "children": [{"rank": 0}, {"rank": 1}],
-            "parent": dict(SPINE, port="b"), "index_at_parent": 1}
+            "parent": dict(SPINE, port="b"), "index_at_parent": 1,
+            "epoch": TREE_EPOCH, "key": TREE_KEY.hex()}
+
+
+def reported(tree):
+    """A tree as the box reports it: boxes written out, the key (a secret) replaced by its
+    key_id."""
+    out = {k: v for k, v in dict({"boxes": []}, **tree).items() if k != "key"}
+    out["key_id"] = key_id(bytes.fromhex(tree["key"]))
+    return out
 
 
 def tree_leaf_scenario(tmp, in_pcap, rng, workers=1):
@@ -1300,7 +1315,7 @@ def tree_leaf_scenario(tmp, in_pcap, rng, workers=1):
     assert released == 2 * msgs * ppm, "released %d" % released
     assert len(out) == len(remote) + len(partials) + released, "unexpected frames out: %d" % len(out)
     ring = [r for r in rings["rings"] if r["spec"]["id"] == rid][0]
-    assert ring["spec"]["tree"] == dict(leaf_tree(), boxes=[]), ring["spec"]
+    assert ring["spec"]["tree"] == reported(leaf_tree()), ring["spec"]
     tree = ring["counters"]["tree"]
     want = {"partials_sent": msgs * ppm, "partials_resent": 0, "partials_received": 0,
             "results_received": msgs * ppm, "results_sent": 0, "results_resent": 0,
@@ -1322,14 +1337,15 @@ def tree_leaf_scenario(tmp, in_pcap, rng, workers=1):
         assert ring["worker"] == 1, ring["worker"]
         # The local ranks' packets and the parent's results went over; the other rack's did not.
         assert dispatched == [2 * msgs * ppm + len(results), 0], dispatched
-    print("tree_leaf (%d worker%s): %d partials up (numpy sums, CRC32C ok), %d held packets released with "
+    print("tree_leaf (%d worker%s): %d partials up (numpy sums, mac ok), %d held packets released with "
           "the parent's result (ICRC ok), %d frames of the other rack untouched; dispatched %s" %
           (workers, "s" if workers > 1 else "", len(partials), released, len(remote), dispatched))
 
 
 def root_tree():
     return {"self": SPINE, "children": [{"box": 0}, {"box": 1}],
-            "boxes": [dict(LEAF, port="a"), dict(LEAF2, port="b")]}
+            "boxes": [dict(LEAF, port="a"), dict(LEAF2, port="b")],
+            "epoch": TREE_EPOCH, "key": TREE_KEY.hex()}
 
 
 def tree_root_scenario(tmp, in_pcap, rng, workers):
@@ -1411,6 +1427,19 @@ def broken_b2b(src, dst, tree_id, data):
     return out
 
 
+def untrusted_b2b(src, dst, tree_id, data):
+    """A well-formed partial from src to dst that no box of this installation sent, as
+    (what, frame bytes, reason): sealed with a guessed key, altered after sealing (one data
+    bit), replayed from an earlier installation of the tree (its epoch and key)."""
+    def partial(epoch=TREE_EPOCH, key=TREE_KEY):
+        return raw(b2b_frame(src, dst, 1, tree_id, 0, 0, 3, 0, data, epoch, key))
+    altered = bytearray(partial())
+    altered[-1] ^= 0x01
+    return [("forged", partial(key=bytes(32 * [0x11])), "b2b_bad_mac"),
+            ("altered", bytes(altered), "b2b_bad_mac"),
+            ("stale", partial(TREE_EPOCH - 1, bytes(32 * [0x22])), "b2b_stale_epoch")]
+
+
 def write_frames(path, frames):
     """Frame bytes into a pcap as they are (scapy would rebuild a cut-short frame)."""
     w = PcapWriter(path, linktype=1, sync=True)
@@ -1422,6 +1451,8 @@ def write_frames(path, frames):
 def tree_malformed_scenario(tmp, rng):
     """Malformed box-to-box frames for the box (cut short, fragments, IPv4 options, a short
     header, an unknown tree) are dropped under b2b_malformed / b2b_unknown_tree and never leave,
+    and well-formed ones no box of the installation sent (forged, altered, stale) under
+    b2b_bad_mac / b2b_stale_epoch,
     on 1 worker, on 2 with the tree on the worker without the RX queue (the frames reach an
     engine without the tree: dispatch cannot steer them by tree id), and on 2 with the tree on
     the RX worker. The same frames for another box, and UDP to the box's address on another
@@ -1433,11 +1464,13 @@ def tree_malformed_scenario(tmp, rng):
                 for k in range(ppm) for c, box in ((1, LEAF2), (0, LEAF))]
     d = position_data(parts[0], 0, pmtu)
     mine = broken_b2b(LEAF, SPINE, rid, d)
+    untrusted = untrusted_b2b(LEAF, SPINE, rid, d)
     other = {"ip": "10.9.0.7", "mac": "02:00:00:00:09:07"}
     transit = broken_b2b(LEAF, other, rid, d)
     ordinary = raw(Ether(src=LEAF["mac"], dst=SPINE["mac"]) / IP(src=LEAF["ip"], dst=SPINE["ip"], flags="DF")
                    / UDP(sport=0xC123, dport=9999) / Raw(b"not box-to-box" * 8))
-    frames = [f for _, f in mine] + [f for _, f in transit] + [ordinary] + partials
+    # The untrusted frames come first: the cells they would poison are the ones summed.
+    frames = [f for _, f, _ in untrusted] + [f for _, f in mine] + [f for _, f in transit] + [ordinary] + partials
     fragments = sum(1 for what, _ in mine if what.startswith("fragment"))
     assert fragments >= 3, fragments
     later = fragments - 1  # no UDP header: to another box not even known as box-to-box
@@ -1457,7 +1490,7 @@ def tree_malformed_scenario(tmp, rng):
         if workers > 1:
             assert ring["worker"] == (0 if tree_first else 1), (name, ring["worker"])
         left = [raw(f) for f in out0] + [raw(f) for f in out1]
-        for what, f in mine:
+        for what, f in mine + [(w, f) for w, f, _ in untrusted]:
             assert f not in left, "%s: a %s frame for the box was forwarded" % (name, what)
         got1 = [raw(f) for f in out1]
         for what, f in transit:
@@ -1473,20 +1506,22 @@ def tree_malformed_scenario(tmp, rng):
         assert len(out0) == ppm and len(out1) == ppm + len(transit) + 1, (name, len(out0), len(out1))
         reasons = final["reasons"]
         want = {"b2b_malformed": len(mine) - 1, "b2b_unknown_tree": 1, "partial_taken": 2 * ppm,
-                "fwd_b2b_transit": len(transit) - later, "fwd_unparsed": later, "fwd_not_roce": 1}
+                "fwd_b2b_transit": len(transit) - later, "fwd_unparsed": later, "fwd_not_roce": 1,
+                "b2b_bad_mac": 2, "b2b_stale_epoch": 1}
         assert {r: reasons[r] for r in want} == want, (name, {r: reasons[r] for r in want})
         dispatched = [w["dispatched"] for w in final["workers"]]
         if workers > 1 and not tree_first:
-            # Only the valid partials went over: the rest was judged by the RX worker's
-            # engine, which holds no tree.
-            assert dispatched == [2 * ppm, 0], (name, dispatched)
+            # Only the well-formed frames of the tree went over (the valid partials and the
+            # untrusted ones, judged by the tree's engine): the rest was judged by the RX
+            # worker's engine, which holds no tree.
+            assert dispatched == [2 * ppm + len(untrusted), 0], (name, dispatched)
             w0 = final["workers"][0]["reasons"]
             assert w0["b2b_malformed"] == len(mine) - 1 and w0["b2b_unknown_tree"] == 1, (name, w0)
         elif workers > 1:
             assert dispatched == [0, 0], (name, dispatched)
-        print("tree_malformed (%s): %d malformed frames for the box dropped (%d fragments), %d for another "
-              "box and 1 other UDP frame forwarded untouched, %d partials summed; dispatched %s" %
-              (name, len(mine), fragments, len(transit), len(partials), dispatched))
+        print("tree_malformed (%s): %d malformed and %d untrusted frames for the box dropped (%d fragments), "
+              "%d for another box and 1 other UDP frame forwarded untouched, %d partials summed; dispatched %s" %
+              (name, len(mine), len(untrusted), fragments, len(transit), len(partials), dispatched))
 
 
 def tree_bad_json_scenario(tmp, in_pcap):
@@ -1523,6 +1558,11 @@ def tree_bad_json_scenario(tmp, in_pcap):
         bad(ctl, {k: v for k, v in t().items() if k not in ("parent", "index_at_parent")}, "tree.parent")
         bad(ctl, dict(t(), index_at_parent=16), "tree.index_at_parent")
         bad(ctl, dict(t(), index_at_parent=-1), "tree.index_at_parent")
+        bad(ctl, {k: v for k, v in t().items() if k != "epoch"}, "tree.epoch")
+        bad(ctl, dict(t(), epoch=1 << 32), "tree.epoch")
+        bad(ctl, {k: v for k, v in t().items() if k != "key"}, "tree.key")
+        bad(ctl, dict(t(), key=TREE_KEY.hex()[:-2]), "tree.key")
+        bad(ctl, dict(t(), key="00" * 32), "tree.key")
         bad(ctl, t(), "window", ring=dict(good, window=0))  # the ring's own fields first
         listed = ctl(cmd="list_rings")
         assert listed["rings"] == [], listed
@@ -1530,11 +1570,12 @@ def tree_bad_json_scenario(tmp, in_pcap):
         assert ctl(cmd="install_ring", ring=good)["ok"]
         assert ctl(cmd="install_ring", ring=good)["ok"]  # the same ring and tree: ok
         bad(ctl, dict(t(), index_at_parent=2), "tree", "conflict")
+        bad(ctl, dict(t(), epoch=TREE_EPOCH + 1), "tree", "conflict")  # another installation
         plain = {k: v for k, v in good.items() if k != "tree"}
         r = ctl(cmd="install_ring", ring=plain)
         assert r["ok"] is False and r["error"]["code"] == "conflict" and r["error"]["field"] == "tree", r
         got = ctl(cmd="get_ring", id=31)["ring"]
-        assert got["spec"]["tree"] == dict(leaf_tree(), boxes=[]), got["spec"]
+        assert got["spec"]["tree"] == reported(leaf_tree()), got["spec"]
         assert set(got["counters"]["tree"]) >= {"partials_sent", "partials_resent", "partials_received",
                                                 "results_received", "results_sent", "results_resent"}, got
     run_dataplane(tmp, in_pcap, [], 1, during=during)

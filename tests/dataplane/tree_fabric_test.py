@@ -41,20 +41,21 @@ from scapy.all import Ether, IP, UDP, rdpcap, wrpcap, raw
 from scapy.contrib.roce import BTH
 
 import dataplane_pcap_test as dp
-from dataplane_pcap_test import LEAF, LEAF2, SPINE, B2B_PORT
+from dataplane_pcap_test import LEAF, LEAF2, SPINE, B2B_PORT, TREE_EPOCH, TREE_KEY, reported
 
 RID, RANKS, BASE, PPM, PMTU = 31, 4, 5, 4, 1024
 RACK = {0: "A", 1: "A", 2: "B", 3: "B"}
 
 
 def trees():
-    """Each box's node of the ring's tree (the data plane's "tree" JSON)."""
-    leaf_a = {"self": LEAF, "children": [{"rank": 0}, {"rank": 1}],
-              "parent": dict(SPINE, port="b"), "index_at_parent": 0}
-    leaf_b = {"self": LEAF2, "children": [{"rank": 2}, {"rank": 3}],
-              "parent": dict(SPINE, port="b"), "index_at_parent": 1}
-    spine = {"self": SPINE, "children": [{"box": 0}, {"box": 1}],
-             "boxes": [dict(LEAF, port="a"), dict(LEAF2, port="b")]}
+    """Each box's node of the ring's tree (the data plane's "tree" JSON), one installation."""
+    same = {"epoch": TREE_EPOCH, "key": TREE_KEY.hex()}
+    leaf_a = dict(same, self=LEAF, children=[{"rank": 0}, {"rank": 1}],
+                  parent=dict(SPINE, port="b"), index_at_parent=0)
+    leaf_b = dict(same, self=LEAF2, children=[{"rank": 2}, {"rank": 3}],
+                  parent=dict(SPINE, port="b"), index_at_parent=1)
+    spine = dict(same, self=SPINE, children=[{"box": 0}, {"box": 1}],
+                 boxes=[dict(LEAF, port="a"), dict(LEAF2, port="b")])
     return {"leafA": leaf_a, "spine": spine, "leafB": leaf_b}
 
 
@@ -244,7 +245,7 @@ def main():
         spine.kill()
         spine.start()
         listed = spine.ctl(cmd="list_rings")
-        assert listed["ok"] and [r["spec"].get("tree") for r in listed["rings"]] == [dict(trees()["spine"], index_at_parent=0)], listed
+        assert listed["ok"] and [r["spec"].get("tree") for r in listed["rings"]] == [dict(reported(trees()["spine"]), index_at_parent=0)], listed
         assert spine.ring()["counters"]["tree"]["partials_received"] == 0  # a fresh entry
         # Rack B's packets, then rank 0's retransmission of message 1 (the same bytes).
         resend = [f for f in of(1, "A") if f[IP].src == dp.ip(0, BASE)]
@@ -259,7 +260,7 @@ def main():
         finals = {name: b.stop() for name, b in fab.boxes.items()}
         for name, st in finals.items():
             bad = {k: v for k, v in st["reasons"].items()
-                   if v and k in ("b2b_bad_checksum", "b2b_malformed", "b2b_unknown_tree", "b2b_unknown_box",
+                   if v and k in ("b2b_bad_mac", "b2b_stale_epoch", "b2b_malformed", "b2b_unknown_tree", "b2b_unknown_box",
                                   "bad_icrc", "alloc_failed")}
             assert not bad, (name, bad)
         print("tree fabric: 3 netreduce-dataplane processes (leaf A, spine, leaf B) over veth pairs; message 0: "

@@ -16,6 +16,10 @@ using nlohmann::json;
 
 namespace {
 
+const char* const kKey = "000102030405060708090a0b0c0d0e0f101112131415161718191A1B1C1D1E1F";
+
+const char* const kKeyId = "630dcd2966c43366";
+
 json leaf_ring() {
   return {{"id", 9},
           {"members", {"10.1.0.1", "10.1.0.2", "10.2.0.1", "10.2.0.2"}},
@@ -26,13 +30,17 @@ json leaf_ring() {
            {{"self", {{"ip", "10.9.0.1"}, {"mac", "02:00:00:00:09:01"}}},
             {"children", {{{"rank", 0}}, {{"rank", 1}}}},
             {"parent", {{"ip", "10.9.0.9"}, {"mac", "02:00:00:00:09:09"}, {"port", "b"}}},
-            {"index_at_parent", 1}}}};
+            {"index_at_parent", 1},
+            {"epoch", 4000000000u},
+            {"key", kKey}}}};
 }
 
 json root_ring() {
   json j = leaf_ring();
   j["tree"] = {{"self", {{"ip", "10.9.0.9"}, {"mac", "02:00:00:00:09:09"}}},
                {"children", {{{"box", 0}}, {{"box", 1}}}},
+               {"epoch", 0},
+               {"key", kKey},
                {"boxes",
                 {{{"ip", "10.9.0.1"}, {"mac", "02:00:00:00:09:01"}, {"port", "a"}},
                  {{"ip", "10.9.0.2"}, {"mac", "02:00:00:00:09:02"}, {"port", 1}}}}};
@@ -56,9 +64,21 @@ TEST_CASE("tree json: a leaf and a root, round trip", "[dataplane][tree_json]") 
   // Port b (slot 1): transmit sends out of the port opposite meta, so meta is 0.
   CHECK(tree->parent.meta == 0);
   CHECK(tree->index_at_parent == 1);
-  const json back = ring_tree_to_json(spec, tree);
+  CHECK(tree->epoch == 4000000000u);
+  for (size_t i = 0; i < tree->key.size(); ++i) CHECK(tree->key[i] == i);
+  // The key only where it is asked for (a push, the state file), in lowercase.
+  json back = ring_tree_to_json(spec, tree);
   json want = leaf_ring()["tree"];
   want["boxes"] = json::array();  // written out even when empty
+  want.erase("key");
+  want["key_id"] = back["tree"].value("key_id", "");
+  CHECK(back["tree"] == want);
+  // key_id: the first 8 bytes of SHA-256(key) (for the bytes 00..1f, from
+  // Python's hashlib).
+  CHECK(want["key_id"] == kKeyId);
+  want.erase("key_id");
+  back = ring_tree_to_json(spec, tree, KeyShown::included);
+  want["key"] = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
   CHECK(back["tree"] == want);
 
   REQUIRE(ring_tree_from_json(root_ring(), spec, tree).ok());
@@ -67,7 +87,7 @@ TEST_CASE("tree json: a leaf and a root, round trip", "[dataplane][tree_json]") 
   CHECK(tree->boxes.size() == 2);
   CHECK(tree->boxes[0].meta == 1);  // port a: leaves by slot 0
   CHECK(tree->boxes[1].meta == 0);  // port 1 = b
-  const json rb = ring_tree_to_json(spec, tree);
+  const json rb = ring_tree_to_json(spec, tree, KeyShown::included);
   CHECK(rb["tree"]["boxes"][1]["port"] == "b");
   CHECK_FALSE(rb["tree"].contains("parent"));
   engine::RingSpec spec2;
@@ -92,6 +112,16 @@ TEST_CASE("tree json: every bad field is named", "[dataplane][tree_json]") {
       {[](json& t) { t = json::array(); }, "tree"},
       {[](json& t) { t["colour"] = 1; }, "tree.colour"},
       {[](json& t) { t.erase("self"); }, "tree.self"},
+      {[](json& t) { t.erase("epoch"); }, "tree.epoch"},
+      {[](json& t) { t["epoch"] = -1; }, "tree.epoch"},
+      {[](json& t) { t["epoch"] = 4294967296u; }, "tree.epoch"},
+      {[](json& t) { t["epoch"] = "1"; }, "tree.epoch"},
+      {[](json& t) { t.erase("key"); }, "tree.key"},
+      {[](json& t) { t["key"] = 7; }, "tree.key"},
+      {[](json& t) { t["key"] = std::string(kKey).substr(2); }, "tree.key"},
+      {[](json& t) { t["key"] = std::string(kKey) + "00"; }, "tree.key"},
+      {[](json& t) { t["key"] = "g" + std::string(kKey).substr(1); }, "tree.key"},
+      {[](json& t) { t["key"] = std::string(64, '0'); }, "tree.key"},  // all zeros
       {[](json& t) { t["self"] = "10.9.0.1"; }, "tree.self"},
       {[](json& t) { t["self"].erase("ip"); }, "tree.self.ip"},
       {[](json& t) { t["self"]["ip"] = "10.9.0.01"; }, "tree.self.ip"},

@@ -14,6 +14,7 @@
 
 #include "engine/engine.h"
 #include "support/ring_traffic.h"
+#include "wire/b2b.h"
 #include "wire/icrc.h"
 #include "wire/message.h"
 #include "wire/parse.h"
@@ -127,6 +128,15 @@ inline std::optional<uint32_t> imm_of(const std::vector<uint8_t>& f) {
   REQUIRE(wire::parse_frame(f.data(), f.size(), p) == wire::ParseStatus::ok);
   if (!p.immdt) return std::nullopt;
   return reinterpret_cast<const wire::ImmDt*>(f.data() + p.immdt)->imm.host();
+}
+
+// A tree installation's epoch and key for tests (engine::TreeSpec): every
+// box of one test tree holds these.
+inline constexpr uint32_t kTreeEpoch = 0x5EED0001;
+inline wire::B2bKey tree_key(uint8_t seed = 1) {
+  wire::B2bKey k{};
+  for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<uint8_t>(seed * 31 + i * 7 + 1);
+  return k;
 }
 
 inline bool icrc_ok(const std::vector<uint8_t>& f) {

@@ -53,9 +53,9 @@
 // - at the end no cell open and no packet held at any box; removing the
 //   rings gives nothing back, and every frame buffer returns to the pool;
 // - a box-to-box frame corrupted in its header or data and arriving at its
-//   box is rejected (b2b_bad_checksum, or b2b_malformed for the magic and
-//   version read before the CRC32C); a RoCE frame corrupted in a byte its
-//   ICRC covers never enters a cell;
+//   box is rejected: by its mac (b2b_bad_mac), or before it by a field read
+//   first (b2b_malformed, b2b_unknown_tree, b2b_stale_epoch); a RoCE frame
+//   corrupted in a byte its ICRC covers never enters a cell;
 // - no rule-W violation is seen by a box (evicted_incomplete), no buffer
 //   allocation fails;
 // - the run terminates: all workers done before kStuckTicks pass without
@@ -259,6 +259,8 @@ class Sim {
   uint64_t frames_ = 0;
   std::string error_;
   Result res_;
+  // Corrupted box-to-box frames whose tree id the corruption changed, per box ip.
+  std::map<uint32_t, uint64_t> corrupt_unknown_tree_;
   engine::RingSpec spec_;
   bool removed_ = false;  // restart_box's ring is not installed now
   engine::Sink sink_;
@@ -281,6 +283,8 @@ unsigned Sim::add_box(uint32_t ip, int parent) {
   b.ip = ip;
   b.parent = parent;
   b.spec.self = {ip, mac_of(ip), 0};
+  b.spec.epoch = 0x5EED0001;  // one installation: every box the same epoch and key
+  b.spec.key.fill(0x5A);
   engine::EngineConfig cfg;
   cfg.icrc_fixup = p_.fixup;
   cfg.isa = p_.isa;
@@ -399,16 +403,19 @@ void Sim::route(const Box& b, Frame* f) {
 }
 
 // What a frame arriving corrupted must meet: a box-to-box frame for this
-// box corrupted past its UDP header is rejected, by its CRC32C (or, for the
-// magic and version, read first, as malformed); a RoCE frame corrupted in a
+// box corrupted past its UDP header is rejected, by its mac (or by a field
+// read before it: malformed, unknown tree, stale epoch); a RoCE frame corrupted in a
 // byte its ICRC covers never enters a cell.
 void Sim::check_frame(const Box& b, const Frame& f, const engine::Outcome& o, bool b2b_for_me,
                       bool roce_covered) {
   std::ostringstream e;
   if (b2b_for_me) {
-    if (o.reason == Reason::b2b_bad_checksum)
+    if (o.reason == Reason::b2b_bad_mac)
       ++res_.b2b_corrupt_rejected;
-    else if (o.reason != Reason::b2b_malformed)
+    else if (o.reason == Reason::b2b_unknown_tree)
+      ++corrupt_unknown_tree_[b.ip];
+    else if (o.reason != Reason::b2b_malformed && o.reason != Reason::b2b_unknown_tree &&
+             o.reason != Reason::b2b_stale_epoch)
       e << "box " << (b.ip & 0xFF) << ": box-to-box frame corrupted at byte " << f.corrupt_at
         << " met " << engine::to_string(o.reason) << ", not a rejection";
   } else if (roce_covered) {
@@ -677,7 +684,9 @@ std::string Sim::check_counters() {
     const auto& r = b.e->counters();
     want("evicted_incomplete", r[engine::index(Reason::evicted_incomplete)], 0);
     want("alloc_failed", r[engine::index(Reason::alloc_failed)], 0);
-    want("b2b_unknown_tree", r[engine::index(Reason::b2b_unknown_tree)], 0);
+    const auto corrupted = corrupt_unknown_tree_.find(b.ip);
+    want("b2b_unknown_tree", r[engine::index(Reason::b2b_unknown_tree)],
+         corrupted == corrupt_unknown_tree_.end() ? 0 : corrupted->second);
     if (e.str().find('=') != std::string::npos) return e.str();
   }
   return {};

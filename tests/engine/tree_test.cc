@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <compare>
+#include <cstddef>
 #include <deque>
 #include <functional>
 #include <map>
@@ -17,6 +18,7 @@
 #include "engine/box_harness.h"
 #include "engine/reference.h"
 #include "wire/b2b.h"
+#include "wire/b2b_mac.h"
 #include "wire/headers.h"
 #include "wire/psn.h"
 
@@ -35,6 +37,13 @@ wire::MacAddr mac_of(uint32_t ip) {
   return {0x02, 0xBB, uint8_t(ip >> 24), uint8_t(ip >> 16), uint8_t(ip >> 8), uint8_t(ip)};
 }
 engine::TreeBox box(uint32_t ip) { return {ip, mac_of(ip)}; }
+// A tree node of the test installation (kTreeEpoch, tree_key()).
+TreeSpec keyed_node() {
+  TreeSpec t;
+  t.epoch = kTreeEpoch;
+  t.key = tree_key();
+  return t;
+}
 
 // Worker packets: where they come from, and what they must carry at the end.
 struct PacketId {
@@ -86,7 +95,7 @@ struct Fabric {
     spec = ring_spec(t.ring_id, p, 4, window);
     boxes.push_back(std::make_unique<Harness>());
     ips.push_back(kRootIp);
-    TreeSpec root;
+    TreeSpec root = keyed_node();
     root.self = box(kRootIp);
     unsigned first_leaf = 0;
     if (root_ranks) {
@@ -94,7 +103,7 @@ struct Fabric {
       first_leaf = 1;
     }
     use_inner = inner && racks.size() - first_leaf >= 3;
-    TreeSpec mid;
+    TreeSpec mid = keyed_node();
     mid.self = box(kInnerIp);
     mid.has_parent = true;
     mid.parent = box(kRootIp);
@@ -104,7 +113,7 @@ struct Fabric {
       const auto b = static_cast<uint16_t>(up.boxes.size());
       up.boxes.push_back(box(leaf_ip(i)));
       up.children.push_back(TreeSpec::box(b));
-      TreeSpec leaf;
+      TreeSpec leaf = keyed_node();
       leaf.self = box(leaf_ip(i));
       for (unsigned r : racks[i]) leaf.children.push_back(TreeSpec::rank(uint16_t(r)));
       leaf.has_parent = true;
@@ -302,11 +311,16 @@ struct Fabric {
 };
 
 // A box-to-box frame of tree `tree` (message 0 of 3 packets, fp32 sum)
-// with `data_len` zero data bytes.
+// with `data_len` zero data bytes, sealed for the test installation (or
+// for another epoch or key).
 std::vector<uint8_t> b2b_frame(uint32_t src, uint32_t dst, wire::B2bKind kind, uint16_t child,
-                               uint32_t tree, size_t data_len) {
+                               uint32_t tree, size_t data_len, uint32_t epoch = kTreeEpoch,
+                               const wire::B2bKey& key = tree_key()) {
   std::vector<uint8_t> d(data_len, 0);
+  wire::B2bMac mac(key);
   wire::B2bFrameSpec s;
+  s.mac = &mac;
+  s.info.epoch = epoch;
   s.src_ip = src;
   s.dst_ip = dst;
   s.info.kind = kind;
@@ -560,7 +574,7 @@ TEST_CASE("box-to-box frames: unknown box, unknown tree, corrupted, malformed, l
         Reason::b2b_result_unexpected);
   auto bad = frame(leaf_ip(0), kRootIp, partial, 0, 1);
   bad.back() ^= 1;
-  CHECK(root.feed(bad).reason == Reason::b2b_bad_checksum);
+  CHECK(root.feed(bad).reason == Reason::b2b_bad_mac);
   bad = frame(leaf_ip(0), kRootIp, partial, 0, 1);
   bad[sizeof(wire::EthHdr) + sizeof(wire::Ipv4Hdr) + sizeof(wire::UdpHdr) + 2] = 9;  // version
   CHECK(root.feed(bad).reason == Reason::b2b_malformed);
@@ -575,6 +589,54 @@ TEST_CASE("box-to-box frames: unknown box, unknown tree, corrupted, malformed, l
   x.send(0, 0, 0);
   CHECK(x.delivered[{0, 0, 0}] == 2);  // served from leaf A's cell, no partial sent
   CHECK(x.info(1).counters.tree.partials_resent == 0);
+}
+
+TEST_CASE("box-to-box frames of another installation, or forged without its key, are dropped",
+          "[engine][tree]") {
+  Fabric x({1, 1}, wire::Dtype::fp32, wire::ReduceOp::sum);
+  x.add_message();
+  auto& root = *x.boxes[0];
+  auto partial = [&](uint32_t epoch, const wire::B2bKey& key) {
+    return b2b_frame(leaf_ip(0), kRootIp, wire::B2bKind::partial, 0, x.t.ring_id, 232, epoch, key);
+  };
+  auto drops = [&](Reason r) { return x.info(0).counters.drops[static_cast<size_t>(r)]; };
+  // Stale: the epoch of an earlier installation (its key too).
+  CHECK(root.feed(partial(kTreeEpoch - 1, tree_key(2))).reason == Reason::b2b_stale_epoch);
+  // Forged: this installation's epoch, but no key (a guess) or a corrupted mac.
+  CHECK(root.feed(partial(kTreeEpoch, tree_key(3))).reason == Reason::b2b_bad_mac);
+  auto flipped = partial(kTreeEpoch, tree_key());
+  flipped[sizeof(wire::EthHdr) + sizeof(wire::Ipv4Hdr) + sizeof(wire::UdpHdr) +
+          offsetof(wire::B2bHdr, mac)] ^= 0x80;
+  CHECK(root.feed(flipped).reason == Reason::b2b_bad_mac);
+  // A result to a leaf, forged: never delivered to its held packets.
+  x.send(0, 0, 0);
+  CHECK(x.boxes[1]
+            ->feed(b2b_frame(kRootIp, leaf_ip(0), wire::B2bKind::result, 0, x.t.ring_id, 232,
+                             kTreeEpoch, tree_key(4)))
+            .reason == Reason::b2b_bad_mac);
+  CHECK(drops(Reason::b2b_stale_epoch) == 1);
+  CHECK(drops(Reason::b2b_bad_mac) == 2);
+  CHECK(x.info(1).counters.drops[static_cast<size_t>(Reason::b2b_bad_mac)] == 1);
+  CHECK(x.info(0).counters.tree.partials_received == 1);  // rank 0's leaf's, not the forgeries
+  for (unsigned b = 0; b < 3; ++b) CHECK(x.boxes[b]->take_sent().empty());
+  // The job is untouched: every packet exact, once.
+  for (uint32_t k = 0; k < x.packets(0); ++k)
+    for (unsigned r = 0; r < 2; ++r)
+      if (r != 0 || k != 0) x.send(r, 0, k);
+  CHECK(x.all_delivered());
+  x.check_exactly_once();
+  // Reinstalled as a new installation (new epoch and key): the frames of the
+  // old one, replayed, are stale.
+  const auto old = partial(kTreeEpoch, tree_key());
+  std::vector<engine::Pkt> released;
+  REQUIRE(root.e->remove_ring(x.t.ring_id, ++root.now, released).ok());
+  TreeSpec next = x.root_tree;
+  next.epoch = kTreeEpoch + 1;
+  next.key = tree_key(9);
+  REQUIRE(root.e->install_ring(x.spec, next).ok());
+  CHECK(root.feed(old).reason == Reason::b2b_stale_epoch);
+  CHECK(root.feed(partial(kTreeEpoch + 1, tree_key())).reason == Reason::b2b_bad_mac);
+  CHECK(root.feed(partial(kTreeEpoch + 1, tree_key(9))).reason == Reason::partial_taken);
 }
 
 namespace {
@@ -704,7 +766,7 @@ TEST_CASE("malformed box-to-box frames for the box are dropped by any of its eng
 TEST_CASE("tree specs are checked against the ring; same tree again is a no-op", "[engine][tree]") {
   Harness h;
   const auto spec = ring_spec(1, 4);
-  TreeSpec t;
+  TreeSpec t = keyed_node();
   t.self = box(leaf_ip(0));
   t.children = {TreeSpec::rank(0), TreeSpec::rank(1)};
   t.has_parent = true;
@@ -716,6 +778,9 @@ TEST_CASE("tree specs are checked against the ring; same tree again is a no-op",
     CHECK(s.field() == field);
   };
   TreeSpec b = t;
+  b.key = {};
+  refused(b, "key");  // an installation without its key
+  b = t;
   b.self.ip = 0;
   refused(b, "self");
   b = t;
@@ -741,6 +806,9 @@ TEST_CASE("tree specs are checked against the ring; same tree again is a no-op",
   CHECK(h.e->install_ring(spec, t).ok());
   b = t;
   b.children = {TreeSpec::rank(1), TreeSpec::rank(0)};
+  CHECK(h.e->install_ring(spec, b).code() == StatusCode::conflict);
+  b = t;
+  b.epoch += 1;  // another installation: remove this one first
   CHECK(h.e->install_ring(spec, b).code() == StatusCode::conflict);
   CHECK(h.e->install_ring(spec).code() == StatusCode::conflict);
   const auto info = h.e->ring_info(1);

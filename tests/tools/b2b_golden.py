@@ -8,49 +8,87 @@
                dtype and op, data lengths 1 element .. 4 KB, none for a
                query, some VLAN tagged) and malformed ones (one defect each).
 
-The checksum is CRC32C (Castagnoli, reflected 0x82F63B78), computed here with
-a textbook table over the UDP payload with the checksum field zero; the table
-is checked against the standard check value crc32c(b"123456789") =
-0xE3069283 before any frame is written.
+The mac (src/wire/b2b_mac.h's construction, rebuilt here from its
+definition) is AES-128(k_aes, Poly1305(k_poly, UDP payload with the mac field
+zero)), k_poly = HMAC-SHA256(K, "netreduce b2b poly1305"), k_aes = the first
+16 bytes of HMAC-SHA256(K, "netreduce b2b aes-128"): Poly1305 written out
+below from RFC 8439 (checked against its test vector), HMAC from Python's hmac,
+AES from python3-cryptography (checked against FIPS-197's). Each frame has its
+own random key K, recorded in the manifest. Some valid frames carry a forged
+mac or a data bit flipped after sealing: they parse ("ok") but their mac must
+not verify ("mac_ok": false).
 """
 import argparse
+import hashlib
+import hmac
 import json
 import random
 import struct
 import sys
 
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes  # noqa: E402
 from scapy.all import (Dot1Q, Ether, IP, IPOption_NOP, TCP, UDP, Packet, PcapWriter,  # noqa: E402
                        Raw, bind_layers, fragment, raw)
-from scapy.fields import ByteField, IntField, ShortField, XIntField, XShortField  # noqa: E402
+from scapy.fields import ByteField, IntField, ShortField, StrFixedLenField, XShortField  # noqa: E402
 
 B2B_PORT = 4792
 MAGIC = 0x4E52
-VERSION = 1
+VERSION = 2
 DTYPES = {1: 4, 2: 2, 3: 2, 4: 4, 5: 8, 6: 8}  # wire value -> element bytes
 OPS = [1, 2, 3]
 KINDS = {1: "partial", 2: "result", 3: "query", 4: "final"}
 QUERY = 3  # the one kind without data
-CHECKSUM_AT = 28
+HDR_LEN = 48
+MAC_AT = 32
+MAC_LEN = 16
+KEY_LEN = 32
 
 
-def _table():
-    t = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        t.append(c)
-    return t
+def poly1305(key, msg):
+    """RFC 8439 section 2.5: r clamped, 17-byte little-endian blocks, mod 2^130 - 5, plus s."""
+    r = int.from_bytes(key[:16], "little") & 0x0FFFFFFC0FFFFFFC0FFFFFFC0FFFFFFF
+    s = int.from_bytes(key[16:32], "little")
+    p, acc = (1 << 130) - 5, 0
+    for i in range(0, len(msg), 16):
+        acc = (acc + int.from_bytes(msg[i:i + 16] + b"\x01", "little")) * r % p
+    return ((acc + s) % (1 << 128)).to_bytes(16, "little")
 
 
-_T = _table()
+def aes128(key, block):
+    enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    return enc.update(block) + enc.finalize()
 
 
-def crc32c(data):
-    c = 0xFFFFFFFF
-    for b in data:
-        c = (c >> 8) ^ _T[(c ^ b) & 0xFF]
-    return c ^ 0xFFFFFFFF
+def mac_of(payload, key):
+    """The mac of a UDP payload (header + data) under installation key `key`, the mac field
+    read as zero."""
+    k_poly = hmac.new(key, b"netreduce b2b poly1305", hashlib.sha256).digest()
+    k_aes = hmac.new(key, b"netreduce b2b aes-128", hashlib.sha256).digest()[:16]
+    zeroed = payload[:MAC_AT] + bytes(MAC_LEN) + payload[MAC_AT + MAC_LEN:]
+    return aes128(k_aes, poly1305(k_poly, zeroed))
+
+
+def key_id(key):
+    """A key's public name in reports: the first 8 bytes of SHA-256(key), hex."""
+    return hashlib.sha256(key).hexdigest()[:16]
+
+
+def check_primitives():
+    """RFC 8439 2.5.2's Poly1305 vector and FIPS-197 C.1's AES-128 vector."""
+    k = bytes.fromhex("85d6be7857556d337f4452fe42d506a80103808afb0db2fd4abff6af4149f51b")
+    assert poly1305(k, b"Cryptographic Forum Research Group").hex() == "a8061dc1305136c6c22b8baf0c0127a9"
+    assert aes128(bytes(range(16)), bytes.fromhex("00112233445566778899aabbccddeeff")).hex() == \
+        "69c4e0d86a7b0430d8cdb78070b4c55a"
+
+
+check_primitives()
+
+
+def sealed(key, data=b"", **fields):
+    """A B2B header for `fields` whose mac is right for `data` under `key`."""
+    payload = raw(B2B(mac=bytes(MAC_LEN), **fields) / Raw(data)) if data else \
+        raw(B2B(mac=bytes(MAC_LEN), **fields))
+    return B2B(mac=mac_of(payload, key), **fields)
 
 
 class B2B(Packet):
@@ -68,16 +106,14 @@ class B2B(Packet):
         ByteField("op", 1),
         ShortField("length", None),
         ShortField("flags", 0),
+        IntField("epoch", 0),
         IntField("reserved", 0),
-        XIntField("checksum", None),
+        StrFixedLenField("mac", bytes(MAC_LEN), MAC_LEN),
     ]
 
     def post_build(self, p, pay):
         if self.length is None:
             p = p[:20] + struct.pack("!H", len(pay)) + p[22:]
-        if self.checksum is None:
-            c = crc32c(p[:CHECKSUM_AT] + b"\0\0\0\0" + p[CHECKSUM_AT + 4:] + pay)
-            p = p[:CHECKSUM_AT] + struct.pack("!I", c) + p[CHECKSUM_AT + 4:]
         return p + pay
 
 
@@ -110,6 +146,7 @@ def valid_fields(rng, i):
         "dst_mac": rand_mac(rng), "tos": rng.randint(0, 255), "ttl": rng.randint(1, 255),
         "ip_id": rng.randint(0, 0xFFFF), "df": rng.randint(0, 1),
         "sport": rng.randint(1024, 0xFFFF), "vlan": 1 if i % 9 == 4 else 0,
+        "epoch": rng.getrandbits(32), "key": rng.getrandbits(8 * KEY_LEN).to_bytes(KEY_LEN, "big").hex(),
     }
 
 
@@ -125,10 +162,12 @@ def build(rng, f, b2b_over=None, udp_over=None, ip_over=None, data=None):
     udpf = dict(sport=f["sport"], dport=B2B_PORT, chksum=0)
     udpf.update(udp_over or {})
     hdr = dict(kind=f["kind"], tree_id=f["tree_id"], msg_id=f["msg_id"], k=f["k"],
-               msg_len=f["msg_len"], child=f["child"], dtype=f["dtype"], op=f["op"])
+               msg_len=f["msg_len"], child=f["child"], dtype=f["dtype"], op=f["op"],
+               epoch=f["epoch"])
     hdr.update(b2b_over or {})
-    return raw(l2 / IP(**ipf) / UDP(**udpf) / B2B(**hdr) / Raw(data)) if data else \
-        raw(l2 / IP(**ipf) / UDP(**udpf) / B2B(**hdr))
+    b2b = B2B(**hdr) if "mac" in hdr else sealed(bytes.fromhex(f["key"]), data, **hdr)
+    return raw(l2 / IP(**ipf) / UDP(**udpf) / b2b / Raw(data)) if data else \
+        raw(l2 / IP(**ipf) / UDP(**udpf) / b2b)
 
 
 # name -> (expected status, how to break a valid frame)
@@ -141,7 +180,8 @@ def malformed(rng, i):
         f["data_len"] = es * rng.randint(1, 4096 // es)
     cases = [
         ("bad_magic", lambda: build(rng, f, {"magic": 0x4E53})),
-        ("bad_version", lambda: build(rng, f, {"version": 2})),
+        ("bad_version", lambda: build(rng, f, {"version": 1})),
+        ("bad_version", lambda: build(rng, f, {"version": 3})),
         ("bad_version", lambda: build(rng, f, {"version": 0})),
         ("bad_kind", lambda: build(rng, f, {"kind": 0})),
         ("bad_kind", lambda: build(rng, f, {"kind": 5})),
@@ -156,9 +196,7 @@ def malformed(rng, i):
         ("bad_length", lambda: build(rng, f, {"kind": QUERY})),  # a query with data
         ("bad_position", lambda: build(rng, f, {"k": f["msg_len"]})),
         ("bad_position", lambda: build(rng, f, {"msg_len": 0, "k": 0})),
-        ("bad_checksum", lambda: build(rng, f, {"checksum": rng.getrandbits(32)})),
-        ("bad_checksum", lambda: flip_data(build(rng, f))),
-        ("bad_udp_length", lambda: build(rng, f, udp_over={"len": 8 + 32 + f["data_len"] - 4})),
+        ("bad_udp_length", lambda: build(rng, f, udp_over={"len": 8 + HDR_LEN + f["data_len"] - 4})),
         ("bad_ip", lambda: build(rng, f, ip_over={"flags": "MF"})),
         ("bad_ip", lambda: build(rng, f, ip_over={"options": [IPOption_NOP()] * 4})),
         ("later_fragment", lambda: later_fragment(build(rng, f, ip_over={"flags": 0}))),
@@ -193,17 +231,22 @@ def main():
     ap.add_argument("--pcap", required=True)
     ap.add_argument("--manifest", required=True)
     args = ap.parse_args()
-    if crc32c(b"123456789") != 0xE3069283:
-        print("CRC32C table is wrong", file=sys.stderr)
-        return 1
     rng = random.Random(args.seed)
     frames, recs = [], []
     for i in range(args.count):
         f = valid_fields(rng, i)
         data = bytes(rng.getrandbits(8) for _ in range(f["data_len"]))
         frame = build(rng, f, data=data)
-        hdr = frame[len(frame) - len(data) - 32:len(frame) - len(data)]
-        rec = dict(f, expect="ok", checksum=crc32c(hdr[:CHECKSUM_AT] + b"\0\0\0\0" + data))
+        payload = frame[len(frame) - len(data) - HDR_LEN:]
+        mac = mac_of(payload, bytes.fromhex(f["key"]))
+        assert payload[MAC_AT:MAC_AT + MAC_LEN] == mac
+        rec = dict(f, expect="ok", mac=mac.hex(), mac_ok=True)
+        if i % 10 == 7:  # a forger without the key: a guessed mac
+            frame = build(rng, f, {"mac": rng.getrandbits(8 * MAC_LEN).to_bytes(MAC_LEN, "big")}, data=data)
+            rec["mac_ok"] = False
+        elif i % 10 == 8 and data:  # corrupted (or altered) after sealing
+            frame = flip_data(frame)
+            rec["mac_ok"] = False
         frames.append(frame)
         recs.append(rec)
     for i in range(args.bad):

@@ -1,19 +1,22 @@
 // The box-to-box protocol (src/wire/b2b.h) against an independent reference:
 // tests/tools/b2b_golden.py builds frames with scapy from its own field
-// description and a textbook CRC32C (build step: b2b_golden.pcap/.jsonl).
-// Every valid frame must parse to the recorded fields, and netreduce's
+// description and seals them with its own rendering of the mac's
+// construction (build step: b2b_golden.pcap/.jsonl). Every valid frame must parse to the recorded
+// fields, its mac must verify under its key exactly when the script says
+// so (a guessed mac, data altered after sealing: not), and netreduce's
 // builder must produce the same bytes from those fields; every malformed
 // frame must get the status the script names. Then single-bit flips and
 // truncations of valid frames: never accepted, never read out of bounds.
 #include <catch2/catch.hpp>
+#include <cstddef>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "wire/b2b.h"
+#include "wire/b2b_mac.h"
 #include "wire/golden.h"
-#include "wire/icrc.h"
 #include "wire/pcap.h"
 
 using namespace netreduce::wire;
@@ -48,23 +51,35 @@ B2bInfo info_of(const json& m) {
   i.child = m["child"].get<uint16_t>();
   i.dtype = m["dtype"].get<uint8_t>();
   i.op = m["op"].get<uint8_t>();
+  i.epoch = m["epoch"].get<uint32_t>();
   return i;
+}
+
+B2bKey key_of(const json& m) {
+  const std::string s = m["key"].get<std::string>();
+  REQUIRE(s.size() == 2 * kB2bKeyBytes);
+  B2bKey k{};
+  for (size_t i = 0; i < k.size(); ++i)
+    k[i] = static_cast<uint8_t>(std::stoul(s.substr(2 * i, 2), nullptr, 16));
+  return k;
+}
+
+std::string hex(const uint8_t* p, size_t n) {
+  std::string s;
+  char b[3];
+  for (size_t i = 0; i < n; ++i) {
+    std::snprintf(b, sizeof b, "%02x", p[i]);
+    s += b;
+  }
+  return s;
 }
 }  // namespace
 
-TEST_CASE("CRC32C is the Castagnoli CRC (standard check value)", "[wire][b2b]") {
-  const char* s = "123456789";
-  CHECK(crc32c(0, reinterpret_cast<const uint8_t*>(s), 9) == 0xE3069283u);
-  // zlib-style chaining, as crc32.
-  CHECK(crc32c(crc32c(0, reinterpret_cast<const uint8_t*>(s), 4),
-               reinterpret_cast<const uint8_t*>(s) + 4, 5) == 0xE3069283u);
-}
-
-TEST_CASE("box-to-box frames agree with scapy: fields, checksum, bytes, statuses",
+TEST_CASE("box-to-box frames agree with scapy: fields, mac, bytes, statuses",
           "[wire][b2b][golden]") {
   const Golden& g = golden();
   REQUIRE(g.frames.size() == g.manifest.size());
-  size_t valid = 0, rebuilt = 0, bad = 0;
+  size_t valid = 0, rebuilt = 0, bad = 0, forged = 0;
   for (size_t i = 0; i < g.frames.size(); ++i) {
     const auto& f = g.frames[i].data;
     const json& m = g.manifest[i];
@@ -83,7 +98,22 @@ TEST_CASE("box-to-box frames agree with scapy: fields, checksum, bytes, statuses
     CHECK(b.dst_ip == ip_of(m["dst_ip"]));
     CHECK(b.data_len == m["data_len"].get<size_t>());
     CHECK(b.data + b.data_len == f.size());
-    CHECK(b2b_checksum(f.data() + b.hdr, b.data_len) == m["checksum"].get<uint32_t>());
+    const B2bKey key = key_of(m);
+    B2bMac mac(key);
+    REQUIRE(mac.ok());
+    CHECK(mac.verify(f.data() + b.hdr, b.data_len) == m["mac_ok"].get<bool>());
+    if (!m["mac_ok"].get<bool>()) {
+      ++forged;
+      continue;
+    }
+    std::vector<uint8_t> copy = f;
+    REQUIRE(mac.seal(copy.data() + b.hdr, b.data_len));
+    CHECK(hex(copy.data() + b.hdr + offsetof(B2bHdr, mac), kB2bMacBytes) ==
+          m["mac"].get<std::string>());
+    // Any other key rejects it.
+    B2bKey other = key;
+    other[key.size() - 1] ^= 1;
+    CHECK_FALSE(B2bMac(other).verify(f.data() + b.hdr, b.data_len));
     if (m["vlan"] == 1) continue;  // the builder writes untagged frames
     B2bFrameSpec s;
     s.src_mac = mac_of(m["src_mac"]);
@@ -99,26 +129,39 @@ TEST_CASE("box-to-box frames agree with scapy: fields, checksum, bytes, statuses
     s.data = f.data() + b.data;
     s.data_len = b.data_len;
     std::vector<uint8_t> out(b2b_frame_size(s.data_len));
+    CHECK(build_b2b(s, out.data(), out.size()) == 0);  // no key, no frame
+    s.mac = &mac;
     REQUIRE(build_b2b(s, out.data(), out.size()) == f.size());
     CHECK(out == f);
     ++rebuilt;
   }
   CHECK(valid >= 500);
-  CHECK(rebuilt >= 400);
+  CHECK(forged >= 100);
+  CHECK(rebuilt >= 350);
   CHECK(bad >= 200);
+}
+
+TEST_CASE("a key's public name is the start of its SHA-256", "[wire][b2b]") {
+  // Python: hashlib.sha256(bytes(range(32))).hexdigest()[:16]
+  B2bKey k{};
+  for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<uint8_t>(i);
+  CHECK(B2bMac::key_id(k) == "630dcd2966c43366");
 }
 
 TEST_CASE("a flipped bit or a cut is never accepted", "[wire][b2b]") {
   const Golden& g = golden();
   size_t tried = 0;
   for (size_t i = 0; i < g.frames.size() && tried < 40; ++i) {
-    if (g.manifest[i]["expect"] != "ok" || g.manifest[i]["vlan"] == 1) continue;
+    const json& m = g.manifest[i];
+    if (m["expect"] != "ok" || m["vlan"] == 1 || !m["mac_ok"].get<bool>()) continue;
     ++tried;
     const auto& f = g.frames[i].data;
+    B2bMac mac(key_of(m));
     B2bFrame b;
     REQUIRE(parse_b2b(f.data(), f.size(), b) == B2bStatus::ok);
-    // Every bit of the header and the data: the CRC32C (or, for the magic and
-    // version checked before it, their own status) rejects it.
+    // Every bit of the header and the data: the magic and version have
+    // their own status; past them the parser may take it (a field still in
+    // range) but the mac never verifies.
     for (size_t byte = b.hdr; byte < f.size(); ++byte)
       for (int bit = 0; bit < 8; ++bit) {
         std::vector<uint8_t> c = f;
@@ -131,7 +174,7 @@ TEST_CASE("a flipped bit or a cut is never accepted", "[wire][b2b]") {
         else if (byte == b.hdr + 2u)
           CHECK(st == B2bStatus::bad_version);
         else
-          CHECK(st == B2bStatus::bad_checksum);
+          CHECK((st != B2bStatus::ok || !mac.verify(c.data() + x.hdr, x.data_len)));
       }
     // Every cut (a copy of exactly that size, so ASan sees any overread).
     for (size_t n = 0; n < f.size(); ++n) {
