@@ -33,21 +33,6 @@ bool same_spec(const engine::RingSpec& a, const engine::RingSpec& b) {
 
 using SteadyClock = std::chrono::steady_clock;
 
-// `n` bytes from the kernel's CSPRNG; false if getrandom fails.
-bool random_bytes(void* out, size_t n) {
-  auto* p = static_cast<unsigned char*>(out);
-  size_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::getrandom(p + got, n - got, 0);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    got += static_cast<size_t>(r);
-  }
-  return true;
-}
-
 // 128 bits from the kernel's CSPRNG as 32 lowercase hex digits; empty if
 // getrandom fails (the caller answers 500 rather than issue a weak secret).
 std::string new_credential() {

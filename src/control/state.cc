@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,6 +23,42 @@ using nlohmann::json;
 
 namespace {
 
+// A tree written before installations had an epoch and a key.
+bool keyless_tree(const json& t) {
+  return t.is_object() && !t.contains("epoch") && !t.contains("key");
+}
+
+// Whether any tree of a record's fabric section (its own, its pushes) is keyless.
+bool keyless_fabric(const json& fabric) {
+  if (keyless_tree(fabric.value("tree", json()))) return true;
+  for (const json& p : fabric.value("peers", json::array()))
+    if (p.is_object() && p.contains("ring") && p["ring"].is_object() &&
+        keyless_tree(p["ring"].value("tree", json())))
+      return true;
+  return false;
+}
+
+// An origin's keyless record becomes one new installation: every tree of
+// it (its own, its pushes) gets the same fresh epoch and key.
+bool give_installation(json& fabric) {
+  engine::TreeSpec secret;
+  if (!random_bytes(&secret.epoch, sizeof secret.epoch) ||
+      !random_bytes(secret.key.data(), secret.key.size()))
+    return false;
+  auto keyed = [&](json& t) {
+    if (!t.is_object()) return;
+    t["epoch"] = secret.epoch;
+    t["key"] = key_to_hex(secret.key);
+  };
+  if (fabric.contains("tree")) keyed(fabric["tree"]);
+  if (fabric.contains("peers") && fabric["peers"].is_array())
+    for (json& p : fabric["peers"])
+      if (p.is_object() && p.contains("ring") && p["ring"].is_object() &&
+          p["ring"].contains("tree"))
+        keyed(p["ring"]["tree"]);
+  return true;
+}
+
 Status io_error(const std::string& what, const std::string& path) {
   return {StatusCode::internal, "", what + " " + path + ": " + std::strerror(errno)};
 }
@@ -41,6 +78,20 @@ bool write_all(int fd, const std::string& data) {
 }
 
 }  // namespace
+
+bool random_bytes(void* out, size_t n) {
+  auto* p = static_cast<unsigned char*>(out);
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::getrandom(p + got, n - got, 0);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    got += static_cast<size_t>(r);
+  }
+  return true;
+}
 
 bool valid_credential(const std::string& c) {
   if (c.size() != 32) return false;
@@ -138,6 +189,14 @@ Status StateFile::load(RingMap& out, std::vector<FabricDelete>* deletes) const {
       return Status::invalid(s.field(), where + s.to_string());
     if (!fabric.is_null()) {
       const std::string fw = where + "fabric: ";
+      // Written before tree installations had an epoch and key: an origin
+      // draws one now (its pushes take it to the peers, which replace their
+      // copies); a peer's copy is left for its origin to push again.
+      if (fabric.is_object() && keyless_fabric(fabric)) {
+        if (!fabric.value("origin", std::string()).empty()) continue;
+        if (!give_installation(fabric))
+          return Status(StatusCode::internal, "", fw + "getrandom failed: " + std::strerror(errno));
+      }
       if (!fabric.is_object() || !fabric.contains("entry") || !fabric["entry"].is_string() ||
           !valid_credential(fabric["entry"].get<std::string>()))
         return Status::invalid("fabric", fw + "must be an object with \"entry\" (32 hex digits)");

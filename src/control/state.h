@@ -22,7 +22,10 @@
 // - save() writes `<file>.tmp`, fsyncs it, renames it over the file and
 //   fsyncs the directory: after a crash the file holds the old or the new
 //   state, whole. load(): a missing file is an empty state; anything
-//   unreadable is an error naming the file and the ring at fault.
+//   unreadable is an error naming the file and the ring at fault. A fabric
+//   ring written before tree installations had an epoch and key gets a new
+//   installation at its origin (all its trees, pushes included) and is left
+//   out at a peer, whose origin pushes it again.
 #pragma once
 
 #include <chrono>
@@ -82,6 +85,9 @@ struct RingRecord {
 };
 
 using RingMap = std::map<uint32_t, RingRecord>;
+
+// `n` bytes from the kernel's CSPRNG; false if getrandom fails.
+bool random_bytes(void* out, size_t n);
 
 // True for a well-formed credential (32 lowercase hex digits).
 bool valid_credential(const std::string& c);

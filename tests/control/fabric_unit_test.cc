@@ -1,9 +1,11 @@
 // The fabric section of netreduced.yaml (every error names its key) and the
 // tree computation (control/fabric.h): each involved box's tree JSON against
 // the expected JSON written out by hand here.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "common/ring_json.h"
@@ -330,5 +332,70 @@ TEST_CASE("state file: a fabric ring's entry, node, peers and pending removals r
   RingMap plain;
   REQUIRE(st.load(plain).ok());
   CHECK(plain.size() == 3);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("state file: fabric trees saved without an epoch and key get an installation",
+          "[control][fabric][state]") {
+  char tmpl[] = "/tmp/nrctl-keyless-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  const engine::RingSpec spec = ring({"10.1.0.1", "10.2.0.1"});
+  std::vector<FabricEntry> entries;
+  REQUIRE(compute_fabric_entries(spec, fabric(), secret(), entries).ok());
+  // The file as a daemon wrote it before trees had an epoch and key: an
+  // origin (ring 7: its node and two pushes) and a peer's copy (ring 8).
+  auto keyless = [](json t) {
+    t.erase("epoch");
+    t.erase("key");
+    return t;
+  };
+  json origin = ring_to_json(spec);
+  origin["fabric"] = {{"entry", std::string(32, 'e')}, {"peers", json::array()}};
+  for (const FabricEntry& e : entries) {
+    json j = fabric_entry_json(spec, e);
+    j["tree"] = keyless(j["tree"]);
+    if (e.box == "leafA")
+      origin["fabric"]["tree"] = j["tree"];
+    else
+      origin["fabric"]["peers"].push_back({{"box", e.box}, {"ring", j}});
+  }
+  json peer = ring_to_json(spec);
+  peer["id"] = 8;
+  peer["fabric"] = {{"entry", std::string(32, 'f')},
+                    {"origin", "spine"},
+                    {"tree", origin["fabric"]["peers"][0]["ring"]["tree"]}};
+  {
+    std::ofstream f(dir + "/state.json");
+    f << json({{"version", 2}, {"rings", {origin, peer}}}).dump(2);
+  }
+  StateFile st(dir + "/state.json");
+  RingMap back;
+  const Status s = st.load(back);
+  INFO(s.to_string());
+  REQUIRE(s.ok());
+  // The peer's copy is left for its origin to push again.
+  REQUIRE(back.size() == 1);
+  const RingRecord& o = back.at(7);
+  REQUIRE(o.tree);
+  CHECK(o.tree->key != wire::B2bKey{});
+  // One installation for the node and both pushes.
+  REQUIRE(o.peers.size() == 2);
+  for (const PeerPush& p : o.peers) {
+    CHECK(p.ring["tree"]["epoch"] == o.tree->epoch);
+    CHECK(p.ring["tree"]["key"] == key_to_hex(o.tree->key));
+  }
+  // Everything else as written.
+  const auto leaf_a = std::find_if(entries.begin(), entries.end(),
+                                   [](const FabricEntry& e) { return e.box == "leafA"; });
+  REQUIRE(leaf_a != entries.end());
+  engine::TreeSpec want = *leaf_a->tree;
+  want.epoch = o.tree->epoch;
+  want.key = o.tree->key;
+  CHECK(*o.tree == want);
+  // A second load draws another installation: the daemon saves the first.
+  RingMap again;
+  REQUIRE(st.load(again).ok());
+  CHECK(again.at(7).tree->key != o.tree->key);
   std::filesystem::remove_all(dir);
 }
