@@ -831,7 +831,8 @@ Outcome Engine::Impl::resend_partial(Ring& ring, size_t ci, const Cell& cell, Si
 
 // Builds the cell's result buffer (partial, result or final; a query
 // carries no data) as a box-to-box frame to `to` in a buffer from the allocator, appended to
-// out.tx. False (and alloc_failed counted) without a buffer: the end-to-end retry covers it.
+// out.tx. False (and alloc_failed counted) without a buffer, or (b2b_seal_failed) when
+// the MAC cannot be computed: the end-to-end retry covers it.
 bool Engine::Impl::send_b2b(Ring& ring, size_t ci, const Cell& cell, wire::B2bKind kind,
                             const TreeBox& to, uint16_t child, Sink& out) noexcept {
   const TreeNode& t = *ring.tree;
@@ -863,6 +864,12 @@ bool Engine::Impl::send_b2b(Ring& ring, size_t ci, const Cell& cell, wire::B2bKi
   s.data_len = data_len;
   s.mac = t.mac.get();
   pk.len = static_cast<uint16_t>(wire::build_b2b(s, pk.data, len));
+  if (pk.len == 0) {  // the MAC failed (OpenSSL): never send an unsealed frame
+    out.drop[out.ndrop++] = pk;
+    ++counters[static_cast<size_t>(Reason::b2b_seal_failed)];
+    ++ring.counters.drops[static_cast<size_t>(Reason::b2b_seal_failed)];
+    return false;
+  }
   pk.meta = to.meta;
   out.tx[out.ntx++] = pk;
   return true;

@@ -66,6 +66,8 @@ enum class Fate : uint8_t { forward, aggregate, drop };
     "box-to-box frame from another installation of the tree (its epoch is not this one's)")  \
   X(b2b_bad_mac, drop,                                                                       \
     "box-to-box frame whose keyed MAC does not match the tree's key (corrupted or forged)")  \
+  X(b2b_seal_failed, drop,                                                                   \
+    "box-to-box frame not sent: its MAC could not be computed (OpenSSL failed)")             \
   X(b2b_malformed, drop,                                                                     \
     "box-to-box frame for this box malformed (cut short, IPv4 options or fragments, "        \
     "IPv4/UDP lengths, short header, magic, version, kind, dtype, op, length or position: "  \

@@ -35,29 +35,24 @@ bool hmac_sha256(const B2bKey& key, const char* label, uint8_t out[32]) {
 
 B2bMac::B2bMac(const B2bKey& key) {
   uint8_t k_aes[32];
-  if (!hmac_sha256(key, kPolyLabel, k_poly_) || !hmac_sha256(key, kAesLabel, k_aes)) {
-    error_ = openssl_error("HMAC-SHA256");
-    return;
-  }
+  error_ = setup(key, k_aes);
+  OPENSSL_cleanse(k_aes, sizeof k_aes);
+  ok_ = error_.empty();
+}
+
+std::string B2bMac::setup(const B2bKey& key, uint8_t k_aes[32]) {
+  if (!hmac_sha256(key, kPolyLabel, k_poly_) || !hmac_sha256(key, kAesLabel, k_aes))
+    return openssl_error("HMAC-SHA256");
   EVP_MAC* mac = EVP_MAC_fetch(nullptr, "POLY1305", nullptr);
-  if (!mac) {
-    error_ = openssl_error("EVP_MAC_fetch(POLY1305)");
-    return;
-  }
+  if (!mac) return openssl_error("EVP_MAC_fetch(POLY1305)");
   poly_ = EVP_MAC_CTX_new(mac);
   EVP_MAC_free(mac);  // the context keeps its own reference
   aes_ = EVP_CIPHER_CTX_new();
-  if (!poly_ || !aes_) {
-    error_ = openssl_error("EVP context");
-    return;
-  }
+  if (!poly_ || !aes_) return openssl_error("EVP context");
   if (EVP_EncryptInit_ex(aes_, EVP_aes_128_ecb(), nullptr, k_aes, nullptr) != 1 ||
-      EVP_CIPHER_CTX_set_padding(aes_, 0) != 1) {
-    error_ = openssl_error("AES-128");
-    return;
-  }
-  OPENSSL_cleanse(k_aes, sizeof k_aes);
-  ok_ = true;
+      EVP_CIPHER_CTX_set_padding(aes_, 0) != 1)
+    return openssl_error("AES-128");
+  return {};
 }
 
 B2bMac::~B2bMac() {

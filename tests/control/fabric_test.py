@@ -150,6 +150,13 @@ def installation(ds, dps, rid):
     assert len(epochs) == 1 and len(keys) == 1, (epochs, keys)
     key = keys.pop()
     assert len(key) == 64 and int(key, 16) != 0, key
+    # Nobody shows the key: not the API, /metrics or a data plane's report.
+    for d in ds.values():
+        for shown in (json.dumps(d.call("GET", "/v1/rings")[1]), json.dumps(d.call("GET", "/v1/rings/%d" % rid)[1]),
+                      d.metrics()):
+            assert key not in shown, "%s shows the installation's key" % d.name
+    for dp in dps.values():
+        assert key not in json.dumps(dp.ask(cmd="list_rings")), "a data plane shows the installation's key"
     # Each data plane holds that key: its key_id is the start of its SHA-256 (hashlib's).
     assert key_ids == {hashlib.sha256(bytes.fromhex(key)).hexdigest()[:16]}, (key_ids, key)
     return epochs.pop(), key

@@ -906,7 +906,7 @@ int main(int argc, char** argv) {
                 kinds[k], restarts[k][0][0], restarts[k][0][1], restarts[k][1][0],
                 restarts[k][1][1]);
   std::printf("\n");
-  std::printf("  corrupted box-to-box frames rejected by CRC32C: %" PRIu64
+  std::printf("  corrupted box-to-box frames rejected by their MAC: %" PRIu64
               "; corrupted RoCE frames at boxes (none aggregated): %" PRIu64
               "; partials resent %" PRIu64 ", results resent %" PRIu64 "\n",
               b2b_rejected, roce_corrupt, present, rresent);
