@@ -235,6 +235,7 @@ def worker(a):
 def wait_all(jobs, text, timeout, what):
     """Seconds until every rank's stderr contains `text`, per rank (from
     now); Failed if one ends first or `timeout` passes."""
+    import nrlab  # host side only, as in main()
     t0, seen = time.monotonic(), [None] * len(jobs)
     while None in seen:
         for r, j in enumerate(jobs):
@@ -255,6 +256,7 @@ def failover_drill(lab, daemon, jobs, report):
     (POST /v1/faults, kind bypass, every ring) once it aggregates, until
     every rank logged its switch to the ring path; then clear the bypass and
     wait for every rank's switch back to the INA path."""
+    import nrlab  # host side only, as in main()
     wait_all(jobs, "worker: phase failover", WORKER_TIMEOUT, "failover phase")
 
     def aggregated():
