@@ -150,15 +150,7 @@ bool key_from_hex(const std::string& s, wire::B2bKey& out) {
   return true;
 }
 
-std::string key_to_hex(const wire::B2bKey& k) {
-  static const char* hex = "0123456789abcdef";
-  std::string s;
-  for (uint8_t b : k) {
-    s += hex[b >> 4];
-    s += hex[b & 15];
-  }
-  return s;
-}
+std::string key_to_hex(const wire::B2bKey& k) { return wire::to_hex(k.data(), k.size()); }
 
 json tree_to_json(const engine::TreeSpec& t, KeyShown key) {
   json children = json::array(), boxes = json::array();

@@ -92,11 +92,15 @@ std::string B2bMac::key_id(const B2bKey& key) {
   unsigned len = 0;
   if (EVP_Digest(key.data(), key.size(), d, &len, EVP_sha256(), nullptr) != 1 || len != 32)
     return {};
+  return to_hex(d, kKeyIdBytes);
+}
+
+std::string to_hex(const uint8_t* p, size_t n) {
   static const char* hex = "0123456789abcdef";
   std::string s;
-  for (size_t i = 0; i < kKeyIdBytes; ++i) {
-    s += hex[d[i] >> 4];
-    s += hex[d[i] & 15];
+  for (size_t i = 0; i < n; ++i) {
+    s += hex[p[i] >> 4];
+    s += hex[p[i] & 15];
   }
   return s;
 }

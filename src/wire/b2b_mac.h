@@ -74,4 +74,7 @@ class B2bMac {
   std::string error_;
 };
 
+// Lowercase hex of p[0, n): keys in tree JSON, key ids in reports.
+std::string to_hex(const uint8_t* p, size_t n);
+
 }  // namespace netreduce::wire
