@@ -402,6 +402,7 @@ class Guest:
         self.proc = None
         self.info = {}
         self._next = 0
+        self.jobs = []  # every Job spawned since the last boot
 
     # -- lifecycle (Lab calls these)
     def boot(self, vmlinux, initrd):
@@ -490,7 +491,28 @@ class Guest:
         with open(tmp, "w") as f:
             f.write("\n".join(lines) + "\n")
         os.rename(tmp, os.path.join(self.dir, "req", jid + ".sh"))
-        return Job(self, jid, script)
+        job = Job(self, jid, script)
+        self.jobs.append(job)
+        return job
+
+    def end_jobs(self, timeout=60):
+        """SIGKILLs every job still running and waits until each has ended
+        (its process exited, so the kernel has destroyed its QPs)."""
+        running = [j for j in self.jobs if not j.done()]
+        for j in running:
+            j.kill("KILL")
+        deadline = time.monotonic() + timeout
+        for j in running:
+            while not j.done() and time.monotonic() < deadline:
+                self.check_alive()
+                time.sleep(0.1)
+
+    def rxe_state(self):
+        """One line for a failure report: rxe0's non-zero counters and the
+        kernel's last rxe messages."""
+        r = self.run("cd /sys/class/infiniband/rxe0/ports/1/hw_counters && grep -H . * | grep -v ':0$' | "
+                     "tr '\\n' ' '; echo; dmesg | grep -i rxe | tail -3", timeout=60)
+        return "%s: %s" % (self.name, " | ".join(l for l in r.out.splitlines() if l.strip()))
 
     def run(self, argv, timeout=120, env=None, check=False):
         """Runs `argv` in the guest to completion: Result(rc, out, err, seconds).
@@ -590,21 +612,26 @@ def rxe_wedge_warnings(lab):
 def run_step(lab, reports, step, *args):
     """step(*args), run once more if it failed (Failed) while a guest's
     rdma_rxe wedged (rxe_wedge_warnings moved): a fault of the guest kernel,
-    not of what is under test. The wedged guests boot again first (a wedged
-    guest can stop answering on TCP too, so the retry could never connect).
-    The retry must pass on its own (fresh
-    captures, counters and ring, as the step makes them); a failure without
-    the signature, or a second one, is the step's failure. `reports` get
-    back the lines and figures they had before the first attempt, and a line
-    saying what happened."""
+    not of what is under test. The kernel warns only when the wedged QP is
+    destroyed, so the failed attempt's guest jobs are killed and waited for
+    first (a rank still inside its own deadline would hide the signature).
+    The wedged guests boot again (a wedged guest can stop answering on TCP
+    too, so the retry could never connect). The retry must pass on its own
+    (fresh captures, counters and ring, as the step makes them); a failure
+    without the signature, or a second one, is the step's failure, and then
+    the error carries every guest's rxe counters and last rxe messages.
+    `reports` get back the lines and figures they had before the first
+    attempt, and a line saying what happened."""
     saved = [(list(r.lines), dict(r.figures)) for r in reports]
     before = rxe_wedge_warnings(lab)
     try:
         return step(*args)
     except Failed as e:
+        for g in lab.guests:
+            g.end_jobs()
         wedged = [g.name for g, b, a in zip(lab.guests, before, rxe_wedge_warnings(lab)) if a > b]
         if not wedged:
-            raise
+            raise Failed("%s\n--- rxe after the failure\n%s" % (e, "\n".join(g.rxe_state() for g in lab.guests)))
         for r, (lines, figures) in zip(reports, saved):
             r.lines, r.figures = lines, figures
             r.line("first attempt failed while rdma_rxe wedged in %s (kernel WARNING in __rxe_cleanup); "
@@ -962,6 +989,7 @@ class Lab:
                 n += 1
             os.rename(g.dir, "%s.%d" % (g.dir, n))
             g._next = 0
+            g.jobs = []
             g.boot(*self._boot_files)
         deadline = time.monotonic() + self.boot_timeout
         for g in guests:
