@@ -831,12 +831,14 @@ Reply Daemon::fabric_put(const json& body) {
   if (!cfg_.fabric)
     return error_reply({StatusCode::conflict, "fabric", "this daemon has no fabric section"});
   if (!body.is_object()) return error_reply(Status::invalid("", "must be a JSON object"));
-  const std::string origin = body.value("origin", std::string());
+  const json origin_field = body.value("origin", json());
+  const std::string origin = origin_field.is_string() ? origin_field.get<std::string>() : "";
   if (cfg_.fabric->find(origin) < 0 || origin == cfg_.fabric->self)
     return error_reply(Status::invalid("origin", "must name another box of the fabric"));
-  const std::string entry = body.value("entry", std::string());
-  if (!valid_credential(entry))
+  const json entry_field = body.value("entry", json());
+  if (!entry_field.is_string() || !valid_credential(entry_field.get<std::string>()))
     return error_reply(Status::invalid("entry", "must be 32 lowercase hex digits"));
+  const std::string entry = entry_field.get<std::string>();
   const json lease = body.value("lease_ms", json(0));
   if (!lease.is_number_unsigned() && !(lease.is_number_integer() && lease.get<int64_t>() == 0))
     return error_reply(Status::invalid("lease_ms", "must be an unsigned integer"));

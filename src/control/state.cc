@@ -107,11 +107,13 @@ StateFile::~StateFile() {
 Status StateFile::lock() {
   if (lock_fd_ >= 0) return {};
   const std::string path = lock_path();
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0)
     return {StatusCode::internal, "state.file",
-            "cannot create the lock file " + path + ": " + std::strerror(errno) +
-                " (its directory must exist and be writable)"};
+            "cannot create the lock file " + path + ": " +
+                (errno == ELOOP ? std::string("it is a symbolic link (refused)")
+                                : std::string(std::strerror(errno)) +
+                                      " (its directory must exist and be writable)")};
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     char buf[32] = {};
@@ -139,11 +141,22 @@ Status StateFile::lock() {
 Status StateFile::load(RingMap& out, std::vector<FabricDelete>* deletes) const {
   std::ifstream in(path_);
   if (!in) {
-    if (errno == ENOENT) {
+    const int err = errno;
+    struct stat st {};
+    // A link whose target is gone is not a daemon's first start: reading it
+    // as empty would remove every ring from a running box, and the first
+    // save would replace the link.
+    if (err == ENOENT && ::lstat(path_.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+      return {StatusCode::internal, "state.file",
+              path_ +
+                  " is a symbolic link to a file that does not exist; point it at the state "
+                  "file or remove it"};
+    if (err == ENOENT) {
       out.clear();
       if (deletes) deletes->clear();
       return {};
     }
+    errno = err;
     return io_error("cannot open", path_);
   }
   std::stringstream ss;
@@ -189,17 +202,23 @@ Status StateFile::load(RingMap& out, std::vector<FabricDelete>* deletes) const {
       return Status::invalid(s.field(), where + s.to_string());
     if (!fabric.is_null()) {
       const std::string fw = where + "fabric: ";
+      if (!fabric.is_object() || !fabric.contains("entry") || !fabric["entry"].is_string() ||
+          !valid_credential(fabric["entry"].get<std::string>()))
+        return Status::invalid("fabric", fw + "must be an object with \"entry\" (32 hex digits)");
+      if (fabric.contains("origin") && !fabric["origin"].is_string())
+        return Status::invalid("fabric", fw + "origin: must be a box name (a string)");
+      if (fabric.contains("local") && !fabric["local"].is_boolean())
+        return Status::invalid("fabric", fw + "local: must be true or false");
+      if (fabric.contains("peers") && !fabric["peers"].is_array())
+        return Status::invalid("fabric", fw + "peers: must be an array");
       // Written before tree installations had an epoch and key: an origin
       // draws one now (its pushes take it to the peers, which replace their
       // copies); a peer's copy is left for its origin to push again.
-      if (fabric.is_object() && keyless_fabric(fabric)) {
+      if (keyless_fabric(fabric)) {
         if (!fabric.value("origin", std::string()).empty()) continue;
         if (!give_installation(fabric))
           return Status(StatusCode::internal, "", fw + "getrandom failed: " + std::strerror(errno));
       }
-      if (!fabric.is_object() || !fabric.contains("entry") || !fabric["entry"].is_string() ||
-          !valid_credential(fabric["entry"].get<std::string>()))
-        return Status::invalid("fabric", fw + "must be an object with \"entry\" (32 hex digits)");
       rec.entry = fabric["entry"].get<std::string>();
       rec.origin = fabric.value("origin", std::string());
       rec.local = fabric.value("local", true);
@@ -228,6 +247,8 @@ Status StateFile::load(RingMap& out, std::vector<FabricDelete>* deletes) const {
       return Status::invalid("id", path_ + ": ring " + std::to_string(id) + " given twice");
   }
   std::vector<FabricDelete> dels;
+  if (j.contains("fabric_deletes") && !j["fabric_deletes"].is_array())
+    return Status::invalid("fabric_deletes", path_ + ": fabric_deletes: must be an array");
   for (const json& d : j.value("fabric_deletes", json::array())) {
     if (!d.is_object() || !d.contains("box") || !d["box"].is_string() || !d.contains("id") ||
         !d["id"].is_number_unsigned() || !d.contains("entry") || !d["entry"].is_string())
@@ -273,7 +294,9 @@ Status StateFile::save(const RingMap& rings, const std::vector<FabricDelete>& de
   const std::filesystem::path path(path_);
   const std::string dir = path.parent_path().empty() ? "." : path.parent_path().string();
   const std::string tmp = path_ + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0 && errno == ELOOP)
+    return {StatusCode::internal, "", "cannot create " + tmp + ": it is a symbolic link (refused)"};
   if (fd < 0) return io_error("cannot create", tmp);
   // A temp file left by a crash keeps its mode through O_TRUNC: force 0600,
   // the file holds the rings' credentials.

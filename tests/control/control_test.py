@@ -369,7 +369,7 @@ def scenario_api(tmp):
     d2.stop()
 
     # Start-up refusals: exit status 2, the key named.
-    def refuse(cfg_text, expect, state_text=None):
+    def refuse(cfg_text, expect, state_text=None, state_link=None):
         tmp3 = tempfile.mkdtemp(dir=tmp)
         path = os.path.join(tmp3, "c.yaml")
         with open(path, "w") as f:
@@ -379,6 +379,8 @@ def scenario_api(tmp):
         if state_text is not None:
             with open(os.path.join(tmp3, "state.json"), "w") as f:
                 f.write(state_text)
+        if state_link is not None:
+            os.symlink(os.path.join(tmp3, state_link), os.path.join(tmp3, "state.json"))
         p = subprocess.run([DAEMON, "-c", path], capture_output=True, text=True, timeout=30)
         assert p.returncode == 2 and expect in p.stderr, (cfg_text, p.returncode, p.stderr)
         return p.stderr.strip().splitlines()[-1]
@@ -394,6 +396,10 @@ def scenario_api(tmp):
         refuse(base + "dataplane: {timeout_ms: 1}\n", "dataplane.timeout_ms"),
         refuse(base, "state.file", state_text="{\"rings\": [{\"id\": 1}]}"),
         refuse(base, "state.file", state_text="garbage"),
+        # a field of the wrong type (an exception in the parser would abort the daemon)
+        refuse(base, "rings[0]: fabric: origin", state_text=json.dumps({"version": 2, "rings": [dict(
+            ring(1), fabric={"entry": "a" * 32, "origin": 5})]})),
+        refuse(base, "does not exist", state_link="gone.json"),  # a dangling link is no empty state
         refuse(base.replace("listen: {port: ", "listen: {port: %d, old_port: " % _busy_port()), "listen.old_port"),
         refuse(base.split("listen")[0] + "listen: {port: %d}\n" % _busy_port(), "listen.port: cannot listen"),
     ]

@@ -261,6 +261,44 @@ TEST_CASE("state file: round trip, atomic replace, refusals", "[control][state]"
   const std::string two = ring_to_json(a).dump();
   write("{\"rings\": [" + two + "," + two + "]}");
   CHECK(st.load(back).message().find("given twice") != std::string::npos);
+  // Fields of the wrong type are refusals naming the field, never an
+  // exception (the daemon would abort instead of exiting 2).
+  for (const auto& [fabric, what] : std::vector<std::pair<json, std::string>>{
+           {{{"entry", cred}, {"origin", 5}}, "origin"},
+           {{{"entry", cred}, {"local", "no"}}, "local"},
+           {{{"entry", cred}, {"peers", {{"box", "b"}}}}, "peers"},
+           {{{"entry", json::array()}}, "entry"}}) {
+    json r = ring_to_json(a);
+    r["fabric"] = fabric;
+    write("{\"version\": 2, \"rings\": [" + r.dump() + "]}");
+    s = st.load(back);
+    INFO(s.to_string());
+    CHECK(s.field() == "fabric");
+    CHECK(s.message().find(what) != std::string::npos);
+  }
+  write("{\"version\": 2, \"rings\": [], \"fabric_deletes\": {\"box\": \"b\"}}");
+  CHECK(st.load(back).field() == "fabric_deletes");
+
+  // A state file that is a link to nothing is refused, naming it (read as
+  // empty, the daemon would remove every ring from a running box and the
+  // first save would replace the link); so are links at the temp and lock
+  // files' names (a save or lock would write through them).
+  const auto link = dir / "linked.json";
+  std::filesystem::create_symlink(dir / "gone.json", link);
+  StateFile linked(link.string());
+  s = linked.load(back);
+  CHECK_FALSE(s.ok());
+  CHECK(s.message().find(link.string()) != std::string::npos);
+  CHECK(s.message().find("symbolic link") != std::string::npos);
+  std::filesystem::create_symlink(dir / "elsewhere", dir / "state.json.tmp");
+  s = st.save(rings);
+  CHECK(s.message().find("symbolic link") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir / "elsewhere"));
+  StateFile locked((dir / "other.json").string());
+  std::filesystem::create_symlink(dir / "elsewhere", dir / "other.json.lock");
+  s = locked.lock();
+  CHECK(s.message().find("symbolic link") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir / "elsewhere"));
 
   // A directory that does not exist: an error, never a crash.
   StateFile nowhere((dir / "missing" / "state.json").string());

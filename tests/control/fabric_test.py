@@ -355,6 +355,12 @@ def scenario_fabric_peer_down(tmp):
                  "unauthorized", "Authorization")
     expect_error(spine.call("POST", "/v1/fabric/rings", {"origin": "leafZ", "ring": ring(33, FOUR)},
                             token=FABRIC_TOKEN), 400, "invalid_argument", "origin")
+    # Fields of the wrong type: a 400 naming the field, never a 500.
+    for body, field in [({"origin": 5, "ring": ring(33, FOUR)}, "origin"),
+                        ({"origin": "leafA", "entry": ["x"], "ring": ring(33, FOUR)}, "entry"),
+                        ({"origin": "leafA", "entry": 7, "ring": ring(33, FOUR)}, "entry")]:
+        expect_error(spine.call("POST", "/v1/fabric/rings", body, token=FABRIC_TOKEN), 400, "invalid_argument",
+                     field)
     # Start-up refusals (exit 2, key named): the fabric token equal to the operator's, and a
     # fabric section that names an unknown parent.
     for mutate, key in [(lambda c: c["fabric"].update(token_file=c["auth"]["token_file"]), "fabric.token_file"),
