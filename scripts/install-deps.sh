@@ -22,6 +22,8 @@ DEMO=(
   libssl-dev
   # host library
   libibverbs-dev rdma-core ibverbs-providers
+  # outbound HTTP with a total deadline (host library to daemon, fabric pushes, CLI)
+  libcurl4-openssl-dev
   # control plane
   libyaml-cpp-dev prometheus-cpp-dev nlohmann-json3-dev libcpp-httplib-dev
   libspdlog-dev libfmt-dev libcli11-dev

@@ -1,6 +1,5 @@
 #include "control/daemon.h"
 
-#include <httplib.h>
 #include <spdlog/spdlog.h>
 #include <sys/random.h>
 
@@ -11,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "common/http_client.h"
 #include "common/ring_json.h"
 #include "control/fabric.h"
 #include "engine/engine_json.h"
@@ -32,6 +32,9 @@ bool same_spec(const engine::RingSpec& a, const engine::RingSpec& b) {
 }
 
 using SteadyClock = std::chrono::steady_clock;
+
+// A push to or removal at a peer daemon, connect to last byte.
+constexpr int kPushTimeoutMs = 5000;
 
 // 128 bits from the kernel's CSPRNG as 32 lowercase hex digits; empty if
 // getrandom fails (the caller answers 500 rather than issue a weak secret).
@@ -417,28 +420,35 @@ bool Daemon::push_pass(std::optional<uint32_t> only) {
       error = "box " + t.box + " is no longer in the fabric configuration";
     } else {
       const FabricBox& b = cfg_.fabric->boxes[static_cast<size_t>(bi)];
-      httplib::Client cli(b.daemon_host, b.daemon_port);
-      cli.set_connection_timeout(2);
-      cli.set_read_timeout(5);
-      cli.set_write_timeout(5);
-      const httplib::Headers hdr = {{"Authorization", "Bearer " + fabric_token_}};
-      const std::string path = "/v1/fabric/rings";
-      auto res = t.remove ? cli.Delete(path + "/" + std::to_string(t.id) + "?entry=" + t.entry, hdr)
-                          : cli.Post(path, hdr, t.body.dump(), "application/json");
-      if (!res) {
-        error = b.daemon + ": " + httplib::to_string(res.error());
+      // One total deadline per push: a peer that drips its answer costs
+      // this pass at most kPushTimeoutMs, not a wait per byte.
+      auto cli =
+          HttpClient::make("http://" + b.daemon_host + ":" + std::to_string(b.daemon_port), error);
+      HttpReply res;
+      if (cli) {
+        cli->set_bearer(fabric_token_);
+        const std::string path = "/v1/fabric/rings";
+        res = t.remove
+                  ? cli->call("DELETE", path + "/" + std::to_string(t.id) + "?entry=" + t.entry, "",
+                              kPushTimeoutMs)
+                  : cli->call("POST", path, t.body.dump(), kPushTimeoutMs);
+      }
+      if (!cli) {
+        error = b.daemon + ": " + error;
+      } else if (!res.ok()) {
+        error = b.daemon + ": " + res.error;
         unreachable.insert(t.box);
-      } else if (t.remove ? (res->status != 204 && res->status != 404)
-                          : (res->status != 200 && res->status != 201)) {
-        std::string msg = res->body;
+      } else if (t.remove ? (res.status != 204 && res.status != 404)
+                          : (res.status != 200 && res.status != 201)) {
+        std::string msg = res.body;
         try {
-          msg = json::parse(res->body).at("error").at("message").get<std::string>();
+          msg = json::parse(res.body).at("error").at("message").get<std::string>();
         } catch (const std::exception&) {
         }
-        error = b.daemon + ": HTTP " + std::to_string(res->status) + ": " + msg;
+        error = b.daemon + ": HTTP " + std::to_string(res.status) + ": " + msg;
       } else if (!t.remove) {
         try {
-          peer_installed = json::parse(res->body).at("ring").at("installed").get<bool>();
+          peer_installed = json::parse(res.body).at("ring").at("installed").get<bool>();
         } catch (const std::exception&) {
         }
       }

@@ -20,8 +20,6 @@
 //   1  the daemon answered with an error (HTTP 4xx/5xx; the error is printed)
 //   2  usage error (bad flags or arguments, unreadable --file or token file)
 //   3  cannot reach the daemon (connection refused, timeout)
-#include <httplib.h>
-
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -31,8 +29,11 @@
 #include <regex>
 #include <sstream>
 
+#include "common/http_client.h"
 #include "common/ring_json.h"
 
+using netreduce::HttpClient;
+using netreduce::HttpReply;
 using nlohmann::json;
 
 namespace {
@@ -84,43 +85,35 @@ json call(const Options& o, const std::string& method, const std::string& path,
   static const std::regex kUrl(R"(^http://[A-Za-z0-9.\-\[\]:]+(:[0-9]{1,5})?/?$)");
   if (!std::regex_match(o.server, kUrl))
     usage_error("bad --server '" + o.server + "' (expected http://host:port)");
-  httplib::Client cli(o.server);
-  if (!cli.is_valid()) usage_error("bad --server '" + o.server + "' (expected http://host:port)");
-  cli.set_connection_timeout(o.timeout_s, 0);
-  cli.set_read_timeout(o.timeout_s, 0);
-  cli.set_write_timeout(o.timeout_s, 0);
-  httplib::Headers headers;
-  if (auth) {
-    const std::string t = token(o);
-    if (!t.empty()) headers.emplace("Authorization", "Bearer " + t);
-  }
-  if (!credential.empty()) headers.emplace("X-Netreduce-Ring-Credential", credential);
-  httplib::Result r = method == "GET"    ? cli.Get(path, headers)
-                      : method == "POST" ? cli.Post(path, headers, body, "application/json")
-                                         : cli.Delete(path, headers);
-  if (!r) {
-    std::cerr << "netreducectl: cannot reach netreduced at " << o.server << ": "
-              << httplib::to_string(r.error()) << "\n";
+  std::string why;
+  auto cli = HttpClient::make(o.server, why);
+  if (!cli) usage_error("bad --server '" + o.server + "' (expected http://host:port)");
+  if (auth) cli->set_bearer(token(o));
+  std::vector<std::string> headers;
+  if (!credential.empty()) headers.push_back("X-Netreduce-Ring-Credential: " + credential);
+  const HttpReply r = cli->call(method, path, body, o.timeout_s * 1000, headers);
+  if (!r.ok()) {
+    std::cerr << "netreducectl: cannot reach netreduced at " << o.server << ": " << r.error << "\n";
     std::exit(kNoConnection);
   }
   json j;
-  if (!r->body.empty()) {
+  if (!r.body.empty()) {
     try {
-      j = json::parse(r->body);
+      j = json::parse(r.body);
     } catch (const std::exception&) {
-      j = r->body;
+      j = r.body;
     }
   }
-  if (r->status >= 400) {
+  if (r.status >= 400) {
     if (o.json_out) {
       std::cout << j.dump(2) << "\n";
     } else if (j.is_object() && j.contains("error") && j["error"].is_object()) {
       const json& e = j["error"];
-      std::cerr << "error (HTTP " << r->status << ", " << e.value("code", "")
+      std::cerr << "error (HTTP " << r.status << ", " << e.value("code", "")
                 << "): " << (e.value("field", "").empty() ? "" : e.value("field", "") + ": ")
                 << e.value("message", "") << "\n";
     } else {
-      std::cerr << "error: HTTP " << r->status << "\n";
+      std::cerr << "error: HTTP " << r.status << "\n";
     }
     std::exit(kApiError);
   }
@@ -263,7 +256,7 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", o.token_file,
                  "file holding the bearer token (env NETREDUCE_TOKEN_FILE, or NETREDUCE_TOKEN)");
   app.add_flag("--json", o.json_out, "print the API's JSON instead of tables");
-  app.add_option("--timeout", o.timeout_s, "seconds to wait for the daemon")
+  app.add_option("--timeout", o.timeout_s, "seconds the whole call to the daemon may take")
       ->check(CLI::Range(1, 3600));
 
   CLI::App* ring = app.add_subcommand("ring", "rings: add, ls, show, rm");

@@ -1,7 +1,5 @@
 #include "host-lib/daemon.h"
 
-#include <httplib.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -12,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/http_client.h"
 #include "common/ring_json.h"
 
 namespace netreduce::host {
@@ -26,9 +25,9 @@ std::string trim(std::string s) {
 }
 
 // The "field" of an API error body; empty when there is none.
-std::string error_field(const httplib::Result& res) {
+std::string error_field(const HttpReply& res) {
   try {
-    const auto j = nlohmann::json::parse(res->body);
+    const auto j = nlohmann::json::parse(res.body);
     if (j.contains("error") && j["error"].is_object())
       return j["error"].value("field", std::string{});
   } catch (const std::exception&) {
@@ -36,11 +35,11 @@ std::string error_field(const httplib::Result& res) {
   return {};
 }
 
-std::string describe_error(const httplib::Result& res) {
-  if (!res) return "no answer (" + httplib::to_string(res.error()) + ")";
-  std::string m = "HTTP " + std::to_string(res->status);
+std::string describe_error(const HttpReply& res) {
+  if (!res.ok()) return "no answer (" + res.error + ")";
+  std::string m = "HTTP " + std::to_string(res.status);
   try {
-    const auto j = nlohmann::json::parse(res->body);
+    const auto j = nlohmann::json::parse(res.body);
     if (j.contains("error") && j["error"].is_object()) {
       const auto& e = j["error"];
       m += " " + e.value("code", std::string{});
@@ -53,32 +52,41 @@ std::string describe_error(const httplib::Result& res) {
   return m;
 }
 
-// A client for `target` with every timeout at timeout_ms and the bearer
-// token set; null (with `why`) for a URL httplib cannot use.
-std::unique_ptr<httplib::Client> client(const DaemonTarget& target, int timeout_ms,
-                                        std::string& why) {
-  auto cli = std::make_unique<httplib::Client>(target.url);
-  if (!cli->is_valid()) {
-    why = "daemon URL '" + target.url + "' is not valid (expected http://host:port)";
+// A client for `target` with the bearer token set; null (with `why`) for a
+// URL it cannot use. Every call names its own total deadline.
+std::unique_ptr<HttpClient> client(const DaemonTarget& target, std::string& why) {
+  auto cli = HttpClient::make(target.url, why);
+  if (!cli) {
+    why = "daemon " + why;
     return nullptr;
   }
-  const auto to = std::chrono::milliseconds(std::max(timeout_ms, 1));
-  cli->set_connection_timeout(to);
-  cli->set_read_timeout(to);
-  cli->set_write_timeout(to);
-  if (!target.token.empty()) cli->set_bearer_token_auth(target.token);
+  if (!target.token.empty()) cli->set_bearer(target.token);
   return cli;
+}
+
+using Deadline = std::chrono::steady_clock::time_point;
+
+// What is left of `deadline`, in ms (at least 1: the call then fails at once).
+int remaining_ms(Deadline deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return static_cast<int>(std::max<int64_t>(left.count(), 1));
+}
+
+std::vector<std::string> credential_header(const std::string& credential) {
+  if (credential.empty()) return {};
+  return {std::string(kCredentialHeader) + ": " + credential};
 }
 
 std::string ring_path(uint32_t id) { return "/v1/rings/" + std::to_string(id); }
 
-// DELETE /v1/rings/{id} with the credential: "" when done (204, or 404: the
-// ring is already gone), otherwise why not.
-std::string delete_owned(httplib::Client& cli, uint32_t id, const std::string& credential) {
-  httplib::Headers h;
-  if (!credential.empty()) h.emplace(kCredentialHeader, credential);
-  auto res = cli.Delete(ring_path(id), h);
-  if (res && (res->status == 204 || res->status == 404)) return {};
+// DELETE /v1/rings/{id} with the credential within timeout_ms: "" when done
+// (204, or 404: the ring is already gone), otherwise why not.
+std::string delete_owned(HttpClient& cli, uint32_t id, const std::string& credential,
+                         int timeout_ms) {
+  const HttpReply res =
+      cli.call("DELETE", ring_path(id), "", timeout_ms, credential_header(credential));
+  if (res.status == 204 || res.status == 404) return {};
   return describe_error(res);
 }
 
@@ -140,7 +148,7 @@ Registration register_ring(const DaemonTarget& target, engine::RingSpec spec, in
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   try {
     std::string why;
-    auto cli = client(target, timeout_ms, why);
+    auto cli = client(target, why);
     if (!cli) {
       reg.reason = why;
       return reg;
@@ -153,10 +161,10 @@ Registration register_ring(const DaemonTarget& target, engine::RingSpec spec, in
       reg.ring_id = spec.ring_id;
       nlohmann::json body = ring_to_json(spec);
       if (lease_ms) body["lease_ms"] = lease_ms;
-      auto res = cli->Post("/v1/rings", body.dump(), "application/json");
-      if (res && (res->status == 200 || res->status == 201)) {
+      const HttpReply res = cli->call("POST", "/v1/rings", body.dump(), remaining_ms(deadline));
+      if (res.status == 200 || res.status == 201) {
         try {
-          const auto j = nlohmann::json::parse(res->body);
+          const auto j = nlohmann::json::parse(res.body);
           credential = j.at("ring").value("credential", std::string{});
         } catch (const std::exception&) {
         }
@@ -164,7 +172,7 @@ Registration register_ring(const DaemonTarget& target, engine::RingSpec spec, in
       }
       // 503 `busy` (the daemon's data plane calls are all taken) is answered
       // before the request is acted on: try again while the deadline allows.
-      if (res && res->status == 503 && res->has_header("Retry-After") &&
+      if (res.status == 503 && !res.header("Retry-After").empty() &&
           std::chrono::steady_clock::now() + std::chrono::milliseconds(250) < deadline) {
         --attempt;
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -172,7 +180,7 @@ Registration register_ring(const DaemonTarget& target, engine::RingSpec spec, in
       }
       // Only a 409 about the id is a collision worth a fresh id; another
       // conflict (e.g. the box's placement, field "members") is final.
-      const bool conflict = res && res->status == 409 && error_field(res) == "id";
+      const bool conflict = res.status == 409 && error_field(res) == "id";
       if (conflict && fresh_id && attempt < kIdAttempts) {
         taken += (taken.empty() ? "" : ", ") + std::to_string(spec.ring_id);
         spec.ring_id = fresh_id();
@@ -189,10 +197,10 @@ Registration register_ring(const DaemonTarget& target, engine::RingSpec spec, in
     const std::string retried =
         taken.empty() ? "" : " (derived ids " + taken + " were registered by other jobs)";
     for (;;) {
-      auto g = cli->Get(path);
-      if (g && g->status == 200) {
+      const HttpReply g = cli->call("GET", path, "", remaining_ms(deadline));
+      if (g.status == 200) {
         try {
-          const auto j = nlohmann::json::parse(g->body);
+          const auto j = nlohmann::json::parse(g.body);
           if (j.value("installed", false)) {
             reg.installed = true;
             reg.credential = credential;
@@ -207,10 +215,12 @@ Registration register_ring(const DaemonTarget& target, engine::RingSpec spec, in
         reg.reason = "daemon at " + target.url + " accepted ring " + std::to_string(spec.ring_id) +
                      " but the data plane did not install it within " + std::to_string(timeout_ms) +
                      " ms (" +
-                     (g && g->status == 200 ? std::string("installed: false") : describe_error(g)) +
-                     ")" + retried;
-        // Ours, and unused: remove it rather than leave it to its lease.
-        if (const std::string e = delete_owned(*cli, spec.ring_id, credential); !e.empty())
+                     (g.status == 200 ? std::string("installed: false") : describe_error(g)) + ")" +
+                     retried;
+        // Ours, and unused: remove it rather than leave it to its lease
+        // (a cleanup with a budget of its own).
+        if (const std::string e = delete_owned(*cli, spec.ring_id, credential, timeout_ms);
+            !e.empty())
           reg.reason += "; deleting it again failed: " + e;
         return reg;
       }
@@ -307,14 +317,14 @@ bool dataplane_status(const DaemonTarget& target, int timeout_ms, nlohmann::json
     return false;
   }
   try {
-    auto cli = client(target, timeout_ms, why);
+    auto cli = client(target, why);
     if (!cli) return false;
-    auto res = cli->Get("/v1/status");
-    if (!res || res->status != 200) {
+    const HttpReply res = cli->call("GET", "/v1/status", "", timeout_ms);
+    if (res.status != 200) {
       why = "daemon at " + target.url + " status: " + describe_error(res);
       return false;
     }
-    const auto j = nlohmann::json::parse(res->body);
+    const auto j = nlohmann::json::parse(res.body);
     dp = j.value("dataplane", nlohmann::json::object());
     if (!dp.is_object()) throw std::runtime_error("\"dataplane\" is not an object");
     return true;
@@ -363,15 +373,17 @@ std::string box_unfit(const DaemonTarget& target, int timeout_ms, uint8_t qp_tim
 std::string rings_not_ready(const DaemonTarget& target, const std::vector<uint32_t>& ids,
                             int timeout_ms) {
   std::string why;
-  auto cli = client(target, timeout_ms, why);
+  auto cli = client(target, why);
   if (!cli) return why;
+  const Deadline deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (uint32_t id : ids) {
-    auto g = cli->Get(ring_path(id));
-    if (!g || g->status != 200)
+    const HttpReply g = cli->call("GET", ring_path(id), "", remaining_ms(deadline));
+    if (g.status != 200)
       return "the daemon at " + target.url + " does not list ring " + std::to_string(id) + " (" +
              describe_error(g) + ")";
     try {
-      if (!nlohmann::json::parse(g->body).value("installed", false))
+      if (!nlohmann::json::parse(g.body).value("installed", false))
         return "ring " + std::to_string(id) + " is not installed in the box (daemon at " +
                target.url + ")";
     } catch (const std::exception& e) {
@@ -405,7 +417,7 @@ void OwnedRing::renew_main() {
   const auto period = std::chrono::milliseconds(std::max<uint32_t>(lease_ms_ / 3, 1));
   bool reported = false;
   bool failed = false;
-  std::unique_ptr<httplib::Client> cli;
+  std::unique_ptr<HttpClient> cli;
   std::unique_lock lk(mu_);
   for (;;) {
     // After a failure (a busy daemon answers 503) try again within a second
@@ -417,12 +429,11 @@ void OwnedRing::renew_main() {
     lk.unlock();
     std::string err;
     try {
-      if (!cli) cli = client(target_, timeout_ms_, err);
+      if (!cli) cli = client(target_, err);
       if (cli) {
-        httplib::Headers h;
-        if (!credential_.empty()) h.emplace(kCredentialHeader, credential_);
-        auto res = cli->Put(ring_path(ring_id_) + "/lease", h, "", "application/json");
-        if (res && res->status == 200)
+        const HttpReply res = cli->call("PUT", ring_path(ring_id_) + "/lease", "", timeout_ms_,
+                                        credential_header(credential_));
+        if (res.status == 200)
           ++renewals_;
         else
           err = describe_error(res);
@@ -460,8 +471,8 @@ std::string OwnedRing::release(bool rollback) {
   }
   try {
     std::string why;
-    auto cli = client(target_, timeout_ms_, why);
-    const std::string e = cli ? delete_owned(*cli, ring_id_, credential_) : why;
+    auto cli = client(target_, why);
+    const std::string e = cli ? delete_owned(*cli, ring_id_, credential_, timeout_ms_) : why;
     outcome = e.empty() ? "deleted" : "not deleted: " + e;
   } catch (const std::exception& ex) {
     outcome = std::string("not deleted: ") + ex.what();

@@ -71,7 +71,10 @@ struct Registration {
 };
 
 // spec.ring_id is the first id tried. fresh_id empty: an explicit id (one
-// attempt); otherwise it gives the next id to try after a 409.
+// attempt); otherwise it gives the next id to try after a 409. timeout_ms
+// bounds the whole registration, whatever the daemon does (a daemon that
+// answers a byte at a time included); removing a ring that was accepted but
+// not installed in time has a budget of its own.
 Registration register_ring(const DaemonTarget& target, engine::RingSpec spec, int timeout_ms,
                            uint32_t lease_ms = 0, const std::function<uint32_t()>& fresh_id = {});
 
@@ -136,7 +139,8 @@ std::string rings_not_ready(const DaemonTarget& target, const std::vector<uint32
 
 class OwnedRing {
  public:
-  // Starts the renewal thread when lease_ms > 0. timeout_ms bounds each call.
+  // Starts the renewal thread when lease_ms > 0. timeout_ms bounds each call
+  // (the whole exchange, not each read).
   // delete_at_release false: release() only stops the renewals.
   OwnedRing(DaemonTarget target, uint32_t ring_id, std::string credential, uint32_t lease_ms,
             int timeout_ms, bool delete_at_release = true);

@@ -4,9 +4,11 @@
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -430,6 +432,89 @@ TEST_CASE("daemon: registration decides the path and says why", "[hostlib][daemo
     ::unsetenv("NETREDUCE_TOKEN");
     ::unsetenv("NETREDUCE_TOKEN_FILE");
   }
+}
+
+// A daemon that accepts every connection, reads the request and answers
+// one byte every 100 ms (a status line promising a long body): a per-read
+// timeout never fires against it, only a deadline on the whole call does.
+struct DrippingDaemon {
+  int lfd = -1;
+  int port = 0;
+  std::atomic<bool> stop{false};
+  std::thread th;
+  std::vector<std::thread> conns;
+
+  DrippingDaemon() {
+    lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+    REQUIRE(::listen(lfd, 16) == 0);
+    socklen_t len = sizeof sa;
+    REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&sa), &len) == 0);
+    port = ntohs(sa.sin_port);
+    th = std::thread([this] {
+      while (!stop) {
+        pollfd p{lfd, POLLIN, 0};
+        if (::poll(&p, 1, 50) <= 0) continue;
+        const int fd = ::accept(lfd, nullptr, nullptr);
+        if (fd >= 0) conns.emplace_back([this, fd] { drip(fd); });
+      }
+    });
+  }
+  void drip(int fd) {
+    char buf[4096];
+    (void)::recv(fd, buf, sizeof buf, 0);  // the request (small: one read)
+    const std::string head = "HTTP/1.1 201 Created\r\nContent-Length: 100000\r\n\r\n";
+    for (size_t i = 0; i < head.size() + 100000 && !stop; ++i) {
+      const char c = i < head.size() ? head[i] : ' ';
+      if (::send(fd, &c, 1, MSG_NOSIGNAL) != 1) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ::close(fd);
+  }
+  ~DrippingDaemon() {
+    stop = true;
+    th.join();
+    for (auto& t : conns) t.join();
+    ::close(lfd);
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
+};
+
+TEST_CASE("daemon: a daemon answering a byte at a time costs each call its timeout, no more",
+          "[hostlib][daemon]") {
+  // Per call: the registration (whole, however many requests it makes),
+  // the status query, the lease renewal and the DELETE at release. With a
+  // per-read timeout each of these waited for the whole drip (minutes).
+  DrippingDaemon d;
+  const DaemonTarget target{d.url(), "s3cret", ""};
+  auto took_ms = [](auto&& f) {
+    const auto t0 = Clock::now();
+    f();
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+  };
+  Registration r;
+  auto ms = took_ms([&] { r = register_ring(target, spec3(), 800, 30000); });
+  CHECK_FALSE(r.installed);
+  CHECK(r.reason.find("timed out") != std::string::npos);
+  CHECK(ms < 800 + 1500);
+  std::string why;
+  ms = took_ms([&] { CHECK(box_workers(target, 800, why) == 0); });
+  CHECK(why.find("timed out") != std::string::npos);
+  CHECK(ms < 800 + 1500);
+  // Renewals every 100 ms (lease 300 ms), each stuck in the drip; release
+  // joins the renewal thread, then deletes.
+  std::string outcome;
+  ms = took_ms([&] {
+    OwnedRing owned(target, 42, std::string(32, 'c'), 300, 800);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    outcome = owned.release();
+  });
+  CHECK(outcome.find("not deleted") != std::string::npos);
+  CHECK(outcome.find("timed out") != std::string::npos);
+  CHECK(ms < 300 + 800 + 800 + 1500);
 }
 
 TEST_CASE("daemon: derived ids differ per run, same inputs", "[hostlib][daemon]") {
