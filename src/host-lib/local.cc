@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -244,10 +245,29 @@ Error LocalGroup::create(const std::string& name, unsigned l, unsigned n, unsign
   } else {
     // Wait for local rank 0 to create and size it.
     for (;;) {
-      fd = shm_open(name.c_str(), O_RDWR, 0600);
+      fd = shm_open(name.c_str(), O_RDWR | O_NOFOLLOW, 0600);
       if (fd >= 0) {
         struct stat st {};
-        if (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= g->bytes_) break;
+        if (fstat(fd, &st) != 0) {
+          const int err = errno;
+          close(fd);
+          return Error::make(ErrorCode::internal,
+                             who + ": fstat of " + name + " failed: " + std::strerror(err));
+        }
+        // Local rank 0 makes it 0600 as this user: anything else is not
+        // this job's (a segment planted under the job's name), and mapping
+        // it would let its owner read and write every rank's data.
+        if (st.st_uid != geteuid() || (st.st_mode & 0077) != 0) {
+          close(fd);
+          g->name_.clear();  // not ours: ~LocalGroup must not unlink it
+          char mode[8];
+          std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+          return Error::make(ErrorCode::invalid_argument,
+                             who + ": the shared segment " + name + " has owner uid " +
+                                 std::to_string(st.st_uid) + " and mode " + mode +
+                                 ", not this user's with mode 0600: not local rank 0's, refused");
+        }
+        if (static_cast<size_t>(st.st_size) >= g->bytes_) break;
         close(fd);
         fd = -1;
       } else if (errno != ENOENT) {

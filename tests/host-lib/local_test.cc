@@ -14,6 +14,9 @@
 #include "host-lib/local.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -350,6 +353,37 @@ TEST_CASE("local ranks: a missing local peer is named, nothing hangs or leaks",
     CHECK(!c3);
     CHECK(shm_entries(prefix).empty());
   }
+}
+
+TEST_CASE("local ranks: a segment planted under the job's name is refused, not mapped",
+          "[hostlib][local]") {
+  // A world-writable segment, or another user's, under the name host 1's
+  // local rank 0 would create: its local rank 1 must not map it, nor remove
+  // what is not its own.
+  auto attach_to_planted = [](mode_t mode, uid_t uid) {
+    LoopbackFabric f(local_box(2, 2));
+    const std::string name = local_segment_name(f.nonce(), 1);
+    const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(ftruncate(fd, 64 << 20) == 0);
+    REQUIRE(fchmod(fd, mode) == 0);
+    REQUIRE(fchown(fd, uid, static_cast<gid_t>(-1)) == 0);
+    Options o = local_options();
+    o.connect_timeout_ms = 300;
+    std::unique_ptr<Communicator> c3;
+    const Error e = make_loopback_communicator(f, 3, o, c3);
+    CHECK(!c3);
+    CHECK(shm_entries(name.substr(1)).size() == 1);  // still there
+    close(fd);
+    shm_unlink(name.c_str());
+    INFO(e.message);
+    CHECK(e.code == ErrorCode::invalid_argument);
+    CHECK(e.message.find("local rank 1 of 2 on host 1: the shared segment " + name) == 0);
+    return e.message;
+  };
+  CHECK(attach_to_planted(0666, geteuid()).find("mode 0666") != std::string::npos);
+  if (geteuid() == 0)  // only root can give a file away
+    CHECK(attach_to_planted(0600, 65534).find("owner uid 65534") != std::string::npos);
 }
 
 TEST_CASE("local_size 1: the plain communicator", "[hostlib][local]") {
