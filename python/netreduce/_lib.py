@@ -57,6 +57,7 @@ class Options(ctypes.Structure):
         ("local_size", ctypes.c_int),
         ("host_id", ctypes.c_char_p),
         ("failback_calls", ctypes.c_uint32),
+        ("job_key", ctypes.c_char_p),
     ]
 
 

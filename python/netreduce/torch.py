@@ -42,6 +42,7 @@ because init_process_group() has no place for them in 1.13.
 import logging
 import os
 import queue
+import secrets
 import socket
 import threading
 import time
@@ -119,9 +120,13 @@ def rendezvous(store, rank, world, device=None, gid_index=-1, use_ring=False, **
     if rank == 0:
         host = _local_address()
         addr = "%s:%d" % (host, _free_port(host))
+        # The job key: rank 0's bootstrap refuses any other job's rank that
+        # reaches this address.
+        store.set(pre + "key", secrets.token_hex(16))
         store.set(pre + "addr", addr)
     else:
         addr = store.get(pre + "addr").decode()
+    options.setdefault("job_key", store.get(pre + "key").decode())
     comm = netreduce.Communicator(rank, world, device=device, bootstrap=addr, gid_index=gid_index, **options)
     if comm.path == "ring" and not use_ring:
         reason = "no box (%s)" % comm.path_reason

@@ -5,20 +5,36 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/sha.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 namespace netreduce::host {
 
 namespace {
 
-constexpr uint32_t kHelloMagic = 0x4E524253;  // "NRBS"
+constexpr uint32_t kHelloMagic = 0x4E524232;  // "NRB2": hello with the job tag
 constexpr uint32_t kMaxFrame = 16u << 20;
+// A connection's time to say its hello: a silent stranger is dropped after
+// it, while the ranks' hellos are read beside it.
+constexpr auto kHelloTime = std::chrono::seconds(5);
+// Rank 0's verdict on a hello, one byte back.
+constexpr uint8_t kAccepted = 1;
+constexpr uint8_t kOtherJob = 2;
+
+// magic, rank, world (big-endian), the job tag.
+struct Hello {
+  uint32_t magic, rank, world;
+  JobTag job;
+};
+static_assert(sizeof(Hello) == 28);
 
 int ms_left(Clock::time_point deadline) {
   const auto d = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -99,7 +115,26 @@ bool resolve(const std::string& host, uint16_t port, sockaddr_in& out, std::stri
   return true;
 }
 
+std::string peer_name(int fd) {
+  sockaddr_in sa{};
+  socklen_t len = sizeof sa;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) return "?";
+  char ip[INET_ADDRSTRLEN] = "?";
+  ::inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+  return std::string(ip) + ":" + std::to_string(ntohs(sa.sin_port));
+}
+
 }  // namespace
+
+JobTag job_tag(const std::string& key) {
+  JobTag t{};
+  if (key.empty()) return t;
+  const std::string in = "netreduce bootstrap job " + key;
+  unsigned char md[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(in.data()), in.size(), md);
+  std::memcpy(t.data(), md, t.size());
+  return t;
+}
 
 bool parse_host_port(const std::string& s, std::string& host, uint16_t& port, std::string& error) {
   const size_t colon = s.rfind(':');
@@ -132,7 +167,8 @@ Bootstrap::~Bootstrap() {
 }
 
 Error Bootstrap::create(unsigned rank, unsigned world, const std::string& address,
-                        Clock::time_point deadline, std::unique_ptr<Bootstrap>& out) {
+                        const std::string& job_key, Clock::time_point deadline,
+                        std::unique_ptr<Bootstrap>& out) {
   std::string host, error;
   uint16_t port = 0;
   if (!parse_host_port(address, host, port, error))
@@ -150,74 +186,176 @@ Error Bootstrap::create(unsigned rank, unsigned world, const std::string& addres
     ::setsockopt(b->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (b->listen_fd_ < 0 ||
         ::bind(b->listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
-        ::listen(b->listen_fd_, static_cast<int>(world)) != 0)
+        ::listen(b->listen_fd_, static_cast<int>(std::max(world, 128u))) != 0)
       return berr("rank 0 cannot listen at " + address + ": " + std::strerror(errno));
     b->peers_.assign(world, -1);
-    unsigned joined = 0;
-    while (joined < world - 1) {
-      if (!wait_fd(b->listen_fd_, POLLIN, deadline)) {
-        std::string missing;
-        for (unsigned r = 1; r < world; ++r)
-          if (b->peers_[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-        return Error::make(ErrorCode::timeout, "bootstrap: rank 0 at " + address + ": ranks " +
-                                                   missing + " did not connect in time");
-      }
-      const int fd = ::accept4(b->listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) continue;
-      uint32_t hello[3];
-      if (!recv_all(fd, hello, sizeof hello, deadline) || ntohl(hello[0]) != kHelloMagic) {
-        ::close(fd);  // not one of ours: ignore it
-        continue;
-      }
-      const uint32_t r = ntohl(hello[1]), w = ntohl(hello[2]);
-      if (w != world || r == 0 || r >= world || b->peers_[r] >= 0) {
-        ::close(fd);
-        return berr("rank 0 at " + address + ": a peer says it is rank " + std::to_string(r) +
-                    " of " + std::to_string(w) + ", expected a new rank of " +
-                    std::to_string(world));
-      }
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      b->peers_[r] = fd;
-      ++joined;
-    }
+    if (Error e = b->join(job_tag(job_key), deadline)) return e;
+    // Every rank is in: later connections (a leftover of another run) are
+    // refused by the kernel at once instead of waiting for a verdict.
+    ::close(b->listen_fd_);
+    b->listen_fd_ = -1;
   } else {
-    int fd = -1;
-    std::string last = "no attempt";
-    for (;;) {
-      fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-      if (fd < 0) return berr(std::string("socket: ") + std::strerror(errno));
-      int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-      if (rc != 0 && errno == EINPROGRESS) {
-        const auto step = std::min(deadline, Clock::now() + std::chrono::seconds(1));
-        if (wait_fd(fd, POLLOUT, step)) {
-          int err = 0;
-          socklen_t len = sizeof err;
-          ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-          rc = err == 0 ? 0 : -1;
-          errno = err;
-        } else {
-          errno = ETIMEDOUT;
-        }
-      }
-      if (rc == 0) break;
-      last = std::strerror(errno);
-      ::close(fd);
-      fd = -1;
-      if (Clock::now() >= deadline)
-        return Error::make(ErrorCode::timeout, "bootstrap: rank " + std::to_string(rank) +
-                                                   " cannot reach rank 0 at " + address +
-                                                   " in time (" + last + ")");
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    b->peers_.push_back(fd);
-    const uint32_t hello[3] = {htonl(kHelloMagic), htonl(rank), htonl(world)};
-    if (!send_all(fd, hello, sizeof hello, deadline))
-      return berr("rank " + std::to_string(rank) + ": hello to rank 0 at " + address + " failed");
+    if (Error e = b->hello(sa, job_tag(job_key), deadline)) return e;
   }
   out = std::move(b);
   return {};
+}
+
+// Rank 0: accepts connections until every rank said its hello. Hellos are
+// read side by side, each within kHelloTime of its connection: a stranger
+// that stays silent or talks nonsense is dropped and counted, and another
+// job's rank (a different job tag) is told so and dropped; neither holds up
+// the job. A rank of this job that is out of range, or claimed twice, fails
+// the bootstrap (two processes think they are one rank).
+Error Bootstrap::join(const JobTag& job, Clock::time_point deadline) {
+  struct Pending {
+    int fd;
+    std::string from;
+    Clock::time_point until;
+    Hello hello;
+    size_t got = 0;
+  };
+  std::vector<Pending> pending;
+  struct CloseLeft {  // whatever is still pending when join returns
+    std::vector<Pending>& v;
+    ~CloseLeft() {
+      for (Pending& p : v)
+        if (p.fd >= 0) ::close(p.fd);
+    }
+  } close_left{pending};
+  std::vector<std::string> from(world_);
+  unsigned joined = 0, refused = 0;
+  std::string last_refusal;
+  auto refuse = [&](Pending& p, const std::string& why) {
+    ::close(p.fd);
+    p.fd = -1;
+    ++refused;
+    last_refusal = p.from + ": " + why;
+  };
+  // A whole hello: accepted (p.fd moves to peers_), refused, or the end.
+  auto admit = [&](Pending& p) -> Error {
+    const uint32_t r = ntohl(p.hello.rank), w = ntohl(p.hello.world);
+    if (ntohl(p.hello.magic) != kHelloMagic) {
+      refuse(p, "not a netreduce hello");
+    } else if (p.hello.job != job) {
+      (void)::send(p.fd, &kOtherJob, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      refuse(p, "rank " + std::to_string(r) + " of another job (its job key differs)");
+    } else if (w != world_ || r == 0 || r >= world_) {
+      return berr("rank 0 at " + address_ + ": a peer at " + p.from + " says it is rank " +
+                  std::to_string(r) + " of " + std::to_string(w) + ", expected a rank in 1.." +
+                  std::to_string(world_ - 1) + " of " + std::to_string(world_));
+    } else if (peers_[r] >= 0) {
+      return berr("rank 0 at " + address_ + ": rank " + std::to_string(r) + " claimed twice, by " +
+                  from[r] + " and by " + p.from + " (two processes were given the same rank)");
+    } else if (::send(p.fd, &kAccepted, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+      refuse(p, "rank " + std::to_string(r) + " left before it was accepted");
+    } else {
+      const int one = 1;
+      ::setsockopt(p.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      peers_[r] = p.fd;
+      from[r] = p.from;
+      p.fd = -1;
+      ++joined;
+    }
+    return {};
+  };
+  while (joined < world_ - 1) {
+    if (Clock::now() >= deadline) {
+      std::string missing;
+      for (unsigned r = 1; r < world_; ++r)
+        if (peers_[r] < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      return Error::make(ErrorCode::timeout,
+                         "bootstrap: rank 0 at " + address_ + ": ranks " + missing +
+                             " did not connect in time" +
+                             (refused ? " (" + std::to_string(refused) +
+                                            " connection(s) refused, the last " + last_refusal + ")"
+                                      : ""));
+    }
+    auto until = deadline;
+    std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}};
+    for (const Pending& p : pending) {
+      fds.push_back({p.fd, POLLIN, 0});
+      until = std::min(until, p.until);
+    }
+    if (::poll(fds.data(), fds.size(), ms_left(until)) < 0 && errno != EINTR)
+      return berr(std::string("rank 0: poll: ") + std::strerror(errno));
+    for (size_t i = 1; i < fds.size(); ++i) {
+      Pending& p = pending[i - 1];
+      if (fds[i].revents) {
+        const ssize_t n = ::recv(p.fd, reinterpret_cast<uint8_t*>(&p.hello) + p.got,
+                                 sizeof(Hello) - p.got, MSG_DONTWAIT);
+        if (n > 0) p.got += static_cast<size_t>(n);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          refuse(p, "closed before its hello");
+          continue;
+        }
+      }
+      if (p.got == sizeof(Hello)) {
+        if (Error e = admit(p)) return e;
+      } else if (Clock::now() >= p.until) {
+        refuse(p, "no hello within " + std::to_string(kHelloTime.count()) + " s");
+      }
+    }
+    std::erase_if(pending, [](const Pending& p) { return p.fd < 0; });
+    if (fds[0].revents & POLLIN) {
+      for (;;) {
+        const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) break;
+        pending.push_back({fd, peer_name(fd), std::min(deadline, Clock::now() + kHelloTime), {}});
+      }
+    }
+  }
+  return {};
+}
+
+// Any other rank: connects to rank 0 (retrying while it is not up yet, or is
+// another job's rank 0 at this address) and says its hello, until rank 0
+// accepts it or the deadline.
+Error Bootstrap::hello(const sockaddr_in& sa, const JobTag& job, Clock::time_point deadline) {
+  const Hello h{htonl(kHelloMagic), htonl(rank_), htonl(world_), job};
+  std::string last = "no attempt";
+  unsigned other_job = 0;  // times a rank 0 of another job answered here
+  for (;;) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return berr(std::string("socket: ") + std::strerror(errno));
+    int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa);
+    if (rc != 0 && errno == EINPROGRESS) {
+      const auto step = std::min(deadline, Clock::now() + std::chrono::seconds(1));
+      if (wait_fd(fd, POLLOUT, step)) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        rc = err == 0 ? 0 : -1;
+        errno = err;
+      } else {
+        errno = ETIMEDOUT;
+      }
+    }
+    uint8_t verdict = 0;
+    if (rc != 0) {
+      last = std::strerror(errno);
+    } else if (!send_all(fd, &h, sizeof h, deadline) || !recv_all(fd, &verdict, 1, deadline)) {
+      last = "rank 0 did not accept this rank (it closed the connection, or did not answer)";
+    } else if (verdict == kAccepted) {
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      peers_.push_back(fd);
+      return {};
+    } else {
+      last = "rank 0 refused this rank";
+      if (verdict == kOtherJob) ++other_job;
+    }
+    ::close(fd);
+    if (Clock::now() >= deadline)
+      return Error::make(
+          ErrorCode::timeout,
+          "bootstrap: rank " + std::to_string(rank_) + " cannot reach rank 0 at " + address_ +
+              " in time (" + last + ")" +
+              (other_job ? "; a rank 0 of another job (a different job key) answered there " +
+                               std::to_string(other_job) + " time(s)"
+                         : ""));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 Error Bootstrap::allgather(const std::string& mine, std::vector<std::string>& all,

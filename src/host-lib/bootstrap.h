@@ -1,7 +1,15 @@
 // Bootstrap: a TCP rendezvous for exchanging connection information, like
 // NCCL's unique id. Rank 0 listens at "host:port"; every other rank
 // connects (retrying while rank 0 is not up yet) and says hello (magic,
-// rank, world). Then:
+// rank, world, job tag: 16 bytes of SHA-256 over the job key, zero without
+// one); rank 0 answers one byte, accepted or "another job". Rank 0 reads
+// hellos side by side, each within 5 s of its connection, so a silent
+// stranger or another job's leftover rank at the same address is dropped
+// and counted (the timeout error names the last one) without holding up
+// the job; the same rank claimed twice fails, naming both addresses.
+// Example: job key "a3f9" at 10.0.0.1:29500, world 4; a leftover rank 1 of
+// an earlier job (key "77c0") connects first: it hears "another job" and
+// keeps retrying to its own deadline; this job's ranks 1..3 join. Then:
 //   allgather: every rank sends a blob to rank 0, rank 0 sends the table of
 //              all blobs (rank order) back to each;
 //   broadcast: rank 0 sends a blob to every rank.
@@ -10,21 +18,31 @@
 // address.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "host-lib/transport.h"
 
+struct sockaddr_in;
+
 namespace netreduce::host {
 
 // Splits "host:port"; false with a message if malformed.
 bool parse_host_port(const std::string& s, std::string& host, uint16_t& port, std::string& error);
 
+using JobTag = std::array<uint8_t, 16>;
+// The tag a job key gives (all zero for "": no job identity beyond the
+// address and world size).
+JobTag job_tag(const std::string& key);
+
 class Bootstrap {
  public:
   static Error create(unsigned rank, unsigned world, const std::string& address,
-                      Clock::time_point deadline, std::unique_ptr<Bootstrap>& out);
+                      const std::string& job_key, Clock::time_point deadline,
+                      std::unique_ptr<Bootstrap>& out);
   ~Bootstrap();
   Bootstrap(const Bootstrap&) = delete;
   Bootstrap& operator=(const Bootstrap&) = delete;
@@ -37,6 +55,8 @@ class Bootstrap {
  private:
   Bootstrap(unsigned rank, unsigned world, std::string address)
       : rank_(rank), world_(world), address_(std::move(address)) {}
+  Error join(const JobTag& job, Clock::time_point deadline);
+  Error hello(const sockaddr_in& sa, const JobTag& job, Clock::time_point deadline);
   unsigned rank_, world_;
   std::string address_;
   int listen_fd_ = -1;

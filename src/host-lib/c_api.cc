@@ -83,6 +83,7 @@ void nr_options_init_sized(nr_options* o, size_t size) {
   v.local_size = d.local_size;
   v.host_id = nullptr;
   v.failback_calls = d.failback_calls;
+  v.job_key = nullptr;
   std::memcpy(o, &v, size);  // the caller's struct: only the bytes it has
 }
 
@@ -128,6 +129,7 @@ nr_status nr_comm_create_sized(int rank, int world, const char* device, int gid_
       o.local_size = v.local_size;
       o.host_id = v.host_id ? v.host_id : "";
       o.failback_calls = v.failback_calls;
+      o.job_key = v.job_key ? v.job_key : "";
     }
     auto c = std::make_unique<nr_comm>();
     const Error e = netreduce::Communicator::create(rank, world, device ? device : "", gid_index,

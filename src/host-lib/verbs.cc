@@ -36,6 +36,7 @@
 #include <infiniband/verbs.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -500,8 +501,10 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
                         gid_index, options.port, options.qp_timeout))
     return e;
   std::unique_ptr<Bootstrap> boot;
+  std::string job_key = options.job_key;
+  if (const char* env = std::getenv("NETREDUCE_JOB_KEY"); job_key.empty() && env) job_key = env;
   if (Error e = Bootstrap::create(static_cast<unsigned>(rank), static_cast<unsigned>(world),
-                                  bootstrap, deadline, boot))
+                                  bootstrap, job_key, deadline, boot))
     return e;
 
   // Step 1 (job.h): rank 0 decides the number of rings per local ring (the

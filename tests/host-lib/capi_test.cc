@@ -48,6 +48,7 @@ TEST_CASE("C API: bad arguments are status codes with messages", "[hostlib][capi
   CHECK(o.delete_ring_at_close == 1);
   CHECK(o.lease_ms == d.lease_ms);
   CHECK(o.failback_calls == d.failback_calls);
+  CHECK(o.job_key == nullptr);
   CHECK(nr_comm_ring_id(nullptr) == 0);
   CHECK(nr_comm_failovers(nullptr) == -1);
 }

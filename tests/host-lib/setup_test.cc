@@ -65,7 +65,7 @@ TEST_CASE("bootstrap: allgather and broadcast over TCP", "[hostlib][bootstrap]")
   for (unsigned r = 0; r < P; ++r)
     th.emplace_back([&, r] {
       std::unique_ptr<Bootstrap> b;
-      errs[r] = Bootstrap::create(r, P, addr, in_ms(10000), b);
+      errs[r] = Bootstrap::create(r, P, addr, "job-1", in_ms(10000), b);
       if (!errs[r].ok()) return;
       errs[r] = b->allgather("rank" + std::to_string(r) + std::string(r * 100, 'x'), got[r],
                              in_ms(10000));
@@ -90,11 +90,11 @@ TEST_CASE("bootstrap: deadlines name who is missing", "[hostlib][bootstrap]") {
   Error e0, e1;
   std::thread t0([&] {
     std::unique_ptr<Bootstrap> b;
-    e0 = Bootstrap::create(0, 3, addr, in_ms(700), b);
+    e0 = Bootstrap::create(0, 3, addr, "", in_ms(700), b);
   });
   std::thread t1([&] {
     std::unique_ptr<Bootstrap> b;
-    e1 = Bootstrap::create(1, 3, addr, in_ms(700), b);
+    e1 = Bootstrap::create(1, 3, addr, "", in_ms(700), b);
     if (e1.ok()) {
       std::vector<std::string> all;
       e1 = b->allgather("x", all, in_ms(700));
@@ -109,7 +109,7 @@ TEST_CASE("bootstrap: deadlines name who is missing", "[hostlib][bootstrap]") {
 
   // Nobody listening: a non-zero rank gives up at its deadline, naming rank 0's address.
   std::unique_ptr<Bootstrap> b;
-  const Error e = Bootstrap::create(2, 3, addr, in_ms(300), b);
+  const Error e = Bootstrap::create(2, 3, addr, "", in_ms(300), b);
   CHECK(e.code == ErrorCode::timeout);
   CHECK(e.message.find("cannot reach rank 0 at " + addr) != std::string::npos);
 
@@ -122,7 +122,122 @@ TEST_CASE("bootstrap: deadlines name who is missing", "[hostlib][bootstrap]") {
   CHECK(parse_host_port("node-1:29500", h, p, err));
   CHECK(h == "node-1");
   CHECK(p == 29500);
-  CHECK(Bootstrap::create(0, 2, "bad", in_ms(10), b).code == ErrorCode::invalid_argument);
+  CHECK(Bootstrap::create(0, 2, "bad", "", in_ms(10), b).code == ErrorCode::invalid_argument);
+}
+
+namespace {
+
+// A raw TCP client of rank 0's address: connects (retrying until rank 0
+// listens), sends `bytes`, and keeps the connection open until closed.
+int raw_connect(const std::string& addr, const std::string& bytes) {
+  const auto port = static_cast<uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1)));
+  for (int i = 0; i < 200; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_port = htons(port);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
+      if (!bytes.empty()) (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+      return fd;
+    }
+    ::close(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return -1;
+}
+
+// Ranks `ranks` of a job of `world` with `key` at `addr`, each in a thread,
+// all within `ms`: their errors.
+std::vector<Error> run_ranks(const std::string& addr, unsigned world, const std::string& key,
+                             const std::vector<unsigned>& ranks, int ms) {
+  std::vector<Error> errs(ranks.size());
+  std::vector<std::thread> th;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    th.emplace_back([&, i] {
+      std::unique_ptr<Bootstrap> b;
+      errs[i] = Bootstrap::create(ranks[i], world, addr, key, in_ms(ms), b);
+      if (!errs[i].ok()) return;
+      std::vector<std::string> all;
+      errs[i] = b->allgather(key, all, in_ms(ms));
+      for (const std::string& x : all)  // every rank in the table is of this job
+        if (errs[i].ok() && x != key) errs[i] = Error::make(ErrorCode::internal, "mixed: " + x);
+    });
+  for (auto& t : th) t.join();
+  return errs;
+}
+
+}  // namespace
+
+TEST_CASE("bootstrap: another job's rank and strangers are refused, not waited for",
+          "[hostlib][bootstrap]") {
+  const std::string addr = "127.0.0.1:" + std::to_string(free_port());
+  SECTION("a leftover rank 1 of another job reaches rank 0 first") {
+    // Job B (key "B") starts at the address where job A's rank 1 (key "A")
+    // is still retrying: B completes with its own ranks only; A's rank 1
+    // hears "another job" and gives up at its deadline saying so.
+    Error stale;
+    std::thread a([&] { stale = run_ranks(addr, 3, "A", {1}, 1500)[0]; });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // A's rank 1 is retrying
+    const auto t0 = Clock::now();
+    std::vector<Error> errs;
+    std::thread b0([&] { errs = run_ranks(addr, 3, "B", {0}, 5000); });
+    // B's own ranks come later: A's rank 1 meets B's rank 0 alone meanwhile.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const std::vector<Error> others = run_ranks(addr, 3, "B", {1, 2}, 5000);
+    b0.join();
+    a.join();
+    errs.insert(errs.end(), others.begin(), others.end());
+    for (const Error& e : errs) {
+      INFO(e.message);
+      CHECK(e.ok());
+    }
+    CHECK(Clock::now() - t0 < std::chrono::milliseconds(4000));
+    INFO(stale.message);
+    CHECK(stale.code == ErrorCode::timeout);
+    CHECK(stale.message.find("another job") != std::string::npos);
+  }
+  SECTION("a silent stranger and a talking one do not hold up the job") {
+    // Without the side-by-side reads, rank 0 sat on the silent connection
+    // until its deadline and named a rank as missing.
+    std::vector<Error> errs;
+    std::thread job([&] { errs = run_ranks(addr, 3, "", {0}, 4000); });
+    const int silent = raw_connect(addr, "");
+    const int garbage = raw_connect(addr, std::string(28, 'G'));
+    REQUIRE(silent >= 0);
+    REQUIRE(garbage >= 0);
+    const auto others = run_ranks(addr, 3, "", {1, 2}, 4000);
+    job.join();
+    for (const Error& e : errs) {
+      INFO(e.message);
+      CHECK(e.ok());
+    }
+    for (const Error& e : others) {
+      INFO(e.message);
+      CHECK(e.ok());
+    }
+    ::close(silent);
+    ::close(garbage);
+  }
+  SECTION("refusals are counted in the timeout that follows") {
+    std::vector<Error> errs;
+    std::thread job([&] { errs = run_ranks(addr, 2, "B", {0}, 800); });
+    const int garbage = raw_connect(addr, std::string(28, 'G'));
+    job.join();
+    INFO(errs[0].message);
+    CHECK(errs[0].code == ErrorCode::timeout);
+    CHECK(errs[0].message.find("ranks 1 did not connect in time (1 connection(s) refused, the "
+                               "last 127.0.0.1:") != std::string::npos);
+    CHECK(errs[0].message.find("not a netreduce hello") != std::string::npos);
+    ::close(garbage);
+  }
+  SECTION("the same rank claimed twice fails, naming both") {
+    const auto errs = run_ranks(addr, 3, "B", {0, 1, 1}, 2000);
+    INFO(errs[0].message);
+    CHECK(errs[0].code == ErrorCode::bootstrap);
+    CHECK(errs[0].message.find("rank 1 claimed twice, by 127.0.0.1:") != std::string::npos);
+    CHECK(errs[0].message.find(" and by 127.0.0.1:") != std::string::npos);
+  }
 }
 
 namespace {

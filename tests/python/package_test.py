@@ -44,9 +44,9 @@ class Package(unittest.TestCase):
         self.assertEqual((o.msg_len, o.payload_bytes, o.qp_timeout, o.delete_ring_at_close, o.lease_ms, o.rings),
                          (4, 1024, 14, 1, 30000, 0))
         self.assertEqual((o.local_rank, o.local_size, o.host_id), (-1, -1, None))
-        self.assertEqual(o.failback_calls, 64)
-        o, _ = netreduce.make_options({"local_size": 2, "host_id": "h0"})
-        self.assertEqual((o.local_size, o.host_id), (2, b"h0"))
+        self.assertEqual((o.failback_calls, o.job_key), (64, None))
+        o, _ = netreduce.make_options({"local_size": 2, "host_id": "h0", "job_key": "k1"})
+        self.assertEqual((o.local_size, o.host_id, o.job_key), (2, b"h0", b"k1"))
         self.assertIn("op_timeout_ms", netreduce.OPTIONS)
 
     def test_options(self):

@@ -70,6 +70,7 @@ typedef struct {
   /* After a failover: calls before the first try back on the box (doubling
      after each failed try, up to 64 x); 0: stay on the ring path. */
   uint32_t failback_calls;
+  const char* job_key; /* NULL: NETREDUCE_JOB_KEY, else none (netreduce.hpp Options) */
 } nr_options;
 
 /* ABI rule for nr_options. The struct only grows, at its end, and the

@@ -141,6 +141,12 @@ struct Options {
   // Each failed try doubles the wait, up to 64 x this. 0: stay on the ring
   // path.
   uint32_t failback_calls = 64;
+  // The job's identity at the bootstrap; empty: NETREDUCE_JOB_KEY, else
+  // none. Every rank of a job gives the same key (any string; e.g. a random
+  // one rank 0 hands out through the launcher, as netreduce.torch does), so
+  // rank 0 refuses another job's ranks that reach its address (a leftover of
+  // an earlier run, a job given the same port) instead of mixing the two.
+  std::string job_key;
 };
 
 class AllreduceHandle;
