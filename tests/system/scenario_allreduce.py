@@ -88,6 +88,11 @@ FAIL_RUN = ["-d", "fp32", "-o", "sum", "-b", "1M", "-e", "1M", "-n", "1000", "-w
 # its predecessor's stop notice); the long one keeps a slow TCG guest's
 # ring-path call from failing the drill.
 BYPASS_DEADLINE_MS = 30000
+# Its QPs outlast a starved guest for the whole deadline (4.3 s x 7 tries,
+# still under the box's 60 s retire grace): the drill checks failover, and
+# a run of this step lost two ranks' QPs to rxe's retry limit (7.5 s at
+# QP_TIMEOUT) before the bypass came, with no loss at the box.
+BYPASS_QP_TIMEOUT = 20
 BYPASS_RUN = ["-d", "fp32", "-o", "sum", "-b", "256K", "-e", "256K", "-n", "60", "-w", "0", "-c", "1",
               "--timeout-ms", str(BYPASS_DEADLINE_MS)]
 QP_RETRY_ERROR = (r"rank %(r)d: write of message id \d+ to successor rank \d failed "
@@ -235,7 +240,7 @@ class Job:
     """One netreduce-allreduce-perf run over the lab's guests (rank r in guest
     g<r>)."""
 
-    def __init__(self, lab, exe, args, daemon=None, tag=""):
+    def __init__(self, lab, exe, args, daemon=None, tag="", qp_timeout=QP_TIMEOUT):
         self.lab, self.args, self.tag = lab, args, tag
         env = {}
         if daemon:
@@ -248,7 +253,7 @@ class Job:
         self.t0 = time.monotonic()
         for r, g in enumerate(lab.guests):
             argv = [exe, "--rank", r, "--world", len(lab.guests), "--bootstrap", "%s:%d" % (g0.ip, BOOT_PORT), "--device",
-                    "rxe0", "--gid-index", g.gid_index, "--qp-timeout", QP_TIMEOUT] + list(args)
+                    "rxe0", "--gid-index", g.gid_index, "--qp-timeout", qp_timeout] + list(args)
             self.jobs.append(g.spawn(argv, env=env))
 
     def wait(self, timeout):
@@ -657,7 +662,7 @@ def bypass_mid_job(lab, a, daemon, rep):
     deadline; the ranks agree over the bootstrap and finish that call on the
     ring path, and the job goes on there: every call exact (the run checks
     its last result), every rank logs the switch once."""
-    job = Job(lab, a.perf, BYPASS_RUN, daemon, "INA, bypass drill")
+    job = Job(lab, a.perf, BYPASS_RUN, daemon, "INA, bypass drill", BYPASS_QP_TIMEOUT)
     agg = start_through_box(lab, job)
     # For longer than the job runs: it ends on the ring path (its one try
     # back, 64 calls after the failover, if it comes, meets the bypass).
