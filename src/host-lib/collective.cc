@@ -174,6 +174,8 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
     uint32_t copied = 0, received = 0;  // messages copied out, receives completed
   };
   std::array<Stripe, kMaxRings> st;
+  pending_.insert(pending_.end(), next_call_.begin(), next_call_.end());
+  next_call_.clear();
   size_t total = 0;
   for (unsigned g = 0; g < R; ++g) {
     Stripe& k = st[g];
@@ -352,6 +354,14 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
       }
       const size_t i = k.w.results_received();
       const uint32_t id = k.base + static_cast<uint32_t>(i);
+      // Every result of this ring is in and only ACKs are awaited: a write
+      // past the call, or a stop notice of the next call, is the next
+      // call's (the predecessor finished this one), not raw data of this.
+      if (c.ok && i >= k.plan.messages &&
+          (c.byte_len != 0 || (failover && c.imm == call_tag + 1))) {
+        next_call_.push_back(c);
+        continue;
+      }
       if (!c.ok) {
         record(false);
         return fail(Error::make(ErrorCode::transport,

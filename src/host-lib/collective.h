@@ -155,6 +155,10 @@ class Collective {
   // INA path: completions a failback's drain took that belong to the next
   // call (read before the transport's).
   std::deque<Completion> pending_;
+  // INA path: the predecessor's first write (or stop notice) of the next
+  // call, met while this call waited only for its own writes' ACKs (a
+  // bypassed box lets it overtake them); pending_ for the next call.
+  std::deque<Completion> next_call_;
   Error failed_{};
   bool failed_seal_ = false;
 

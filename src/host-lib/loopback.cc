@@ -23,6 +23,7 @@ namespace {
 
 struct WriteRec {
   unsigned sender = 0, receiver = 0, lane = 0;
+  uint64_t serial = 0;  // order of posting, over the fabric
   uint64_t wr_id = 0;
   uint32_t imm = 0;
   uint32_t bytes = 0;
@@ -55,6 +56,9 @@ struct LoopbackFabric::Impl {
     std::vector<std::deque<Completion>> cq;  // per local rank: its lanes' completions
     std::condition_variable cv;
     std::vector<bool> taken;  // per local rank
+    // Late ACKs (LoopbackConfig::late_ack): each with the first serial
+    // whose delivery to this host releases it.
+    std::deque<std::pair<uint64_t, Completion>> late;
   };
   mutable std::mutex mu;
   std::vector<std::unique_ptr<RankState>> ranks;
@@ -66,6 +70,8 @@ struct LoopbackFabric::Impl {
   uint16_t pmtu = 1024;
   unsigned group_lanes = 1;  // lanes per local rank (R)
   std::function<bool(unsigned, unsigned, uint32_t, uint32_t)> cfg_bypass;  // LoopbackConfig::bypass
+  std::function<bool(unsigned, unsigned, uint64_t)> cfg_late_ack;  // LoopbackConfig::late_ack
+  uint64_t serials = 0;                                            // writes posted so far
   std::vector<uint64_t> host_payload;  // INA payload bytes each host sent into the box
   unsigned installed = 0;  // rings installed in the box (ids ring.ring_id + 0..installed-1)
 
@@ -99,11 +105,19 @@ struct LoopbackFabric::Impl {
     rc.byte_len = w->bytes;
     rc.lane = w->lane;
     complete(w->receiver, rc);
+    auto& late = ranks[w->receiver]->late;
+    while (!late.empty() && w->serial >= late.front().first) {
+      complete(w->receiver, late.front().second);
+      late.pop_front();
+    }
     Completion wc;
     wc.kind = Completion::Kind::write_done;
     wc.wr_id = w->wr_id;
     wc.lane = w->lane;
-    complete(w->sender, wc);
+    if (cfg_late_ack && cfg_late_ack(w->sender, w->lane, w->wr_id))
+      ranks[w->sender]->late.emplace_back(serials, wc);
+    else
+      complete(w->sender, wc);
     writes.erase(w);
     delete w;
   }
@@ -158,7 +172,8 @@ struct LoopbackFabric::Impl {
     const uint32_t packets = wire::message_packets(m.data_bytes, pmtu);
     host_payload[sender] += m.data_bytes;
     tx.psn = wire::psn_add(m.psn0, packets);
-    auto* w = new WriteRec{sender, receiver, lane, wr_id, imm, static_cast<uint32_t>(len), packets};
+    auto* w = new WriteRec{
+        sender, receiver, lane, serials++, wr_id, imm, static_cast<uint32_t>(len), packets};
     writes.insert(w);
     const uint64_t now = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
     for (uint32_t k = 0; k < packets; ++k) {
@@ -256,7 +271,8 @@ class LoopbackTransport final : public Transport {
         return f_.through_box(rank_, lane, msg, len, remote_off, imm, wr_id, *ina);
     }
     if (len > 0) std::memcpy(rx.recv.data() + remote_off, msg, len);
-    auto* w = new WriteRec{rank_, succ, lane, wr_id, imm, static_cast<uint32_t>(len), 0};
+    auto* w =
+        new WriteRec{rank_, succ, lane, f_.serials++, wr_id, imm, static_cast<uint32_t>(len), 0};
     f_.writes.insert(w);
     f_.finish_write(w);
     return {};
@@ -297,6 +313,7 @@ LoopbackFabric::LoopbackFabric(const LoopbackConfig& cfg) : cfg_(cfg), impl_(new
   nonce_ = std::random_device{}() * 0x100000001ull ^ std::random_device{}();
   impl_->group_lanes = cfg_.rings;
   impl_->cfg_bypass = cfg_.bypass;
+  impl_->cfg_late_ack = cfg_.late_ack;
   impl_->host_payload.assign(cfg.world, 0);
   const unsigned lanes = cfg_.rings * cfg_.local_size;
   for (unsigned r = 0; r < cfg.world; ++r) {
@@ -387,6 +404,13 @@ Error LoopbackFabric::exchange(unsigned rank, const std::string& mine,
 uint64_t LoopbackFabric::host_bytes_into_box(unsigned host) const {
   std::lock_guard lk(impl_->mu);
   return host < impl_->host_payload.size() ? impl_->host_payload[host] : 0;
+}
+
+size_t LoopbackFabric::completions_queued(unsigned rank) const {
+  std::lock_guard lk(impl_->mu);
+  size_t n = 0;
+  for (const auto& q : impl_->ranks.at(rank)->cq) n += q.size();
+  return n;
 }
 
 uint64_t LoopbackFabric::packets_into_box() const {

@@ -55,6 +55,11 @@ struct LoopbackConfig {
   // fabric's lock held: sender rank, lane, the INA header's message id,
   // packet index in the message. Unset: every packet goes through the box.
   std::function<bool(unsigned sender, unsigned lane, uint32_t msg_id, uint32_t k)> bypass;
+  // A late ACK (tests): a write for which this says true completes at its
+  // sender only after the sender receives a write posted after this one was
+  // delivered (its predecessor's next message overtook the ACK). Called
+  // with the fabric's lock held: sender rank, lane, work request id.
+  std::function<bool(unsigned sender, unsigned lane, uint64_t wr_id)> late_ack;
 };
 
 class LoopbackFabric {
@@ -78,6 +83,9 @@ class LoopbackFabric {
 
   // Box statistics (zero without a box).
   uint64_t packets_into_box() const;
+  // Completions in host `rank`'s queues, not yet polled (late ACKs held
+  // back do not count).
+  size_t completions_queued(unsigned rank) const;
   uint64_t packets_dropped_by_box() const;
   // Ring g's state at the box (its counters), g < rings x local_size.
   std::optional<engine::RingInfo> box_ring(unsigned g = 0) const;

@@ -10,6 +10,7 @@
 //     values.
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
@@ -692,6 +693,84 @@ TEST_CASE("failback: the ranks try the box again and return to the INA path",
     }
   }
   CHECK(job.comms[0]->path_reason().find("sealed and right on every rank") != std::string::npos);
+}
+
+TEST_CASE("failover: the next call's raw write, ahead of this call's last ACK, is the next call's",
+          "[hostlib][failover]") {
+  // P = 3, three messages per call, window 2. Rank 1's ACK for its last
+  // write of call 2 is late: it comes after rank 0, done with call 2, sent
+  // the first message of call 3, which the box, bypassed from call 3 on,
+  // lets through raw. Rank 1 holds every result of call 2 (copied out
+  // before call 3 starts) and completes it: the raw write is call 3's. Call
+  // 3 then fails over on every rank alike. Before, rank 1 failed call 2 on
+  // that write while ranks 0 and 2 had completed it, and no rank could
+  // finish either call.
+  const unsigned P = 3;
+  MessagePlan plan;
+  REQUIRE(make_plan(1, DataType::fp32, 4, 256, plan).ok());
+  const size_t count = 3 * plan.elems_per_msg;
+  std::atomic<bool> armed{false}, bypassed{false}, held{false};
+  LoopbackConfig cfg = box_fabric(P, 4, 2, 256);
+  cfg.bypass = [&](unsigned, unsigned, uint32_t, uint32_t) { return bypassed.load(); };
+  cfg.late_ack = [&](unsigned sender, unsigned, uint64_t wr_id) {
+    if (!armed || sender != 1 || wr_id != 2) return false;
+    armed = false;
+    held = true;
+    return true;
+  };
+  Options o;
+  o.window = 2;
+  Job job(cfg, o);
+  std::mt19937_64 rng(5);
+  std::vector<std::vector<uint8_t>> in, out;
+  for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::fp32, count, true));
+  for (const Error& e : job.run(in, out, count, DataType::fp32, Op::sum, 5000)) REQUIRE(e.ok());
+
+  std::vector<std::vector<uint8_t>> in2, in3, out2(P), out3(P);
+  std::vector<AllreduceHandle> h2(P), h3(P);
+  for (unsigned r = 0; r < P; ++r) {
+    in2.push_back(make_input(rng, DataType::fp32, count, true));
+    in3.push_back(make_input(rng, DataType::fp32, count, true));
+    out2[r].assign(in2[r].size(), 0xEE);
+    out3[r].assign(in3[r].size(), 0xEE);
+  }
+  const auto submit = [&](std::vector<std::vector<uint8_t>>& i,
+                          std::vector<std::vector<uint8_t>>& o, std::vector<AllreduceHandle>& h) {
+    for (unsigned r = 0; r < P; ++r)
+      REQUIRE(job.comms[r]
+                  ->allreduce_async(i[r].data(), o[r].data(), count, DataType::fp32, Op::sum, h[r],
+                                    5000)
+                  .ok());
+  };
+  armed = true;
+  submit(in2, out2, h2);
+  // Ranks 0 and 2 complete call 2; rank 1 has polled (and copied out) every
+  // result and waits for the held ACK.
+  const Error e20 = h2[0].wait(), e22 = h2[2].wait();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while ((!held || job.fabric.completions_queued(1) > 0) &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // its last copy-out
+  REQUIRE(held);
+  bypassed = true;
+  submit(in3, out3, h3);
+  const std::vector<Error> e2 = {e20, h2[1].wait(), e22};
+  std::vector<Error> e3(P);
+  for (unsigned r = 0; r < P; ++r) e3[r] = h3[r].wait();
+  const auto want2 = rank_order_reference(in2, DataType::fp32, Op::sum);
+  const auto want3 = rank_order_reference(in3, DataType::fp32, Op::sum);  // exact: order-free
+  for (unsigned r = 0; r < P; ++r) {
+    INFO("rank " << r << ": call 2: " << e2[r].message << "; call 3: " << e3[r].message);
+    CHECK(e2[r].ok());
+    CHECK(e3[r].ok());
+    CHECK(out2[r] == want2);
+    CHECK(out3[r] == want3);
+    CHECK(job.comms[r]->failovers() == 1);
+    CHECK(job.comms[r]->path() == Path::ring);
+    CHECK(job.comms[r]->path_reason().find("all-reduce call 3 failed on the INA path") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("failover with two rings: every stripe finished on the ring path, exact",
