@@ -206,8 +206,13 @@ void Daemon::reconciler_main() {
       seen_connects = dp_.connects();
       seen_instance = instance;
       if (pending) {
-        std::lock_guard lock(mu_);
-        const Status r = reconcile_locked();
+        std::lock_guard change(change_mu_);
+        RingMap table;
+        {
+          std::lock_guard lock(mu_);
+          table = rings_;
+        }
+        const Status r = reconcile(table);
         if (r) {
           pending = false;
           ++counters_.reconciles;
@@ -223,7 +228,7 @@ void Daemon::reconciler_main() {
   }
 }
 
-Status Daemon::reconcile_locked() {
+Status Daemon::reconcile(const RingMap& table) {
   json reply;
   if (Status s = dp_.call(dpcmd::list_rings(), reply); !s) return s;
   std::set<uint32_t> good;
@@ -234,8 +239,8 @@ Status Daemon::reconcile_locked() {
                                : nullptr;
     if (!id_field || id_field->get<uint64_t>() > UINT32_MAX) continue;
     const auto id = id_field->get<uint32_t>();
-    auto it = rings_.find(id);
-    if (it != rings_.end() && installed_as(r, it->second)) {
+    auto it = table.find(id);
+    if (it != table.end() && installed_as(r, it->second)) {
       good.insert(id);
       continue;
     }
@@ -245,10 +250,10 @@ Status Daemon::reconcile_locked() {
       return s;
     ++counters_.rings_pruned;
     spdlog::info("reconcile: removed ring {} from the data plane ({})", id,
-                 it == rings_.end() ? "not in the state" : "spec differs from the state");
+                 it == table.end() ? "not in the state" : "spec differs from the state");
   }
   Status first_error;
-  for (const auto& [id, rec] : rings_) {
+  for (const auto& [id, rec] : table) {
     if (good.count(id) || !rec.local) continue;
     json ignored;
     Status s = dp_.call(install_cmd(rec), ignored);
@@ -267,39 +272,63 @@ Status Daemon::reconcile_locked() {
 // ---- leases ---------------------------------------------------------------
 
 // Wakes every 100 ms (a lease is at least kMinLeaseMs, so a ring outlives its
-// lease by at most a tenth of the shortest one, plus a data plane call).
+// lease by at most a tenth of the shortest one, plus the data plane changes
+// ahead of it).
 void Daemon::lease_main() {
   std::unique_lock stop_lock(stop_mu_);
   while (!stopping_) {
     stop_lock.unlock();
-    {
-      std::lock_guard lock(mu_);
-      const auto now = SteadyClock::now();
-      std::vector<uint32_t> expired;
-      for (const auto& [id, rec] : rings_)
-        if (rec.lease_ms && rec.expires <= now) expired.push_back(id);
-      for (uint32_t id : expired) {
-        RingRecord old = rings_.at(id);
-        rings_.erase(id);
-        const auto deletes_before = deletes_;
-        queue_removals_locked(id, old);
-        if (Status s = save_locked(); !s) {  // keep it; try again on the next tick
-          rings_.emplace(id, std::move(old));
-          deletes_ = deletes_before;
-          spdlog::error("ring {}: lease expired but the state cannot be saved: {}", id,
-                        s.to_string());
-          break;
-        }
-        json ignored;
-        // A data plane that is down, or lost the ring, is fixed by the reconciler.
-        if (old.local) (void)dp_.call(dpcmd::remove_ring(id), ignored);
-        ++counters_.rings_expired;
-        spdlog::warn("ring {} removed: its lease of {} ms was not renewed in time", id,
-                     old.lease_ms);
-      }
-    }
+    if (any_lease_expired()) expire_leases();
     stop_lock.lock();
     stop_cv_.wait_for(stop_lock, std::chrono::milliseconds(100), [this] { return stopping_; });
+  }
+}
+
+bool Daemon::stopping() {
+  std::lock_guard lock(stop_mu_);
+  return stopping_;
+}
+
+bool Daemon::any_lease_expired() {
+  std::lock_guard lock(mu_);
+  const auto now = SteadyClock::now();
+  for (const auto& [id, rec] : rings_)
+    if (rec.lease_ms && rec.expires <= now) return true;
+  return false;
+}
+
+void Daemon::expire_leases() {
+  std::lock_guard change(change_mu_);
+  std::vector<uint32_t> removed;  // from the table: now from the data plane
+  {
+    std::lock_guard lock(mu_);
+    const auto now = SteadyClock::now();  // a renewal that came first still counts
+    std::vector<uint32_t> expired;
+    for (const auto& [id, rec] : rings_)
+      if (rec.lease_ms && rec.expires <= now) expired.push_back(id);
+    for (uint32_t id : expired) {
+      RingRecord old = rings_.at(id);
+      rings_.erase(id);
+      const auto deletes_before = deletes_;
+      queue_removals_locked(id, old);
+      if (Status s = save_locked(); !s) {  // keep it; try again on the next tick
+        rings_.emplace(id, std::move(old));
+        deletes_ = deletes_before;
+        spdlog::error("ring {}: lease expired but the state cannot be saved: {}", id,
+                      s.to_string());
+        break;
+      }
+      if (old.local) removed.push_back(id);
+      ++counters_.rings_expired;
+      spdlog::warn("ring {} removed: its lease of {} ms was not renewed in time", id, old.lease_ms);
+    }
+  }
+  for (uint32_t id : removed) {
+    // A data plane that is down, or lost the ring, is fixed by the
+    // reconciler; so are the rest after a stop (the next start prunes them).
+    if (stopping()) break;
+    json ignored;
+    (void)dp_.call(dpcmd::remove_ring(id), ignored);
   }
 }
 
@@ -558,7 +587,9 @@ Reply Daemon::create_ring_here(const json& body, const RingAuth& auth) {
     if (Status s = compute_fabric_entries(spec, *cfg_.fabric, secret, entries); !s)
       return error_reply(s);
   }
-  std::lock_guard lock(mu_);
+  std::unique_lock change(change_mu_, std::defer_lock);
+  if (auto busy = lock_change(change)) return *busy;
+  std::unique_lock lock(mu_);
   const auto now = SteadyClock::now();
   if (auto it = rings_.find(spec.ring_id); it != rings_.end()) {
     RingRecord& have = it->second;
@@ -625,24 +656,22 @@ Reply Daemon::create_ring_here(const json& body, const RingAuth& auth) {
     }
   }
   rings_.emplace(spec.ring_id, rec);
-  auto rollback = [&] {
-    rings_.erase(spec.ring_id);
-    (void)save_locked();
-  };
   if (Status s = save_locked(); !s) {
     rings_.erase(spec.ring_id);
     spdlog::error("cannot persist: {}", s.to_string());
     return error_reply({StatusCode::internal, "", "cannot persist the state: " + s.message()});
   }
+  lock.unlock();  // renewals and reads go on while the data plane answers
   json reply;
   const Status s = rec.local ? dp_.call(install_cmd(rec), reply) : Status{};
+  lock.lock();
   bool installed = rec.local && s.ok();
-  if (!s && s.code() != StatusCode::unavailable) {  // the data plane refused it: undo
-    rollback();
-    return error_reply(s);
-  }
-  if (!s && cfg_.require_dataplane) {
-    rollback();
+  // Undo if the data plane refused the ring, or is down and required. The
+  // fabric thread may have pushed the ring's entries meanwhile: they go too.
+  if (!s && (s.code() != StatusCode::unavailable || cfg_.require_dataplane)) {
+    rings_.erase(spec.ring_id);
+    queue_removals_locked(spec.ring_id, rec);
+    (void)save_locked();
     return error_reply(s);
   }
   json j = ring_reply_locked(rec);
@@ -656,7 +685,9 @@ Reply Daemon::create_ring_here(const json& body, const RingAuth& auth) {
 }
 
 Reply Daemon::delete_ring(uint32_t id, const RingAuth& auth) {
-  std::lock_guard lock(mu_);
+  std::unique_lock change(change_mu_, std::defer_lock);
+  if (auto busy = lock_change(change)) return *busy;
+  std::unique_lock lock(mu_);
   auto it = rings_.find(id);
   if (it == rings_.end()) return error_reply({StatusCode::not_found, "id", "no " + id_text(id)});
   if (auto refused = check_owner(id, it->second, auth, "delete")) return *refused;
@@ -669,6 +700,7 @@ Reply Daemon::delete_ring(uint32_t id, const RingAuth& auth) {
     deletes_ = deletes_before;
     return error_reply({StatusCode::internal, "", "cannot persist the state: " + s.message()});
   }
+  lock.unlock();
   json reply;
   // A data plane that is down, or lost the ring, is fixed by the reconciler.
   if (old.local) (void)dp_.call(dpcmd::remove_ring(id), reply);
@@ -863,21 +895,17 @@ Reply Daemon::fabric_put(const json& body) {
   rec.origin = origin;
   rec.lease_ms = static_cast<uint32_t>(lease_ms);
   const uint32_t id = rec.spec.ring_id;
-  std::lock_guard lock(mu_);
-  const auto now = SteadyClock::now();
-  if (lease_ms) rec.expires = now + std::chrono::milliseconds(lease_ms);
+  {
+    std::unique_lock lock(mu_);  // a renewal, the usual push, waits on no data plane change
+    if (auto renewed = renew_fabric_entry(lock, rec)) return *renewed;
+  }
+  std::unique_lock change(change_mu_, std::defer_lock);
+  if (auto busy = lock_change(change)) return *busy;
+  std::unique_lock lock(mu_);
+  if (auto renewed = renew_fabric_entry(lock, rec)) return *renewed;
   std::optional<RingRecord> replaced;
   if (auto it = rings_.find(id); it != rings_.end()) {
     RingRecord& have = it->second;
-    if (have.entry == entry && same_spec(have.spec, rec.spec) && have.tree == rec.tree) {
-      have.lease_ms = rec.lease_ms;
-      have.expires = rec.expires;  // the origin's push renews the entry
-      json j = ring_reply_locked(have);
-      json live;
-      j["installed"] = dp_.call(dpcmd::get_ring(id), live).ok() && live.contains("ring") &&
-                       installed_as(live["ring"], have);
-      return {200, {{"ring", j}}};
-    }
     if (have.entry.empty() || have.origin != origin)
       return error_reply(
           {StatusCode::conflict, "id",
@@ -903,15 +931,18 @@ Reply Daemon::fabric_put(const json& body) {
                             std::to_string(used) + " of " + std::to_string(cfg_.max_memory) +
                             " are taken on box " + cfg_.fabric->self});
   }
+  if (lease_ms) rec.expires = SteadyClock::now() + std::chrono::milliseconds(lease_ms);
   rings_.emplace(id, rec);
   if (Status s = save_locked(); !s) {
     rings_.erase(id);
     if (replaced) rings_.emplace(id, *replaced);
     return error_reply({StatusCode::internal, "", "cannot persist the state: " + s.message()});
   }
+  lock.unlock();
   json reply;
   if (replaced) (void)dp_.call(dpcmd::remove_ring(id), reply);
   const Status s = dp_.call(install_cmd(rec), reply);
+  lock.lock();
   if (!s && s.code() != StatusCode::unavailable) {  // refused: undo, the origin retries
     rings_.erase(id);
     (void)save_locked();
@@ -924,8 +955,38 @@ Reply Daemon::fabric_put(const json& body) {
   return {201, {{"ring", j}}};
 }
 
+std::optional<Reply> Daemon::lock_change(std::unique_lock<std::timed_mutex>& change) {
+  const std::chrono::milliseconds wait(cfg_.dataplane_timeout_ms);
+  if (change.try_lock_for(wait)) return std::nullopt;
+  return error_reply({StatusCode::unavailable, "dataplane.timeout_ms",
+                      "other changes of the data plane held it for " +
+                          std::to_string(wait.count()) +
+                          " ms (dataplane.timeout_ms); the data plane is slow: retry"});
+}
+
+std::optional<Reply> Daemon::renew_fabric_entry(std::unique_lock<std::mutex>& lock,
+                                                const RingRecord& rec) {
+  const uint32_t id = rec.spec.ring_id;
+  auto it = rings_.find(id);
+  if (it == rings_.end()) return std::nullopt;
+  RingRecord& have = it->second;
+  if (have.entry != rec.entry || !same_spec(have.spec, rec.spec) || have.tree != rec.tree)
+    return std::nullopt;
+  have.lease_ms = rec.lease_ms;
+  if (rec.lease_ms) have.expires = SteadyClock::now() + std::chrono::milliseconds(rec.lease_ms);
+  json j = ring_reply_locked(have);
+  const RingRecord held = have;
+  lock.unlock();
+  json live;
+  j["installed"] = dp_.call(dpcmd::get_ring(id), live).ok() && live.contains("ring") &&
+                   installed_as(live["ring"], held);
+  return Reply{200, {{"ring", j}}};
+}
+
 Reply Daemon::fabric_delete(uint32_t id, const std::string& entry) {
-  std::lock_guard lock(mu_);
+  std::unique_lock change(change_mu_, std::defer_lock);
+  if (auto busy = lock_change(change)) return *busy;
+  std::unique_lock lock(mu_);
   auto it = rings_.find(id);
   if (it == rings_.end() || entry.empty() || it->second.entry != entry)
     return error_reply(
@@ -936,6 +997,7 @@ Reply Daemon::fabric_delete(uint32_t id, const std::string& entry) {
     rings_.emplace(id, std::move(old));
     return error_reply({StatusCode::internal, "", "cannot persist the state: " + s.message()});
   }
+  lock.unlock();
   json reply;
   if (old.local) (void)dp_.call(dpcmd::remove_ring(id), reply);
   spdlog::info("ring {}: fabric entry removed by its origin {}", id, old.origin);

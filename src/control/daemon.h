@@ -4,9 +4,10 @@
 // table. Design: docs/design.md#the-control-plane; API: docs/api.md#the-routes.
 //
 // Example: a job POSTs ring 7 (P = 3 members) with "lease_ms": 30000.
-//  1. create_ring, under `mu_`: validate the spec and quotas, persist it
-//     with a new credential (128 random bits), install it in the data
-//     plane; the 201 reply carries the credential, the only time it is sent.
+//  1. create_ring: validate the spec and quotas, persist it with a new
+//     credential (128 random bits) under `mu_`, then install it in the data
+//     plane with `mu_` free; the 201 reply carries the credential, the only
+//     time it is sent.
 //  2. The data plane restarts. The reconciler's next pass sees a new
 //     instance (pid and start time), lists the data plane's rings and
 //     installs ring 7 again, with no operator action.
@@ -15,14 +16,21 @@
 //     ring 7 from the state, then from the data plane. Meanwhile another
 //     job's POST of id 7 gets 409, and a DELETE without the credential 403.
 //
-// Threads and locks:
-// - API calls (HTTP workers): each mutation under `mu_`, in the order
-//   validate -> persist -> data plane; data plane calls bounded by the
-//   client's deadline.
-// - Reconciler (`reconciler_`, every reconcile_interval_ms): holds `mu_` for
-//   a whole pass, so a pass never races an API call.
-// - Leases (`leases_`): removes unrenewed rings under `mu_`. Deadlines live
-//   in memory: after a restart every lease gets a full period again.
+// Threads and locks (order: `change_mu_`, then `mu_`; `mu_` is never held
+// across a call to the data plane or another process, so renewals, reads and
+// health never wait on one):
+// - API calls (HTTP workers): a change of the data plane (create, delete,
+//   fabric entries) holds `change_mu_` throughout (503 if other changes hold
+//   it for dataplane.timeout_ms): validate and persist under `mu_`, release
+//   it, call the data plane (bounded by the client's deadline), retake `mu_`
+//   to undo what the data plane refused. Renewals and reads take `mu_`
+//   alone, for in-memory work.
+// - Reconciler (`reconciler_`, every reconcile_interval_ms): holds
+//   `change_mu_` for a pass over a copy of the table, so a pass never races
+//   a change (the table's membership changes only under both locks).
+// - Leases (`leases_`): removes unrenewed rings from the table like a
+//   DELETE. Deadlines live in memory: after a restart every lease gets a
+//   full period again.
 // - Metrics (`metrics_thread_`): copies the data plane's status, stats and
 //   rings into `cache_`, swapped under `cache_mu_`. metrics() reads that and
 //   takes `mu_` only if free; health() reads atomics only.
@@ -138,7 +146,7 @@ class Daemon {
     std::chrono::steady_clock::time_point taken;
   };
 
-  // create_ring's work under mu_ (the pushes to peers come after it).
+  // create_ring's work on this box (the pushes to peers come after it).
   Reply create_ring_here(const nlohmann::json& body, const RingAuth& auth);
   void fabric_main();
   // One push pass over what is due (see the top); true if anything was done.
@@ -152,21 +160,35 @@ class Daemon {
   void queue_removals_locked(uint32_t id, const RingRecord& rec);
   nlohmann::json fabric_view_locked(const RingRecord& rec) const;
   void reconciler_main();
+  // Makes the data plane's rings those of `table` (a copy of rings_ taken
+  // under change_mu_, which the caller holds).
+  Status reconcile(const RingMap& table);
   void metrics_main();
   void refresh_metrics();
   void lease_main();
+  bool stopping();           // stop() was called
+  bool any_lease_expired();  // takes mu_ alone
+  void expire_leases();      // takes change_mu_
+  // Takes `change` (on change_mu_) for an API call, waiting at most
+  // dataplane.timeout_ms behind other changes; else the 503 to answer.
+  std::optional<Reply> lock_change(std::unique_lock<std::timed_mutex>& change);
+  // If `rec` is the entry this box holds already (the origin's renewal):
+  // renews it, releases `lock` (on mu_) and answers whether the data plane
+  // holds it. nullopt otherwise, `lock` still held.
+  std::optional<Reply> renew_fabric_entry(std::unique_lock<std::mutex>& lock,
+                                          const RingRecord& rec);
   // Checks that `auth` may delete or renew `rec` (nullopt: allowed).
   std::optional<Reply> check_owner(uint32_t id, const RingRecord& rec, const RingAuth& auth,
                                    const char* what) const;
   nlohmann::json ring_reply_locked(const RingRecord& rec) const;
-  Status reconcile_locked();
   uint64_t memory_locked() const;
 
   const DaemonConfig cfg_;
   StateFile state_;
   DataplaneClient dp_;
 
-  std::mutex mu_;
+  std::timed_mutex change_mu_;  // one change of the data plane at a time (see the top)
+  std::mutex mu_;               // the table: rings_, deletes_, leases
   RingMap rings_;
   std::vector<FabricDelete> deletes_;  // guarded by mu_; persisted with rings_
   std::mutex push_mu_;                 // one push pass at a time (never held with mu_ waiting)

@@ -18,6 +18,10 @@ Scenarios:
   slow_dataplane  a fake data plane answering each request after 3 s; 16 concurrent /metrics
                   scrapes and 16 /v1/stats loops: /v1/health and /metrics within 1 s throughout,
                   /v1/stats beyond listen.dataplane_concurrency refused 503 at once (Retry-After)
+  renewals_slow_dataplane
+                  12 leased rings renewed every 0.5 s while two writers POST and DELETE rings
+                  through a data plane answering after 3 s: every renewal and /v1/health within
+                  1 s, no lease expires, and the writers' calls did reach the data plane
   single_instance a second daemon on the same state file exits 2 naming the first's pid; one on
                   another state file but the same port exits 2 (address in use)
   limits          listen.max_connections (503 beyond it, health back once they close); a client
@@ -377,6 +381,7 @@ class SlowDataplane:
         self.sock.listen(16)
         self.sock.settimeout(0.5)
         self.requests = 0
+        self.cmds = []  # every request's "cmd", in arrival order
         threading.Thread(target=self.accept, daemon=True).start()
 
     def accept(self):
@@ -394,8 +399,9 @@ class SlowDataplane:
         try:
             for line in f:
                 self.requests += 1
-                time.sleep(self.delay)
                 cmd = json.loads(line).get("cmd")
+                self.cmds.append(cmd)
+                time.sleep(self.delay)
                 reply = {"ok": True}
                 if cmd == "status":
                     reply.update(instance="fake-1", mode="aggregate", ports=[], workers=[],
@@ -495,6 +501,81 @@ def scenario_slow_dataplane(tmp):
           "dataplane_unavailable (worst %.1f s)" % (
               polls, worst, len(scrapes), max(x[1] for x in scrapes), len(ok), len(busy),
               max(x[1] for x in busy), len(late), max([x[1] for x in ok + late])))
+
+
+def scenario_renewals_slow_dataplane(tmp):
+    d = Daemon(tmp, quotas={"max_rings": 32})  # threads 4, listen.dataplane_concurrency 2
+    dp = SlowDataplane(d.cfg["dataplane"]["socket"], 0)
+    wait_until("/metrics from the fake data plane",
+               lambda: metric(d.metrics(), "netreduce_dataplane_up") == 1, timeout=30, interval=0.2)
+    creds = {}
+    for i in range(12):
+        st, body = d.call("POST", "/v1/rings", ring(100 + i, base=100 + i, lease_ms=3000))
+        assert st == 201, (st, body)
+        creds[100 + i] = body["ring"]["credential"]
+    dp.delay = 3.0  # from now on every data plane request takes 3 s
+    stop = threading.Event()
+    lock = threading.Lock()
+    renewals, writes = [], []
+
+    def renewer(rid):
+        while not stop.is_set():
+            t0 = time.time()
+            try:
+                st, body = d.call("PUT", "/v1/rings/%d/lease" % rid,
+                                  headers={"X-Netreduce-Ring-Credential": creds[rid]})
+            except OSError as e:
+                st, body = None, str(e)
+            with lock:
+                renewals.append((rid, st, time.time() - t0, body if st != 200 else None))
+            time.sleep(0.5)
+
+    def writer(k):
+        rid = 200 + k
+        while not stop.is_set():
+            for method, path, body in (("POST", "/v1/rings", ring(rid, base=200 + k)),
+                                       ("DELETE", "/v1/rings/%d" % rid, None)):
+                t0 = time.time()
+                try:
+                    st, _ = d.call(method, path, body)
+                except OSError:
+                    st = None
+                with lock:
+                    writes.append((method, st, time.time() - t0))
+                if st == 503:
+                    time.sleep(0.2)
+
+    before = len(dp.cmds)
+    threads = [threading.Thread(target=renewer, args=(rid,), daemon=True) for rid in creds] + \
+              [threading.Thread(target=writer, args=(k,), daemon=True) for k in range(2)]
+    for t in threads:
+        t.start()
+    worst, polls, end = 0.0, 0, time.time() + 15
+    try:
+        while time.time() < end:
+            st, took = timed_get(d, "/v1/health", timeout=1.0)
+            assert st == 200 and took < 1.0, "/v1/health %s after %.2f s with renewals and a slow data " \
+                "plane" % (st, took)
+            worst, polls = max(worst, took), polls + 1
+            time.sleep(0.25)
+        expired = metric(d.metrics(), "netreduce_rings_expired_total")  # before the renewers stop
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=40)
+    bad = [x for x in renewals if x[1] != 200 or x[2] >= 1.0]
+    assert renewals and not bad, "%d of %d renewals failed or slow: %s" % (len(bad), len(renewals), bad[:5])
+    reached = [c for c in dp.cmds[before:] if c in ("install_ring", "remove_ring")]
+    assert reached, "no write reached the data plane: %s" % dp.cmds[before:]
+    assert expired == 0, "%s leases expired while renewed" % expired
+    dp.delay = 0  # the renewers are gone: their leases expire, and stopping need not wait 3 s a call
+    d.stop()
+    dp.close()
+    print("renewals_slow_dataplane: data plane answering after 3 s; %d renewals of 12 leases, worst %.3f s; "
+          "/v1/health polled %d times, worst %.3f s; %d writes (%s), %d reached the data plane" % (
+              len(renewals), max(x[2] for x in renewals), polls, worst, len(writes),
+              ", ".join("%s %s" % (m, st) for m, st in sorted({(w[0], w[1]) for w in writes}, key=str)),
+              len(reached)))
 
 
 def scenario_single_instance(tmp):
