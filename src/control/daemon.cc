@@ -35,6 +35,8 @@ using SteadyClock = std::chrono::steady_clock;
 
 // A push to or removal at a peer daemon, connect to last byte.
 constexpr int kPushTimeoutMs = 5000;
+// How long a POST waits for a peer's lane to push its entries itself.
+constexpr int kLaneWaitMs = 200;
 
 // 128 bits from the kernel's CSPRNG as 32 lowercase hex digits; empty if
 // getrandom fails (the caller answers 500 rather than issue a weak secret).
@@ -151,7 +153,7 @@ Status Daemon::start() {
   reconciler_ = std::thread([this] { reconciler_main(); });
   metrics_thread_ = std::thread([this] { metrics_main(); });
   leases_ = std::thread([this] { lease_main(); });
-  if (cfg_.fabric) fabric_ = std::thread([this] { fabric_main(); });
+  if (cfg_.fabric) start_lanes();
   return {};
 }
 
@@ -164,7 +166,31 @@ void Daemon::stop() {
   if (reconciler_.joinable()) reconciler_.join();
   if (metrics_thread_.joinable()) metrics_thread_.join();
   if (leases_.joinable()) leases_.join();
-  if (fabric_.joinable()) fabric_.join();
+  for (auto& l : lanes_)
+    if (l->thread.joinable()) l->thread.join();
+}
+
+void Daemon::start_lanes() {
+  for (const FabricBox& b : cfg_.fabric->boxes)
+    if (b.name != cfg_.fabric->self) lanes_.push_back(std::make_unique<Lane>(b.name));
+  {
+    // Entries and removals of boxes no longer configured have no lane.
+    std::lock_guard lock(mu_);
+    for (auto& [id, rec] : rings_)
+      for (PeerPush& p : rec.peers)
+        if (!lane(p.box)) p.error = "box " + p.box + " is no longer in the fabric configuration";
+    const size_t before = deletes_.size();
+    std::erase_if(deletes_, [&](const FabricDelete& d) {
+      if (lane(d.box)) return false;
+      spdlog::warn(
+          "fabric: removal of ring {} from box {} given up: the box is no longer in the "
+          "fabric configuration",
+          d.id, d.box);
+      return true;
+    });
+    if (deletes_.size() != before) (void)save_locked();
+  }
+  for (auto& l : lanes_) l->thread = std::thread([this, lp = l.get()] { lane_main(*lp); });
 }
 
 uint64_t Daemon::memory_locked() const {
@@ -394,22 +420,28 @@ void Daemon::queue_removals_locked(uint32_t id, const RingRecord& rec) {
 
 // ---- fabric -----------------------------------------------------------------
 
-void Daemon::fabric_main() {
+void Daemon::lane_main(Lane& lane) {
   std::unique_lock stop_lock(stop_mu_);
   while (!stopping_) {
     stop_lock.unlock();
-    push_pass();
+    {
+      std::lock_guard lane_lock(lane.mu);
+      push_lane_locked(lane);
+    }
     stop_lock.lock();
     stop_cv_.wait_for(stop_lock, std::chrono::milliseconds(100), [this] { return stopping_; });
   }
 }
 
-bool Daemon::push_pass(std::optional<uint32_t> only) {
-  if (!cfg_.fabric) return false;
-  std::lock_guard push_lock(push_mu_);
+Daemon::Lane* Daemon::lane(const std::string& box) {
+  for (auto& l : lanes_)
+    if (l->box == box) return l.get();
+  return nullptr;
+}
+
+void Daemon::push_lane_locked(Lane& lane, std::optional<uint32_t> only) {
   struct Task {
     bool remove = false;
-    std::string box;
     uint32_t id = 0;
     std::string entry;
     json body;
@@ -419,18 +451,17 @@ bool Daemon::push_pass(std::optional<uint32_t> only) {
   {
     std::lock_guard lock(mu_);
     for (const FabricDelete& d : deletes_)
-      if (!only && now - d.last_try >= std::chrono::seconds(1))
-        tasks.push_back({true, d.box, d.id, d.entry, {}});
+      if (!only && d.box == lane.box && now - d.last_try >= std::chrono::seconds(1))
+        tasks.push_back({true, d.id, d.entry, {}});
     for (const auto& [id, rec] : rings_)
       for (const PeerPush& p : rec.peers) {
-        if (only && id != *only) continue;
+        if (p.box != lane.box || (only && id != *only)) continue;
         const bool retry =
             !(p.pushed && p.installed) && now - p.last_push >= std::chrono::seconds(1);
         const bool renew = p.pushed && rec.lease_ms &&
                            now - p.last_push >= std::chrono::milliseconds(rec.lease_ms / 3);
         if (!retry && !renew) continue;
         tasks.push_back({false,
-                         p.box,
                          id,
                          rec.entry,
                          {{"origin", cfg_.fabric->self},
@@ -439,99 +470,96 @@ bool Daemon::push_pass(std::optional<uint32_t> only) {
                           {"ring", p.ring}}});
       }
   }
-  std::set<std::string> unreachable;  // boxes whose daemon did not answer in this pass
+  const FabricBox& b = cfg_.fabric->boxes[static_cast<size_t>(cfg_.fabric->find(lane.box))];
   for (const Task& t : tasks) {
-    if (unreachable.count(t.box)) continue;  // tried again next pass
-    const int bi = cfg_.fabric->find(t.box);
     std::string error;
     bool peer_installed = false;
-    if (bi < 0) {
-      error = "box " + t.box + " is no longer in the fabric configuration";
-    } else {
-      const FabricBox& b = cfg_.fabric->boxes[static_cast<size_t>(bi)];
-      // One total deadline per push: a peer that drips its answer costs
-      // this pass at most kPushTimeoutMs, not a wait per byte.
-      auto cli =
-          HttpClient::make("http://" + b.daemon_host + ":" + std::to_string(b.daemon_port), error);
-      HttpReply res;
-      if (cli) {
-        cli->set_bearer(fabric_token_);
-        const std::string path = "/v1/fabric/rings";
-        res = t.remove
-                  ? cli->call("DELETE", path + "/" + std::to_string(t.id) + "?entry=" + t.entry, "",
-                              kPushTimeoutMs)
-                  : cli->call("POST", path, t.body.dump(), kPushTimeoutMs);
+    bool unreachable = false;
+    // One total deadline per push: a peer that drips its answer costs this
+    // lane at most kPushTimeoutMs, not a wait per byte.
+    auto cli =
+        HttpClient::make("http://" + b.daemon_host + ":" + std::to_string(b.daemon_port), error);
+    HttpReply res;
+    if (cli) {
+      cli->set_bearer(fabric_token_);
+      const std::string path = "/v1/fabric/rings";
+      res = t.remove ? cli->call("DELETE", path + "/" + std::to_string(t.id) + "?entry=" + t.entry,
+                                 "", kPushTimeoutMs)
+                     : cli->call("POST", path, t.body.dump(), kPushTimeoutMs);
+    }
+    if (!cli) {
+      error = b.daemon + ": " + error;
+    } else if (!res.ok()) {
+      error = b.daemon + ": " + res.error;
+      unreachable = true;
+    } else if (t.remove ? (res.status != 204 && res.status != 404)
+                        : (res.status != 200 && res.status != 201)) {
+      std::string msg = res.body;
+      try {
+        msg = json::parse(res.body).at("error").at("message").get<std::string>();
+      } catch (const std::exception&) {
       }
-      if (!cli) {
-        error = b.daemon + ": " + error;
-      } else if (!res.ok()) {
-        error = b.daemon + ": " + res.error;
-        unreachable.insert(t.box);
-      } else if (t.remove ? (res.status != 204 && res.status != 404)
-                          : (res.status != 200 && res.status != 201)) {
-        std::string msg = res.body;
-        try {
-          msg = json::parse(res.body).at("error").at("message").get<std::string>();
-        } catch (const std::exception&) {
-        }
-        error = b.daemon + ": HTTP " + std::to_string(res.status) + ": " + msg;
-      } else if (!t.remove) {
-        try {
-          peer_installed = json::parse(res.body).at("ring").at("installed").get<bool>();
-        } catch (const std::exception&) {
-        }
+      error = b.daemon + ": HTTP " + std::to_string(res.status) + ": " + msg;
+    } else if (!t.remove) {
+      try {
+        peer_installed = json::parse(res.body).at("ring").at("installed").get<bool>();
+      } catch (const std::exception&) {
       }
     }
+    // A failure is retried a second after it ended; a renewal is due a
+    // third of the lease after the pass began.
+    const auto done = SteadyClock::now();
     std::lock_guard lock(mu_);
     if (t.remove) {
-      const FabricDelete want{t.box, t.id, t.entry, {}};
-      auto it = std::find_if(deletes_.begin(), deletes_.end(),
-                             [&](const FabricDelete& d) { return d.same(want); });
-      if (it == deletes_.end()) continue;
-      if (!error.empty() && bi >= 0) {
-        it->last_try = now;
-        ++counters_.fabric_push_failures;
-        continue;
+      record_removal_locked(lane.box, t.id, t.entry, error, done);
+    } else if (auto it = rings_.find(t.id); it != rings_.end() && it->second.entry == t.entry) {
+      for (PeerPush& p : it->second.peers) {
+        if (p.box != lane.box) continue;
+        if (error.empty()) {
+          if (!p.pushed) spdlog::info("fabric: ring {} entry accepted by box {}", t.id, p.box);
+          p.last_push = now;
+          p.pushed = true;
+          p.installed = peer_installed;
+          p.error.clear();
+          ++counters_.fabric_pushes;
+        } else {
+          if (p.error != error)
+            spdlog::warn("fabric: ring {} push to box {}: {}", t.id, p.box, error);
+          p.last_push = done;
+          p.pushed = p.installed = false;  // a renewal is the same call
+          p.error = error;
+          ++counters_.fabric_push_failures;
+        }
       }
-      const auto before = deletes_;
-      deletes_.erase(it);
-      if (Status s = save_locked(); !s) {
-        deletes_ = before;
-        continue;
-      }
-      ++counters_.fabric_removals;
-      spdlog::info("fabric: ring {} removed from box {}{}", t.id, t.box,
-                   error.empty() ? "" : " (" + error + ": given up)");
-      continue;
-    }
-    auto it = rings_.find(t.id);
-    if (it == rings_.end() || it->second.entry != t.entry) continue;  // deleted meanwhile
-    for (PeerPush& p : it->second.peers) {
-      if (p.box != t.box) continue;
-      p.last_push = now;
-      if (error.empty()) {
-        if (!p.pushed) spdlog::info("fabric: ring {} entry accepted by box {}", t.id, t.box);
-        p.pushed = true;
-        p.installed = peer_installed;
-        p.error.clear();
-        ++counters_.fabric_pushes;
-      } else {
-        if (p.error != error)
-          spdlog::warn("fabric: ring {} push to box {}: {}", t.id, t.box, error);
-        p.pushed = p.installed = false;  // retried within a second (a renewal is the same call)
-        p.error = error;
-        ++counters_.fabric_push_failures;
-      }
-    }
+    }                        // else deleted meanwhile
+    if (unreachable) break;  // the rest next pass: each try may wait out the deadline
   }
-  {
-    std::lock_guard lock(mu_);
-    uint64_t pending = deletes_.size();
-    for (const auto& [id, rec] : rings_)
-      for (const PeerPush& p : rec.peers) pending += p.pushed && p.installed ? 0 : 1;
-    fabric_pending_ = pending;
+  std::lock_guard lock(mu_);
+  uint64_t pending = deletes_.size();
+  for (const auto& [id, rec] : rings_)
+    for (const PeerPush& p : rec.peers) pending += p.pushed && p.installed ? 0 : 1;
+  fabric_pending_ = pending;
+}
+
+void Daemon::record_removal_locked(const std::string& box, uint32_t id, const std::string& entry,
+                                   const std::string& error, SteadyClock::time_point done) {
+  const FabricDelete want{box, id, entry, {}};
+  auto it = std::find_if(deletes_.begin(), deletes_.end(),
+                         [&](const FabricDelete& d) { return d.same(want); });
+  if (it == deletes_.end()) return;
+  if (!error.empty()) {
+    it->last_try = done;
+    ++counters_.fabric_push_failures;
+    return;
   }
-  return !tasks.empty();
+  const auto before = deletes_;
+  deletes_.erase(it);
+  if (Status s = save_locked(); !s) {
+    deletes_ = before;
+    return;
+  }
+  ++counters_.fabric_removals;
+  spdlog::info("fabric: ring {} removed from box {}", id, box);
 }
 
 // ---- API ------------------------------------------------------------------
@@ -541,11 +569,17 @@ Reply Daemon::create_ring(const json& body, const RingAuth& auth) {
   if (r.http != 201 || !cfg_.fabric || !r.body["ring"].contains("fabric") ||
       r.body["ring"]["fabric"].value("peers", json::array()).empty())
     return r;
-  // Push the other boxes' entries now, so the reply tells how it went;
-  // whatever failed is retried by the fabric thread.
-  push_pass(r.body["ring"]["id"].get<uint32_t>());
-  std::lock_guard lock(mu_);
+  // Push the other boxes' entries now, so the reply tells how it went.
+  // A lane busy for longer than kLaneWaitMs (a slow box) delivers it
+  // later, as it retries whatever failed.
   const uint32_t id = r.body["ring"]["id"].get<uint32_t>();
+  for (const json& p : r.body["ring"]["fabric"]["peers"]) {
+    Lane* l = lane(p.value("box", std::string()));
+    if (!l) continue;
+    std::unique_lock lane_lock(l->mu, std::defer_lock);
+    if (lane_lock.try_lock_for(std::chrono::milliseconds(kLaneWaitMs))) push_lane_locked(*l, id);
+  }
+  std::lock_guard lock(mu_);
   json& ring = r.body["ring"];
   if (auto it = rings_.find(id);
       it != rings_.end() && it->second.entry == ring["fabric"]["entry"]) {

@@ -34,9 +34,12 @@
 // - Metrics (`metrics_thread_`): copies the data plane's status, stats and
 //   rings into `cache_`, swapped under `cache_mu_`. metrics() reads that and
 //   takes `mu_` only if free; health() reads atomics only.
-// - Fabric (`fabric_`, control/fabric.h): takes due pushes under `mu_`,
-//   calls peer daemons holding only `push_mu_` (two daemons pushing to each
-//   other cannot deadlock), then records the outcomes under `mu_`.
+// - Fabric lanes (`lanes_`, one per peer box; control/fabric.h): each takes
+//   its box's due pushes and removals under `mu_`, calls that box's daemon
+//   holding only its `Lane::mu` (two daemons pushing to each other cannot
+//   deadlock), then records the outcomes under `mu_`. A slow or frozen box
+//   holds up its own lane only. A POST pushes its ring's entries itself in
+//   each peer's lane, if that lane is free within kLaneWaitMs.
 #pragma once
 
 #include <atomic>
@@ -48,6 +51,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/dataplane_protocol.h"
 #include "common/status.h"
@@ -148,13 +152,22 @@ class Daemon {
 
   // create_ring's work on this box (the pushes to peers come after it).
   Reply create_ring_here(const nlohmann::json& body, const RingAuth& auth);
-  void fabric_main();
-  // One push pass over what is due (see the top); true if anything was done.
-  // `only`: that ring's tasks alone (a POST's own push, so a slow peer of
-  // other rings does not hold its reply). A box whose daemon cannot be
-  // reached is skipped for the rest of the pass (each try may wait out a
-  // connect timeout), so one dead peer does not starve the others' renewals.
-  bool push_pass(std::optional<uint32_t> only = std::nullopt);
+  // One peer box's pushes and removals (see the top).
+  struct Lane {
+    explicit Lane(std::string b) : box(std::move(b)) {}
+    const std::string box;
+    std::timed_mutex mu;  // held across each call to the box
+    std::thread thread;
+  };
+  void start_lanes();
+  void lane_main(Lane& lane);
+  Lane* lane(const std::string& box);  // nullptr: not a peer box of the configuration
+  // One pass over what is due for lane.box, under lane.mu; `only`: that
+  // ring's entries alone (a POST's own push). A box that does not answer
+  // ends the pass: the rest is tried on the next one.
+  void push_lane_locked(Lane& lane, std::optional<uint32_t> only = std::nullopt);
+  void record_removal_locked(const std::string& box, uint32_t id, const std::string& entry,
+                             const std::string& error, std::chrono::steady_clock::time_point done);
   Status save_locked() { return state_.save(rings_, deletes_); }
   // Queues the removal of a fabric ring from its peers (origin).
   void queue_removals_locked(uint32_t id, const RingRecord& rec);
@@ -190,11 +203,10 @@ class Daemon {
   std::timed_mutex change_mu_;  // one change of the data plane at a time (see the top)
   std::mutex mu_;               // the table: rings_, deletes_, leases
   RingMap rings_;
-  std::vector<FabricDelete> deletes_;  // guarded by mu_; persisted with rings_
-  std::mutex push_mu_;                 // one push pass at a time (never held with mu_ waiting)
-  std::thread fabric_;
-  std::string fabric_token_;                 // written before start(), read-only after
-  std::atomic<uint64_t> fabric_pending_{0};  // written by push_pass, read by metrics()
+  std::vector<FabricDelete> deletes_;         // guarded by mu_; persisted with rings_
+  std::vector<std::unique_ptr<Lane>> lanes_;  // built by start(), read-only after
+  std::string fabric_token_;                  // written before start(), read-only after
+  std::atomic<uint64_t> fabric_pending_{0};   // written by the lanes, read by metrics()
 
   std::atomic<bool> dp_up_{false};
   DaemonCounters counters_;

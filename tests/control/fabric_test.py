@@ -16,11 +16,18 @@ Scenarios:
                   disappears from every box, and so do the peers' copies when the origin's
                   daemon dies; the fabric route refuses the operator token and the fabric token
                   opens no other route; start-up refusals (exit 2) name fabric keys
+  fabric_slow_peer  the spine's daemon replaced by one that answers a byte a second: a ring of
+                  rack B alone, registered at leaf A, answers within 1 s with its entry installed
+                  at leaf B, and leaf B keeps it under a 3 s lease for 15 s of renewals; the
+                  spine gets its entry of a two-rack ring when its real daemon is back
 """
 import hashlib
 import json
 import os
+import socketserver
 import subprocess
+import threading
+import time
 
 import control_test as ct
 from control_test import Dataplane, expect_error, free_port, metric, wait_until, TOKEN
@@ -375,6 +382,85 @@ def scenario_fabric_peer_down(tmp):
     teardown(ds, dps)
     print("fabric_peer_down: a peer down at POST and at DELETE caught up when back; a lease "
           "not renewed removed every box's entry")
+
+
+class DripDaemon(socketserver.ThreadingTCPServer):
+    """A fake peer daemon on `port`: reads each request, then answers a byte a second and never
+    finishes (Content-Length far beyond what it sends)."""
+    allow_reuse_address = True
+    daemon_threads = True
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self):
+            server = self.server
+            server.connections += 1
+            answer = b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+            try:
+                self.request.recv(65536)
+                for i in range(120):
+                    if server.stopping.is_set():
+                        break
+                    self.request.sendall(answer[i:i + 1] if i < len(answer) else b" ")
+                    time.sleep(1.0)
+            except OSError:
+                pass
+
+    def __init__(self, port):
+        self.connections = 0
+        self.stopping = threading.Event()
+        super().__init__(("127.0.0.1", port), DripDaemon.Handler)
+        threading.Thread(target=self.serve_forever, args=(0.2,), daemon=True).start()
+
+    def close(self):
+        self.stopping.set()
+        self.shutdown()
+        self.server_close()
+
+
+def scenario_fabric_slow_peer(tmp):
+    ds, dps = setup(tmp)
+    a, spine, b = ds["leafA"], ds["spine"], ds["leafB"]
+    spine.kill9()
+    drip = DripDaemon(spine.port)
+    try:
+        # A two-rack ring involves the spine: each push there waits out its deadline, and the
+        # origin retries it every second.
+        st, body = a.call("POST", "/v1/rings", ring(41, FOUR))
+        assert st == 201, (st, body)
+        peers = {p["box"]: p for p in body["ring"]["fabric"]["peers"]}
+        assert peers["spine"]["pushed"] is False and peers["leafB"]["pushed"] is True, peers
+        # A ring of rack B alone, registered at leaf A: its only peer is leaf B, which the slow
+        # spine must not hold up.
+        rack_b = ["10.2.0.1", "10.2.0.2", "10.2.0.3"]
+        t0 = time.time()
+        st, body = a.call("POST", "/v1/rings", dict(ring(42, rack_b), lease_ms=3000))
+        took = time.time() - t0
+        assert st == 201 and body["ring"]["installed"] is True, (st, body)
+        assert took < 1.0, "a ring not involving the slow spine answered after %.2f s" % took
+        cred = body["ring"]["credential"]
+        renew = {"X-Netreduce-Ring-Credential": cred}
+        polls, missing, end = 0, [], time.time() + 15
+        while time.time() < end:
+            assert a.call("PUT", "/v1/rings/42/lease", headers=renew)[0] == 200
+            polls += 1
+            if dp_ring(dps["leafB"], 42) is None:
+                missing.append(round(end - time.time(), 1))
+            time.sleep(0.5)
+        assert not missing, "leaf B lost its entry of ring 42 in %d of %d polls (s before the end: %s)" % (
+            len(missing), polls, missing[:5])
+        assert drip.connections >= 2, "the origin did not keep trying the slow spine (%d connections)" % (
+            drip.connections)
+    finally:
+        drip.close()
+    spine.start()  # the real daemon back: the origin's retries deliver its entry
+    check_installed(dps, 41, WANT_TREE)
+    assert a.call("DELETE", "/v1/rings/41")[0] == 204
+    assert a.call("DELETE", "/v1/rings/42", headers=renew)[0] == 204
+    check_installed(dps, 41, {})
+    teardown(ds, dps)
+    print("fabric_slow_peer: a peer answering a byte a second; a ring not involving it answered in "
+          "%.3f s and kept its 3 s lease at leaf B for %d polls; %d connections to the slow peer" % (
+              took, polls, drip.connections))
 
 
 if __name__ == "__main__":
