@@ -925,6 +925,7 @@ Reply Daemon::fabric_put(const json& body) {
   RingRecord rec;
   if (Status s = ring_tree_from_json(body["ring"], rec.spec, rec.tree); !s) return error_reply(s);
   if (Status s = engine::validate(rec.spec); !s) return error_reply(s);
+  if (Status s = check_own_entry(rec.spec, rec.tree); !s) return error_reply(s);
   rec.entry = entry;
   rec.origin = origin;
   rec.lease_ms = static_cast<uint32_t>(lease_ms);
@@ -987,6 +988,33 @@ Reply Daemon::fabric_put(const json& body) {
   json j = ring_reply_locked(rec);
   j["installed"] = s.ok();
   return {201, {{"ring", j}}};
+}
+
+Status Daemon::check_own_entry(const engine::RingSpec& spec,
+                               const std::optional<engine::TreeSpec>& tree) const {
+  // The installation's epoch and key, drawn by the origin; a stand-in key
+  // when none came (a plain ring needs none; a tree node must then differ).
+  TreeSecret secret;
+  secret.key.fill(1);
+  if (tree) {
+    secret.epoch = tree->epoch;
+    secret.key = tree->key;
+  }
+  std::vector<FabricEntry> entries;
+  if (Status s = compute_fabric_entries(spec, *cfg_.fabric, secret, entries); !s)
+    return Status(s.code(), "ring." + s.field(), s.message());
+  const std::string& self = cfg_.fabric->self;
+  auto mine = std::find_if(entries.begin(), entries.end(),
+                           [&](const FabricEntry& e) { return e.box == self; });
+  if (mine == entries.end())
+    return {StatusCode::conflict, "ring",
+            "box " + self + " has no part in this ring under its own fabric configuration; " +
+                "the origin's fabric section differs from this box's"};
+  if (mine->tree != tree)
+    return {StatusCode::conflict, "ring.tree",
+            "is not the node box " + self + " computes from its own fabric configuration; " +
+                "the origin's fabric section differs from this box's"};
+  return {};
 }
 
 std::optional<Reply> Daemon::lock_change(std::unique_lock<std::timed_mutex>& change) {

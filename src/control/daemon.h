@@ -182,6 +182,12 @@ class Daemon {
   bool stopping();           // stop() was called
   bool any_lease_expired();  // takes mu_ alone
   void expire_leases();      // takes change_mu_
+  // A fabric entry pushed to this box: its tree node (or its being a plain
+  // ring) must be what this box computes from its own fabric section, with
+  // the installation's epoch and key as pushed; else conflict, field
+  // ring.tree or ring. An origin's word alone installs nothing here.
+  Status check_own_entry(const engine::RingSpec& spec,
+                         const std::optional<engine::TreeSpec>& tree) const;
   // Takes `change` (on change_mu_) for an API call, waiting at most
   // dataplane.timeout_ms behind other changes; else the 503 to answer.
   std::optional<Reply> lock_change(std::unique_lock<std::timed_mutex>& change);

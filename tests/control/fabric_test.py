@@ -15,7 +15,8 @@ Scenarios:
                   down at DELETE time loses it when back; a leased ring not renewed at the origin
                   disappears from every box, and so do the peers' copies when the origin's
                   daemon dies; the fabric route refuses the operator token and the fabric token
-                  opens no other route; start-up refusals (exit 2) name fabric keys
+                  opens no other route; a peer refuses an entry other than the node it computes
+                  from its own fabric section; start-up refusals (exit 2) name fabric keys
   fabric_slow_peer  the spine's daemon replaced by one that answers a byte a second: a ring of
                   rack B alone, registered at leaf A, answers within 1 s with its entry installed
                   at leaf B, and leaf B keeps it under a 3 s lease for 15 s of renewals; the
@@ -368,6 +369,26 @@ def scenario_fabric_peer_down(tmp):
                         ({"origin": "leafA", "entry": 7, "ring": ring(33, FOUR)}, "entry")]:
         expect_error(spine.call("POST", "/v1/fabric/rings", body, token=FABRIC_TOKEN), 400, "invalid_argument",
                      field)
+    # A peer installs only the node it computes from its own fabric section (the written-out
+    # WANT_TREE): the spine's node is taken, leaf A's node, a reordered spine node or a ring
+    # the spine has no part in are refused.
+    def push(rid, members, tree):
+        r = ring(rid, members)
+        if tree is not None:
+            r["tree"] = dict(tree, epoch=7, key="5a" * 32)
+        return spine.call("POST", "/v1/fabric/rings", {"origin": "leafA", "entry": "%032x" % rid, "ring": r},
+                          token=FABRIC_TOKEN)
+    st, body = push(35, FOUR, WANT_TREE["spine"])
+    assert st == 201, (st, body)
+    check_installed({"spine": dps["spine"]}, 35, WANT_TREE)
+    assert spine.call("DELETE", "/v1/fabric/rings/35?entry=%032x" % 35, token=FABRIC_TOKEN)[0] == 204
+    reordered = dict(WANT_TREE["spine"], children=[{"box": 1}, {"box": 0}])
+    for rid, members, tree, field in [(36, FOUR, WANT_TREE["leafA"], "ring.tree"),
+                                      (36, FOUR, reordered, "ring.tree"),
+                                      (36, FOUR, None, "ring.tree"),
+                                      (36, ["10.1.0.1", "10.1.0.2"], None, "ring")]:
+        expect_error(push(rid, members, tree), 409, "conflict", field)
+    assert dp_ring(dps["spine"], 36) is None
     # Start-up refusals (exit 2, key named): the fabric token equal to the operator's, and a
     # fabric section that names an unknown parent.
     for mutate, key in [(lambda c: c["fabric"].update(token_file=c["auth"]["token_file"]), "fabric.token_file"),
