@@ -932,12 +932,12 @@ Reply Daemon::fabric_put(const json& body) {
   const uint32_t id = rec.spec.ring_id;
   {
     std::unique_lock lock(mu_);  // a renewal, the usual push, waits on no data plane change
-    if (auto renewed = renew_fabric_entry(lock, rec)) return *renewed;
+    if (auto known = known_fabric_entry(lock, rec)) return *known;
   }
   std::unique_lock change(change_mu_, std::defer_lock);
   if (auto busy = lock_change(change)) return *busy;
   std::unique_lock lock(mu_);
-  if (auto renewed = renew_fabric_entry(lock, rec)) return *renewed;
+  if (auto known = known_fabric_entry(lock, rec)) return *known;
   std::optional<RingRecord> replaced;
   if (auto it = rings_.find(id); it != rings_.end()) {
     RingRecord& have = it->second;
@@ -950,7 +950,8 @@ Reply Daemon::fabric_put(const json& body) {
                     : " (registered by box " +
                           (have.origin.empty() ? cfg_.fabric->self : have.origin) + ")")});
     // The same origin registered the id anew (its removal of the old entry
-    // has not arrived yet): the origin is authoritative.
+    // has not arrived yet): the origin is authoritative, and the old entry
+    // is over.
     replaced = have;
     rings_.erase(it);
   } else if (rings_.size() >= cfg_.max_rings) {
@@ -973,6 +974,7 @@ Reply Daemon::fabric_put(const json& body) {
     if (replaced) rings_.emplace(id, *replaced);
     return error_reply({StatusCode::internal, "", "cannot persist the state: " + s.message()});
   }
+  if (replaced) bury_locked(replaced->entry);
   lock.unlock();
   json reply;
   if (replaced) (void)dp_.call(dpcmd::remove_ring(id), reply);
@@ -1026,9 +1028,23 @@ std::optional<Reply> Daemon::lock_change(std::unique_lock<std::timed_mutex>& cha
                           " ms (dataplane.timeout_ms); the data plane is slow: retry"});
 }
 
-std::optional<Reply> Daemon::renew_fabric_entry(std::unique_lock<std::mutex>& lock,
+void Daemon::bury_locked(const std::string& entry) {
+  if (!buried_.insert(entry).second) return;
+  burial_order_.push_back(entry);
+  if (burial_order_.size() > kMaxBuried) {
+    buried_.erase(burial_order_.front());
+    burial_order_.pop_front();
+  }
+}
+
+std::optional<Reply> Daemon::known_fabric_entry(std::unique_lock<std::mutex>& lock,
                                                 const RingRecord& rec) {
   const uint32_t id = rec.spec.ring_id;
+  if (buried_.count(rec.entry))
+    return error_reply({StatusCode::conflict, "entry",
+                        "entry " + rec.entry + " of " + id_text(id) + " from box " + rec.origin +
+                            " was removed by its origin (or replaced by a newer registration); "
+                            "a late or replayed push of it is refused"});
   auto it = rings_.find(id);
   if (it == rings_.end()) return std::nullopt;
   RingRecord& have = it->second;
@@ -1050,15 +1066,20 @@ Reply Daemon::fabric_delete(uint32_t id, const std::string& entry) {
   if (auto busy = lock_change(change)) return *busy;
   std::unique_lock lock(mu_);
   auto it = rings_.find(id);
-  if (it == rings_.end() || entry.empty() || it->second.entry != entry)
+  if (it == rings_.end() || entry.empty() || it->second.entry != entry) {
+    // A push of it may still be on its way (a late retry, a renewal): it
+    // must not install the entry after its removal.
+    if (valid_credential(entry)) bury_locked(entry);
     return error_reply(
         {StatusCode::not_found, "id", "no fabric entry " + entry + " of " + id_text(id)});
+  }
   RingRecord old = it->second;
   rings_.erase(it);
   if (Status s = save_locked(); !s) {
     rings_.emplace(id, std::move(old));
     return error_reply({StatusCode::internal, "", "cannot persist the state: " + s.message()});
   }
+  bury_locked(entry);
   lock.unlock();
   json reply;
   if (old.local) (void)dp_.call(dpcmd::remove_ring(id), reply);

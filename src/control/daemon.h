@@ -45,12 +45,14 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "common/dataplane_protocol.h"
@@ -191,11 +193,15 @@ class Daemon {
   // Takes `change` (on change_mu_) for an API call, waiting at most
   // dataplane.timeout_ms behind other changes; else the 503 to answer.
   std::optional<Reply> lock_change(std::unique_lock<std::timed_mutex>& change);
-  // If `rec` is the entry this box holds already (the origin's renewal):
-  // renews it, releases `lock` (on mu_) and answers whether the data plane
-  // holds it. nullopt otherwise, `lock` still held.
-  std::optional<Reply> renew_fabric_entry(std::unique_lock<std::mutex>& lock,
+  // A pushed fabric entry this box knows: one its origin removed (a late
+  // or replayed push) gets the 409 to answer; the entry this box holds
+  // already (the origin's renewal) is renewed, `lock` (on mu_) released and
+  // the answer says whether the data plane holds it. nullopt otherwise,
+  // `lock` still held.
+  std::optional<Reply> known_fabric_entry(std::unique_lock<std::mutex>& lock,
                                           const RingRecord& rec);
+  // Records a fabric entry as removed by its origin (under mu_).
+  void bury_locked(const std::string& entry);
   // Checks that `auth` may delete or renew `rec` (nullopt: allowed).
   std::optional<Reply> check_owner(uint32_t id, const RingRecord& rec, const RingAuth& auth,
                                    const char* what) const;
@@ -209,7 +215,14 @@ class Daemon {
   std::timed_mutex change_mu_;  // one change of the data plane at a time (see the top)
   std::mutex mu_;               // the table: rings_, deletes_, leases
   RingMap rings_;
-  std::vector<FabricDelete> deletes_;         // guarded by mu_; persisted with rings_
+  std::vector<FabricDelete> deletes_;  // guarded by mu_; persisted with rings_
+  // Peer side: the last kMaxBuried entries their origins removed or
+  // replaced, never to be installed again (entries are random per
+  // registration). Guarded by mu_; memory only: a restart also ends any
+  // push still on its way.
+  static constexpr size_t kMaxBuried = 4096;
+  std::unordered_set<std::string> buried_;
+  std::deque<std::string> burial_order_;
   std::vector<std::unique_ptr<Lane>> lanes_;  // built by start(), read-only after
   std::string fabric_token_;                  // written before start(), read-only after
   std::atomic<uint64_t> fabric_pending_{0};   // written by the lanes, read by metrics()

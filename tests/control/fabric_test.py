@@ -16,7 +16,8 @@ Scenarios:
                   disappears from every box, and so do the peers' copies when the origin's
                   daemon dies; the fabric route refuses the operator token and the fabric token
                   opens no other route; a peer refuses an entry other than the node it computes
-                  from its own fabric section; start-up refusals (exit 2) name fabric keys
+                  from its own fabric section, and a late or replayed push of an entry its origin
+                  removed or replaced; start-up refusals (exit 2) name fabric keys
   fabric_slow_peer  the spine's daemon replaced by one that answers a byte a second: a ring of
                   rack B alone, registered at leaf A, answers within 1 s with its entry installed
                   at leaf B, and leaf B keeps it under a 3 s lease for 15 s of renewals; the
@@ -372,12 +373,12 @@ def scenario_fabric_peer_down(tmp):
     # A peer installs only the node it computes from its own fabric section (the written-out
     # WANT_TREE): the spine's node is taken, leaf A's node, a reordered spine node or a ring
     # the spine has no part in are refused.
-    def push(rid, members, tree):
+    def push(rid, members, tree, entry=None):
         r = ring(rid, members)
         if tree is not None:
             r["tree"] = dict(tree, epoch=7, key="5a" * 32)
-        return spine.call("POST", "/v1/fabric/rings", {"origin": "leafA", "entry": "%032x" % rid, "ring": r},
-                          token=FABRIC_TOKEN)
+        return spine.call("POST", "/v1/fabric/rings",
+                          {"origin": "leafA", "entry": entry or "%032x" % rid, "ring": r}, token=FABRIC_TOKEN)
     st, body = push(35, FOUR, WANT_TREE["spine"])
     assert st == 201, (st, body)
     check_installed({"spine": dps["spine"]}, 35, WANT_TREE)
@@ -389,6 +390,21 @@ def scenario_fabric_peer_down(tmp):
                                       (36, ["10.1.0.1", "10.1.0.2"], None, "ring")]:
         expect_error(push(rid, members, tree), 409, "conflict", field)
     assert dp_ring(dps["spine"], 36) is None
+    # A removed entry never comes back: its origin's removal (whether the entry was there or
+    # not) and a newer registration of the id end it, and a late or replayed push of it is
+    # refused.
+    expect_error(push(35, FOUR, WANT_TREE["spine"]), 409, "conflict", "entry")
+    assert spine.call("DELETE", "/v1/fabric/rings/39?entry=%032x" % 39, token=FABRIC_TOKEN)[0] == 404
+    expect_error(push(39, FOUR, WANT_TREE["spine"]), 409, "conflict", "entry")
+    old, new = "a1" * 16, "b2" * 16
+    assert push(38, FOUR, WANT_TREE["spine"], entry=old)[0] == 201
+    assert push(38, FOUR, WANT_TREE["spine"], entry=new)[0] == 201
+    expect_error(push(38, FOUR, WANT_TREE["spine"], entry=old), 409, "conflict", "entry")
+    st, g = spine.call("GET", "/v1/rings/38")
+    assert st == 200 and g["fabric"]["entry"] == new, g
+    assert spine.call("DELETE", "/v1/fabric/rings/38?entry=" + new, token=FABRIC_TOKEN)[0] == 204
+    for rid in (35, 38, 39):
+        assert dp_ring(dps["spine"], rid) is None, rid
     # Start-up refusals (exit 2, key named): the fabric token equal to the operator's, and a
     # fabric section that names an unknown parent.
     for mutate, key in [(lambda c: c["fabric"].update(token_file=c["auth"]["token_file"]), "fabric.token_file"),
