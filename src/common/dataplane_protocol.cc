@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -24,17 +25,6 @@ namespace {
 int ms_left(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   return left.count() > 0 ? static_cast<int>(left.count()) : 0;
-}
-
-// Waits for `events` on fd until the deadline; false on timeout or error.
-bool wait_for(int fd, short events, Clock::time_point deadline) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    const int n = ::poll(&p, 1, ms_left(deadline));
-    if (n > 0) return (p.revents & (events | POLLHUP | POLLERR)) != 0;
-    if (n == 0) return false;
-    if (errno != EINTR) return false;
-  }
 }
 
 }  // namespace
@@ -84,9 +74,36 @@ StatusCode status_code_from_string(std::string_view name) noexcept {
   return StatusCode::internal;
 }
 
+DataplaneClient::DataplaneClient(std::string socket_path, std::chrono::milliseconds timeout)
+    : path_(std::move(socket_path)),
+      timeout_(timeout),
+      cancel_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+
 DataplaneClient::~DataplaneClient() {
   std::lock_guard lock(mu_);
   close_locked();
+  if (cancel_fd_ >= 0) ::close(cancel_fd_);
+}
+
+void DataplaneClient::cancel() noexcept {
+  cancelled_ = true;
+  const uint64_t one = 1;
+  if (cancel_fd_ >= 0) (void)!::write(cancel_fd_, &one, sizeof one);
+}
+
+Status DataplaneClient::cancelled() const {
+  return {StatusCode::unavailable, "", "data plane at " + path_ + ": call cancelled (stopping)"};
+}
+
+bool DataplaneClient::wait_locked(int fd, short events, Clock::time_point deadline) const {
+  for (;;) {
+    if (cancelled_) return false;
+    pollfd p[2] = {{fd, events, 0}, {cancel_fd_, POLLIN, 0}};
+    const int n = ::poll(p, cancel_fd_ >= 0 ? 2 : 1, ms_left(deadline));
+    if (n > 0) return !cancelled_ && (p[0].revents & (events | POLLHUP | POLLERR)) != 0;
+    if (n == 0) return false;
+    if (errno != EINTR) return false;
+  }
 }
 
 void DataplaneClient::close_locked() {
@@ -110,7 +127,7 @@ Status DataplaneClient::connect_locked(Clock::time_point deadline) {
     if (err == EINPROGRESS) {  // AF_UNIX EAGAIN: backlog full, not connecting
       int so = 0;
       socklen_t len = sizeof(so);
-      ok = wait_for(fd, POLLOUT, deadline) &&
+      ok = wait_locked(fd, POLLOUT, deadline) &&
            ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &len) == 0 && so == 0;
     }
     if (!ok) {
@@ -127,10 +144,14 @@ Status DataplaneClient::connect_locked(Clock::time_point deadline) {
 
 Status DataplaneClient::call(const json& request, json& reply) {
   std::unique_lock lock(mu_, std::defer_lock);
+  // One wait, not slices, so that waiters keep their place in the queue;
+  // after cancel() the holder's poll ends at once, and each waiter in turn
+  // returns as soon as it has the lock.
   if (!lock.try_lock_for(timeout_))
     return {StatusCode::unavailable, "dataplane.timeout_ms",
             "data plane at " + path_ + ": other requests held the connection for " +
                 std::to_string(timeout_.count()) + " ms (dataplane.timeout_ms)"};
+  if (cancelled_) return cancelled();
   const auto deadline = Clock::now() + timeout_;
   const bool reused = fd_ >= 0;
   bool delivered = false;
@@ -139,7 +160,7 @@ Status DataplaneClient::call(const json& request, json& reply) {
   // restarted, or closed it). Try once more on a fresh connection when the
   // request certainly did not reach the data plane, or when it changes
   // nothing (reads), whatever happened to it.
-  if (!s && s.code() == StatusCode::unavailable && reused && fd_ < 0 &&
+  if (!s && s.code() == StatusCode::unavailable && reused && fd_ < 0 && !cancelled_ &&
       (!delivered || (request.contains("cmd") && request["cmd"].is_string() &&
                       dpcmd::is_read_only(request["cmd"].get_ref<const std::string&>()))))
     s = attempt_locked(request, reply, deadline, delivered);
@@ -149,6 +170,7 @@ Status DataplaneClient::call(const json& request, json& reply) {
 Status DataplaneClient::wait_until_connected(std::chrono::milliseconds wait) {
   const auto until = Clock::now() + wait;
   for (;;) {
+    if (cancelled_) return cancelled();
     {
       std::unique_lock lock(mu_, std::defer_lock);
       if (!lock.try_lock_until(until))
@@ -177,7 +199,8 @@ Status DataplaneClient::attempt_locked(const json& request, json& reply, Clock::
     if (n > 0) {
       off += static_cast<size_t>(n);
     } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-      if (!wait_for(fd_, POLLOUT, deadline)) return lost("request not accepted in time");
+      if (!wait_locked(fd_, POLLOUT, deadline))
+        return cancelled_ ? (close_locked(), cancelled()) : lost("request not accepted in time");
     } else {
       return lost(std::string("send: ") + std::strerror(errno));
     }
@@ -186,7 +209,8 @@ Status DataplaneClient::attempt_locked(const json& request, json& reply, Clock::
   size_t nl;
   while ((nl = buf_.find('\n')) == std::string::npos) {
     if (buf_.size() > kMaxReply) return lost("reply longer than 16 MiB");
-    if (!wait_for(fd_, POLLIN, deadline)) return lost("no reply in time");
+    if (!wait_locked(fd_, POLLIN, deadline))
+      return cancelled_ ? (close_locked(), cancelled()) : lost("no reply in time");
     char chunk[65536];
     const ssize_t n = ::recv(fd_, chunk, sizeof(chunk), 0);
     if (n == 0) return lost("connection closed");

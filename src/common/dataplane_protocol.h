@@ -85,8 +85,7 @@ class DataplaneClient {
  public:
   static constexpr size_t kMaxReply = 16u << 20;  // a longer reply line: unavailable
 
-  DataplaneClient(std::string socket_path, std::chrono::milliseconds timeout)
-      : path_(std::move(socket_path)), timeout_(timeout) {}
+  DataplaneClient(std::string socket_path, std::chrono::milliseconds timeout);
   ~DataplaneClient();
   DataplaneClient(const DataplaneClient&) = delete;
   DataplaneClient& operator=(const DataplaneClient&) = delete;
@@ -103,6 +102,10 @@ class DataplaneClient {
   // that is still starting); the last connect error if it never could.
   Status wait_until_connected(std::chrono::milliseconds wait);
 
+  // From any thread, for a shutdown: the call in progress and every later
+  // one fail at once (unavailable, "cancelled"), whatever their deadlines.
+  void cancel() noexcept;
+
   bool connected() const noexcept { return fd_open_.load(); }
   // Successful connects so far: a change means the connection was re-made.
   uint64_t connects() const noexcept { return connects_.load(); }
@@ -114,6 +117,9 @@ class DataplaneClient {
   Status attempt_locked(const nlohmann::json& request, nlohmann::json& reply,
                         std::chrono::steady_clock::time_point deadline, bool& delivered);
   void close_locked();
+  // Waits for `events` on fd until the deadline or cancel(); false then.
+  bool wait_locked(int fd, short events, std::chrono::steady_clock::time_point deadline) const;
+  Status cancelled() const;
 
   const std::string path_;
   const std::chrono::milliseconds timeout_;
@@ -122,6 +128,8 @@ class DataplaneClient {
   std::string buf_;                    // bytes read past the last reply line; guarded by mu_
   std::atomic<bool> fd_open_{false};   // written under mu_, read by anyone
   std::atomic<uint64_t> connects_{0};  // written under mu_, read by anyone
+  std::atomic<bool> cancelled_{false};
+  const int cancel_fd_;  // eventfd, readable once cancel() ran
 };
 
 }  // namespace netreduce

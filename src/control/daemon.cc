@@ -158,6 +158,7 @@ Status Daemon::start() {
 }
 
 void Daemon::stop() {
+  dp_.cancel();
   {
     std::lock_guard lock(stop_mu_);
     stopping_ = true;

@@ -110,7 +110,11 @@ class Daemon {
   // loads the persisted state (error: unreadable state file) and starts the
   // reconciler and the metrics thread.
   Status start();
+  // Ends every data plane call at once (they fail), then stops and joins
+  // the daemon's threads. cancel_dataplane_calls() alone: the first step,
+  // so that requests in progress finish before the HTTP server stops.
   void stop();
+  void cancel_dataplane_calls() noexcept { dp_.cancel(); }
 
   // body: ring JSON (common/ring_json.h) plus optional "lease_ms".
   Reply create_ring(const nlohmann::json& body, const RingAuth& auth = {});

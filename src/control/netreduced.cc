@@ -261,6 +261,7 @@ int main(int argc, char** argv) {
     int sig = 0;
     sigwait(&sigs, &sig);
     spdlog::info("signal {}: stopping", sig);
+    daemon.cancel_dataplane_calls();  // a slow data plane must not hold up the stop
     svr.stop();
   });
   svr.run();

@@ -21,7 +21,8 @@ Scenarios:
   renewals_slow_dataplane
                   12 leased rings renewed every 0.5 s while two writers POST and DELETE rings
                   through a data plane answering after 3 s: every renewal and /v1/health within
-                  1 s, no lease expires, and the writers' calls did reach the data plane
+                  1 s, no lease expires, and the writers' calls did reach the data plane; then
+                  SIGTERM stops the daemon within 3 s
   single_instance a second daemon on the same state file exits 2 naming the first's pid; one on
                   another state file but the same port exits 2 (address in use)
   limits          listen.max_connections (503 beyond it, health back once they close); a client
@@ -568,14 +569,19 @@ def scenario_renewals_slow_dataplane(tmp):
     reached = [c for c in dp.cmds[before:] if c in ("install_ring", "remove_ring")]
     assert reached, "no write reached the data plane: %s" % dp.cmds[before:]
     assert expired == 0, "%s leases expired while renewed" % expired
-    dp.delay = 0  # the renewers are gone: their leases expire, and stopping need not wait 3 s a call
+    # SIGTERM while the renewers' leases expire and the data plane still takes 3 s a call: the
+    # daemon cancels its data plane calls and stops at once.
+    t0 = time.time()
     d.stop()
+    stop_took = time.time() - t0
+    assert stop_took < 3.0, "SIGTERM took %.1f s with a slow data plane" % stop_took
     dp.close()
     print("renewals_slow_dataplane: data plane answering after 3 s; %d renewals of 12 leases, worst %.3f s; "
-          "/v1/health polled %d times, worst %.3f s; %d writes (%s), %d reached the data plane" % (
+          "/v1/health polled %d times, worst %.3f s; %d writes (%s), %d reached the data plane; "
+          "stopped in %.2f s" % (
               len(renewals), max(x[2] for x in renewals), polls, worst, len(writes),
               ", ".join("%s %s" % (m, st) for m, st in sorted({(w[0], w[1]) for w in writes}, key=str)),
-              len(reached)))
+              len(reached), stop_took))
 
 
 def scenario_single_instance(tmp):
