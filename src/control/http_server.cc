@@ -15,6 +15,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "common/ring_json.h"
 
@@ -276,8 +277,27 @@ void HttpServer::post(const std::string& pattern, unsigned flags, BodyHandler h)
                                                         httplib::Response& res,
                                                         const httplib::ContentReader& reader) {
     RequestState& st = *tls_request;
+    // A body may arrive slowly: at most body_slots() are read at once (then
+    // 503 busy, the body unread), so slow senders and data plane calls
+    // together always leave a worker for the rest.
+    if (body_reads_.fetch_add(1) >= body_slots()) {
+      body_reads_.fetch_sub(1);
+      st.refused = true;
+      return refuse(res, Refusal::busy, 503, "busy", "listen.threads",
+                    std::to_string(body_slots()) +
+                        " requests are sending their bodies (listen.threads less "
+                        "listen.dataplane_concurrency and one); retry in 1 s");
+    }
     std::string body;
     bool too_large = false;
+    struct Release {
+      std::atomic<unsigned>& n;
+      bool done = false;
+      void operator()() {
+        if (!std::exchange(done, true)) n.fetch_sub(1);
+      }
+      ~Release() { (*this)(); }
+    } release_slot{body_reads_};
     const bool ok = reader([&](const char* data, size_t n) {
       if (body.size() + n > limits_.max_body) {
         too_large = true;
@@ -301,8 +321,14 @@ void HttpServer::post(const std::string& pattern, unsigned flags, BodyHandler h)
                     "closed before its end");
     }
     st.body_done = true;
+    release_slot();
     call(flags, res, [&] { h(req, res, body); });
   });
+}
+
+unsigned HttpServer::body_slots() const noexcept {
+  const unsigned free = limits_.threads - std::min(limits_.threads, limits_.dataplane_concurrency);
+  return free > 1 ? free - 1 : 1;
 }
 
 // Runs a route's handler; one flagged kDataplane only in a free data plane

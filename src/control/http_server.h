@@ -17,7 +17,9 @@
 //     B reads the answer, not a reset.
 //  3. Three clients call data plane routes (kDataplane) at once: two run,
 //     the third gets 503 with Retry-After: 1 at once, and /metrics and
-//     /health still find a free worker.
+//     /health still find a free worker. Likewise for bodies: at most
+//     threads - dataplane_concurrency - 1 (here 1) are read at once, so
+//     clients sending theirs a byte a second hold one worker, not all.
 // Also refused before the body: unknown routes (404/405), callers
 // authorize() refuses (401), heads over 16 KiB (431), a connection over
 // max_connections (503). Bodies must arrive within body_timeout_ms and
@@ -67,7 +69,7 @@ enum class Role { kAnonymous, kOperator, kJob };
   X(body_too_large, "a body over listen.max_body")                              \
   X(body_malformed, "a body with bad framing, encoding or content type")        \
   X(body_timeout, "the body was not complete within body_timeout_ms")           \
-  X(busy, "listen.dataplane_concurrency data plane calls were running")         \
+  X(busy, "data plane calls or body reads filled their share of the workers")   \
   X(write_timeout, "the response could not be written within write_timeout_ms")
 
 enum class Refusal : uint8_t {
@@ -148,6 +150,8 @@ class HttpServer : private httplib::Server {
 
   httplib::Server::HandlerResponse pre_route(const httplib::Request& req, httplib::Response& res);
   void call(unsigned flags, httplib::Response& res, const std::function<void()>& fn);
+  // Bodies read at once: listen.threads - dataplane_concurrency - 1, at least 1.
+  unsigned body_slots() const noexcept;
   void finish_response(const httplib::Request& req, httplib::Response& res);
   void refuse(httplib::Response& res, Refusal why, int http, const std::string& code,
               const std::string& field, const std::string& message);
@@ -182,6 +186,7 @@ class HttpServer : private httplib::Server {
   std::unordered_map<int, Conn> conns_;  // gate thread only: connections between requests
   std::vector<std::thread> workers_;
   std::atomic<unsigned> dataplane_calls_{0};
+  std::atomic<unsigned> body_reads_{0};
   std::atomic<uint64_t> refused_[kRefusalCount] = {};
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> open_{0};

@@ -15,6 +15,9 @@ Scenarios:
   slow_clients    16 slow connections sending a header line every 4 s for 30 s: /v1/health
                   answers within 1 s throughout (polled every 0.5 s); each slow connection is
                   closed by the daemon at its absolute head deadline
+  slow_bodies     8 authorised POSTs sending their bodies a byte a second (listen.threads 4): one is
+                  read, held to listen.body_timeout_ms (408), the others get 503 busy at once with
+                  their body unread; /v1/health answers within 1 s throughout
   slow_dataplane  a fake data plane answering each request after 3 s; 16 concurrent /metrics
                   scrapes and 16 /v1/stats loops: /v1/health and /metrics within 1 s throughout,
                   /v1/stats beyond listen.dataplane_concurrency refused 503 at once (Retry-After)
@@ -370,6 +373,63 @@ def scenario_slow_clients(tmp):
     print("slow_clients: 16 slow connections for 30 s; /v1/health polled %d times, worst %.3f s; %d slow "
           "connections closed by the daemon after %.1f..%.1f s" % (polls, worst, len(closes), min(closes),
                                                                    max(closes)))
+
+
+def scenario_slow_bodies(tmp):
+    d = Daemon(tmp, listen={"body_timeout_ms": 6000})  # threads 4, dataplane_concurrency 2: 1 body slot
+    head = (b"POST /v1/rings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() +
+            b"\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n")
+    stop = threading.Event()
+    lock = threading.Lock()
+    answers = []  # (status, seconds after the head, error code)
+
+    def slow_body():
+        s = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+        t0 = time.time()
+        s.sendall(head)
+        s.settimeout(1.0)
+        try:
+            for _ in range(200):
+                if stop.is_set():
+                    return
+                try:
+                    st, h, body = read_response(s, 1.0)
+                    with lock:
+                        answers.append((st, time.time() - t0, json.loads(body)["error"]["code"]))
+                    return
+                except socket.timeout:
+                    s.sendall(b" ")  # a byte of the body a second
+        except OSError:
+            pass
+        finally:
+            s.close()
+
+    threads = [threading.Thread(target=slow_body, daemon=True) for _ in range(8)]
+    for t in threads:
+        t.start()
+    worst, polls, end = 0.0, 0, time.time() + 10
+    try:
+        while time.time() < end:
+            st, took = timed_get(d, "/v1/health", timeout=1.0)
+            assert st == 200 and took < 1.0, "/v1/health %s after %.2f s with 8 slow bodies" % (st, took)
+            worst, polls = max(worst, took), polls + 1
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+    busy = [a for a in answers if a[0] == 503 and a[2] == "busy"]
+    timed_out = [a for a in answers if a[0] == 408]
+    assert len(busy) + len(timed_out) == len(answers) == 8, answers
+    assert all(a[1] < 1.0 for a in busy), busy
+    assert timed_out and all(5.0 < a[1] < 8.0 for a in timed_out), timed_out
+    text = d.metrics()
+    assert metric(text, "netreduce_http_refused_total", reason="busy") == len(busy), text
+    assert d.call("POST", "/v1/rings", ring(5))[0] == 201  # slots free again
+    d.stop()
+    print("slow_bodies: 8 POSTs sending a body byte a second: %d x 503 busy (worst %.2f s), %d x 408 "
+          "after %.1f s; /v1/health polled %d times, worst %.3f s" % (
+              len(busy), max(a[1] for a in busy), len(timed_out), timed_out[0][1], polls, worst))
 
 
 class SlowDataplane:
