@@ -2,6 +2,9 @@
 // truth, persisted through StateFile), quotas, ownership, leases, fabric
 // pushes and the reconciler that makes the data plane's rings equal to the
 // table. Design: docs/design.md#the-control-plane; API: docs/api.md#the-routes.
+// Files: daemon.cc (start, stop, the API), daemon_reconcile.cc,
+// daemon_leases.cc, daemon_fabric.cc (lanes and the fabric routes),
+// daemon_metrics.cc; daemon_shared.h what they share about ring records.
 //
 // Example: a job POSTs ring 7 (P = 3 members) with "lease_ms": 30000.
 //  1. create_ring: validate the spec and quotas, persist it with a new
@@ -46,6 +49,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -185,6 +189,8 @@ class Daemon {
   void metrics_main();
   void refresh_metrics();
   void lease_main();
+  // A thread's loop: work(), then wait `period` or until stop().
+  void run_until_stopped(std::chrono::milliseconds period, const std::function<void()>& work);
   bool stopping();           // stop() was called
   bool any_lease_expired();  // takes mu_ alone
   void expire_leases();      // takes change_mu_
