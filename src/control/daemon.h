@@ -93,16 +93,19 @@ inline constexpr const char* kCredentialHeader = "X-Netreduce-Ring-Credential";
 // on where the contents differ. An empty `want` never matches.
 bool same_secret(const std::string& given, const std::string& want) noexcept;
 
+// The daemon's counters (listed with their meaning in control/metrics.h),
+// written by its threads, read by metrics().
 struct DaemonCounters {
-  std::atomic<uint64_t> reconciles{0};            // completed reconcile passes
-  std::atomic<uint64_t> reconcile_failures{0};    // passes that failed (retried next interval)
-  std::atomic<uint64_t> rings_pushed{0};          // install_ring sent by the reconciler
-  std::atomic<uint64_t> rings_pruned{0};          // remove_ring sent by the reconciler
-  std::atomic<uint64_t> restarts_seen{0};         // data plane instance changes observed
-  std::atomic<uint64_t> rings_expired{0};         // leased rings removed for want of renewal
-  std::atomic<uint64_t> fabric_pushes{0};         // entries a peer accepted (origin)
-  std::atomic<uint64_t> fabric_push_failures{0};  // pushes and removals that failed (retried)
-  std::atomic<uint64_t> fabric_removals{0};       // removals a peer confirmed (origin)
+#define NETREDUCE_X(name, series, help) std::atomic<uint64_t> name{0};
+  NETREDUCE_DAEMON_COUNTERS(NETREDUCE_X)
+#undef NETREDUCE_X
+  DaemonCounterValues read() const noexcept {
+    DaemonCounterValues v;
+#define NETREDUCE_X(name, series, help) v.name = name.load();
+    NETREDUCE_DAEMON_COUNTERS(NETREDUCE_X)
+#undef NETREDUCE_X
+    return v;
+  }
 };
 
 class Daemon {

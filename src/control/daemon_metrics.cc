@@ -67,16 +67,8 @@ std::string Daemon::metrics(const HttpStats& http) {
   in.max_rings = cfg_.max_rings;
   in.max_memory = cfg_.max_memory;
   in.connects = dp_.connects();
-  in.reconciles = counters_.reconciles.load();
-  in.reconcile_failures = counters_.reconcile_failures.load();
-  in.rings_pushed = counters_.rings_pushed.load();
-  in.rings_pruned = counters_.rings_pruned.load();
-  in.restarts_seen = counters_.restarts_seen.load();
+  in.counters = counters_.read();
   in.http = http;
-  in.rings_expired = counters_.rings_expired.load();
-  in.fabric_pushes = counters_.fabric_pushes.load();
-  in.fabric_push_failures = counters_.fabric_push_failures.load();
-  in.fabric_removals = counters_.fabric_removals.load();
   in.fabric_pending = fabric_pending_.load();
   return render_metrics(in);
 }

@@ -69,36 +69,14 @@ std::string render_metrics(const MetricsInput& in) {
   set(b.counter("netreduce_dataplane_connections_total",
                 "connections the daemon made to the data plane's control socket"),
       {}, static_cast<double>(in.connects));
-  set(b.counter("netreduce_dataplane_restarts_total",
-                "data plane restarts the daemon observed (instance changes)"),
-      {}, static_cast<double>(in.restarts_seen));
-  set(b.counter("netreduce_reconciles_total",
-                "completed passes making the data plane's rings equal to the daemon's state"),
-      {}, static_cast<double>(in.reconciles));
-  set(b.counter("netreduce_reconcile_failures_total",
-                "reconcile passes that failed (a ring refused, the data plane lost; retried)"),
-      {}, static_cast<double>(in.reconcile_failures));
-  set(b.counter("netreduce_reconcile_ring_installs_total",
-                "rings the reconciler (re)installed on the data plane"),
-      {}, static_cast<double>(in.rings_pushed));
-  set(b.counter("netreduce_reconcile_ring_removals_total",
-                "rings the reconciler removed from the data plane (not in the state)"),
-      {}, static_cast<double>(in.rings_pruned));
+#define NETREDUCE_X(name, series, help) \
+  set(b.counter(series, help), {}, static_cast<double>(in.counters.name));
+  NETREDUCE_DAEMON_COUNTERS(NETREDUCE_X)
+#undef NETREDUCE_X
   set(b.gauge("netreduce_rings_configured", "rings in the daemon's persisted state"), {},
       static_cast<double>(in.configured_rings));
   set(b.gauge("netreduce_rings_leased", "configured rings with a lease (removed unless renewed)"),
       {}, static_cast<double>(in.leased_rings));
-  set(b.counter("netreduce_rings_expired_total",
-                "leased rings the daemon removed because their lease was not renewed in time"),
-      {}, static_cast<double>(in.rings_expired));
-  set(b.counter("netreduce_fabric_pushes_total",
-                "fabric ring entries this daemon pushed that a peer daemon accepted"),
-      {}, static_cast<double>(in.fabric_pushes));
-  set(b.counter("netreduce_fabric_push_failures_total",
-                "fabric pushes and removals to peer daemons that failed (retried)"),
-      {}, static_cast<double>(in.fabric_push_failures));
-  set(b.counter("netreduce_fabric_removals_total", "fabric ring removals a peer daemon confirmed"),
-      {}, static_cast<double>(in.fabric_removals));
   set(b.gauge("netreduce_fabric_pending",
               "fabric ring entries and removals not yet delivered to their peer daemon"),
       {}, static_cast<double>(in.fabric_pending));

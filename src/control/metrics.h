@@ -24,6 +24,35 @@ struct HttpStats {
   std::vector<std::pair<std::string, uint64_t>> refused;  // reason -> count
 };
 
+// The daemon's own counters, declared once: the field in DaemonCounters
+// (control/daemon.h) and DaemonCounterValues, the Prometheus series, its help.
+#define NETREDUCE_DAEMON_COUNTERS(X)                                               \
+  X(reconciles, "netreduce_reconciles_total",                                      \
+    "completed passes making the data plane's rings equal to the daemon's state")  \
+  X(reconcile_failures, "netreduce_reconcile_failures_total",                      \
+    "reconcile passes that failed (a ring refused, the data plane lost; retried)") \
+  X(rings_pushed, "netreduce_reconcile_ring_installs_total",                       \
+    "rings the reconciler (re)installed on the data plane")                        \
+  X(rings_pruned, "netreduce_reconcile_ring_removals_total",                       \
+    "rings the reconciler removed from the data plane (not in the state)")         \
+  X(restarts_seen, "netreduce_dataplane_restarts_total",                           \
+    "data plane restarts the daemon observed (instance changes)")                  \
+  X(rings_expired, "netreduce_rings_expired_total",                                \
+    "leased rings the daemon removed because their lease was not renewed in time") \
+  X(fabric_pushes, "netreduce_fabric_pushes_total",                                \
+    "fabric ring entries this daemon pushed that a peer daemon accepted")          \
+  X(fabric_push_failures, "netreduce_fabric_push_failures_total",                  \
+    "fabric pushes and removals to peer daemons that failed (retried)")            \
+  X(fabric_removals, "netreduce_fabric_removals_total",                            \
+    "fabric ring removals a peer daemon confirmed")
+
+// One reading of every daemon counter.
+struct DaemonCounterValues {
+#define NETREDUCE_X(name, series, help) uint64_t name = 0;
+  NETREDUCE_DAEMON_COUNTERS(NETREDUCE_X)
+#undef NETREDUCE_X
+};
+
 struct MetricsInput {
   bool dataplane_up = false;
   nlohmann::json status;  // data plane replies (null while it is down)
@@ -34,21 +63,12 @@ struct MetricsInput {
   uint64_t max_rings = 0;
   uint64_t max_memory = 0;
   uint64_t connects = 0;
-  uint64_t reconciles = 0;
-  uint64_t reconcile_failures = 0;
-  uint64_t rings_pushed = 0;
-  uint64_t rings_pruned = 0;
-  uint64_t restarts_seen = 0;
+  DaemonCounterValues counters;
   double cache_age_seconds = 0;  // since the data plane replies above were taken
   bool cache_fresh = false;      // the last refresh reached the data plane
   HttpStats http;
-  uint64_t leased_rings = 0;   // configured rings with a lease
-  uint64_t rings_expired = 0;  // leased rings removed for want of renewal
-  // Fabric (the daemon's fabric section; all 0 without one).
-  uint64_t fabric_pushes = 0;         // entries a peer daemon accepted
-  uint64_t fabric_push_failures = 0;  // pushes and removals that failed (retried)
-  uint64_t fabric_removals = 0;       // removals a peer daemon confirmed
-  uint64_t fabric_pending = 0;        // entries and removals not yet delivered
+  uint64_t leased_rings = 0;    // configured rings with a lease
+  uint64_t fabric_pending = 0;  // fabric entries and removals not yet delivered (0 without one)
 };
 
 std::string render_metrics(const MetricsInput& in);

@@ -325,6 +325,10 @@ TEST_CASE("metrics follow the Prometheus naming conventions", "[control][metrics
   in.rings = json::parse(R"([{"spec": {"id": 9, "members": ["10.0.0.1", "10.0.0.2"]},
       "counters": {"packets_aggregated": 36, "bytes_aggregated": 36648, "messages_completed": 3,
                    "drops": {"duplicate": 4}}, "held_bytes": 77}])");
+  uint64_t value = 1000;  // each daemon counter its own value
+#define NETREDUCE_X(name, series, help) in.counters.name = value++;
+  NETREDUCE_DAEMON_COUNTERS(NETREDUCE_X)
+#undef NETREDUCE_X
   const std::string text = render_metrics(in);
   std::istringstream lines(text);
   std::string line;
@@ -363,6 +367,11 @@ TEST_CASE("metrics follow the Prometheus naming conventions", "[control][metrics
         std::string::npos);
   CHECK(text.find("netreduce_cell_memory_held_bytes 77") != std::string::npos);
   CHECK(text.find("netreduce_dataplane_up 1") != std::string::npos);
+  value = 1000;
+#define NETREDUCE_X(name, series, help) \
+  CHECK(text.find(std::string(series) + " " + std::to_string(value++) + "\n") != std::string::npos);
+  NETREDUCE_DAEMON_COUNTERS(NETREDUCE_X)
+#undef NETREDUCE_X
 
   MetricsInput down;
   const std::string d = render_metrics(down);
