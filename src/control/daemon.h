@@ -231,8 +231,9 @@ class Daemon {
   std::vector<FabricDelete> deletes_;  // guarded by mu_; persisted with rings_
   // Peer side: the last kMaxBuried entries their origins removed or
   // replaced, never to be installed again (entries are random per
-  // registration). Guarded by mu_; memory only: a restart also ends any
-  // push still on its way.
+  // registration, so a live one is refused only if a stale push of an
+  // older registration replaced it first: docs/design.md#known-limits).
+  // Guarded by mu_; memory only: a restart also ends any push on its way.
   static constexpr size_t kMaxBuried = 4096;
   std::unordered_set<std::string> buried_;
   std::deque<std::string> burial_order_;
