@@ -165,6 +165,12 @@ void Daemon::run_until_stopped(std::chrono::milliseconds period,
   }
 }
 
+Status Daemon::change_call(const json& request, json& reply) {
+  Status s = dp_.call(request, reply);
+  if (!s && s.code() == StatusCode::unavailable) resync_ = true;
+  return s;
+}
+
 bool Daemon::stopping() {
   std::lock_guard lock(stop_mu_);
   return stopping_;
@@ -312,7 +318,7 @@ Reply Daemon::create_ring_here(const json& body, const RingAuth& auth) {
   }
   lock.unlock();  // renewals and reads go on while the data plane answers
   json reply;
-  const Status s = rec.local ? dp_.call(install_cmd(rec), reply) : Status{};
+  const Status s = rec.local ? change_call(install_cmd(rec), reply) : Status{};
   lock.lock();
   bool installed = rec.local && s.ok();
   // Undo if the data plane refused the ring, or is down and required. The
@@ -352,7 +358,7 @@ Reply Daemon::delete_ring(uint32_t id, const RingAuth& auth) {
   lock.unlock();
   json reply;
   // A data plane that is down, or lost the ring, is fixed by the reconciler.
-  if (old.local) (void)dp_.call(dpcmd::remove_ring(id), reply);
+  if (old.local) (void)change_call(dpcmd::remove_ring(id), reply);
   spdlog::info("ring {} deleted ({})", id,
                auth.credential ? "by its owner"
                                : (auth.caller == Caller::operator_token ? "by the operator token"

@@ -192,6 +192,10 @@ class Daemon {
   void metrics_main();
   void refresh_metrics();
   void lease_main();
+  // A data plane call of a change (install or remove); when it gets no
+  // answer (unavailable: the connection never came, or was lost), the
+  // reconciler's next tick makes a pass.
+  Status change_call(const nlohmann::json& request, nlohmann::json& reply);
   // A thread's loop: work(), then wait `period` or until stop().
   void run_until_stopped(std::chrono::milliseconds period, const std::function<void()>& work);
   bool stopping();           // stop() was called
@@ -242,6 +246,7 @@ class Daemon {
   std::atomic<uint64_t> fabric_pending_{0};   // written by the lanes, read by metrics()
 
   std::atomic<bool> dp_up_{false};
+  std::atomic<bool> resync_{false};  // set by change_call, taken by the reconciler
   DaemonCounters counters_;
   std::thread reconciler_;
   std::thread metrics_thread_;

@@ -318,8 +318,8 @@ Reply Daemon::fabric_put(const json& body) {
   if (replaced) bury_locked(replaced->entry);
   lock.unlock();
   json reply;
-  if (replaced) (void)dp_.call(dpcmd::remove_ring(id), reply);
-  const Status s = dp_.call(install_cmd(rec), reply);
+  if (replaced) (void)change_call(dpcmd::remove_ring(id), reply);
+  const Status s = change_call(install_cmd(rec), reply);
   lock.lock();
   if (!s && s.code() != StatusCode::unavailable) {  // refused: undo, the origin retries
     rings_.erase(id);
@@ -414,7 +414,7 @@ Reply Daemon::fabric_delete(uint32_t id, const std::string& entry) {
   bury_locked(entry);
   lock.unlock();
   json reply;
-  if (old.local) (void)dp_.call(dpcmd::remove_ring(id), reply);
+  if (old.local) (void)change_call(dpcmd::remove_ring(id), reply);
   spdlog::info("ring {}: fabric entry removed by its origin {}", id, old.origin);
   return {204, nullptr};
 }

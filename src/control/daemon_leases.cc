@@ -60,7 +60,7 @@ void Daemon::expire_leases() {
     // reconciler; so are the rest after a stop (the next start prunes them).
     if (stopping()) break;
     json ignored;
-    (void)dp_.call(dpcmd::remove_ring(id), ignored);
+    (void)change_call(dpcmd::remove_ring(id), ignored);
   }
 }
 

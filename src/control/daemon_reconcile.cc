@@ -32,6 +32,7 @@ void Daemon::reconciler_main() {
         spdlog::info("data plane restarted (instance {} -> {})", seen_instance, instance);
       }
       if (dp_.connects() != seen_connects || instance != seen_instance) pending = true;
+      if (resync_.exchange(false)) pending = true;
       seen_connects = dp_.connects();
       seen_instance = instance;
       if (pending) {

@@ -26,6 +26,10 @@ Scenarios:
                   through a data plane answering after 3 s: every renewal and /v1/health within
                   1 s, no lease expires, and the writers' calls did reach the data plane; then
                   SIGTERM stops the daemon within 3 s
+  change_without_connection
+                  a POST whose install never got the data plane's connection (other calls held
+                  it for dataplane.timeout_ms): 201 with the reason, and the ring reaches the data
+                  plane by itself once it answers quickly again (the reconciler's next pass)
   single_instance a second daemon on the same state file exits 2 naming the first's pid; one on
                   another state file but the same port exits 2 (address in use)
   limits          listen.max_connections (503 beyond it, health back once they close); a client
@@ -443,6 +447,7 @@ class SlowDataplane:
         self.sock.settimeout(0.5)
         self.requests = 0
         self.cmds = []  # every request's "cmd", in arrival order
+        self.log = []   # every request, parsed
         threading.Thread(target=self.accept, daemon=True).start()
 
     def accept(self):
@@ -462,6 +467,7 @@ class SlowDataplane:
                 self.requests += 1
                 cmd = json.loads(line).get("cmd")
                 self.cmds.append(cmd)
+                self.log.append(json.loads(line))
                 time.sleep(self.delay)
                 reply = {"ok": True}
                 if cmd == "status":
@@ -643,6 +649,53 @@ def scenario_renewals_slow_dataplane(tmp):
               len(renewals), max(x[2] for x in renewals), polls, worst, len(writes),
               ", ".join("%s %s" % (m, st) for m, st in sorted({(w[0], w[1]) for w in writes}, key=str)),
               len(reached), stop_took))
+
+
+def scenario_change_without_connection(tmp):
+    d = Daemon(tmp)  # dataplane.timeout_ms 5000
+    dp = SlowDataplane(d.cfg["dataplane"]["socket"], 0)
+    wait_until("/metrics from the fake data plane",
+               lambda: metric(d.metrics(), "netreduce_dataplane_up") == 1, timeout=30, interval=0.2)
+    # Each call takes 4 s (under the 5 s exchange deadline, so no call loses the connection):
+    # the metrics thread's and the reconciler's calls keep it busy, and a POST's install may
+    # wait 5 s without getting it. Until one does, delete and try again.
+    dp.delay = 4.0
+    stop = threading.Event()
+
+    def hammer():  # more calls queueing for the connection
+        while not stop.is_set():
+            timed_get(d, "/v1/stats", timeout=30)
+            time.sleep(0.05)
+
+    hammers = [threading.Thread(target=hammer, daemon=True)]  # one data plane slot left for the POSTs
+    for t in hammers:
+        t.start()
+    rid, reason = None, None
+    for attempt in range(15):
+        st, body = d.call("POST", "/v1/rings", ring(60 + attempt, base=60 + attempt))
+        if st == 503 and body["error"]["code"] == "busy":  # the hammer's slot and a DELETE's
+            time.sleep(0.5)
+            continue
+        assert st == 201, (st, body)
+        if "held the connection" in body["ring"].get("dataplane_error", ""):
+            rid, reason = 60 + attempt, body["ring"]["dataplane_error"]
+            break
+        assert d.call("DELETE", "/v1/rings/%d" % (60 + attempt))[0] in (204, 503)
+    stop.set()
+    assert rid is not None, "no POST ever waited out the connection"
+    assert not any(r.get("cmd") == "install_ring" and r["ring"]["id"] == rid for r in dp.log), rid
+    dp.delay = 0
+    for t in hammers:
+        t.join(timeout=30)
+    t0 = time.time()
+    wait_until("ring %d installed by the reconciler" % rid,
+               lambda: any(r.get("cmd") == "install_ring" and r["ring"]["id"] == rid for r in dp.log),
+               timeout=20, interval=0.1)
+    took = time.time() - t0
+    d.stop()
+    dp.close()
+    print("change_without_connection: ring %d's install waited out the connection (%s); installed %.1f s "
+          "after the data plane answered quickly again" % (rid, reason[:60], took))
 
 
 def scenario_single_instance(tmp):
