@@ -33,6 +33,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -235,6 +236,58 @@ class Dataplane:
     def kill9(self):
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
+
+
+class SlowDataplane:
+    """A fake data plane control socket answering every request after `delay` seconds."""
+
+    def __init__(self, path, delay):
+        self.delay, self.stop = delay, threading.Event()
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(16)
+        self.sock.settimeout(0.5)
+        self.requests = 0
+        self.cmds = []  # every request's "cmd", in arrival order
+        self.log = []   # every request, parsed
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while not self.stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self.serve, args=(c,), daemon=True).start()
+
+    def serve(self, c):
+        f = c.makefile("rb")
+        try:
+            for line in f:
+                self.requests += 1
+                cmd = json.loads(line).get("cmd")
+                self.cmds.append(cmd)
+                self.log.append(json.loads(line))
+                time.sleep(self.delay)
+                reply = {"ok": True}
+                if cmd == "status":
+                    reply.update(instance="fake-1", mode="aggregate", ports=[], workers=[],
+                                 memory={"engine_reserved_bytes": 0, "engine_budget_bytes": 1 << 30})
+                elif cmd == "stats":
+                    reply.update(reasons={}, workers=[], ports=[])
+                elif cmd == "list_rings":
+                    reply.update(rings=[])
+                c.sendall(json.dumps(reply).encode() + b"\n")
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
 
 
 def ring(rid, n=3, base=5, **kw):

@@ -52,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import control_test as ct  # noqa: E402  (reads the same argv: DAEMON CTL DATAPLANE SCENARIO)
-from control_test import TOKEN, Daemon, free_port, metric, ring, wait_until  # noqa: E402
+from control_test import TOKEN, Daemon, SlowDataplane, free_port, metric, ring, wait_until  # noqa: E402
 
 DAEMON = ct.DAEMON
 MiB = 1 << 20
@@ -434,58 +434,6 @@ def scenario_slow_bodies(tmp):
     print("slow_bodies: 8 POSTs sending a body byte a second: %d x 503 busy (worst %.2f s), %d x 408 "
           "after %.1f s; /v1/health polled %d times, worst %.3f s" % (
               len(busy), max(a[1] for a in busy), len(timed_out), timed_out[0][1], polls, worst))
-
-
-class SlowDataplane:
-    """A fake data plane control socket answering every request after `delay` seconds."""
-
-    def __init__(self, path, delay):
-        self.delay, self.stop = delay, threading.Event()
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(path)
-        self.sock.listen(16)
-        self.sock.settimeout(0.5)
-        self.requests = 0
-        self.cmds = []  # every request's "cmd", in arrival order
-        self.log = []   # every request, parsed
-        threading.Thread(target=self.accept, daemon=True).start()
-
-    def accept(self):
-        while not self.stop.is_set():
-            try:
-                c, _ = self.sock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self.serve, args=(c,), daemon=True).start()
-
-    def serve(self, c):
-        f = c.makefile("rb")
-        try:
-            for line in f:
-                self.requests += 1
-                cmd = json.loads(line).get("cmd")
-                self.cmds.append(cmd)
-                self.log.append(json.loads(line))
-                time.sleep(self.delay)
-                reply = {"ok": True}
-                if cmd == "status":
-                    reply.update(instance="fake-1", mode="aggregate", ports=[], workers=[],
-                                 memory={"engine_reserved_bytes": 0, "engine_budget_bytes": 1 << 30})
-                elif cmd == "stats":
-                    reply.update(reasons={}, workers=[], ports=[])
-                elif cmd == "list_rings":
-                    reply.update(rings=[])
-                c.sendall(json.dumps(reply).encode() + b"\n")
-        except OSError:
-            pass
-        finally:
-            c.close()
-
-    def close(self):
-        self.stop.set()
-        self.sock.close()
 
 
 def scenario_slow_dataplane(tmp):
