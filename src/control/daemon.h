@@ -191,6 +191,9 @@ class Daemon {
   Status reconcile(const RingMap& table);
   void metrics_main();
   void refresh_metrics();
+  // Whether the data plane held `rec` at the last metrics refresh (false
+  // while the data plane is down or before the first refresh).
+  bool installed_per_cache(const RingRecord& rec);
   void lease_main();
   // A data plane call of a change (install or remove); when it gets no
   // answer (unavailable: the connection never came, or was lost), the
@@ -213,8 +216,8 @@ class Daemon {
   // A pushed fabric entry this box knows: one its origin removed (a late
   // or replayed push) gets the 409 to answer; the entry this box holds
   // already (the origin's renewal) is renewed, `lock` (on mu_) released and
-  // the answer says whether the data plane holds it. nullopt otherwise,
-  // `lock` still held.
+  // the answer says whether the data plane held it at the last metrics
+  // refresh (never a data plane call). nullopt otherwise, `lock` still held.
   std::optional<Reply> known_fabric_entry(std::unique_lock<std::mutex>& lock,
                                           const RingRecord& rec);
   // Records a fabric entry as removed by its origin (under mu_).

@@ -387,9 +387,9 @@ std::optional<Reply> Daemon::known_fabric_entry(std::unique_lock<std::mutex>& lo
   json j = ring_reply_locked(have);
   const RingRecord held = have;
   lock.unlock();
-  json live;
-  j["installed"] = dp_.call(dpcmd::get_ring(id), live).ok() && live.contains("ring") &&
-                   installed_as(live["ring"], held);
+  // From the metrics thread's copy of the data plane's rings, so that a
+  // renewal never waits for the data plane.
+  j["installed"] = installed_per_cache(held);
   return Reply{200, {{"ring", j}}};
 }
 

@@ -1,6 +1,7 @@
 // The daemon's metrics thread and /metrics: the data plane's figures cached
 // every metrics.refresh_interval_ms, so that a scrape never waits for the
 // data plane (control/metrics.h renders them).
+#include <algorithm>
 #include <memory>
 
 #include "control/daemon.h"
@@ -34,6 +35,17 @@ void Daemon::refresh_metrics() {
   c->taken = std::chrono::steady_clock::now();
   std::lock_guard lock(cache_mu_);
   cache_ = std::move(c);
+}
+
+bool Daemon::installed_per_cache(const RingRecord& rec) {
+  std::shared_ptr<const MetricsCache> c;
+  {
+    std::lock_guard lock(cache_mu_);
+    c = cache_;
+  }
+  if (!c || !c->dataplane_up) return false;
+  return std::any_of(c->rings.begin(), c->rings.end(),
+                     [&](const json& r) { return installed_as(r, rec); });
 }
 
 std::string Daemon::metrics(const HttpStats& http) {

@@ -18,6 +18,8 @@ Scenarios:
                   opens no other route; a peer refuses an entry other than the node it computes
                   from its own fabric section, and a late or replayed push of an entry its origin
                   removed or replaced; start-up refusals (exit 2) name fabric keys
+  fabric_slow_peer_dataplane  leaf B's data plane answering after 3 s: its daemon still takes
+                  the origin's renewals at once, so a 3 s lease there holds through 15 s
   fabric_slow_peer  the spine's daemon replaced by one that answers a byte a second: a ring of
                   rack B alone, registered at leaf A, answers within 1 s with its entry installed
                   at leaf B, and leaf B keeps it under a 3 s lease for 15 s of renewals; the
@@ -32,7 +34,7 @@ import threading
 import time
 
 import control_test as ct
-from control_test import Dataplane, expect_error, free_port, metric, wait_until, TOKEN
+from control_test import Dataplane, SlowDataplane, expect_error, free_port, metric, wait_until, TOKEN
 
 FABRIC_TOKEN = "fabric-token-%d" % os.getpid()
 
@@ -171,14 +173,17 @@ def installation(ds, dps, rid):
     return epochs.pop(), key
 
 
-def setup(tmp, with_dataplanes=True):
+def setup(tmp, with_dataplanes=True, fakes=()):
+    """fakes: boxes whose data plane is a SlowDataplane (control_test.py) instead."""
     names = ["spine", "leafA", "leafB"]
     ports = {n: free_port() for n in names}
     dps, ds = {}, {}
     for i, n in enumerate(names):
         sub = os.path.join(tmp, n)
         os.makedirs(sub)
-        if with_dataplanes:
+        if n in fakes:
+            dps[n] = SlowDataplane(os.path.join(sub, "dp.sock"), 0)
+        elif with_dataplanes:
             dps[n] = BoxDataplane(sub, os.path.join(sub, "dp.sock"), 100 * (i + 1))
         ds[n] = FabricDaemon(sub, n, ports)
     return ds, dps
@@ -187,6 +192,9 @@ def setup(tmp, with_dataplanes=True):
 def teardown(ds, dps):
     """Clean exits: each data plane's shutdown command, each daemon's SIGTERM (exit 0)."""
     for dp in dps.values():
+        if isinstance(dp, SlowDataplane):
+            dp.close()
+            continue
         dp.ask(cmd="shutdown")
         dp.proc.wait(timeout=30)
     for d in ds.values():
@@ -498,6 +506,32 @@ def scenario_fabric_slow_peer(tmp):
     print("fabric_slow_peer: a peer answering a byte a second; a ring not involving it answered in "
           "%.3f s and kept its 3 s lease at leaf B for %d polls; %d connections to the slow peer" % (
               took, polls, drip.connections))
+
+
+def scenario_fabric_slow_peer_dataplane(tmp):
+    ds, dps = setup(tmp, fakes=("leafB",))
+    a, b, fake = ds["leafA"], ds["leafB"], dps["leafB"]
+    wait_until("leaf B's daemon reaches its (fake) data plane",
+               lambda: metric(b.metrics(), "netreduce_dataplane_up") == 1, timeout=30, interval=0.2)
+    rack_b = ["10.2.0.1", "10.2.0.2", "10.2.0.3"]
+    st, body = a.call("POST", "/v1/rings", dict(ring(44, rack_b), lease_ms=3000))
+    assert st == 201 and body["ring"]["fabric"]["peers"][0]["pushed"] is True, (st, body)
+    renew = {"X-Netreduce-Ring-Credential": body["ring"]["credential"]}
+    pushes_before = metric(a.metrics(), "netreduce_fabric_pushes_total")
+    fake.delay = 3.0  # from now on every data plane request at leaf B takes 3 s
+    end = time.time() + 15
+    while time.time() < end:
+        assert a.call("PUT", "/v1/rings/44/lease", headers=renew)[0] == 200
+        time.sleep(0.5)
+    expired = metric(b.metrics(), "netreduce_rings_expired_total")
+    pushes = metric(a.metrics(), "netreduce_fabric_pushes_total") - pushes_before
+    fake.delay = 0
+    assert expired == 0, "leaf B expired %s entries while the origin renewed them" % expired
+    assert pushes >= 10, "only %d pushes reached leaf B in 15 s" % pushes
+    assert a.call("DELETE", "/v1/rings/44", headers=renew)[0] == 204
+    teardown(ds, dps)
+    print("fabric_slow_peer_dataplane: leaf B's data plane at 3 s a call; %d renewals of its entry in "
+          "15 s, none expired" % pushes)
 
 
 if __name__ == "__main__":
