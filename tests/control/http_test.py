@@ -137,6 +137,18 @@ def peak_rss_kb(pid):
         return int(re.search(r"^VmHWM:\s+(\d+) kB", f.read(), re.M).group(1))
 
 
+def health_throughout(d, seconds, interval, what):
+    """Polls /v1/health every `interval` for `seconds`: each must answer 200 within 1 s.
+    (polls, worst seconds)."""
+    worst, polls, end = 0.0, 0, time.time() + seconds
+    while time.time() < end:
+        st, took = timed_get(d, "/v1/health", timeout=1.0)
+        assert st == 200 and took < 1.0, "/v1/health %s after %.2f s %s" % (st, took, what)
+        worst, polls = max(worst, took), polls + 1
+        time.sleep(interval)
+    return polls, worst
+
+
 def timed_get(d, path, timeout):
     """(status, seconds) of one GET on a new connection; status None on timeout/error."""
     t0 = time.time()
@@ -411,13 +423,8 @@ def scenario_slow_bodies(tmp):
     threads = [threading.Thread(target=slow_body, daemon=True) for _ in range(8)]
     for t in threads:
         t.start()
-    worst, polls, end = 0.0, 0, time.time() + 10
     try:
-        while time.time() < end:
-            st, took = timed_get(d, "/v1/health", timeout=1.0)
-            assert st == 200 and took < 1.0, "/v1/health %s after %.2f s with 8 slow bodies" % (st, took)
-            worst, polls = max(worst, took), polls + 1
-            time.sleep(0.5)
+        polls, worst = health_throughout(d, 10, 0.5, "with 8 slow bodies")
     finally:
         stop.set()
         for t in threads:
@@ -476,13 +483,8 @@ def scenario_slow_dataplane(tmp):
               [threading.Thread(target=stat_caller, daemon=True) for _ in range(16)]
     for t in threads:
         t.start()
-    worst, polls, end = 0.0, 0, time.time() + 15
     try:
-        while time.time() < end:
-            st, took = timed_get(d, "/v1/health", timeout=1.0)
-            assert st == 200 and took < 1.0, "/v1/health %s after %.2f s under a slow data plane" % (st, took)
-            worst, polls = max(worst, took), polls + 1
-            time.sleep(0.5)
+        polls, worst = health_throughout(d, 15, 0.5, "under a slow data plane")
     finally:
         stop.set()
         for t in threads:
@@ -565,14 +567,8 @@ def scenario_renewals_slow_dataplane(tmp):
               [threading.Thread(target=writer, args=(k,), daemon=True) for k in range(2)]
     for t in threads:
         t.start()
-    worst, polls, end = 0.0, 0, time.time() + 15
     try:
-        while time.time() < end:
-            st, took = timed_get(d, "/v1/health", timeout=1.0)
-            assert st == 200 and took < 1.0, "/v1/health %s after %.2f s with renewals and a slow data " \
-                "plane" % (st, took)
-            worst, polls = max(worst, took), polls + 1
-            time.sleep(0.25)
+        polls, worst = health_throughout(d, 15, 0.25, "with renewals and a slow data plane")
         expired = metric(d.metrics(), "netreduce_rings_expired_total")  # before the renewers stop
     finally:
         stop.set()
