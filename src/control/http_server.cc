@@ -141,7 +141,9 @@ class ConnStream final : public httplib::Stream {
   socket_t socket() const override { return fd_; }
 
   bool over_budget() const noexcept { return over_budget_; }
-  bool read_timed_out() const noexcept { return read_timed_out_; }
+  // httplib may stop at is_readable() (which records nothing) rather than in
+  // read(): a body that failed at or past its deadline timed out either way.
+  bool read_timed_out() const noexcept { return read_timed_out_ || Clock::now() >= read_deadline_; }
   bool write_timed_out() const noexcept { return write_timed_out_; }
 
  private:
