@@ -4,21 +4,20 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
+#include <cstdio>
 #include <mutex>
 
 namespace netreduce {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return s;
-}
-
-size_t on_body(char* data, size_t size, size_t n, void* user) {
-  static_cast<std::string*>(user)->append(data, size * n);
-  return size * n;
 }
 
 // One header line of the answer; a new status line (a redirect, a 100
@@ -40,6 +39,63 @@ size_t on_header(char* data, size_t size, size_t n, void* user) {
   return size * n;
 }
 
+// What libcurl's callbacks share with perform() during one request.
+struct Transfer {
+  std::string* body = nullptr;                                     // call(): collects the answer
+  const std::function<bool(std::string_view)>* on_data = nullptr;  // stream(): takes each piece
+  const std::atomic<bool>* cancel = nullptr;
+  Clock::time_point first_byte_by = Clock::time_point::max();
+  bool got_body = false;
+  bool stopped = false;    // on_data returned false
+  bool cancelled = false;  // the cancel flag ended the request
+  bool silent = false;     // no body by first_byte_by
+};
+
+// A piece of the answer's body; returning less than given ends the transfer.
+size_t on_body(char* data, size_t size, size_t n, void* user) {
+  auto& t = *static_cast<Transfer*>(user);
+  t.got_body = true;
+  if (t.body) {
+    t.body->append(data, size * n);
+  } else if (!(*t.on_data)(std::string_view(data, size * n))) {
+    t.stopped = true;
+    return 0;
+  }
+  return size * n;
+}
+
+// libcurl's progress callback, run on every wake of the request loop:
+// non-zero ends the request.
+int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  auto& t = *static_cast<Transfer*>(user);
+  t.cancelled = t.cancel && t.cancel->load();
+  t.silent = !t.got_body && Clock::now() > t.first_byte_by;
+  return t.cancelled || t.silent ? 1 : 0;
+}
+
+// Runs transfer `c` through `m` to its end: progress as far as the sockets
+// allow, then sleep until one is ready or kWakeMs has passed (libcurl runs
+// on_progress on each pass). `err`: libcurl's error buffer.
+CURLcode drive(CURLM* m, CURL* c, char* err) {
+  if (curl_multi_add_handle(m, c) != CURLM_OK) return CURLE_FAILED_INIT;
+  CURLcode rc = CURLE_OK;
+  for (int running = 1; running;) {
+    CURLMcode mc = curl_multi_perform(m, &running);
+    if (mc == CURLM_OK && running)
+      mc = curl_multi_poll(m, nullptr, 0, HttpClient::kWakeMs, nullptr);
+    if (mc != CURLM_OK) {
+      std::snprintf(err, CURL_ERROR_SIZE, "%s", curl_multi_strerror(mc));
+      rc = CURLE_RECV_ERROR;
+      break;
+    }
+  }
+  int queued = 0;
+  while (CURLMsg* msg = curl_multi_info_read(m, &queued))
+    if (msg->msg == CURLMSG_DONE && rc == CURLE_OK) rc = msg->data.result;
+  curl_multi_remove_handle(m, c);
+  return rc;
+}
+
 }  // namespace
 
 std::string HttpReply::header(const std::string& name) const {
@@ -59,25 +115,52 @@ std::unique_ptr<HttpClient> HttpClient::make(const std::string& base_url, std::s
     return nullptr;
   }
   std::unique_ptr<HttpClient> c(new HttpClient(base));
-  if (!c->curl_) {
+  if (!c->curl_ || !c->multi_) {
     why = "libcurl could not make a handle";
     return nullptr;
   }
   return c;
 }
 
-HttpClient::HttpClient(std::string base) : base_(std::move(base)), curl_(curl_easy_init()) {}
+HttpClient::HttpClient(std::string base)
+    : base_(std::move(base)), curl_(curl_easy_init()), multi_(curl_multi_init()) {}
 
 HttpClient::~HttpClient() {
   if (curl_) curl_easy_cleanup(static_cast<CURL*>(curl_));
+  if (multi_) curl_multi_cleanup(static_cast<CURLM*>(multi_));  // closes the kept connection
 }
 
 HttpReply HttpClient::call(const std::string& method, const std::string& path,
                            const std::string& body, int timeout_ms,
                            const std::vector<std::string>& headers) {
+  return perform(method, path, body, timeout_ms, headers, nullptr, 0);
+}
+
+HttpReply HttpClient::stream(const std::string& method, const std::string& path,
+                             const std::string& body, int timeout_ms,
+                             const std::function<bool(std::string_view)>& on_data,
+                             int first_byte_ms, const std::vector<std::string>& headers) {
+  return perform(method, path, body, timeout_ms, headers, &on_data, first_byte_ms);
+}
+
+HttpReply HttpClient::perform(const std::string& method, const std::string& path,
+                              const std::string& body, int timeout_ms,
+                              const std::vector<std::string>& headers,
+                              const std::function<bool(std::string_view)>* on_data,
+                              int first_byte_ms) {
   HttpReply r;
+  if (cancel_ && cancel_->load()) {
+    r.error = "cancelled";
+    return r;
+  }
+  Transfer t;
+  t.body = on_data ? nullptr : &r.body;
+  t.on_data = on_data;
+  t.cancel = cancel_;
+  if (first_byte_ms > 0) t.first_byte_by = Clock::now() + std::chrono::milliseconds(first_byte_ms);
   CURL* c = static_cast<CURL*>(curl_);
-  curl_easy_reset(c);  // keeps the connection cache: the next call reuses it
+  CURLM* m = static_cast<CURLM*>(multi_);
+  curl_easy_reset(c);  // the connection stays in multi_'s cache: the next call reuses it
   const std::string url = base_ + path;
   curl_slist* list = nullptr;
   for (const std::string& h : headers) list = curl_slist_append(list, h.c_str());
@@ -96,9 +179,12 @@ HttpReply HttpClient::call(const std::string& method, const std::string& path,
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, list);
   curl_easy_setopt(c, CURLOPT_ERRORBUFFER, err);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &r.body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &t);
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(c, CURLOPT_HEADERDATA, &r.headers);
+  curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+  curl_easy_setopt(c, CURLOPT_XFERINFODATA, &t);
   if (method == "GET") {
     curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
   } else {
@@ -106,19 +192,30 @@ HttpReply HttpClient::call(const std::string& method, const std::string& path,
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.c_str());
     curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
   }
-  const CURLcode rc = curl_easy_perform(c);
+
+  const CURLcode rc = drive(m, c, err);
   curl_slist_free_all(list);
-  if (rc != CURLE_OK) {
-    r.error = err[0] ? err : curl_easy_strerror(rc);
-    if (rc == CURLE_OPERATION_TIMEDOUT)
-      r.error = "timed out after " + std::to_string(timeout_ms) + " ms (" + r.error + ")";
-    r.body.clear();
-    r.headers.clear();
-    return r;
-  }
+
   long status = 0;
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-  r.status = static_cast<int>(status);
+  if (rc == CURLE_OK || (rc == CURLE_WRITE_ERROR && t.stopped)) {
+    r.status = static_cast<int>(status);
+    return r;
+  }
+  r.error = err[0] ? err : curl_easy_strerror(rc);
+  if (t.cancelled)
+    r.error = "cancelled";
+  else if (t.silent)
+    r.error = "no answer within " + std::to_string(first_byte_ms) + " ms";
+  if (rc == CURLE_OPERATION_TIMEDOUT) {
+    r.error = "timed out after " + std::to_string(timeout_ms) + " ms (" + r.error + ")";
+    if (t.on_data && status != 0) {  // a stream that was answering: its window ended
+      r.status = static_cast<int>(status);
+      return r;
+    }
+  }
+  r.body.clear();
+  r.headers.clear();
   return r;
 }
 
