@@ -22,7 +22,7 @@ DEMO=(
   libssl-dev
   # host library
   libibverbs-dev rdma-core ibverbs-providers
-  # outbound HTTP with a total deadline (host library to daemon, fabric pushes, CLI)
+  # outbound HTTP with a total deadline (host library to daemon, etcd, CLI)
   libcurl4-openssl-dev
   # control plane
   libyaml-cpp-dev prometheus-cpp-dev nlohmann-json3-dev libcpp-httplib-dev
@@ -44,6 +44,8 @@ TEST=(
   perftest tcpdump
   # the two-rack lab: loss on a leaf-spine link (nftables; the host kernel may lack sch_netem)
   nftables
+  # etcd: the multi-rack fabric's state store (the control tests start their own members)
+  etcd-server etcd-client
   # Debian packages and deployment (suite deploy): build, lint, unit files,
   # netreduce-setup (python3-yaml), promtool (prometheus, above); the man
   # pages (scdoc builds them, groff and man-db check how they render)
