@@ -9,6 +9,7 @@
 
 #include "common/ring_json.h"
 #include "common/yaml_fields.h"
+#include "control/etcd.h"
 
 namespace netreduce::control {
 namespace {
@@ -64,26 +65,14 @@ FabricBox parse_box(const YAML::Node& n, const std::string& path) {
         if (k == "name") {
           b.name = non_empty(v, f, "a box name");
           if (b.name == "none") fail(f, "'none' is reserved (a root's parent)");
+          // A name is part of etcd keys (docs/multi-rack.md#etcd).
+          if (b.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                       "0123456789._-") != std::string::npos)
+            fail(f, "may hold only letters, digits, '.', '_' and '-', got " + show(b.name));
         } else if (k == "daemon") {
-          b.daemon = non_empty(v, f, "http://ip:port");
-          const std::string pre = "http://";
-          const size_t colon = b.daemon.rfind(':');
-          uint32_t tmp = 0;
-          bool ok = b.daemon.rfind(pre, 0) == 0 && colon != std::string::npos &&
-                    colon > pre.size() && colon + 1 < b.daemon.size() &&
-                    colon + 6 >= b.daemon.size();
-          if (ok) {
-            b.daemon_host = b.daemon.substr(pre.size(), colon - pre.size());
-            const std::string port = b.daemon.substr(colon + 1);
-            ok = ipv4_from_string(b.daemon_host, tmp) &&
-                 port.find_first_not_of("0123456789") == std::string::npos && port[0] != '0';
-            const unsigned long p = ok ? std::stoul(port) : 0;
-            ok = ok && p >= 1 && p <= 65535;
-            b.daemon_port = static_cast<uint16_t>(p);
-          }
-          if (!ok)
-            fail(f, "must be http://<IPv4 address>:<port> (that box's netreduced), got " +
-                        show(b.daemon));
+          b.daemon = non_empty(v, f, "http://host:port");
+          if (b.daemon.rfind("http://", 0) != 0)
+            fail(f, "must be http://<host>:<port> (that box's netreduced), got " + show(b.daemon));
         } else if (k == "b2b_ip") {
           b.b2b_ip = ipv4_text(v, f);
         } else if (k == "b2b_mac") {
@@ -109,13 +98,11 @@ FabricBox parse_box(const YAML::Node& n, const std::string& path) {
           }
         }
       });
-  for (const char* key : {"name", "daemon", "b2b_ip", "b2b_mac"}) {
+  for (const char* key : {"name", "b2b_ip", "b2b_mac"}) {
     const bool missing = (std::string_view(key) == "name" && b.name.empty()) ||
-                         (std::string_view(key) == "daemon" && b.daemon.empty()) ||
                          (std::string_view(key) == "b2b_ip" && b.b2b_ip.empty()) ||
                          (std::string_view(key) == "b2b_mac" && b.b2b_mac.empty());
-    if (missing)
-      fail(child(path, key), "missing (every box needs name, daemon, b2b_ip, b2b_mac, parent)");
+    if (missing) fail(child(path, key), "missing (every box needs name, b2b_ip, b2b_mac, parent)");
   }
   if (!have_parent)
     fail(child(path, "parent"), "missing: name the parent box, or none at the root");
@@ -238,14 +225,45 @@ void check_fabric(const FabricConfig& fc) {
   if (fc.find(fc.self) < 0) fail("fabric.self", "names no box of fabric.boxes: " + show(fc.self));
 }
 
+void parse_etcd(const YAML::Node& n, const std::string& path, FabricConfig& fc) {
+  for_each_key(n, path, {"endpoints", "prefix", "timeout_ms"},
+               [&](std::string_view k, const YAML::Node& v, const std::string& f) {
+                 if (k == "endpoints") {
+                   for_each_item(v, f, [&](const YAML::Node& e, const std::string& ef) {
+                     std::string url = non_empty(e, ef, "http://host:port");
+                     if (!etcd_endpoint_ok(url))
+                       fail(ef,
+                            "must be http://<host>:<port> (an etcd member's client URL), "
+                            "got " +
+                                show(url));
+                     fc.etcd_endpoints.push_back(std::move(url));
+                   });
+                 } else if (k == "prefix") {
+                   fc.etcd_prefix = non_empty(v, f, "a key prefix such as /netreduce/");
+                   if (fc.etcd_prefix.front() != '/' || fc.etcd_prefix.back() != '/')
+                     fail(f, "must start and end with '/', got " + show(fc.etcd_prefix));
+                 } else {
+                   fc.etcd_timeout_ms = static_cast<uint32_t>(integer(v, f, 50, 60000));
+                 }
+               });
+  if (fc.etcd_endpoints.empty())
+    fail(child(path, "endpoints"), "missing or empty: the etcd members' client URLs");
+}
+
 FabricConfig parse_fabric(const YAML::Node& n, const std::string& path) {
   FabricConfig fc;
-  for_each_key(n, path, {"self", "boxes", "racks", "token_file"},
+  bool have_etcd = false;
+  for_each_key(n, path, {"self", "boxes", "racks", "etcd", "token_file"},
                [&](std::string_view k, const YAML::Node& v, const std::string& f) {
                  if (k == "self") {
                    fc.self = non_empty(v, f, "this box's name");
                  } else if (k == "token_file") {
-                   fc.token_file = absolute_path(v, f);
+                   fail(f,
+                        "is no longer used: the daemons of a fabric share their rings "
+                        "through etcd (fabric.etcd), not by calling each other");
+                 } else if (k == "etcd") {
+                   have_etcd = true;
+                   parse_etcd(v, f, fc);
                  } else if (k == "boxes") {
                    for_each_item(v, f, [&](const YAML::Node& b, const std::string& bf) {
                      fc.boxes.push_back(parse_box(b, bf));
@@ -257,8 +275,10 @@ FabricConfig parse_fabric(const YAML::Node& n, const std::string& path) {
                  }
                });
   if (fc.self.empty()) fail(child(path, "self"), "missing: the name of this box");
-  if (fc.token_file.empty())
-    fail(child(path, "token_file"), "missing: the token the daemons of the fabric share");
+  if (!have_etcd)
+    fail(child(path, "etcd"),
+         "missing: the etcd cluster the fabric's daemons share "
+         "(etcd.endpoints)");
   if (fc.boxes.empty()) fail(child(path, "boxes"), "missing or empty");
   check_fabric(fc);
   return fc;

@@ -25,10 +25,8 @@ inline constexpr uint32_t kMinLeaseMs = 1000;
 // racks' worker CIDRs disjoint, self one of the boxes (control/fabric.h turns
 // it into tree entries).
 struct FabricBox {
-  std::string name;            // fabric.boxes[i].name
-  std::string daemon;          // fabric.boxes[i].daemon: "http://ip:port" as written
-  std::string daemon_host;     //   its IPv4 address
-  uint16_t daemon_port = 0;    //   and port
+  std::string name;            // fabric.boxes[i].name: letters, digits, '.', '_', '-'
+  std::string daemon;          // fabric.boxes[i].daemon (optional): its netreduced, for people
   std::string b2b_ip;          // fabric.boxes[i].b2b_ip: box-to-box address (dotted quad)
   std::string b2b_mac;         // fabric.boxes[i].b2b_mac: "02:00:00:00:09:01"
   std::string parent;          // fabric.boxes[i].parent: empty = none (the root)
@@ -47,7 +45,11 @@ struct FabricConfig {
   std::string self;               // fabric.self
   std::vector<FabricBox> boxes;   // fabric.boxes, in fabric order (the child order)
   std::vector<FabricRack> racks;  // fabric.racks
-  std::string token_file;         // fabric.token_file: daemon-to-daemon bearer token
+  // fabric.etcd: where the fabric's rings live (control/etcd.h,
+  // docs/multi-rack.md#etcd).
+  std::vector<std::string> etcd_endpoints;  // fabric.etcd.endpoints: http://host:port, >= 1
+  std::string etcd_prefix = "/netreduce/";  // fabric.etcd.prefix: the keys' common start
+  uint32_t etcd_timeout_ms = 1000;          // fabric.etcd.timeout_ms: one call at one member
 
   // Index into boxes, or -1.
   int find(const std::string& name) const;

@@ -54,7 +54,7 @@ json install_cmd(const RingRecord& rec) {
 
 void set_installed(json& j, bool here, const RingRecord& rec) {
   bool all = rec.local ? here : true;
-  for (const PeerPush& p : rec.peers) all = all && p.pushed && p.installed;
+  for (const PeerEntry& p : rec.peers) all = all && rec.etcd_lease && p.installed;
   j["installed"] = all;
   if (!rec.entry.empty() && j.contains("fabric")) j["fabric"]["installed_here"] = rec.local && here;
 }
@@ -118,7 +118,11 @@ Reply error_reply(const Status& s) {
 Daemon::Daemon(DaemonConfig cfg)
     : cfg_(std::move(cfg)),
       state_(cfg_.state_file),
-      dp_(cfg_.dataplane_socket, std::chrono::milliseconds(cfg_.dataplane_timeout_ms)) {}
+      dp_(cfg_.dataplane_socket, std::chrono::milliseconds(cfg_.dataplane_timeout_ms)) {
+  if (cfg_.fabric)
+    etcd_ = std::make_unique<Etcd>(
+        EtcdConfig{cfg_.fabric->etcd_endpoints, static_cast<int>(cfg_.fabric->etcd_timeout_ms)});
+}
 
 Daemon::~Daemon() { stop(); }
 
@@ -126,7 +130,7 @@ Status Daemon::start() {
   if (Status s = state_.lock(); !s) return s;
   {
     std::lock_guard lock(mu_);
-    if (Status s = state_.load(rings_, &deletes_); !s) return s;
+    if (Status s = state_.load(rings_); !s) return s;
     // Deadlines are not persisted: every lease starts a fresh full period.
     const auto now = SteadyClock::now();
     for (auto& [id, rec] : rings_)
@@ -136,12 +140,12 @@ Status Daemon::start() {
   reconciler_ = std::thread([this] { reconciler_main(); });
   metrics_thread_ = std::thread([this] { metrics_main(); });
   leases_ = std::thread([this] { lease_main(); });
-  if (cfg_.fabric) start_lanes();
+  if (etcd_) start_fabric();
   return {};
 }
 
 void Daemon::stop() {
-  dp_.cancel();
+  cancel_dataplane_calls();
   {
     std::lock_guard lock(stop_mu_);
     stopping_ = true;
@@ -150,8 +154,8 @@ void Daemon::stop() {
   if (reconciler_.joinable()) reconciler_.join();
   if (metrics_thread_.joinable()) metrics_thread_.join();
   if (leases_.joinable()) leases_.join();
-  for (auto& l : lanes_)
-    if (l->thread.joinable()) l->thread.join();
+  for (std::thread* t : {&fabric_upkeep_, &entries_watch_, &acks_watch_})
+    if (t->joinable()) t->join();
 }
 
 void Daemon::run_until_stopped(std::chrono::milliseconds period,
@@ -298,12 +302,13 @@ Reply Daemon::create_ring_here(const json& body, const RingAuth& auth) {
       return error_reply(
           {StatusCode::internal, "", std::string("getrandom failed: ") + std::strerror(errno)});
     rec.local = false;
+    rec.etcd_failed = SteadyClock::time_point::max();  // its POST publishes it first
     for (const FabricEntry& e : entries) {
       if (e.box == cfg_.fabric->self) {
         rec.local = true;
         rec.tree = e.tree;
       } else {
-        PeerPush p;
+        PeerEntry p;
         p.box = e.box;
         p.ring = fabric_entry_json(spec, e);
         rec.peers.push_back(std::move(p));
@@ -322,10 +327,11 @@ Reply Daemon::create_ring_here(const json& body, const RingAuth& auth) {
   lock.lock();
   bool installed = rec.local && s.ok();
   // Undo if the data plane refused the ring, or is down and required. The
-  // fabric thread may have pushed the ring's entries meanwhile: they go too.
+  // upkeep thread may have published the ring's entries meanwhile: they go too.
   if (!s && (s.code() != StatusCode::unavailable || cfg_.require_dataplane)) {
+    if (auto it = rings_.find(spec.ring_id); it != rings_.end())
+      queue_revoke_locked(it->second.etcd_lease, it->second);
     rings_.erase(spec.ring_id);
-    queue_removals_locked(spec.ring_id, rec);
     (void)save_locked();
     return error_reply(s);
   }
@@ -346,15 +352,18 @@ Reply Daemon::delete_ring(uint32_t id, const RingAuth& auth) {
   auto it = rings_.find(id);
   if (it == rings_.end()) return error_reply({StatusCode::not_found, "id", "no " + id_text(id)});
   if (auto refused = check_owner(id, it->second, auth, "delete")) return *refused;
+  if (!it->second.origin.empty())
+    return error_reply({StatusCode::conflict, "id",
+                        id_text(id) + " is box " + it->second.origin +
+                            "'s fabric entry here; delete it at its origin (etcd removes it "
+                            "from every box)"});
   RingRecord old = it->second;
   rings_.erase(it);
-  const auto deletes_before = deletes_;
-  queue_removals_locked(id, old);
   if (Status s = save_locked(); !s) {
     rings_.emplace(id, std::move(old));
-    deletes_ = deletes_before;
     return error_reply({StatusCode::internal, "", "cannot persist the state: " + s.message()});
   }
+  if (old.origin.empty()) queue_revoke_locked(old.etcd_lease, old);
   lock.unlock();
   json reply;
   // A data plane that is down, or lost the ring, is fixed by the reconciler.

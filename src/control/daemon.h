@@ -1,9 +1,9 @@
 // netreduced's core, independent of HTTP: the ring table (the source of
-// truth, persisted through StateFile), quotas, ownership, leases, fabric
-// pushes and the reconciler that makes the data plane's rings equal to the
-// table. Design: docs/design.md#the-control-plane; API: docs/api.md#the-routes.
-// Files: daemon.cc (start, stop, the API), daemon_reconcile.cc,
-// daemon_leases.cc, daemon_fabric.cc (lanes and the fabric routes),
+// truth, persisted through StateFile), quotas, ownership, leases, the
+// fabric's rings in etcd and the reconciler that makes the data plane's
+// rings equal to the table. Design: docs/design.md#the-control-plane; API:
+// docs/api.md#the-routes. Files: daemon.cc (start, stop, the API),
+// daemon_reconcile.cc, daemon_leases.cc, daemon_fabric.cc (etcd),
 // daemon_metrics.cc; daemon_shared.h what they share about ring records.
 //
 // Example: a job POSTs ring 7 (P = 3 members) with "lease_ms": 30000.
@@ -37,31 +37,34 @@
 // - Metrics (`metrics_thread_`): copies the data plane's status, stats and
 //   rings into `cache_`, swapped under `cache_mu_`. metrics() reads that and
 //   takes `mu_` only if free; health() reads atomics only.
-// - Fabric lanes (`lanes_`, one per peer box; control/fabric.h): each takes
-//   its box's due pushes and removals under `mu_`, calls that box's daemon
-//   holding only its `Lane::mu` (two daemons pushing to each other cannot
-//   deadlock), then records the outcomes under `mu_`. A slow or frozen box
-//   holds up its own lane only. A POST pushes its ring's entries itself in
-//   each peer's lane, if that lane is free within kLaneWaitMs.
+// - Fabric (daemon_fabric.cc; docs/design.md#fabric-state-in-etcd): an
+//   origin's POST publishes its peers' entries in etcd itself; the upkeep
+//   thread (`fabric_upkeep_`) keeps their leases alive, revokes those of
+//   removed rings, publishes what is not yet, and puts this box's acks;
+//   the entries watcher (`entries_watch_`) installs and removes what etcd
+//   holds for this box; the acks watcher (`acks_watch_`) records the peers'
+//   reports of this origin's entries. Each calls etcd with no lock held
+//   (snapshot under `mu_`, call, apply under `mu_`); the entries watcher
+//   changes the data plane under `change_mu_` like an API call.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
-#include <unordered_set>
 #include <vector>
 
 #include "common/dataplane_protocol.h"
 #include "common/status.h"
 #include "control/config.h"
+#include "control/etcd.h"
 #include "control/metrics.h"
 #include "control/state.h"
 
@@ -121,19 +124,15 @@ class Daemon {
   // the daemon's threads. cancel_dataplane_calls() alone: the first step,
   // so that requests in progress finish before the HTTP server stops.
   void stop();
-  void cancel_dataplane_calls() noexcept { dp_.cancel(); }
+  void cancel_dataplane_calls() noexcept {
+    dp_.cancel();
+    if (etcd_) etcd_->cancel();
+  }
 
   // body: ring JSON (common/ring_json.h) plus optional "lease_ms".
   Reply create_ring(const nlohmann::json& body, const RingAuth& auth = {});
   Reply delete_ring(uint32_t id, const RingAuth& auth = {});
   Reply renew_lease(uint32_t id, const RingAuth& auth);
-  // Fabric peers' calls (fabric token): an origin's entry for this box
-  // ({"origin", "entry", "lease_ms", "ring": ring JSON + "tree"}; the same
-  // entry again renews it), and its removal (only if `entry` matches).
-  Reply fabric_put(const nlohmann::json& body);
-  Reply fabric_delete(uint32_t id, const std::string& entry);
-  // The bearer token for calls to peer daemons (fabric.token_file); before start().
-  void set_fabric_token(std::string token) { fabric_token_ = std::move(token); }
   // Fault injection at the data plane (dataplane/faults.h), for operators'
   // rehearsals: the data plane refuses it unless its faults.enabled. body:
   // {"ring": id | "all", "kind", "fraction" (default 1), "duration_ms"}.
@@ -160,31 +159,66 @@ class Daemon {
     uint64_t configured_rings = 0;
     uint64_t configured_memory = 0;
     uint64_t leased_rings = 0;
+    std::chrono::steady_clock::time_point asked;  // the refresh began (its first data plane call)
     std::chrono::steady_clock::time_point taken;
   };
 
-  // create_ring's work on this box (the pushes to peers come after it).
+  // create_ring's work on this box (publishing the peers' entries comes after it).
   Reply create_ring_here(const nlohmann::json& body, const RingAuth& auth);
-  // One peer box's pushes and removals (see the top).
-  struct Lane {
-    explicit Lane(std::string b) : box(std::move(b)) {}
-    const std::string box;
-    std::timed_mutex mu;  // held across each call to the box
-    std::thread thread;
-  };
-  void start_lanes();
-  void lane_main(Lane& lane);
-  Lane* lane(const std::string& box);  // nullptr: not a peer box of the configuration
-  // One pass over what is due for lane.box, under lane.mu; `only`: that
-  // ring's entries alone (a POST's own push). A box that does not answer
-  // ends the pass: the rest is tried on the next one.
-  void push_lane_locked(Lane& lane, std::optional<uint32_t> only = std::nullopt);
-  void record_removal_locked(const std::string& box, uint32_t id, const std::string& entry,
-                             const std::string& error, std::chrono::steady_clock::time_point done);
-  Status save_locked() { return state_.save(rings_, deletes_); }
-  // Queues the removal of a fabric ring from its peers (origin).
-  void queue_removals_locked(uint32_t id, const RingRecord& rec);
+  Status save_locked() { return state_.save(rings_); }
+  // Removes ring `id` of registration `entry` from the table and the data
+  // plane (a POST whose entries could not be published).
+  void withdraw(uint32_t id, const std::string& entry);
   nlohmann::json fabric_view_locked(const RingRecord& rec) const;
+
+  // The fabric in etcd (daemon_fabric.cc). Keys, under fabric.etcd.prefix:
+  //   boxes/<box>/rings/<id>            an entry for <box> (origin writes)
+  //   origins/<origin>/acks/<id>/<box>  <box>'s report of it (<box> writes)
+  std::string entries_prefix(const std::string& box) const;
+  std::string acks_prefix(const std::string& origin) const;
+  void start_fabric();  // the upkeep thread and the two watchers
+  // Origin: writes the peer entries of ring `id`, registration `entry`,
+  // under a new lease, unless they are (adopts their lease); nothing when
+  // another thread is at it. Error conflict (field id): another
+  // registration holds one of the keys; unavailable: etcd did not answer.
+  Status publish(uint32_t id, const std::string& entry);
+  // The etcd lease's TTL for `rec`: its job lease (or kUnleasedTtlS), at
+  // least long enough for a keepalive to try every member.
+  int64_t etcd_ttl_s(const RingRecord& rec) const;
+  // Revokes `lease` (0: none) from the upkeep thread, until it succeeds or
+  // would have ended by itself.
+  void queue_revoke_locked(int64_t lease, const RingRecord& rec);
+  // The upkeep thread's pass, one step per job (see the top).
+  void fabric_upkeep();
+  void revoke_removed();
+  void publish_unpublished();
+  void keep_leases_alive();
+  void refresh_acks();
+  // Puts this box's ack of `rec` (a peer entry) with the entry's lease
+  // ({"entry", "installed", "error", "field"}: `error` a refusal); false if
+  // etcd did not take it.
+  bool put_ack(const RingRecord& rec, bool installed, const Status& error);
+  // A watcher's loop: the whole prefix read into `sync`, then its events
+  // into `apply` from the next revision on, window after window; read whole
+  // again after a compaction.
+  void watch_main(const std::string& prefix,
+                  const std::function<void(const std::vector<EtcdKv>&)>& sync,
+                  const std::function<void(const EtcdEvent&)>& apply);
+  // Entries watcher: what etcd holds for this box becomes the table's.
+  void on_entry_event(const EtcdEvent& e);
+  void apply_entry(const EtcdKv& kv);
+  // Takes a checked entry into the table and the data plane (replacing an
+  // older registration of its id). known: held already, nothing done.
+  // Error: refused (quota, id registered here, the data plane's refusal),
+  // or unavailable (kept; the reconciler installs it).
+  Status install_entry(const RingRecord& rec, bool& known);
+  // Removes this box's entry of `id` unless it is registration `keep`.
+  void drop_other_entry(uint32_t id, const std::string& keep);
+  void sync_entries(const std::vector<EtcdKv>& kvs);
+  void remove_entry(uint32_t id, const std::string& entry);
+  // Acks watcher: the peers' reports of this origin's entries.
+  void apply_ack(const EtcdKv& kv, bool deleted);
+  void sync_acks(const std::vector<EtcdKv>& kvs);
   void reconciler_main();
   // Makes the data plane's rings those of `table` (a copy of rings_ taken
   // under change_mu_, which the caller holds).
@@ -192,8 +226,10 @@ class Daemon {
   void metrics_main();
   void refresh_metrics();
   // Whether the data plane held `rec` at the last metrics refresh (false
-  // while the data plane is down or before the first refresh).
-  bool installed_per_cache(const RingRecord& rec);
+  // while the data plane is down); nullopt when that refresh began before
+  // `since` (or none was made).
+  std::optional<bool> installed_per_cache(const RingRecord& rec,
+                                          std::chrono::steady_clock::time_point since = {});
   void lease_main();
   // A data plane call of a change (install or remove); when it gets no
   // answer (unavailable: the connection never came, or was lost), the
@@ -204,24 +240,15 @@ class Daemon {
   bool stopping();           // stop() was called
   bool any_lease_expired();  // takes mu_ alone
   void expire_leases();      // takes change_mu_
-  // A fabric entry pushed to this box: its tree node (or its being a plain
-  // ring) must be what this box computes from its own fabric section, with
-  // the installation's epoch and key as pushed; else conflict, field
+  // A fabric entry for this box: its tree node (or its being a plain ring)
+  // must be what this box computes from its own fabric section, with the
+  // installation's epoch and key as published; else conflict, field
   // ring.tree or ring. An origin's word alone installs nothing here.
   Status check_own_entry(const engine::RingSpec& spec,
                          const std::optional<engine::TreeSpec>& tree) const;
   // Takes `change` (on change_mu_) for an API call, waiting at most
   // dataplane.timeout_ms behind other changes; else the 503 to answer.
   std::optional<Reply> lock_change(std::unique_lock<std::timed_mutex>& change);
-  // A pushed fabric entry this box knows: one its origin removed (a late
-  // or replayed push) gets the 409 to answer; the entry this box holds
-  // already (the origin's renewal) is renewed, `lock` (on mu_) released and
-  // the answer says whether the data plane held it at the last metrics
-  // refresh (never a data plane call). nullopt otherwise, `lock` still held.
-  std::optional<Reply> known_fabric_entry(std::unique_lock<std::mutex>& lock,
-                                          const RingRecord& rec);
-  // Records a fabric entry as removed by its origin (under mu_).
-  void bury_locked(const std::string& entry);
   // Checks that `auth` may delete or renew `rec` (nullopt: allowed).
   std::optional<Reply> check_owner(uint32_t id, const RingRecord& rec, const RingAuth& auth,
                                    const char* what) const;
@@ -233,20 +260,18 @@ class Daemon {
   DataplaneClient dp_;
 
   std::timed_mutex change_mu_;  // one change of the data plane at a time (see the top)
-  std::mutex mu_;               // the table: rings_, deletes_, leases
+  std::mutex mu_;               // the table: rings_, revoke_, leases
   RingMap rings_;
-  std::vector<FabricDelete> deletes_;  // guarded by mu_; persisted with rings_
-  // Peer side: the last kMaxBuried entries their origins removed or
-  // replaced, never to be installed again (entries are random per
-  // registration, so a live one is refused only if a stale push of an
-  // older registration replaced it first: docs/design.md#known-limits).
-  // Guarded by mu_; memory only: a restart also ends any push on its way.
-  static constexpr size_t kMaxBuried = 4096;
-  std::unordered_set<std::string> buried_;
-  std::deque<std::string> burial_order_;
-  std::vector<std::unique_ptr<Lane>> lanes_;  // built by start(), read-only after
-  std::string fabric_token_;                  // written before start(), read-only after
-  std::atomic<uint64_t> fabric_pending_{0};   // written by the lanes, read by metrics()
+  struct PendingRevoke {
+    int64_t lease;
+    std::chrono::steady_clock::time_point give_up;  // it has ended by itself then
+  };
+  std::vector<PendingRevoke> revoke_;  // guarded by mu_: etcd leases of removed rings
+  std::set<std::string> publishing_;   // guarded by mu_: registrations publish() is at
+  std::condition_variable acks_cv_;    // with mu_: a peer's ack arrived
+  std::unique_ptr<Etcd> etcd_;         // with a fabric section; built before start()'s threads
+  std::thread fabric_upkeep_, entries_watch_, acks_watch_;
+  std::atomic<uint64_t> fabric_pending_{0};  // written by the upkeep, read by metrics()
 
   std::atomic<bool> dp_up_{false};
   std::atomic<bool> resync_{false};  // set by change_call, taken by the reconciler

@@ -41,15 +41,13 @@ void Daemon::expire_leases() {
     for (uint32_t id : expired) {
       RingRecord old = rings_.at(id);
       rings_.erase(id);
-      const auto deletes_before = deletes_;
-      queue_removals_locked(id, old);
       if (Status s = save_locked(); !s) {  // keep it; try again on the next tick
         rings_.emplace(id, std::move(old));
-        deletes_ = deletes_before;
         spdlog::error("ring {}: lease expired but the state cannot be saved: {}", id,
                       s.to_string());
         break;
       }
+      queue_revoke_locked(old.etcd_lease, old);  // the peers' entries go
       if (old.local) removed.push_back(id);
       ++counters_.rings_expired;
       spdlog::warn("ring {} removed: its lease of {} ms was not renewed in time", id, old.lease_ms);

@@ -18,6 +18,7 @@ void Daemon::metrics_main() {
 
 void Daemon::refresh_metrics() {
   auto c = std::make_shared<MetricsCache>();
+  c->asked = std::chrono::steady_clock::now();
   json st, stats, rings;
   c->dataplane_up = dp_.call(dpcmd::status(), st).ok() && dp_.call(dpcmd::stats(), stats).ok() &&
                     dp_.call(dpcmd::list_rings(), rings).ok();
@@ -37,13 +38,15 @@ void Daemon::refresh_metrics() {
   cache_ = std::move(c);
 }
 
-bool Daemon::installed_per_cache(const RingRecord& rec) {
+std::optional<bool> Daemon::installed_per_cache(const RingRecord& rec,
+                                                std::chrono::steady_clock::time_point since) {
   std::shared_ptr<const MetricsCache> c;
   {
     std::lock_guard lock(cache_mu_);
     c = cache_;
   }
-  if (!c || !c->dataplane_up) return false;
+  if (!c || c->asked < since) return std::nullopt;
+  if (!c->dataplane_up) return false;
   return std::any_of(c->rings.begin(), c->rings.end(),
                      [&](const json& r) { return installed_as(r, rec); });
 }

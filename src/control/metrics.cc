@@ -78,7 +78,7 @@ std::string render_metrics(const MetricsInput& in) {
   set(b.gauge("netreduce_rings_leased", "configured rings with a lease (removed unless renewed)"),
       {}, static_cast<double>(in.leased_rings));
   set(b.gauge("netreduce_fabric_pending",
-              "fabric ring entries and removals not yet delivered to their peer daemon"),
+              "fabric entries this origin has not yet published in etcd or seen installed"),
       {}, static_cast<double>(in.fabric_pending));
   set(b.gauge("netreduce_rings_max", "quotas.max_rings"), {}, static_cast<double>(in.max_rings));
   set(b.gauge("netreduce_rings_configured_memory_bytes",

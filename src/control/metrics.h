@@ -39,12 +39,16 @@ struct HttpStats {
     "data plane restarts the daemon observed (instance changes)")                  \
   X(rings_expired, "netreduce_rings_expired_total",                                \
     "leased rings the daemon removed because their lease was not renewed in time") \
-  X(fabric_pushes, "netreduce_fabric_pushes_total",                                \
-    "fabric ring entries this daemon pushed that a peer daemon accepted")          \
-  X(fabric_push_failures, "netreduce_fabric_push_failures_total",                  \
-    "fabric pushes and removals to peer daemons that failed (retried)")            \
-  X(fabric_removals, "netreduce_fabric_removals_total",                            \
-    "fabric ring removals a peer daemon confirmed")
+  X(fabric_publishes, "netreduce_fabric_publishes_total",                          \
+    "fabric rings whose peers' entries this daemon (their origin) wrote to etcd")  \
+  X(fabric_entries_applied, "netreduce_fabric_entries_applied_total",              \
+    "fabric entries for this box read from etcd and taken into its table")         \
+  X(fabric_entries_refused, "netreduce_fabric_entries_refused_total",              \
+    "fabric entries for this box refused (its ack tells the origin why)")          \
+  X(fabric_entries_removed, "netreduce_fabric_entries_removed_total",              \
+    "fabric entries removed because etcd no longer holds them")                    \
+  X(fabric_etcd_errors, "netreduce_fabric_etcd_errors_total",                      \
+    "etcd calls that failed (no member answered in time, or etcd refused)")
 
 // One reading of every daemon counter.
 struct DaemonCounterValues {
@@ -68,7 +72,7 @@ struct MetricsInput {
   bool cache_fresh = false;      // the last refresh reached the data plane
   HttpStats http;
   uint64_t leased_rings = 0;    // configured rings with a lease
-  uint64_t fabric_pending = 0;  // fabric entries and removals not yet delivered (0 without one)
+  uint64_t fabric_pending = 0;  // origin: peer entries not published or not installed
 };
 
 std::string render_metrics(const MetricsInput& in);

@@ -186,21 +186,23 @@ std::string tree_line(const json& t) {
   return out;
 }
 
-// A fabric ring: this box's node and, at the origin, every other box's push state.
+// A fabric ring: this box's node and, at the origin, what every other box reported.
 void print_fabric(const json& f) {
   std::cout << "\n";
-  table({"FABRIC", "VALUE"},
-        {{"box", field(f, "box")},
-         {"origin", field(f, "origin")},
-         {"entry", field(f, "entry")},
-         {"this box", f.value("local", true) ? tree_line(f.value("tree", json())) : "no part"}});
+  table(
+      {"FABRIC", "VALUE"},
+      {{"box", field(f, "box")},
+       {"origin", field(f, "origin")},
+       {"entry", field(f, "entry")},
+       {"this box", f.value("local", true) ? tree_line(f.value("tree", json())) : "no part"},
+       {"in etcd", f.contains("published") ? (f.value("published", false) ? "yes" : "NO") : "-"}});
   if (!f.contains("peers")) return;
   std::vector<std::vector<std::string>> rows;
   for (const json& p : f["peers"])
-    rows.push_back({field(p, "box"), p.value("pushed", false) ? "yes" : "NO",
+    rows.push_back({field(p, "box"), p.value("installed", false) ? "yes" : "NO",
                     tree_line(p.value("tree", json())), p.value("error", std::string())});
   std::cout << "\n";
-  table({"BOX", "PUSHED", "NODE", "ERROR"}, rows);
+  table({"BOX", "INSTALLED", "NODE", "ERROR"}, rows);
 }
 
 // Active faults (GET /v1/faults, and the answers of fault set / clear).

@@ -110,13 +110,6 @@ int main(int argc, char** argv) {
     refuse("auth.job_token_file",
            "holds the same token as auth.token_file; the jobs' token must differ from the "
            "operator's");
-  const std::string fabric_token =
-      cfg.fabric ? read_token(cfg.fabric->token_file, "fabric.token_file") : "";
-  if (!fabric_token.empty() && (same_secret(fabric_token, token) ||
-                                (!job_token.empty() && same_secret(fabric_token, job_token))))
-    refuse("fabric.token_file",
-           "holds the same token as auth.token_file or auth.job_token_file; the fabric's token "
-           "must differ");
   if (check) {
     std::cout << "netreduced: " << config_path << " is valid\n";
     return 0;
@@ -132,7 +125,6 @@ int main(int argc, char** argv) {
   install_fatal_signal_report("netreduced");
 
   Daemon daemon(cfg);
-  daemon.set_fabric_token(fabric_token);
   if (Status s = daemon.start(); !s) refuse("state.file", s.message());
 
   // Who a request is: the one place that decides. The operator token
@@ -140,18 +132,9 @@ int main(int argc, char** argv) {
   // when configured) may create rings and delete or renew those whose
   // credential it presents (Daemon checks the credential). Anything else is
   // anonymous: routes flagged kAuth answer 401 before reading a body byte.
-  //
-  // The fabric's routes (/v1/fabric/..., daemon to daemon) take the fabric
-  // token (fabric.token_file) and nothing else; that token opens no other route.
   auto authorize = [&](const httplib::Request& req) {
     const std::string h = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
-    if (req.path.rfind("/v1/fabric/", 0) == 0) {
-      return !fabric_token.empty() && h.rfind(prefix, 0) == 0 &&
-                     same_secret(h.substr(prefix.size()), fabric_token)
-                 ? Role::kOperator
-                 : Role::kAnonymous;
-    }
     if (h.rfind(prefix, 0) == 0) {
       const std::string given = h.substr(prefix.size());
       if (same_secret(given, token)) return Role::kOperator;
@@ -196,18 +179,6 @@ int main(int argc, char** argv) {
           [&](const httplib::Request& req, httplib::Response& res) {
             uint32_t id;
             if (ring_id(req, res, id)) send(res, daemon.renew_lease(id, ring_auth(req)));
-          });
-  // Fabric peers: an origin daemon pushes a box's entry of a ring, and removes it.
-  svr.post("/v1/fabric/rings", kAuth | kDataplane,
-           [&](const httplib::Request&, httplib::Response& res, const std::string& text) {
-             json body;
-             if (json_body(text, res, body)) send(res, daemon.fabric_put(body));
-           });
-  svr.del(R"(/v1/fabric/rings/([^/]+))", kAuth | kDataplane,
-          [&](const httplib::Request& req, httplib::Response& res) {
-            uint32_t id;
-            if (ring_id(req, res, id))
-              send(res, daemon.fabric_delete(id, req.get_param_value("entry")));
           });
   // Fault injection (operators' rehearsals): the operator token only, never
   // the jobs' (a job must not be able to break other jobs' rings).

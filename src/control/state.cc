@@ -138,7 +138,7 @@ Status StateFile::lock() {
   return {};
 }
 
-Status StateFile::load(RingMap& out, std::vector<FabricDelete>* deletes) const {
+Status StateFile::load(RingMap& out) const {
   std::ifstream in(path_);
   if (!in) {
     const int err = errno;
@@ -153,7 +153,6 @@ Status StateFile::load(RingMap& out, std::vector<FabricDelete>* deletes) const {
                   "file or remove it"};
     if (err == ENOENT) {
       out.clear();
-      if (deletes) deletes->clear();
       return {};
     }
     errno = err;
@@ -211,6 +210,8 @@ Status StateFile::load(RingMap& out, std::vector<FabricDelete>* deletes) const {
         return Status::invalid("fabric", fw + "local: must be true or false");
       if (fabric.contains("peers") && !fabric["peers"].is_array())
         return Status::invalid("fabric", fw + "peers: must be an array");
+      if (fabric.contains("etcd_lease") && !fabric["etcd_lease"].is_number_integer())
+        return Status::invalid("fabric", fw + "etcd_lease: must be an integer");
       // Written before tree installations had an epoch and key: an origin
       // draws one now (its pushes take it to the peers, which replace their
       // copies); a peer's copy is left for its origin to push again.
@@ -222,6 +223,8 @@ Status StateFile::load(RingMap& out, std::vector<FabricDelete>* deletes) const {
       rec.entry = fabric["entry"].get<std::string>();
       rec.origin = fabric.value("origin", std::string());
       rec.local = fabric.value("local", true);
+      rec.etcd_lease = fabric.value("etcd_lease", int64_t{0});
+      if (!rec.origin.empty()) rec.lease_ms = 0;  // a peer's entry lives as long as etcd holds it
       if (fabric.contains("tree")) {
         engine::TreeSpec t;
         if (Status s = tree_from_json(fabric["tree"], rec.spec, t); !s)
@@ -231,10 +234,10 @@ Status StateFile::load(RingMap& out, std::vector<FabricDelete>* deletes) const {
       for (const json& p : fabric.value("peers", json::array())) {
         if (!p.is_object() || !p.contains("box") || !p["box"].is_string() || !p.contains("ring"))
           return Status::invalid("fabric", fw + "peers: each needs \"box\" and \"ring\"");
-        PeerPush push;
-        push.box = p["box"].get<std::string>();
-        push.ring = p["ring"];
-        rec.peers.push_back(std::move(push));
+        PeerEntry peer;
+        peer.box = p["box"].get<std::string>();
+        peer.ring = p["ring"];
+        rec.peers.push_back(std::move(peer));
       }
     }
     // The memory quota against what the ring needs (the engine's sizes), as
@@ -246,23 +249,11 @@ Status StateFile::load(RingMap& out, std::vector<FabricDelete>* deletes) const {
     if (!rings.emplace(id, std::move(rec)).second)
       return Status::invalid("id", path_ + ": ring " + std::to_string(id) + " given twice");
   }
-  std::vector<FabricDelete> dels;
-  if (j.contains("fabric_deletes") && !j["fabric_deletes"].is_array())
-    return Status::invalid("fabric_deletes", path_ + ": fabric_deletes: must be an array");
-  for (const json& d : j.value("fabric_deletes", json::array())) {
-    if (!d.is_object() || !d.contains("box") || !d["box"].is_string() || !d.contains("id") ||
-        !d["id"].is_number_unsigned() || !d.contains("entry") || !d["entry"].is_string())
-      return Status::invalid("fabric_deletes",
-                             path_ + ": fabric_deletes: each needs box, id, entry");
-    dels.push_back(
-        {d["box"].get<std::string>(), d["id"].get<uint32_t>(), d["entry"].get<std::string>()});
-  }
   out = std::move(rings);
-  if (deletes) *deletes = std::move(dels);
   return {};
 }
 
-Status StateFile::save(const RingMap& rings, const std::vector<FabricDelete>& deletes) const {
+Status StateFile::save(const RingMap& rings) const {
   json arr = json::array();
   for (const auto& [id, rec] : rings) {
     json r = ring_to_json(rec.spec);
@@ -275,20 +266,15 @@ Status StateFile::save(const RingMap& rings, const std::vector<FabricDelete>& de
       if (rec.tree) f["tree"] = tree_to_json(*rec.tree, KeyShown::included);
       if (!rec.peers.empty()) {
         f["peers"] = json::array();
-        for (const PeerPush& p : rec.peers)
+        for (const PeerEntry& p : rec.peers)
           f["peers"].push_back({{"box", p.box}, {"ring", p.ring}});
       }
+      if (rec.etcd_lease) f["etcd_lease"] = rec.etcd_lease;
       r["fabric"] = std::move(f);
     }
     arr.push_back(std::move(r));
   }
   json doc = {{"version", 2}, {"rings", arr}};
-  if (!deletes.empty()) {
-    json d = json::array();
-    for (const FabricDelete& x : deletes)
-      d.push_back({{"box", x.box}, {"id", x.id}, {"entry", x.entry}});
-    doc["fabric_deletes"] = std::move(d);
-  }
   const std::string text = doc.dump(2) + "\n";
 
   const std::filesystem::path path(path_);

@@ -9,10 +9,12 @@
 //   "fabric": {"entry": "<32 hex>", "origin": "<box>" (peers only),
 //              "local": false (only when this box holds no part of it),
 //              "tree": {...} (this box's node; absent: a plain ring),
-//              "peers": [{"box": "<name>", "ring": {ring JSON + "tree"}}] (origin only)}
-// and "fabric_deletes": [{"box", "id", "entry"}] lists the peers a deleted
-// or expired fabric ring must still be removed from. The file is mode 0600
-// (credentials are secrets); lease deadlines are not persisted.
+//              "peers": [{"box": "<name>", "ring": {ring JSON + "tree"}}] (origin only),
+//              "etcd_lease": <id> (once published)}
+// The file is mode 0600 (credentials and tree keys are secrets); lease
+// deadlines are not persisted. "fabric_deletes" of files written when
+// daemons pushed entries to each other is read and ignored: etcd holds what
+// each box must remove.
 //
 // Contracts:
 // - One process: lock() takes an exclusive flock on `<file>.lock` (holding
@@ -24,8 +26,8 @@
 //   state, whole. load(): a missing file is an empty state; anything
 //   unreadable is an error naming the file and the ring at fault. A fabric
 //   ring written before tree installations had an epoch and key gets a new
-//   installation at its origin (all its trees, pushes included) and is left
-//   out at a peer, whose origin pushes it again.
+//   installation at its origin (all its trees, its peers' entries included)
+//   and is left out at a peer, which gets it from etcd again.
 #pragma once
 
 #include <chrono>
@@ -42,26 +44,16 @@
 
 namespace netreduce::control {
 
-// At a fabric ring's origin: one other box's entry and its push state.
-struct PeerPush {
+// At a fabric ring's origin: one other box's entry (published in etcd)
+// and what that box reported of it.
+struct PeerEntry {
   std::string box;      // fabric box name
   nlohmann::json ring;  // the entry its data plane installs (ring JSON + "tree")
-  // Push state, memory only (a restarted origin pushes every entry once
-  // more; the push is idempotent). Written and read under the daemon's mutex.
-  bool pushed = false;     // the peer daemon accepted the entry
-  bool installed = false;  // and said its data plane holds it
-  std::string error;       // the last failed push, empty after a success
-  std::chrono::steady_clock::time_point last_push{};
-};
-
-// A removal the origin still owes a peer (a deleted or expired fabric ring).
-struct FabricDelete {
-  std::string box;
-  uint32_t id = 0;
-  std::string entry;
-  // The last attempt (memory only, under the daemon's mutex): retried once a second.
-  std::chrono::steady_clock::time_point last_try{};
-  bool same(const FabricDelete& o) const { return box == o.box && id == o.id && entry == o.entry; }
+  // The box's last report (its ack in etcd), memory only: a restarted
+  // origin reads the acks again. Written and read under the daemon's mutex.
+  bool installed = false;   // its data plane holds the entry
+  std::string error;        // why it does not, when it said so
+  std::string error_field;  // the field at fault ("id": the id is taken there)
 };
 
 struct RingRecord {
@@ -81,7 +73,15 @@ struct RingRecord {
   std::string origin;  // at a peer: the box whose daemon registered it
   bool local = true;   // false: an origin outside the ring's tree (nothing installed here)
   std::optional<engine::TreeSpec> tree;  // this box's node; none: a plain ring
-  std::vector<PeerPush> peers;           // at the origin: the other boxes' entries
+  std::vector<PeerEntry> peers;          // at the origin: the other boxes' entries
+  // The etcd lease the entries live under (0: not published yet): at the
+  // origin the one it keeps alive, at a peer the one its ack is put with.
+  int64_t etcd_lease = 0;
+  // Memory only, under the daemon's mutex (control/daemon_fabric.cc).
+  std::chrono::steady_clock::time_point etcd_renewed{};  // origin: last publish or keepalive
+  std::chrono::steady_clock::time_point etcd_failed{};   // origin: last failed try; max: its POST's
+  std::optional<bool> acked;                             // peer: the "installed" its last ack said
+  std::chrono::steady_clock::time_point acked_at{};      // peer: when that ack was sent
 };
 
 using RingMap = std::map<uint32_t, RingRecord>;
@@ -103,8 +103,8 @@ class StateFile {
   // file cannot be created.
   Status lock();
   std::string lock_path() const { return path_ + ".lock"; }
-  Status load(RingMap& out, std::vector<FabricDelete>* deletes = nullptr) const;
-  Status save(const RingMap& rings, const std::vector<FabricDelete>& deletes = {}) const;
+  Status load(RingMap& out) const;
+  Status save(const RingMap& rings) const;
   const std::string& path() const noexcept { return path_; }
 
  private:

@@ -239,7 +239,8 @@ class Dataplane:
 
 
 class SlowDataplane:
-    """A fake data plane control socket answering every request after `delay` seconds."""
+    """A fake data plane control socket answering every request after `delay` seconds; it
+    lists the rings installed on it (install_ring, remove_ring) as the real one does."""
 
     def __init__(self, path, delay):
         self.delay, self.stop = delay, threading.Event()
@@ -250,6 +251,7 @@ class SlowDataplane:
         self.requests = 0
         self.cmds = []  # every request's "cmd", in arrival order
         self.log = []   # every request, parsed
+        self.rings = {}  # id -> the ring JSON installed
         threading.Thread(target=self.accept, daemon=True).start()
 
     def accept(self):
@@ -267,10 +269,15 @@ class SlowDataplane:
         try:
             for line in f:
                 self.requests += 1
-                cmd = json.loads(line).get("cmd")
+                req = json.loads(line)
+                cmd = req.get("cmd")
                 self.cmds.append(cmd)
-                self.log.append(json.loads(line))
+                self.log.append(req)
                 time.sleep(self.delay)
+                if cmd == "install_ring":
+                    self.rings[req["ring"]["id"]] = req["ring"]
+                elif cmd == "remove_ring":
+                    self.rings.pop(req.get("id"), None)
                 reply = {"ok": True}
                 if cmd == "status":
                     reply.update(instance="fake-1", mode="aggregate", ports=[], workers=[],
@@ -278,7 +285,7 @@ class SlowDataplane:
                 elif cmd == "stats":
                     reply.update(reasons={}, workers=[], ports=[])
                 elif cmd == "list_rings":
-                    reply.update(rings=[])
+                    reply.update(rings=[{"spec": r} for r in list(self.rings.values())])
                 c.sendall(json.dumps(reply).encode() + b"\n")
         except OSError:
             pass
@@ -971,9 +978,11 @@ def scenario_main(fn):
         for prefix in DPDK_PREFIXES:
             shutil.rmtree("/var/run/dpdk/" + prefix, ignore_errors=True)
         if not ok:
-            for name in sorted(os.listdir(tmp)):
-                if name.endswith(".log"):
-                    print("---- %s\n%s" % (name, open(os.path.join(tmp, name)).read()[-2500:]), file=sys.stderr)
+            for top, _, names in sorted(os.walk(tmp)):
+                for name in sorted(n for n in names if n.endswith(".log")):
+                    path = os.path.join(top, name)
+                    print("---- %s\n%s" % (os.path.relpath(path, tmp), open(path, errors="replace").read()[-2500:]),
+                          file=sys.stderr)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -25,7 +25,7 @@ const std::string kFabric = R"(
 auth: {token_file: /tmp/t}
 fabric:
   self: leafA
-  token_file: /tmp/fabric-token
+  etcd: {endpoints: ["http://10.0.0.100:2379", "http://etcd-b:2379"], timeout_ms: 700}
   boxes:
     - {name: spine, daemon: "http://10.0.0.9:7470", b2b_ip: 10.8.0.9, b2b_mac: "02:00:00:00:08:09",
        parent: none, ports: {leafA: a, leafB: b, inner: b}}
@@ -117,11 +117,13 @@ json trees_of(const engine::RingSpec& spec) {
 TEST_CASE("fabric config: the boxes, racks and self as written", "[control][fabric]") {
   const FabricConfig fc = fabric();
   CHECK(fc.self == "leafA");
-  CHECK(fc.token_file == "/tmp/fabric-token");
+  CHECK(fc.etcd_endpoints ==
+        std::vector<std::string>{"http://10.0.0.100:2379", "http://etcd-b:2379"});
+  CHECK(fc.etcd_timeout_ms == 700);
+  CHECK(fc.etcd_prefix == "/netreduce/");  // the default
   REQUIRE(fc.boxes.size() == 5);
   CHECK(fc.boxes[0].parent.empty());
-  CHECK(fc.boxes[0].daemon_host == "10.0.0.9");
-  CHECK(fc.boxes[0].daemon_port == 7470);
+  CHECK(fc.boxes[0].daemon == "http://10.0.0.9:7470");
   CHECK(fc.boxes[3].ports == std::vector<std::pair<std::string, std::string>>{{"leafC", "a"}});
   REQUIRE(fc.racks.size() == 4);
   CHECK(fc.racks[1].workers.size() == 2);
@@ -136,8 +138,24 @@ TEST_CASE("fabric config errors name the key", "[control][fabric]") {
              Catch::Contains("fabric.self") && Catch::Contains("leafZ"));
   CHECK_THAT(error_of(replaced(f, "self: leafA", "self: leafA\n  colour: red")),
              Catch::Contains("fabric.colour") && Catch::Contains("unknown key"));
-  CHECK_THAT(error_of(replaced(f, "  token_file: /tmp/fabric-token\n", "")),
-             Catch::Contains("fabric.token_file"));
+  // The daemons share their rings through etcd: its section is required, and the token of
+  // daemon-to-daemon calls is refused by name.
+  const std::string etcd_line =
+      "  etcd: {endpoints: [\"http://10.0.0.100:2379\", \"http://etcd-b:2379\"], timeout_ms: "
+      "700}\n";
+  CHECK_THAT(error_of(replaced(f, etcd_line, "")), Catch::Contains("fabric.etcd"));
+  CHECK_THAT(error_of(replaced(f, etcd_line, etcd_line + "  token_file: /tmp/fabric-token\n")),
+             Catch::Contains("fabric.token_file") && Catch::Contains("etcd"));
+  CHECK_THAT(error_of(replaced(f, "\"http://etcd-b:2379\"", "\"etcd-b:2379\"")),
+             Catch::Contains("fabric.etcd.endpoints[1]"));
+  CHECK_THAT(error_of(replaced(f, etcd_line, "  etcd: {endpoints: []}\n")),
+             Catch::Contains("fabric.etcd.endpoints"));
+  CHECK_THAT(error_of(replaced(f, "timeout_ms: 700", "timeout_ms: 10")),
+             Catch::Contains("fabric.etcd.timeout_ms"));
+  CHECK_THAT(error_of(replaced(f, "timeout_ms: 700", "timeout_ms: 700, prefix: netreduce")),
+             Catch::Contains("fabric.etcd.prefix"));
+  CHECK_THAT(error_of(replaced(f, "name: leafC", "name: leaf/C")),
+             Catch::Contains("fabric.boxes[4].name") && Catch::Contains("letters"));
   CHECK_THAT(error_of(replaced(f, "parent: spine, port_to_parent: b}",
                                "parent: spin, port_to_parent: b}")),
              Catch::Contains("fabric.boxes[1].parent") && Catch::Contains("spin"));
@@ -278,23 +296,25 @@ TEST_CASE("state file: a fabric ring's entry, node, peers and pending removals r
   origin.credential = std::string(32, 'c');
   origin.lease_ms = 5000;
   origin.entry = std::string(32, 'e');
+  origin.etcd_lease = 0x7E57000000000001;
   for (const FabricEntry& e : entries) {
     if (e.box == "leafA") {
       origin.tree = e.tree;
     } else {
-      PeerPush p;
+      PeerEntry p;
       p.box = e.box;
       p.ring = fabric_entry_json(spec, e);
-      p.pushed = true;  // memory only: comes back false
+      p.installed = true;  // memory only: comes back false
       origin.peers.push_back(p);
     }
   }
   engine::RingSpec other = spec;
   other.ring_id = 8;
-  RingRecord peer;  // an entry another box pushed here
+  RingRecord peer;  // an entry another box published for this one
   peer.spec = other;
   peer.entry = std::string(32, 'f');
   peer.origin = "spine";
+  peer.etcd_lease = 42;
   RingRecord outside;  // an origin that holds no part
   outside.spec = other;
   outside.spec.ring_id = 9;
@@ -303,15 +323,11 @@ TEST_CASE("state file: a fabric ring's entry, node, peers and pending removals r
   rings.emplace(7, origin);
   rings.emplace(8, peer);
   rings.emplace(9, outside);
-  const std::vector<FabricDelete> dels = {{"leafB", 3, std::string(32, 'b'), {}}};
-  REQUIRE(st.save(rings, dels).ok());
+  REQUIRE(st.save(rings).ok());
   RingMap back;
-  std::vector<FabricDelete> dels_back;
-  const Status s = st.load(back, &dels_back);
+  const Status s = st.load(back);
   INFO(s.to_string());
   REQUIRE(s.ok());
-  REQUIRE(dels_back.size() == 1);
-  CHECK(dels_back[0].same(dels[0]));
   REQUIRE(back.size() == 3);
   const RingRecord& o = back.at(7);
   CHECK(o.entry == origin.entry);
@@ -322,16 +338,26 @@ TEST_CASE("state file: a fabric ring's entry, node, peers and pending removals r
   for (size_t i = 0; i < 2; ++i) {
     CHECK(o.peers[i].box == origin.peers[i].box);
     CHECK(o.peers[i].ring == origin.peers[i].ring);
-    CHECK_FALSE(o.peers[i].pushed);  // a restarted origin pushes once more
+    CHECK_FALSE(o.peers[i].installed);  // a restarted origin reads the acks again
   }
+  CHECK(o.etcd_lease == origin.etcd_lease);
   CHECK(back.at(8).origin == "spine");
+  CHECK(back.at(8).etcd_lease == 42);
   CHECK_FALSE(back.at(8).tree.has_value());
   CHECK(back.at(8).credential.empty());
   CHECK_FALSE(back.at(9).local);
-  // Callers that take no removals list (load(rings)) read the same file.
-  RingMap plain;
-  REQUIRE(st.load(plain).ok());
-  CHECK(plain.size() == 3);
+  // A file from daemons that pushed entries to each other lists the removals
+  // they still owed: read and ignored (etcd says what each box holds).
+  {
+    std::ifstream in(dir + "/state.json");
+    json doc = json::parse(in);
+    doc["fabric_deletes"] =
+        json::array({{{"box", "leafB"}, {"id", 3}, {"entry", std::string(32, 'b')}}});
+    std::ofstream(dir + "/state.json") << doc.dump();
+  }
+  RingMap old_file;
+  REQUIRE(st.load(old_file).ok());
+  CHECK(old_file.size() == 3);
   std::filesystem::remove_all(dir);
 }
 
@@ -374,14 +400,14 @@ TEST_CASE("state file: fabric trees saved without an epoch and key get an instal
   const Status s = st.load(back);
   INFO(s.to_string());
   REQUIRE(s.ok());
-  // The peer's copy is left for its origin to push again.
+  // The peer's copy is left out: etcd gives it back.
   REQUIRE(back.size() == 1);
   const RingRecord& o = back.at(7);
   REQUIRE(o.tree);
   CHECK(o.tree->key != wire::B2bKey{});
   // One installation for the node and both pushes.
   REQUIRE(o.peers.size() == 2);
-  for (const PeerPush& p : o.peers) {
+  for (const PeerEntry& p : o.peers) {
     CHECK(p.ring["tree"]["epoch"] == o.tree->epoch);
     CHECK(p.ring["tree"]["key"] == key_to_hex(o.tree->key));
   }

@@ -11,7 +11,8 @@ real netreduced run host-side, one per box, with the same fabric section
 the root with leafA and leafB as children in that order. Each job is
 netreduce-allreduce-perf in the four guests (rank r in g<r>, P = 4) with
 NETREDUCE_DAEMON at leafA's daemon: rank 0's one registration installs the
-ring's tree on all three boxes (leafA pushes the others their entries).
+ring's tree on all three boxes (leafA publishes the others' entries in a
+real etcd, host-side, which the other two daemons watch).
 
 Steps, each reported on its own and each able to fail:
   tree: every dtype x every op, 8 B..32 KiB, with --check-order --rack-size 2:
@@ -20,8 +21,8 @@ Steps, each reported on its own and each able to fail:
      then the racks in child order at the spine), every other dtype x op
      exact. Required: every rank exits 0, path ina, 0 errors on every row,
      and elements that would differ under another nesting (the check tells
-     the orders apart). The origin's GET shows every box's entry pushed and
-     installed; each box's list_rings shows its node (leaves: their two
+     the orders apart). The origin's GET shows every box's entry published
+     and installed; each box's list_rings shows its node (leaves: their two
      ranks, the spine: two child boxes). Per-link byte counts (tcpdump on
      upA and upB, decoded here from the IBTA and box-to-box layouts): the
      distinct partials leafA sends up are exactly the distinct RDMA WRITE
@@ -48,6 +49,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
 import nrlab  # noqa: E402
 import scenario_allreduce as sa  # noqa: E402  (Daemon, Job, sweep rules, capture parsing)
 from b2b_golden import B2B_PORT, KINDS  # noqa: E402  (the box-to-box layout's independent description)
+from etcd_cluster import EtcdCluster  # noqa: E402
 
 RACKS = [2, 2]
 BOOT_PORT = 29520
@@ -63,7 +65,7 @@ JOB_TIMEOUT = 300  # the jobs take 10-15 s; well inside meson's 900 s, so a hang
 Failed, expect = nrlab.Failed, nrlab.expect
 
 
-def fabric(lab, name, token_file):
+def fabric(lab, name, etcd):
     """The fabric section every daemon gets (only `self` differs)."""
     boxes = []
     for box, parent in (("spine", "none"), ("leafA", "spine"), ("leafB", "spine")):
@@ -76,16 +78,13 @@ def fabric(lab, name, token_file):
         boxes.append(b)
     racks = [{"leaf": leaf, "workers": ["%s/32" % g.ip for g in lab.guests if g.rack == i]}
              for i, leaf in enumerate(("leafA", "leafB"))]
-    return {"fabric": {"self": name, "token_file": token_file, "boxes": boxes, "racks": racks}}
+    return {"fabric": {"self": name, "etcd": {"endpoints": etcd.endpoints}, "boxes": boxes,
+                       "racks": racks}}
 
 
-def start_daemons(lab, exe):
-    token = os.path.join(lab.run_dir, "fabric-token")
-    with open(token, "w") as f:
-        f.write("fabric-%d\n" % os.getpid())
-    os.chmod(token, 0o600)
+def start_daemons(lab, exe, etcd):
     return {n: sa.Daemon(lab, exe, port=PORTS[n], box=lab.boxes[n], name="netreduced-" + n,
-                         extra=fabric(lab, n, token)) for n in ("spine", "leafA", "leafB")}
+                         extra=fabric(lab, n, etcd)) for n in ("spine", "leafA", "leafB")}
 
 
 def tree_counters(lab, rid):
@@ -194,8 +193,8 @@ def step_tree(lab, a, daemons, rep):
     view = daemons[ORIGIN].ring(rid)
     peers = view["fabric"]["peers"]
     expect(sorted(p["box"] for p in peers) == ["leafB", "spine"] and all(p["installed"] for p in peers),
-           "origin's push state: %s" % peers)
-    rep.figure("fabric: pushed and installed at", ", ".join(sorted(p["box"] for p in peers)))
+           "origin's view of its peers: %s" % peers)
+    rep.figure("fabric: published and installed at", ", ".join(sorted(p["box"] for p in peers)))
     nodes = {n: b.ring(rid)["spec"]["tree"] for n, b in lab.boxes.items()}
     expect([c.get("rank") for c in nodes["leafA"]["children"]] == [0, 1], "leafA node %s" % nodes["leafA"])
     expect([c.get("rank") for c in nodes["leafB"]["children"]] == [2, 3], "leafB node %s" % nodes["leafB"])
@@ -285,10 +284,15 @@ def main():
             head.line("2 racks x 2 guests (kernel %s, rdma_rxe), a leaf box per rack and a spine, "
                       "net_af_packet" % lab.kernel)
             head.figure("lab setup (boot to rxe0 ready, three boxes)", "%.1f" % lab.setup_seconds, "s")
-            daemons = start_daemons(lab, a.daemon)
-            for name, step in (("multirack-tree", step_tree), ("multirack-loss", step_loss)):
-                reports.append(nrlab.Report(name, lab.run_dir))
-                nrlab.run_step(lab, [reports[-1]], step, lab, a, daemons, reports[-1])
+            # In the lab namespace, beside the daemons, on the host's lab address.
+            etcd = EtcdCluster(lab.run_dir, wrap=["ip", "netns", "exec", lab.ns], host=nrlab.HOST_IP)
+            try:
+                daemons = start_daemons(lab, a.daemon, etcd)
+                for name, step in (("multirack-tree", step_tree), ("multirack-loss", step_loss)):
+                    reports.append(nrlab.Report(name, lab.run_dir))
+                    nrlab.run_step(lab, [reports[-1]], step, lab, a, daemons, reports[-1])
+            finally:
+                etcd.close()
             for n, b in lab.boxes.items():  # three polling boxes beside four guests on 2 cores
                 head.figure("%s CPU time (user + system) / its wall time" % n, box_cpu(b))
             head.figure("scenario wall time", "%.1f" % (time.monotonic() - t0), "s")
