@@ -45,7 +45,9 @@
 //   holds for this box; the acks watcher (`acks_watch_`) records the peers'
 //   reports of this origin's entries. Each calls etcd with no lock held
 //   (snapshot under `mu_`, call, apply under `mu_`); the entries watcher
-//   changes the data plane under `change_mu_` like an API call.
+//   changes the data plane under `change_mu_` like an API call. A peer
+//   record's ack has one writer at a time: whoever holds its claim
+//   (RingRecord::acking, a number from `ack_claims_`, under `mu_`).
 #pragma once
 
 #include <atomic>
@@ -210,8 +212,9 @@ class Daemon {
   // Takes a checked entry into the table and the data plane (replacing an
   // older registration of its id). known: held already, nothing done.
   // Error: refused (quota, id registered here, the data plane's refusal),
-  // or unavailable (kept; the reconciler installs it).
-  Status install_entry(const RingRecord& rec, bool& known);
+  // or unavailable (kept; the reconciler installs it). claim: the record's
+  // ack claim (RingRecord::acking) when it entered the table, else 0.
+  Status install_entry(const RingRecord& rec, bool& known, uint64_t& claim);
   // Removes this box's entry of `id` unless it is registration `keep`.
   void drop_other_entry(uint32_t id, const std::string& keep);
   void sync_entries(const std::vector<EtcdKv>& kvs);
@@ -268,6 +271,7 @@ class Daemon {
   };
   std::vector<PendingRevoke> revoke_;  // guarded by mu_: etcd leases of removed rings
   std::set<std::string> publishing_;   // guarded by mu_: registrations publish() is at
+  uint64_t ack_claims_ = 0;            // guarded by mu_: the last ack claim handed out
   std::condition_variable acks_cv_;    // with mu_: a peer's ack arrived
   std::unique_ptr<Etcd> etcd_;         // with a fabric section; built before start()'s threads
   std::thread fabric_upkeep_, entries_watch_, acks_watch_;

@@ -411,20 +411,30 @@ void Daemon::refresh_acks() {
   std::vector<RingRecord> changed;
   {
     std::lock_guard lock(mu_);
-    for (const auto& [id, rec] : rings_)
-      if (!rec.origin.empty() && rec.etcd_lease) changed.push_back(rec);
+    // One writer of a record's ack at a time: two puts in flight could land
+    // in etcd in the other order, leaving the older value as the last word.
+    for (auto& [id, rec] : rings_)
+      if (!rec.origin.empty() && rec.etcd_lease && !rec.acking) {
+        rec.acking = ++ack_claims_;  // the copy below carries it
+        changed.push_back(rec);
+      }
   }
-  for (RingRecord& rec : changed) {
+  for (const RingRecord& rec : changed) {
     // Only a refresh begun after the last ack tells anything new (an older
     // one may predate the install that ack reported).
     const std::optional<bool> installed = installed_per_cache(rec, rec.acked_at);
     const auto asked = SteadyClock::now();
-    if (!installed || rec.acked == *installed || !put_ack(rec, *installed, {})) continue;
+    const bool sent = installed && rec.acked != *installed && put_ack(rec, *installed, {});
     std::lock_guard lock(mu_);
+    // The claim, not the entry, names the record: the same entry may have
+    // left and come back (a new lease) meanwhile, claimed by its install.
     if (auto it = rings_.find(rec.spec.ring_id);
-        it != rings_.end() && it->second.entry == rec.entry) {
-      it->second.acked = *installed;
-      it->second.acked_at = asked;
+        it != rings_.end() && it->second.acking == rec.acking) {
+      it->second.acking = 0;
+      if (sent) {
+        it->second.acked = *installed;
+        it->second.acked_at = asked;
+      }
     }
   }
 }
@@ -512,7 +522,8 @@ void Daemon::apply_entry(const EtcdKv& kv) {
   if (s) s = engine::validate(rec.spec);
   if (s) s = check_own_entry(rec.spec, rec.tree);
   bool known = false;
-  if (s) s = install_entry(rec, known);
+  uint64_t claim = 0;
+  if (s) s = install_entry(rec, known, claim);
   if (known) return;  // held already (a whole read after a restart)
   const bool refused = !s && s.code() != StatusCode::unavailable;
   if (refused) {
@@ -525,17 +536,22 @@ void Daemon::apply_entry(const EtcdKv& kv) {
     spdlog::info("ring {}: fabric entry from box {} ({})", id, origin,
                  rec.tree ? "tree node" : "plain ring");
   }
-  // Acked with no lock held; the upkeep acks again what this one missed.
+  // Acked with no lock held. A record that entered the table did so claimed
+  // for this ack (`claim`), so the upkeep's acks of it come after this one;
+  // they correct it from a metrics refresh begun after it, or send what it
+  // missed.
   const auto asked = SteadyClock::now();
-  if (!put_ack(rec, s.ok(), refused ? s : Status()) || refused) return;
+  const bool sent = put_ack(rec, s.ok(), refused ? s : Status());
+  if (!claim) return;
   std::lock_guard lock(mu_);
-  if (auto it = rings_.find(id); it != rings_.end() && it->second.entry == entry) {
-    it->second.acked = s.ok();
+  if (auto it = rings_.find(id); it != rings_.end() && it->second.acking == claim) {
+    it->second.acking = 0;
     it->second.acked_at = asked;
+    if (sent) it->second.acked = s.ok();
   }
 }
 
-Status Daemon::install_entry(const RingRecord& rec, bool& known) {
+Status Daemon::install_entry(const RingRecord& rec, bool& known, uint64_t& claim) {
   const uint32_t id = rec.spec.ring_id;
   std::lock_guard change(change_mu_);
   std::unique_lock lock(mu_);
@@ -546,7 +562,12 @@ Status Daemon::install_entry(const RingRecord& rec, bool& known) {
       return {StatusCode::conflict, "id",
               id_text(id) + " is registered on box " + cfg_.fabric->self + " itself"};
     if (have.entry == rec.entry && same_spec(have.spec, rec.spec) && have.tree == rec.tree) {
-      have.etcd_lease = rec.etcd_lease;
+      if (have.etcd_lease != rec.etcd_lease) {
+        // Published again under a new lease: the old lease's ack went with
+        // it, so the upkeep acks again under the new one.
+        have.etcd_lease = rec.etcd_lease;
+        have.acked.reset();
+      }
       known = true;
       return {};
     }
@@ -563,7 +584,8 @@ Status Daemon::install_entry(const RingRecord& rec, bool& known) {
     return {StatusCode::resource_exhausted, "quotas.max_memory",
             "the ring needs " + std::to_string(need) + " bytes; " + std::to_string(used) + " of " +
                 std::to_string(cfg_.max_memory) + " are taken on box " + cfg_.fabric->self};
-  rings_.emplace(id, rec);
+  claim = ++ack_claims_;
+  rings_.emplace(id, rec).first->second.acking = claim;  // apply_entry's ack
   if (Status s = save_locked(); !s) {
     rings_.erase(id);
     return {StatusCode::internal, "", "cannot persist the state: " + s.message()};

@@ -82,6 +82,7 @@ struct RingRecord {
   std::chrono::steady_clock::time_point etcd_failed{};   // origin: last failed try; max: its POST's
   std::optional<bool> acked;                             // peer: the "installed" its last ack said
   std::chrono::steady_clock::time_point acked_at{};      // peer: when that ack was sent
+  uint64_t acking = 0;  // peer: the claim (Daemon::ack_claims_) of whoever puts its ack; 0: none
 };
 
 using RingMap = std::map<uint32_t, RingRecord>;

@@ -26,12 +26,16 @@ Scenarios:
                   with the newer entry and keeps it
   fabric_etcd_member_loss  etcd of 3 members: one killed, then one that answers a byte every
                   200 ms, then one that accepts and never answers, each in front of the daemons'
-                  preferred endpoint: registrations answer within 1 s, running rings stay
-                  installed with their leases renewed, /v1/health answers within 1 s
+                  preferred endpoint: registrations answer within 1 s with every peer's ack
+                  in, running rings stay installed with their leases renewed, /v1/health
+                  answers within 1 s
   fabric_etcd_down  every etcd member stopped: a two-rack POST fails fast (503
                   fabric_unavailable) and leaves nothing behind, a ring within the origin's own
                   rack still registers, running rings stay installed past their etcd lease; etcd
                   back: POSTs work; etcd recreated empty: every box catches up
+  fabric_etcd_slow  every etcd call 50 ms late (a delaying proxy in front of the one member):
+                  each of 20 POSTs answers with every peer's ack in, none stale (a peer's acks
+                  of one entry must land in the order it sent them)
   fabric_slow_peer_dataplane  leaf B's data plane answering after 3 s: a POST at leaf A of a
                   rack-B ring answers within 1.5 s, and the ring is reported installed once leaf
                   B's data plane took it
@@ -39,6 +43,7 @@ Scenarios:
 import hashlib
 import json
 import os
+import socket
 import socketserver
 import subprocess
 import threading
@@ -545,6 +550,49 @@ class StallServer(socketserver.ThreadingTCPServer):
         self.server_close()
 
 
+class DelayProxy:
+    """A TCP proxy in front of `target` ("http://host:port") that holds whatever a client sends
+    for `delay` seconds before passing it on; answers come back at once. Every request through
+    it costs `delay` more; `url` is its own endpoint."""
+
+    def __init__(self, target, delay):
+        host, port = target.rsplit("/", 1)[1].rsplit(":", 1)
+        self.target, self.delay, self.stopping = (host, int(port)), delay, threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = "http://127.0.0.1:%d" % self.listener.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while not self.stopping.is_set():
+            try:
+                client, _ = self.listener.accept()
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                continue
+            threading.Thread(target=self.pump, args=(client, upstream, self.delay), daemon=True).start()
+            threading.Thread(target=self.pump, args=(upstream, client, 0), daemon=True).start()
+
+    def pump(self, src, dst, delay):
+        try:
+            while not self.stopping.is_set():
+                data = src.recv(65536)
+                if not data:
+                    break
+                time.sleep(delay)
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.stopping.set()
+        self.listener.close()
+
+
 def timed(fn):
     t0 = time.time()
     out = fn()
@@ -582,6 +630,9 @@ def scenario_fabric_etcd_member_loss(tmp):
             while time.time() < end:
                 (st, body), took = timed(lambda: a.call("POST", "/v1/rings", ring(rid, FOUR)))
                 assert st == 201, (name, st, body)
+                late = [p["box"] for p in body["ring"]["fabric"]["peers"] if not p["installed"]]
+                assert not late, "%s: ring %d: the POST answered after %.2f s without the acks of %s" % (
+                    name, rid, took, late)
                 worst_post = max(worst_post, took)
                 assert a.call("DELETE", "/v1/rings/%d" % rid)[0] == 204
                 rid += 1
@@ -605,6 +656,33 @@ def scenario_fabric_etcd_member_loss(tmp):
     check_installed(dps, 61, {})
     teardown(ds, dps, etcd)
     print("fabric_etcd_member_loss: " + "; ".join(report) + "; ring 61 stayed on every box")
+
+
+def scenario_fabric_etcd_slow(tmp):
+    ds, dps, etcd = setup(tmp)
+    proxy = DelayProxy(etcd.endpoints[0], 0.05)
+    restart_with(ds, [proxy.url])
+    a = ds["leafA"]
+    took_all = []
+    # A peer acks an entry once it is installed, and its upkeep acks again what a metrics refresh
+    # says: with two acks of one entry in flight, the older could land last and leave the origin
+    # seeing "not installed" after the wait. Each call held 50 ms makes that overlap likely.
+    for rid in range(81, 101):
+        (st, body), took = timed(lambda: a.call("POST", "/v1/rings", ring(rid, FOUR)))
+        assert st == 201, (rid, st, body)
+        late = [p["box"] for p in body["ring"]["fabric"]["peers"] if not p["installed"]]
+        assert not late, "ring %d: the POST answered after %.2f s without the acks of %s" % (rid, took, late)
+        took_all.append(took)
+        time.sleep(0.2)  # past any ack still in flight
+        st, g = a.call("GET", "/v1/rings/%d" % rid)
+        late = [p["box"] for p in g["fabric"]["peers"] if not p["installed"]]
+        assert st == 200 and g["installed"] and not late, "ring %d: installed no more at %s: %s" % (rid, late, g)
+        assert a.call("DELETE", "/v1/rings/%d" % rid)[0] == 204
+    proxy.close()
+    teardown(ds, dps, etcd)
+    took_all.sort()
+    print("fabric_etcd_slow: every etcd call 50 ms late; 20 POSTs answered with every ack in, "
+          "median %.2f s, worst %.2f s" % (took_all[len(took_all) // 2], took_all[-1]))
 
 
 def scenario_fabric_etcd_down(tmp):
