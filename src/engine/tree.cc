@@ -1,4 +1,4 @@
-// Tree entries: validation (tree.h). The packet path is engine.cc's.
+// Tree entries: validation (tree.h). The packet path is tree_path.cc's.
 #include "engine/tree.h"
 
 #include <string>
