@@ -163,6 +163,23 @@ Outcome Engine::Impl::one(const Frame& f, uint64_t now, Sink& out) noexcept {
 
 // ---- lookup -------------------------------------------------------------------
 
+// An RDMA WRITE without an INA header. On a ring link, its PSN range is
+// remembered so its later packets are forwarded too (elsewhere nothing needs
+// tracking).
+Outcome Engine::Impl::ordinary_write(const uint8_t* f, const ParsedFrame& p, const ConnKey& key,
+                                     const LinkUse* link, uint32_t psn) noexcept {
+  if (link) {
+    if (const Clt::Slot* s = clt.find(key); s && s->retired()) return count(Reason::ring_retired);
+    const uint32_t dma = reinterpret_cast<const wire::Reth*>(f + p.reth)->dma_length.host();
+    const uint32_t per = std::max<uint32_t>(p.payload_len, 1);
+    pass.add(key, psn, p.opcode == kWriteFirst ? std::max<uint32_t>(1, (dma + per - 1) / per) : 1);
+  }
+  return count(Reason::fwd_no_ina);
+}
+
+// A message's first packet: forwarded if it is not the box's (no INA
+// header, or off every ring link), otherwise checked (ICRC, ring, header),
+// its connection bound to (ring, rank), its message recorded, aggregated.
 template <ReduceMode M, IcrcFixup F>
 Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey& key, uint64_t now,
                                    Sink& out) noexcept {
@@ -170,18 +187,7 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
   const uint32_t psn = psn_of(f, p);
   const std::optional<wire::InaInfo> ina = wire::ina_decode(f + p.payload, p.payload_len);
   const LinkUse* link = rings.link(key.src, key.dst);
-  if (!ina) {
-    // Ordinary RDMA WRITE. On a ring link, remember its PSN range so its
-    // later packets are forwarded too (elsewhere nothing needs tracking).
-    if (link) {
-      if (const Clt::Slot* s = clt.find(key); s && s->retired()) return count(Reason::ring_retired);
-      const uint32_t dma = reinterpret_cast<const wire::Reth*>(f + p.reth)->dma_length.host();
-      const uint32_t per = std::max<uint32_t>(p.payload_len, 1);
-      pass.add(key, psn,
-               p.opcode == kWriteFirst ? std::max<uint32_t>(1, (dma + per - 1) / per) : 1);
-    }
-    return count(Reason::fwd_no_ina);
-  }
+  if (!ina) return ordinary_write(f, p, key, link, psn);
   // The box only claims traffic on ring links: elsewhere a payload that
   // happens to begin with the magic is somebody's data, passed untouched
   // before anything else looks at it, from the box's first packet on. A
@@ -202,68 +208,88 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
     return count(Reason::unknown_ring);
   }
   Ring& ring = rings.at(static_cast<uint32_t>(at));
-  if (ina->version != wire::kInaVersion || ina->rank >= ring.p || ina->msg_len == 0 ||
-      ina->msg_len > ring.msg_len || (p.opcode != kWriteFirst && ina->msg_len != 1) ||
-      (p.opcode == kWriteFirst && ina->msg_len < 2) || !wire::is_valid_dtype(ina->dtype) ||
-      !wire::is_valid_op(ina->op))
-    return count(Reason::bad_ina_header, &ring);
-  if (key.src != ring.spec.members[ina->rank] ||
-      key.dst != ring.spec.members[(ina->rank + 1) % ring.p])
-    return count(Reason::rank_address_mismatch, &ring);
+  Reason why{};
+  if (!check_header(ring, *ina, p, key, why) ||
+      !bind_conn(ring, static_cast<uint32_t>(at), ina->rank, key, slot, why) ||
+      !record_first(ring, *ina, psn, why))
+    return count(why, &ring);
+  const HistEntry& msg = ring.hist_row(ina->rank)[ina->msg_id & (ring.slots - 1)];
+  return aggregate<M, F>(ring, ina->rank, msg, 0, pkt, p, head, now, out);
+}
+
+// The INA header of a first packet against its ring and connection; false
+// with the reason if it does not fit.
+bool Engine::Impl::check_header(const Ring& ring, const wire::InaInfo& ina, const ParsedFrame& p,
+                                const ConnKey& key, Reason& why) const noexcept {
+  if (ina.version != wire::kInaVersion || ina.rank >= ring.p || ina.msg_len == 0 ||
+      ina.msg_len > ring.msg_len || (p.opcode != kWriteFirst && ina.msg_len != 1) ||
+      (p.opcode == kWriteFirst && ina.msg_len < 2) || !wire::is_valid_dtype(ina.dtype) ||
+      !wire::is_valid_op(ina.op))
+    return (why = Reason::bad_ina_header, false);
+  if (key.src != ring.spec.members[ina.rank] ||
+      key.dst != ring.spec.members[(ina.rank + 1) % ring.p])
+    return (why = Reason::rank_address_mismatch, false);
   // A ring that gave its QP numbers is dispatched by them (the data plane
   // splits its links over workers): a first packet on another QP binds
   // nowhere, or a worker could hold connections dispatch never sends it.
-  if (!ring.spec.qpns.empty() && key.qpn != ring.spec.qpns[(ina->rank + 1) % ring.p])
-    return count(Reason::qpn_mismatch, &ring);
-  if (!ring.spec.allows_dtype(ina->dtype) || !ring.spec.allows_op(ina->op))
-    return count(Reason::dtype_mismatch, &ring);
+  if (!ring.spec.qpns.empty() && key.qpn != ring.spec.qpns[(ina.rank + 1) % ring.p])
+    return (why = Reason::qpn_mismatch, false);
+  if (!ring.spec.allows_dtype(ina.dtype) || !ring.spec.allows_op(ina.op))
+    return (why = Reason::dtype_mismatch, false);
   // A tree node holds its local ranks only (their links are the only ones
   // installed; this catches a rank that shares a local rank's address).
-  if (!((ring.all_ranks >> ina->rank) & 1)) return count(Reason::rank_address_mismatch, &ring);
+  if (!((ring.all_ranks >> ina.rank) & 1)) return (why = Reason::rank_address_mismatch, false);
+  return true;
+}
 
-  // Bind the connection to (ring, rank); a rank whose QP changed is rebound.
-  RankConn& rc = ring.conns[ina->rank];
+// Binds the connection (`slot`: its CLT slot, if any) to (ring `at`,
+// `rank`); a rank whose QP changed is rebound. False with the reason if it
+// may not bind.
+bool Engine::Impl::bind_conn(Ring& ring, uint32_t at, unsigned rank, const ConnKey& key,
+                             Clt::Slot* slot, Reason& why) noexcept {
+  RankConn& rc = ring.conns[rank];
   // A removed ring's connection never binds again while its tombstone lasts,
   // whatever ring it names: the same id re-installed cannot tell the old
   // run's go-back-N resends from the new run's packets, and letting the old
   // run bind a rank first would put its stale data into the new run's cells.
   // A new run uses new QPs; a QP number the host reuses within the grace
   // fails that run loudly (its probe all-reduce falls back to the ring).
-  if (slot && slot->retired()) return count(Reason::ring_retired, &ring);
-  if (slot && slot->ina() &&
-      (slot->owner != static_cast<uint32_t>(at) || slot->rank != ina->rank)) {
+  if (slot && slot->retired()) return (why = Reason::ring_retired, false);
+  if (slot && slot->ina() && (slot->owner != at || slot->rank != rank)) {
     rings.unbind(rings.at(slot->owner), slot->rank,
                  clt);  // the key now belongs to another ring/rank
     slot = nullptr;
   }
-  if (!slot) {
-    if (rc.bound) {
-      rings.unbind(ring, ina->rank, clt);
-      ++ring.counters.connections_rebound;
-    }
-    slot = clt.insert(key);
-    if (!slot) return count(Reason::clt_full, &ring);
-    slot->state = ConnState::ina;
-    slot->owner = static_cast<uint32_t>(at);
-    slot->rank = static_cast<uint8_t>(ina->rank);
-    rc.key = key;
-    rc.bound = true;
+  if (slot) return true;
+  if (rc.bound) {
+    rings.unbind(ring, rank, clt);
+    ++ring.counters.connections_rebound;
   }
+  slot = clt.insert(key);
+  if (!slot) return (why = Reason::clt_full, false);
+  slot->state = ConnState::ina;
+  slot->owner = at;
+  slot->rank = static_cast<uint8_t>(rank);
+  rc.key = key;
+  rc.bound = true;
+  return true;
+}
 
-  // Record the message; never let an older message replace newer history.
-  HistEntry* row = ring.hist_row(ina->rank);
-  switch (record_message(row, ring.slots, rc,
-                         HistEntry{ina->msg_id, psn, ina->msg_len, ina->dtype, ina->op, true})) {
+// Records the first packet's message in its rank's history; never lets an
+// older message replace newer history. False with the reason if refused.
+bool Engine::Impl::record_first(Ring& ring, const wire::InaInfo& ina, uint32_t psn,
+                                Reason& why) noexcept {
+  switch (record_message(ring.hist_row(ina.rank), ring.slots, ring.conns[ina.rank],
+                         HistEntry{ina.msg_id, psn, ina.msg_len, ina.dtype, ina.op, true})) {
     case Recorded::changed:
-      return count(Reason::malformed, &ring);  // same message, different shape
+      return (why = Reason::malformed, false);  // same message, different shape
     case Recorded::stale:
-      return count(Reason::stale_message, &ring);
+      return (why = Reason::stale_message, false);
     case Recorded::added:
     case Recorded::same:
       break;
   }
-  return aggregate<M, F>(ring, ina->rank, row[ina->msg_id & (ring.slots - 1)], 0, pkt, p, head, now,
-                         out);
+  return true;
 }
 
 template <ReduceMode M, IcrcFixup F>

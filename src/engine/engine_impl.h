@@ -19,6 +19,7 @@
 #include "engine/pass_table.h"
 #include "engine/ring_state.h"
 #include "wire/b2b.h"
+#include "wire/ina.h"
 #include "wire/parse.h"
 
 namespace netreduce::engine {
@@ -92,6 +93,13 @@ struct alignas(64) Engine::Impl {
   template <ReduceMode M, IcrcFixup F>
   Outcome first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey& key, uint64_t now,
                        Sink& out) noexcept;
+  Outcome ordinary_write(const uint8_t* f, const ParsedFrame& p, const ConnKey& key,
+                         const LinkUse* link, uint32_t psn) noexcept;
+  bool check_header(const Ring& ring, const wire::InaInfo& ina, const ParsedFrame& p,
+                    const ConnKey& key, Reason& why) const noexcept;
+  bool bind_conn(Ring& ring, uint32_t at, unsigned rank, const ConnKey& key, Clt::Slot* slot,
+                 Reason& why) noexcept;
+  bool record_first(Ring& ring, const wire::InaInfo& ina, uint32_t psn, Reason& why) noexcept;
   template <ReduceMode M, IcrcFixup F>
   Outcome later_packet(Pkt pkt, const ParsedFrame& p, const ConnKey& key, uint64_t now,
                        Sink& out) noexcept;
