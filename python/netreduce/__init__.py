@@ -1,4 +1,4 @@
-"""netreduce: in-network all-reduce for data-parallel training, from Python.
+"""netreduce: in-network all-reduce (and the collectives made of it) for training, from Python.
 
 Theory of operation
 -------------------
@@ -15,6 +15,13 @@ threads (the DDP hook's completion thread relies on it).
         op_timeout_ms=5000. Rank 0 listens at `bootstrap`.
     .allreduce(buf, op="sum")        in place, blocking
     .allreduce_async(buf, op="sum")  -> Request (.wait(), .test())
+    .broadcast(buf, root=0)          in place, bit-exact
+    .all_gather(send, recv)          recv: world x send's elements, bit-exact
+    .reduce_scatter(send, recv, op="sum")  send: world x recv's elements
+    .reduce(buf, op="sum", root=0)   in place at the root (others' buf unchanged)
+    .barrier()
+    (each with an _async form returning a Request; every one is a single
+    all-reduce, through the box when the path is "ina")
     .path ("ina" or "ring"), .path_reason, .failovers, .ring_id, .rings, .rank, .world,
     .local_rank, .local_size
     .close() / with-statement
@@ -28,6 +35,7 @@ errors raise NetreduceError subclasses carrying nr_last_error().
 the c10d backend "netreduce".
 """
 import ctypes
+import operator
 
 from . import _lib
 
@@ -100,8 +108,9 @@ def _check(status, what):
     raise _ERRORS.get(status, NetreduceError)(status, msg, what)
 
 
-def _buffer(buf):
-    """(address, element count, nr_dtype) of an in-place buffer, or raises."""
+def _buffer(buf, writable=True):
+    """(address, element count, nr_dtype) of a buffer the library writes
+    (or, writable=False, only reads), or raises."""
     mod = type(buf).__module__.split(".")[0]
     if mod == "torch":
         if str(buf.layout) != "torch.strided":
@@ -114,9 +123,9 @@ def _buffer(buf):
                             (buf.dtype, ", ".join(DTYPES)))
         if not buf.is_contiguous():
             raise ValueError("netreduce: tensor is not contiguous (call .contiguous() and copy back)")
-        if buf.requires_grad and buf.is_leaf:
-            raise ValueError("netreduce: in-place all-reduce of a leaf tensor that requires grad "
-                             "(use tensor.data or torch.no_grad())")
+        if writable and buf.requires_grad and buf.is_leaf:
+            raise ValueError("netreduce: a leaf tensor that requires grad cannot take a result in place "
+                             "(pass tensor.detach())")
         return buf.data_ptr(), buf.numel(), DTYPES[name]
     if mod == "numpy":
         import numpy as np
@@ -128,8 +137,8 @@ def _buffer(buf):
                             (buf.dtype, ", ".join(d for d in DTYPES if d != "bfloat16")))
         if not buf.flags.c_contiguous:
             raise ValueError("netreduce: array is not C-contiguous (use numpy.ascontiguousarray and copy back)")
-        if not buf.flags.writeable:
-            raise ValueError("netreduce: array is read-only (the all-reduce is in place)")
+        if writable and not buf.flags.writeable:
+            raise ValueError("netreduce: array is read-only (the result is written into it)")
         return buf.ctypes.data, buf.size, DTYPES[name]
     raise TypeError("netreduce: expected a numpy array or a torch tensor, got %s" % type(buf).__name__)
 
@@ -138,6 +147,25 @@ def _op(op):
     if not isinstance(op, str) or op.lower() not in OPS:
         raise ValueError("netreduce: op %r is not supported (supported: %s)" % (op, ", ".join(OPS)))
     return OPS[op.lower()]
+
+
+def _rank(root):
+    if isinstance(root, bool):
+        raise TypeError("netreduce: root must be an int, got %r" % (root,))
+    try:
+        return operator.index(root)  # int, numpy integers
+    except TypeError:
+        raise TypeError("netreduce: root must be an int, got %r" % (root,)) from None
+
+
+def _match(what, name, count, dt, other, want_count, want_dt):
+    """Raises unless buffer `name` has want_count elements of want_dt (the
+    library cannot see buffer sizes)."""
+    if dt != want_dt:
+        raise TypeError("netreduce: %s: %s and %s have different dtypes" % (what, name, other))
+    if count != want_count:
+        raise ValueError("netreduce: %s: %s has %d elements, expected %d (world x %s's)" %
+                         (what, name, count, want_count, other))
 
 
 def make_options(options):
@@ -177,10 +205,11 @@ def make_options(options):
 
 
 class Request:
-    """One asynchronous all-reduce. Keeps its buffer alive until it finished."""
+    """One asynchronous collective. Keeps its buffers alive until it
+    finished; wait() returns its result buffer."""
 
-    def __init__(self, comm, handle, buf):
-        self._comm, self._h, self._buf = comm, handle, buf
+    def __init__(self, comm, handle, buf, keep=(), what="all-reduce"):
+        self._comm, self._h, self._buf, self._keep, self._what = comm, handle, buf, keep, what
         self._done = False
 
     def wait(self, timeout_ms=-1):
@@ -208,10 +237,11 @@ class Request:
         self._done = True
         h, self._h = self._h, None
         try:
-            _check(st, "all-reduce")
+            _check(st, self._what)
         finally:
             _lib.lib().nr_request_free(h)
             self._buf = self._buf if st == _lib.OK else None
+            self._keep = ()
 
     def __del__(self):
         if getattr(self, "_h", None):
@@ -310,6 +340,71 @@ class Communicator:
         _check(_lib.lib().nr_allreduce_async(h, addr, addr, max(count, 0), dt, o, int(timeout_ms),
                                              ctypes.byref(r)), "all-reduce")
         return Request(self, r.value, buf)
+
+    def _start(self, what, fn, args, result, keep, timeout_ms):
+        """Starts fn(comm, *args, timeout_ms, &request): a Request that
+        returns `result` and keeps `keep` alive while it runs."""
+        h = self._handle()
+        r = ctypes.c_void_p()
+        _check(fn(h, *args, int(timeout_ms), ctypes.byref(r)), what)
+        return Request(self, r.value, result, keep, what)
+
+    def broadcast_async(self, buf, root=0, timeout_ms=-1):
+        """Starts a broadcast of the root's buf into every rank's buf (in
+        place, bit-exact for every dtype)."""
+        addr, count, dt = _buffer(buf)
+        return self._start("broadcast", _lib.lib().nr_broadcast_async, (addr, count, dt, _rank(root)), buf,
+                           (), timeout_ms)
+
+    def broadcast(self, buf, root=0, timeout_ms=-1):
+        """The root's buf into every rank's buf; returns buf."""
+        return self.broadcast_async(buf, root, timeout_ms).wait()
+
+    def all_gather_async(self, send, recv, timeout_ms=-1):
+        """Starts an all-gather: recv (world x send's elements, same dtype)
+        gets rank r's send at r x send's elements, bit-exact. send may be
+        that part of recv (in place)."""
+        s_addr, count, dt = _buffer(send, writable=False)
+        r_addr, r_count, r_dt = _buffer(recv)
+        _match("all-gather", "recv", r_count, r_dt, "send", count * self.world, dt)
+        return self._start("all-gather", _lib.lib().nr_all_gather_async, (s_addr, r_addr, count, dt), recv,
+                           (send,), timeout_ms)
+
+    def all_gather(self, send, recv, timeout_ms=-1):
+        """Every rank's send side by side in recv; returns recv."""
+        return self.all_gather_async(send, recv, timeout_ms).wait()
+
+    def reduce_scatter_async(self, send, recv, op="sum", timeout_ms=-1):
+        """Starts a reduce-scatter: send holds world x recv's elements; recv
+        gets this rank's part of their reduction (as all-reduce computes it)."""
+        s_addr, s_count, dt = _buffer(send, writable=False)
+        r_addr, count, r_dt = _buffer(recv)
+        _match("reduce-scatter", "send", s_count, dt, "recv", count * self.world, r_dt)
+        return self._start("reduce-scatter", _lib.lib().nr_reduce_scatter_async,
+                           (s_addr, r_addr, count, dt, _op(op)), recv, (send,), timeout_ms)
+
+    def reduce_scatter(self, send, recv, op="sum", timeout_ms=-1):
+        """This rank's part of the reduction of every rank's send; returns recv."""
+        return self.reduce_scatter_async(send, recv, op, timeout_ms).wait()
+
+    def reduce_async(self, buf, op="sum", root=0, timeout_ms=-1):
+        """Starts a reduce: the reduction of every rank's buf into the
+        root's buf (in place); the other ranks' buf is left as it was."""
+        addr, count, dt = _buffer(buf)
+        return self._start("reduce", _lib.lib().nr_reduce_async, (addr, addr, count, dt, _op(op), _rank(root)),
+                           buf, (), timeout_ms)
+
+    def reduce(self, buf, op="sum", root=0, timeout_ms=-1):
+        """The reduction of every rank's buf into the root's; returns buf."""
+        return self.reduce_async(buf, op, root, timeout_ms).wait()
+
+    def barrier_async(self, timeout_ms=-1):
+        """Starts a barrier."""
+        return self._start("barrier", _lib.lib().nr_barrier_async, (), None, (), timeout_ms)
+
+    def barrier(self, timeout_ms=-1):
+        """Returns once every rank called it."""
+        self.barrier_async(timeout_ms).wait()
 
     def close(self):
         """Destroys the communicator (a barrier with the other ranks). Idempotent."""

@@ -52,6 +52,32 @@ nr_status guarded(F&& f) noexcept {
   }
 }
 
+netreduce::DataType dt(nr_dtype t) { return static_cast<netreduce::DataType>(t); }
+netreduce::Op op_of(nr_op o) { return static_cast<netreduce::Op>(o); }
+
+// A blocking collective: f(communicator) -> Error.
+template <typename F>
+nr_status call(nr_comm* comm, F&& f) noexcept {
+  return guarded([&]() -> nr_status {
+    if (!comm || !comm->c) return invalid("comm: null");
+    return set(f(*comm->c));
+  });
+}
+
+// An asynchronous one: f(communicator, handle) -> Error; *out the request.
+template <typename F>
+nr_status call_async(nr_comm* comm, nr_request** out, F&& f) noexcept {
+  return guarded([&]() -> nr_status {
+    if (!out) return invalid("out: null pointer");
+    *out = nullptr;
+    if (!comm || !comm->c) return invalid("comm: null");
+    auto r = std::make_unique<nr_request>();
+    if (Error e = f(*comm->c, r->h)) return set(e);
+    *out = r.release();
+    return NR_OK;
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -155,26 +181,81 @@ void nr_comm_destroy(nr_comm* comm) {
 
 nr_status nr_allreduce(nr_comm* comm, const void* send, void* recv, size_t count, nr_dtype dtype,
                        nr_op op, int timeout_ms) {
-  return guarded([&]() -> nr_status {
-    if (!comm || !comm->c) return invalid("comm: null");
-    return set(comm->c->allreduce(send, recv, count, static_cast<netreduce::DataType>(dtype),
-                                  static_cast<netreduce::Op>(op), timeout_ms));
+  return call(comm, [&](netreduce::Communicator& c) {
+    return c.allreduce(send, recv, count, dt(dtype), op_of(op), timeout_ms);
   });
 }
 
 nr_status nr_allreduce_async(nr_comm* comm, const void* send, void* recv, size_t count,
                              nr_dtype dtype, nr_op op, int timeout_ms, nr_request** out) {
-  return guarded([&]() -> nr_status {
-    if (!out) return invalid("out: null pointer");
-    *out = nullptr;
-    if (!comm || !comm->c) return invalid("comm: null");
-    auto r = std::make_unique<nr_request>();
-    const Error e =
-        comm->c->allreduce_async(send, recv, count, static_cast<netreduce::DataType>(dtype),
-                                 static_cast<netreduce::Op>(op), r->h, timeout_ms);
-    if (!e.ok()) return set(e);
-    *out = r.release();
-    return NR_OK;
+  return call_async(comm, out, [&](netreduce::Communicator& c, netreduce::AllreduceHandle& h) {
+    return c.allreduce_async(send, recv, count, dt(dtype), op_of(op), h, timeout_ms);
+  });
+}
+
+nr_status nr_broadcast(nr_comm* comm, void* buf, size_t count, nr_dtype dtype, int root,
+                       int timeout_ms) {
+  return call(comm, [&](netreduce::Communicator& c) {
+    return c.broadcast(buf, count, dt(dtype), root, timeout_ms);
+  });
+}
+
+nr_status nr_broadcast_async(nr_comm* comm, void* buf, size_t count, nr_dtype dtype, int root,
+                             int timeout_ms, nr_request** out) {
+  return call_async(comm, out, [&](netreduce::Communicator& c, netreduce::AllreduceHandle& h) {
+    return c.broadcast_async(buf, count, dt(dtype), root, h, timeout_ms);
+  });
+}
+
+nr_status nr_all_gather(nr_comm* comm, const void* send, void* recv, size_t count, nr_dtype dtype,
+                        int timeout_ms) {
+  return call(comm, [&](netreduce::Communicator& c) {
+    return c.all_gather(send, recv, count, dt(dtype), timeout_ms);
+  });
+}
+
+nr_status nr_all_gather_async(nr_comm* comm, const void* send, void* recv, size_t count,
+                              nr_dtype dtype, int timeout_ms, nr_request** out) {
+  return call_async(comm, out, [&](netreduce::Communicator& c, netreduce::AllreduceHandle& h) {
+    return c.all_gather_async(send, recv, count, dt(dtype), h, timeout_ms);
+  });
+}
+
+nr_status nr_reduce_scatter(nr_comm* comm, const void* send, void* recv, size_t recv_count,
+                            nr_dtype dtype, nr_op op, int timeout_ms) {
+  return call(comm, [&](netreduce::Communicator& c) {
+    return c.reduce_scatter(send, recv, recv_count, dt(dtype), op_of(op), timeout_ms);
+  });
+}
+
+nr_status nr_reduce_scatter_async(nr_comm* comm, const void* send, void* recv, size_t recv_count,
+                                  nr_dtype dtype, nr_op op, int timeout_ms, nr_request** out) {
+  return call_async(comm, out, [&](netreduce::Communicator& c, netreduce::AllreduceHandle& h) {
+    return c.reduce_scatter_async(send, recv, recv_count, dt(dtype), op_of(op), h, timeout_ms);
+  });
+}
+
+nr_status nr_reduce(nr_comm* comm, const void* send, void* recv, size_t count, nr_dtype dtype,
+                    nr_op op, int root, int timeout_ms) {
+  return call(comm, [&](netreduce::Communicator& c) {
+    return c.reduce(send, recv, count, dt(dtype), op_of(op), root, timeout_ms);
+  });
+}
+
+nr_status nr_reduce_async(nr_comm* comm, const void* send, void* recv, size_t count, nr_dtype dtype,
+                          nr_op op, int root, int timeout_ms, nr_request** out) {
+  return call_async(comm, out, [&](netreduce::Communicator& c, netreduce::AllreduceHandle& h) {
+    return c.reduce_async(send, recv, count, dt(dtype), op_of(op), root, h, timeout_ms);
+  });
+}
+
+nr_status nr_barrier(nr_comm* comm, int timeout_ms) {
+  return call(comm, [&](netreduce::Communicator& c) { return c.barrier(timeout_ms); });
+}
+
+nr_status nr_barrier_async(nr_comm* comm, int timeout_ms, nr_request** out) {
+  return call_async(comm, out, [&](netreduce::Communicator& c, netreduce::AllreduceHandle& h) {
+    return c.barrier_async(h, timeout_ms);
   });
 }
 

@@ -1,10 +1,13 @@
 // Communicator::Impl: a Transport, the Collective on it, and the progress
 // thread that runs the calls in order (blocking calls are async + wait).
+// Every collective is queued as a job that runs all-reduces through
+// allreduce_now (the one-pass collectives: one_pass.h).
 #pragma once
 
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -12,6 +15,7 @@
 #include "host-lib/collective.h"
 #include "host-lib/daemon.h"
 #include "host-lib/local.h"
+#include "host-lib/one_pass.h"
 #include "host-lib/transport.h"
 #include "netreduce/netreduce.hpp"
 
@@ -31,8 +35,19 @@ struct Communicator::Impl {
        const Options& options, std::shared_ptr<void> keepalive = nullptr);
   ~Impl();
 
-  Error submit(const void* send, void* recv, size_t count, DataType t, Op op, int timeout_ms,
+  // Queues `call` for the progress thread; its deadline is timeout_ms (< 0:
+  // Options::op_timeout_ms) from when it starts, not from when it was queued.
+  Error submit(int timeout_ms, std::function<Error(host::Clock::time_point)> call,
                std::shared_ptr<AllreduceHandle::State>& out);
+  // One all-reduce of the job (the local stage first with local ranks);
+  // progress thread only.
+  Error allreduce_now(const void* send, void* recv, size_t count, DataType t, Op op,
+                      host::Clock::time_point deadline);
+  // The job's rank and world (global with local ranks).
+  int rank() const noexcept;
+  int world() const noexcept;
+  // The one-pass collectives (progress thread only), made on first use.
+  host::OnePass& one_pass();
 
   Options options;
   std::shared_ptr<void> keepalive;
@@ -59,6 +74,7 @@ struct Communicator::Impl {
   std::function<void()> close_barrier;
 
  private:
+  std::unique_ptr<host::OnePass> one_pass_;
   void run();
   std::mutex mu_;
   std::condition_variable cv_;

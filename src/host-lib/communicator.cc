@@ -71,19 +71,21 @@ void Communicator::Impl::run() {
   }
 }
 
-Error Communicator::Impl::submit(const void* send, void* recv, size_t count, DataType t, Op op,
-                                 int timeout_ms, std::shared_ptr<AllreduceHandle::State>& out) {
+Error Communicator::Impl::submit(int timeout_ms, std::function<Error(host::Clock::time_point)> call,
+                                 std::shared_ptr<AllreduceHandle::State>& out) {
   auto st = std::make_shared<AllreduceHandle::State>();
   st->path = collective->path();
   const int ms = timeout_ms < 0 ? options.op_timeout_ms : timeout_ms;
   {
     std::lock_guard lk(mu_);
     if (stop_) return Error::make(ErrorCode::internal, "communicator is shutting down");
-    queue_.push_back([this, st, send, recv, count, t, op, ms] {
-      // The deadline runs from when the call starts, not from when it was queued.
-      const auto deadline = host::Clock::now() + std::chrono::milliseconds(ms);
-      Error e = local ? local->allreduce(*collective, send, recv, count, t, op, deadline)
-                      : collective->allreduce(send, recv, count, t, op, deadline);
+    queue_.push_back([st, ms, call = std::move(call)] {
+      Error e;
+      try {  // nothing may escape the progress thread (a scratch buffer's bad_alloc)
+        e = call(host::Clock::now() + std::chrono::milliseconds(ms));
+      } catch (const std::exception& x) {
+        e = Error::make(ErrorCode::internal, std::string("call failed: ") + x.what());
+      }
       std::lock_guard g(st->mu);
       st->result = std::move(e);
       st->done = true;
@@ -95,31 +97,137 @@ Error Communicator::Impl::submit(const void* send, void* recv, size_t count, Dat
   return {};
 }
 
+Error Communicator::Impl::allreduce_now(const void* send, void* recv, size_t count, DataType t,
+                                        Op op, host::Clock::time_point deadline) {
+  return local ? local->allreduce(*collective, send, recv, count, t, op, deadline)
+               : collective->allreduce(send, recv, count, t, op, deadline);
+}
+
+int Communicator::Impl::rank() const noexcept {
+  return global_rank >= 0 ? global_rank : static_cast<int>(transport->rank());
+}
+int Communicator::Impl::world() const noexcept {
+  return global_world >= 0 ? global_world : static_cast<int>(transport->world());
+}
+
+host::OnePass& Communicator::Impl::one_pass() {
+  if (!one_pass_)
+    one_pass_ = std::make_unique<host::OnePass>(
+        [this](const void* s, void* r, size_t n, DataType t, Op op, host::Clock::time_point d) {
+          return allreduce_now(s, r, n, t, op, d);
+        },
+        static_cast<unsigned>(rank()), static_cast<unsigned>(world()));
+  return *one_pass_;
+}
+
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Communicator::~Communicator() = default;
 
-Error Communicator::allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
-                              int timeout_ms) {
+namespace {
+
+// The blocking form of an async call: start it, then wait for its result.
+template <typename Start>
+Error run_blocking(Start&& start) {
   AllreduceHandle h;
-  if (Error e = allreduce_async(send, recv, count, t, op, h, timeout_ms)) return e;
+  if (Error e = start(h)) return e;
   return h.wait(-1);
 }
 
-Error Communicator::allreduce_async(const void* send, void* recv, size_t count, DataType t, Op op,
-                                    AllreduceHandle& handle, int timeout_ms) {
+// Queues call(impl, deadline) on the progress thread; `handle` reports it.
+template <typename Call>
+Error start(Communicator::Impl& impl, int timeout_ms, Call call, AllreduceHandle& handle) {
   std::shared_ptr<AllreduceHandle::State> st;
-  if (Error e = impl_->submit(send, recv, count, t, op, timeout_ms, st)) return e;
+  if (Error e = impl.submit(
+          timeout_ms, [&impl, call](host::Clock::time_point d) { return call(impl, d); }, st))
+    return e;
   handle = AllreduceHandle(std::move(st));
   return {};
 }
 
-int Communicator::rank() const noexcept {
-  return impl_->global_rank >= 0 ? impl_->global_rank : static_cast<int>(impl_->transport->rank());
+}  // namespace
+
+Error Communicator::allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
+                              int timeout_ms) {
+  return run_blocking(
+      [&](AllreduceHandle& h) { return allreduce_async(send, recv, count, t, op, h, timeout_ms); });
 }
-int Communicator::world() const noexcept {
-  return impl_->global_world >= 0 ? impl_->global_world
-                                  : static_cast<int>(impl_->transport->world());
+
+Error Communicator::allreduce_async(const void* send, void* recv, size_t count, DataType t, Op op,
+                                    AllreduceHandle& handle, int timeout_ms) {
+  return start(
+      *impl_, timeout_ms,
+      [=](Impl& i, auto d) { return i.allreduce_now(send, recv, count, t, op, d); }, handle);
 }
+
+Error Communicator::broadcast(void* buf, size_t count, DataType t, int root, int timeout_ms) {
+  return run_blocking(
+      [&](AllreduceHandle& h) { return broadcast_async(buf, count, t, root, h, timeout_ms); });
+}
+
+Error Communicator::broadcast_async(void* buf, size_t count, DataType t, int root,
+                                    AllreduceHandle& handle, int timeout_ms) {
+  return start(
+      *impl_, timeout_ms,
+      [=](Impl& i, auto d) { return i.one_pass().broadcast(buf, count, t, root, d); }, handle);
+}
+
+Error Communicator::all_gather(const void* send, void* recv, size_t count, DataType t,
+                               int timeout_ms) {
+  return run_blocking(
+      [&](AllreduceHandle& h) { return all_gather_async(send, recv, count, t, h, timeout_ms); });
+}
+
+Error Communicator::all_gather_async(const void* send, void* recv, size_t count, DataType t,
+                                     AllreduceHandle& handle, int timeout_ms) {
+  return start(
+      *impl_, timeout_ms,
+      [=](Impl& i, auto d) { return i.one_pass().all_gather(send, recv, count, t, d); }, handle);
+}
+
+Error Communicator::reduce_scatter(const void* send, void* recv, size_t recv_count, DataType t,
+                                   Op op, int timeout_ms) {
+  return run_blocking([&](AllreduceHandle& h) {
+    return reduce_scatter_async(send, recv, recv_count, t, op, h, timeout_ms);
+  });
+}
+
+Error Communicator::reduce_scatter_async(const void* send, void* recv, size_t recv_count,
+                                         DataType t, Op op, AllreduceHandle& handle,
+                                         int timeout_ms) {
+  return start(
+      *impl_, timeout_ms,
+      [=](Impl& i, auto d) {
+        return i.one_pass().reduce_scatter(send, recv, recv_count, t, op, d);
+      },
+      handle);
+}
+
+Error Communicator::reduce(const void* send, void* recv, size_t count, DataType t, Op op, int root,
+                           int timeout_ms) {
+  return run_blocking([&](AllreduceHandle& h) {
+    return reduce_async(send, recv, count, t, op, root, h, timeout_ms);
+  });
+}
+
+Error Communicator::reduce_async(const void* send, void* recv, size_t count, DataType t, Op op,
+                                 int root, AllreduceHandle& handle, int timeout_ms) {
+  return start(
+      *impl_, timeout_ms,
+      [=](Impl& i, auto d) { return i.one_pass().reduce(send, recv, count, t, op, root, d); },
+      handle);
+}
+
+Error Communicator::barrier(int timeout_ms) {
+  return run_blocking([&](AllreduceHandle& h) { return barrier_async(h, timeout_ms); });
+}
+
+Error Communicator::barrier_async(AllreduceHandle& handle, int timeout_ms) {
+  return start(
+      *impl_, timeout_ms, [](Impl& i, auto d) { return i.one_pass().barrier(d); }, handle);
+}
+
+int Communicator::rank() const noexcept { return impl_->rank(); }
+int Communicator::world() const noexcept { return impl_->world(); }
 int Communicator::local_rank() const noexcept {
   return impl_->local ? static_cast<int>(impl_->local->local_rank()) : 0;
 }
@@ -150,7 +258,7 @@ Error AllreduceHandle::wait(int timeout_ms) {
     state_->cv.wait(lk, [&] { return state_->done; });
   } else if (!state_->cv.wait_for(lk, std::chrono::milliseconds(timeout_ms),
                                   [&] { return state_->done; })) {
-    return Error::make(ErrorCode::timeout, "all-reduce still running after " +
+    return Error::make(ErrorCode::timeout, "the call is still running after " +
                                                std::to_string(timeout_ms) +
                                                " ms (it has its own deadline; wait again)");
   }

@@ -129,6 +129,17 @@ struct Job {
       REQUIRE(e.ok());
     }
   }
+  // Every rank at once: start(rank, its communicator, handle) starts one
+  // asynchronous collective; then each is waited for.
+  template <typename Start>
+  std::vector<Error> run_all(Start start) {
+    std::vector<AllreduceHandle> h(comms.size());
+    std::vector<Error> errs(comms.size());
+    for (unsigned r = 0; r < comms.size(); ++r) errs[r] = start(r, *comms[r], h[r]);
+    for (unsigned r = 0; r < comms.size(); ++r)
+      if (errs[r].ok()) errs[r] = h[r].wait();
+    return errs;
+  }
   // All ranks (or those in `ranks`) at once, through the async API.
   std::vector<Error> run(const std::vector<std::vector<uint8_t>>& in,
                          std::vector<std::vector<uint8_t>>& out, size_t count, DataType t, Op op,

@@ -159,6 +159,52 @@ class Package(unittest.TestCase):
         st = L.nr_allreduce(None, ctypes.addressof(x), ctypes.addressof(x), 1, _lib.FP32, _lib.SUM, 10)
         with self.assertRaisesRegex(netreduce.InvalidArgumentError, "all-reduce: invalid_argument: comm: null"):
             netreduce._check(st, "all-reduce")
+        x_p = ctypes.addressof(x)
+        req = ctypes.c_void_p()
+        for name, st in (
+                ("broadcast", L.nr_broadcast(None, x_p, 1, _lib.FP32, 0, 10)),
+                ("all-gather", L.nr_all_gather(None, x_p, x_p, 1, _lib.FP32, 10)),
+                ("reduce-scatter", L.nr_reduce_scatter(None, x_p, x_p, 1, _lib.FP32, _lib.SUM, 10)),
+                ("reduce", L.nr_reduce(None, x_p, x_p, 1, _lib.FP32, _lib.SUM, 0, 10)),
+                ("barrier", L.nr_barrier(None, 10)),
+                ("barrier", L.nr_barrier_async(None, 10, ctypes.byref(req)))):
+            with self.assertRaisesRegex(netreduce.InvalidArgumentError, name + ": invalid_argument: comm: null"):
+                netreduce._check(st, name)
+        self.assertIsNone(req.value)
+        st = L.nr_broadcast_async(None, x_p, 1, _lib.FP32, 0, 10, None)
+        with self.assertRaisesRegex(netreduce.InvalidArgumentError, "out: null pointer"):
+            netreduce._check(st, "broadcast")
+
+    def test_collectives_check_their_buffers(self):
+        # The library cannot see buffer sizes: the binding checks them
+        # against the world (2 here) before any call.
+        c = closed_communicator()
+        f4, f8 = np.zeros(4, np.float32), np.zeros(8, np.float32)
+        for call, exc, msg in (
+                (lambda: c.all_gather(f4, f4), ValueError,
+                 "all-gather: recv has 4 elements, expected 8 \\(world x send's\\)"),
+                (lambda: c.all_gather(f4, np.zeros(8, np.int32)), TypeError,
+                 "all-gather: recv and send have different dtypes"),
+                (lambda: c.reduce_scatter(f8, f8), ValueError,
+                 "reduce-scatter: send has 8 elements, expected 16 \\(world x recv's\\)"),
+                (lambda: c.reduce_scatter(f8, f4, op="prod"), ValueError, "op 'prod' is not supported"),
+                (lambda: c.broadcast(f4, root="0"), TypeError, "root must be an int"),
+                (lambda: c.reduce(f4, root=None), TypeError, "root must be an int"),
+                (lambda: c.broadcast([1.0]), TypeError, "expected a numpy array")):
+            with self.assertRaisesRegex(exc, msg):
+                call()
+        # Well-formed calls reach the handle check: the communicator is closed.
+        ro = np.zeros(4, np.float32)
+        ro.flags.writeable = False  # a send buffer is only read
+        for call in (lambda: c.broadcast(f4, root=1), lambda: c.all_gather(ro, f8),
+                     lambda: c.reduce_scatter(f8, f4, op="max"), lambda: c.reduce(f4, "min", 1),
+                     lambda: c.barrier(), lambda: c.barrier_async()):
+            with self.assertRaisesRegex(ValueError, "the communicator is closed"):
+                call()
+        ro8 = np.zeros(8, np.float32)
+        ro8.flags.writeable = False  # a result buffer is written
+        with self.assertRaisesRegex(ValueError, "read-only"):
+            c.all_gather(f4, ro8)
 
 
 if __name__ == "__main__":

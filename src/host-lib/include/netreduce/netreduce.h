@@ -105,6 +105,31 @@ nr_status nr_allreduce(nr_comm* comm, const void* send, void* recv, size_t count
                        nr_op op, int timeout_ms);
 nr_status nr_allreduce_async(nr_comm* comm, const void* send, void* recv, size_t count,
                              nr_dtype dtype, nr_op op, int timeout_ms, nr_request** out);
+/* The other collectives (netreduce.hpp: each is one all-reduce; root is a
+   rank, count per rank). broadcast and all_gather are bit-exact for every
+   dtype. all_gather: recv holds world x count elements (send may be recv +
+   rank x count elements); reduce_scatter: send holds world x recv_count;
+   reduce: recv is used at the root only (may be NULL elsewhere). Their
+   requests are waited for, tested and freed as nr_allreduce_async's. */
+nr_status nr_broadcast(nr_comm* comm, void* buf, size_t count, nr_dtype dtype, int root,
+                       int timeout_ms);
+nr_status nr_broadcast_async(nr_comm* comm, void* buf, size_t count, nr_dtype dtype, int root,
+                             int timeout_ms, nr_request** out);
+nr_status nr_all_gather(nr_comm* comm, const void* send, void* recv, size_t count, nr_dtype dtype,
+                        int timeout_ms);
+nr_status nr_all_gather_async(nr_comm* comm, const void* send, void* recv, size_t count,
+                              nr_dtype dtype, int timeout_ms, nr_request** out);
+nr_status nr_reduce_scatter(nr_comm* comm, const void* send, void* recv, size_t recv_count,
+                            nr_dtype dtype, nr_op op, int timeout_ms);
+nr_status nr_reduce_scatter_async(nr_comm* comm, const void* send, void* recv, size_t recv_count,
+                                  nr_dtype dtype, nr_op op, int timeout_ms, nr_request** out);
+nr_status nr_reduce(nr_comm* comm, const void* send, void* recv, size_t count, nr_dtype dtype,
+                    nr_op op, int root, int timeout_ms);
+nr_status nr_reduce_async(nr_comm* comm, const void* send, void* recv, size_t count, nr_dtype dtype,
+                          nr_op op, int root, int timeout_ms, nr_request** out);
+nr_status nr_barrier(nr_comm* comm, int timeout_ms);
+nr_status nr_barrier_async(nr_comm* comm, int timeout_ms, nr_request** out);
+
 /* Waits up to timeout_ms (< 0: until done). NR_ERR_TIMEOUT: still running. */
 nr_status nr_wait(nr_request* req, int timeout_ms);
 /* NR_IN_PROGRESS, or the operation's result. */

@@ -1,4 +1,5 @@
-// libnetreduce, C++ API: all-reduce for data-parallel training over RoCEv2,
+// libnetreduce, C++ API: all-reduce (and broadcast, all-gather,
+// reduce-scatter, reduce, barrier) for data-parallel training over RoCEv2,
 // through the netreduce box when there is one, as a plain ring otherwise.
 //
 // Example: P = 3 ranks, each with float g[4]; rank 0 listens at 10.0.0.1.
@@ -21,6 +22,10 @@
 // docs/host-library.md#several-rings-striping,
 // docs/host-library.md#local-ranks-parallel-netreduce,
 // docs/design.md#parallel-rings.
+//
+// The other collectives are each one all-reduce, so they take its path,
+// deadlines and failover; broadcast and all-gather are bit-exact for every
+// dtype: docs/host-library.md#collectives.
 //
 // Errors are values, never exceptions. Every wait has a deadline; on expiry
 // the error names the peer rank, the message id and what was missing.
@@ -176,6 +181,39 @@ class Communicator {
   Error allreduce_async(const void* send, void* recv, size_t count, DataType t, Op op,
                         AllreduceHandle& handle, int timeout_ms = -1);
 
+  // The other collectives, in the same queue as all-reduce (every rank makes
+  // the same calls in the same order with the same counts, type, op, root).
+  // Each is one all-reduce (docs/host-library.md#collectives); root is a
+  // rank of world(), count is per rank.
+  // broadcast: the root's count elements of buf into every rank's buf,
+  // bit-exact.
+  Error broadcast(void* buf, size_t count, DataType t, int root, int timeout_ms = -1);
+  Error broadcast_async(void* buf, size_t count, DataType t, int root, AllreduceHandle& handle,
+                        int timeout_ms = -1);
+  // all_gather: recv (world() x count elements) gets rank r's count
+  // elements of send at r x count, bit-exact. send may be recv + rank() x
+  // count elements (in place).
+  Error all_gather(const void* send, void* recv, size_t count, DataType t, int timeout_ms = -1);
+  Error all_gather_async(const void* send, void* recv, size_t count, DataType t,
+                         AllreduceHandle& handle, int timeout_ms = -1);
+  // reduce_scatter: send holds world() x recv_count elements; recv gets
+  // elements [rank() x recv_count, + recv_count) of their reduction (as
+  // all-reduce computes it). recv may lie inside send.
+  Error reduce_scatter(const void* send, void* recv, size_t recv_count, DataType t, Op op,
+                       int timeout_ms = -1);
+  Error reduce_scatter_async(const void* send, void* recv, size_t recv_count, DataType t, Op op,
+                             AllreduceHandle& handle, int timeout_ms = -1);
+  // reduce: the reduction of send into the root's recv (recv unused, may be
+  // null, on the other ranks).
+  Error reduce(const void* send, void* recv, size_t count, DataType t, Op op, int root,
+               int timeout_ms = -1);
+  Error reduce_async(const void* send, void* recv, size_t count, DataType t, Op op, int root,
+                     AllreduceHandle& handle, int timeout_ms = -1);
+  // barrier: returns once every rank called it (checked: their count must be
+  // world()).
+  Error barrier(int timeout_ms = -1);
+  Error barrier_async(AllreduceHandle& handle, int timeout_ms = -1);
+
   int rank() const noexcept;
   int world() const noexcept;
   // The path calls take now, and why: the path chosen at create until an
@@ -199,6 +237,7 @@ class Communicator {
   std::unique_ptr<Impl> impl_;
 };
 
+// The handle of any asynchronous collective (not only all-reduce).
 class AllreduceHandle {
  public:
   struct State;
