@@ -31,11 +31,17 @@ was set from Python with set_exception.)
 
 c10d backend "netreduce" (registered on import): a Python subclass of
 torch.distributed.ProcessGroup (torch 1.13's PyProcessGroup trampoline, so
-DDP's C++ reducer calls it too). all_reduce with SUM/MIN/MAX of dense
-contiguous CPU tensors of a supported dtype goes through netreduce (Work from
-a Future, completed by the same completion thread); everything else
-(broadcast, barrier, all_gather, reduce_scatter, PRODUCT/AVG, unsupported
-dtypes, ...) is delegated to an internal Gloo group built on the same store.
+DDP's C++ reducer and constructor call it too). all_reduce (also coalesced),
+broadcast, all_gather (list and _allgather_base), reduce_scatter (list and
+_reduce_scatter_base) and reduce of dense contiguous CPU tensors of
+a supported dtype, with SUM/MIN/MAX (and AVG of float tensors: a sum divided
+by the world), go through netreduce, one tensor per process (Work from a
+Future, completed by the same completion thread, which also copies list
+outputs out of the flat buffer the library filled). Everything else
+(barrier, which must tolerate ranks far apart; point-to-point,
+gather/scatter, all-to-all, PRODUCT, other dtypes, several tensors per
+process) is delegated to an internal Gloo group built on the
+same store; calls() counts both per collective.
 Options come from set_backend_options() or NETREDUCE_* environment variables,
 because init_process_group() has no place for them in 1.13.
 """
@@ -49,7 +55,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroup, ProcessGroupGloo, _create_work_from_future
+from torch._C._distributed_c10d import AllgatherOptions, ProcessGroup, ProcessGroupGloo, _create_work_from_future
 
 import netreduce
 
@@ -146,23 +152,27 @@ def _unwrap(fut):
 
 class _Completer:
     """One thread completing futures in the order their requests were started.
-    Counts what it completed: calls, data bytes and busy seconds (the union
-    of the calls' start-to-completion intervals; calls run in order)."""
+    Counts what it completed: calls, data bytes (the bytes of the
+    all-reduce each call is) and busy seconds (the union of the calls'
+    start-to-completion intervals; calls run in order), also per collective."""
 
     def __init__(self):
         self.q = queue.Queue()
         self.calls = 0
         self.bytes = 0
         self.busy_seconds = 0.0
+        self.by_collective = {}  # name -> [calls, bytes]; with the counters, under _lock
+        self._lock = threading.Lock()
         self._last_done = 0.0
         self.t = threading.Thread(target=self._run, name="netreduce-completer", daemon=True)
         self.t.start()
 
-    def submit(self, reqs, value, nbytes):
+    def submit(self, reqs, value, nbytes, finish=None, name="allreduce"):
         """A torch future of the requests (one call's, started in order):
-        `value` once all finished, else the first one's error raised."""
+        `value` once all finished and finish() (if given) ran, else the
+        first error raised."""
         done = torch.futures.Future()
-        self.q.put((reqs, done, value, nbytes, time.monotonic()))
+        self.q.put((reqs, done, value, nbytes, finish, name, time.monotonic()))
         return done.then(_unwrap)
 
     def _run(self):
@@ -170,24 +180,36 @@ class _Completer:
             item = self.q.get()
             if item is None:
                 return
-            reqs, done, value, nbytes, start = item
+            reqs, done, value, nbytes, finish, name, start = item
             error = None
             for req in reqs:  # every one waited for: none is running afterwards
                 try:
                     req.wait()
                 except Exception as e:
                     error = error or e
+            if error is None and finish is not None:
+                try:
+                    finish()
+                except Exception as e:
+                    error = e
             if error is None:
                 now = time.monotonic()
-                self.busy_seconds += now - max(start, self._last_done)
-                self._last_done = now
-                self.calls += 1
-                self.bytes += nbytes
+                with self._lock:
+                    self.busy_seconds += now - max(start, self._last_done)
+                    self._last_done = now
+                    self.calls += 1
+                    self.bytes += nbytes
+                    c = self.by_collective.setdefault(name, [0, 0])
+                    c[0] += 1
+                    c[1] += nbytes
             done.set_result((error, None if error else value))
 
     def stats(self):
-        """{"calls", "bytes", "busy_seconds"} completed so far."""
-        return {"calls": self.calls, "bytes": self.bytes, "busy_seconds": self.busy_seconds}
+        """{"calls", "bytes", "busy_seconds", "by_collective": {name:
+        {"calls", "bytes"}}} completed so far."""
+        with self._lock:
+            return {"calls": self.calls, "bytes": self.bytes, "busy_seconds": self.busy_seconds,
+                    "by_collective": {k: {"calls": c, "bytes": b} for k, (c, b) in self.by_collective.items()}}
 
     def stop(self):
         self.q.put(None)
@@ -215,9 +237,10 @@ class _CommOwner:
         return self.comm.failovers if self.comm is not None else 0
 
     def stats(self):
-        """What went through netreduce: calls, bytes, busy_seconds."""
+        """What went through netreduce: calls, bytes, busy_seconds, and
+        by_collective (calls and bytes per collective)."""
         if self._completer is None:
-            return {"calls": 0, "bytes": 0, "busy_seconds": 0.0}
+            return {"calls": 0, "bytes": 0, "busy_seconds": 0.0, "by_collective": {}}
         return self._completer.stats()
 
     def close(self):
@@ -295,7 +318,25 @@ def _env_options():
 _OPS = {}
 for _n in ("SUM", "MIN", "MAX"):
     _OPS[getattr(dist.ReduceOp, _n)] = _n.lower()
+_AVG = getattr(dist.ReduceOp, "AVG", None)
 _DTYPES = {getattr(torch, n) for n in netreduce.DTYPES}
+
+
+def _require(name, ok, what):
+    """Refuses a call whose shapes differ from what every rank must pass:
+    falling back to Gloo on this rank alone would leave the others waiting
+    in netreduce."""
+    if not ok:
+        raise ValueError("netreduce backend: %s: %s" % (name, what))
+
+
+def _padded(nbytes):
+    """The bytes of the int32 all-reduce that moves nbytes (broadcast, all-gather)."""
+    return (nbytes + 3) // 4 * 4
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
 
 
 class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
@@ -306,34 +347,155 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
         self._gloo = ProcessGroupGloo(store, rank, size, timeout=timeout)
         o = _env_options()
         self._own(*rendezvous(dist.PrefixStore("netreduce", store), rank, size, **o))
-        self.netreduce_calls = 0  # all_reduce calls that went through netreduce
-        self.delegated_calls = 0  # all_reduce calls Gloo served
+        self._calls = {}  # collective -> [through netreduce, delegated to Gloo]
+        self.world = size
 
     def getBackendName(self):
         return BACKEND
 
-    def _usable(self, tensors, op):
-        return (op in _OPS and all(t.device.type == "cpu" and t.dtype in _DTYPES and t.is_contiguous()
-                                   and t.layout == torch.strided for t in tensors))
+    @property
+    def netreduce_calls(self):
+        """Calls of any collective that went through netreduce."""
+        return sum(n for n, _ in self._calls.values())
+
+    @property
+    def delegated_calls(self):
+        """Calls of any collective that Gloo served."""
+        return sum(d for _, d in self._calls.values())
+
+    def calls(self):
+        """{collective: {"netreduce": n, "gloo": n}} so far."""
+        return {k: {"netreduce": n, "gloo": d} for k, (n, d) in self._calls.items()}
+
+    def _count(self, name, native):
+        c = self._calls.setdefault(name, [0, 0])
+        c[0 if native else 1] += 1
+
+    def _usable(self, tensors):
+        return (self.comm is not None and
+                all(t.device.type == "cpu" and t.dtype in _DTYPES and t.is_contiguous()
+                    and t.layout == torch.strided for t in tensors))
+
+    def _op(self, op, tensors):
+        """(library op, average) for a reduction of these tensors, or None."""
+        if op in _OPS:
+            return _OPS[op], False
+        if _AVG is not None and op == _AVG and all(t.is_floating_point() for t in tensors):
+            return "sum", True
+        return None
+
+    def _fallback_said(self):
+        if self.comm is None:
+            _say_once(("backend", self.reason), "backend falls back to Gloo: " + self.reason)
+
+    def _work(self, name, reqs, value, nbytes, finish=None):
+        self._count(name, True)
+        return _create_work_from_future(self._completer.submit(reqs, value, nbytes, finish, name))
+
+    def _gloo_call(self, name, *args):
+        self._fallback_said()
+        self._count(name, False)
+        return getattr(self._gloo, name)(*args)
+
+    def _averaged(self, tensors, average):
+        if not average:
+            return None
+        return lambda: [t.detach().div_(self.world) for t in tensors]
+
+    def _allreduce(self, name, tensors, opts):
+        op = self._op(opts.reduceOp, tensors) if self._usable(tensors) else None
+        if op is None:
+            return self._gloo_call(name, tensors, opts)
+        reqs = [self.comm.allreduce_async(t.detach(), op[0]) for t in tensors]
+        return self._work(name, reqs, tensors, sum(map(_nbytes, tensors)), self._averaged(tensors, op[1]))
 
     def allreduce(self, tensors, opts=None):
-        if opts is None:
-            opts = dist.AllreduceOptions()
-        op = opts.reduceOp
-        if self.comm is None:
-            _say_once(("backend", self.reason), "backend falls back to Gloo's all_reduce: " + self.reason)
-        elif self._usable(tensors, op):
-            reqs = [self.comm.allreduce_async(t, _OPS[op]) for t in tensors]
-            fut = self._completer.submit(reqs, tensors, sum(t.numel() * t.element_size() for t in tensors))
-            self.netreduce_calls += 1
-            return _create_work_from_future(fut)
-        self.delegated_calls += 1
-        return self._gloo.allreduce(tensors, opts)
+        return self._allreduce("allreduce", tensors, opts if opts is not None else dist.AllreduceOptions())
 
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self._allreduce("allreduce_coalesced", tensors,
+                               opts if opts is not None else dist.AllreduceCoalescedOptions())
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        if len(tensors) != 1 or not self._usable(tensors):
+            return self._gloo_call("broadcast", tensors, opts)
+        req = self.comm.broadcast_async(tensors[0].detach(), opts.rootRank)
+        return self._work("broadcast", [req], tensors, _padded(_nbytes(tensors[0])))
+
+    def _allgather_base(self, output, input, opts=None):
+        opts = opts if opts is not None else AllgatherOptions()
+        if not self._usable([output, input]):
+            return self._gloo_call("_allgather_base", output, input, opts)
+        _require("_allgather_base", output.dtype == input.dtype and output.numel() == self.world * input.numel(),
+                 "output must be world x input's elements of input's dtype")
+        req = self.comm.all_gather_async(input.detach(), output.detach())
+        return self._work("_allgather_base", [req], [output], _padded(_nbytes(output)))
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else AllgatherOptions()
+        if len(input_tensors) != 1 or len(output_tensors) != 1 or not self._usable(input_tensors):
+            return self._gloo_call("allgather", output_tensors, input_tensors, opts)
+        inp, outs = input_tensors[0], output_tensors[0]
+        _require("allgather", len(outs) == self.world and all(
+            o.device.type == "cpu" and o.dtype == inp.dtype and o.numel() == inp.numel() for o in outs),
+            "expected world CPU output tensors, each of the input's dtype and size")
+        n = inp.numel()
+        flat = torch.empty(self.world * n, dtype=inp.dtype)
+        req = self.comm.all_gather_async(inp.detach(), flat)
+
+        def copy_out():
+            with torch.no_grad():
+                for r, o in enumerate(outs):
+                    o.copy_(flat[r * n:(r + 1) * n].view(o.shape))
+        return self._work("allgather", [req], output_tensors, _padded(_nbytes(flat)), copy_out)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        op = self._op(opts.reduceOp, [output]) if self._usable([output, input]) else None
+        if op is None:
+            return self._gloo_call("_reduce_scatter_base", output, input, opts)
+        _require("_reduce_scatter_base", output.dtype == input.dtype and input.numel() == self.world * output.numel(),
+                 "input must be world x output's elements of output's dtype")
+        req = self.comm.reduce_scatter_async(input.detach(), output.detach(), op[0])
+        return self._work("_reduce_scatter_base", [req], [output], _nbytes(input),
+                          self._averaged([output], op[1]))
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        op = None
+        if len(output_tensors) == 1 and len(input_tensors) == 1 and self._usable(output_tensors):
+            op = self._op(opts.reduceOp, output_tensors)
+        if op is None:
+            return self._gloo_call("reduce_scatter", output_tensors, input_tensors, opts)
+        out, ins = output_tensors[0], input_tensors[0]
+        _require("reduce_scatter", len(ins) == self.world and all(
+            i.device.type == "cpu" and i.dtype == out.dtype and i.numel() == out.numel() for i in ins),
+            "expected world CPU input tensors, each of the output's dtype and size")
+        send = torch.cat([i.detach().reshape(-1) for i in ins])
+        req = self.comm.reduce_scatter_async(send, out.detach(), op[0])
+        return self._work("reduce_scatter", [req], output_tensors, _nbytes(send), self._averaged([out], op[1]))
+
+    def reduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.ReduceOptions()
+        op = self._op(opts.reduceOp, tensors) if len(tensors) == 1 and self._usable(tensors) else None
+        if op is None:
+            return self._gloo_call("reduce", tensors, opts)
+        req = self.comm.reduce_async(tensors[0].detach(), op[0], opts.rootRank)
+        average = op[1] and opts.rootRank == self.rank()
+        return self._work("reduce", [req], tensors, _nbytes(tensors[0]), self._averaged(tensors, average))
+
+    def barrier(self, opts=None):
+        # Gloo's, over TCP: a barrier is how ranks that drifted apart (a
+        # checkpoint, data loading) are aligned before INA calls, and through
+        # the box it would have the skew limit it is meant to remove
+        # (docs/host-library.md#deadlines-and-errors).
+        return self._gloo_call("barrier", opts if opts is not None else dist.BarrierOptions())
 
 
 def _delegate(name):
     def f(self, *args, **kwargs):
+        self._count(name, False)
         return getattr(self._gloo, name)(*args, **kwargs)
 
     f.__name__ = name
@@ -341,9 +503,8 @@ def _delegate(name):
     return f
 
 
-for _name in ("allgather", "_allgather_base", "allgather_coalesced", "allreduce_coalesced", "alltoall",
-              "alltoall_base", "barrier", "broadcast", "gather", "monitored_barrier", "recv", "recv_anysource",
-              "reduce", "reduce_scatter", "_reduce_scatter_base", "scatter", "send"):
+for _name in ("allgather_coalesced", "alltoall", "alltoall_base", "gather", "monitored_barrier", "recv",
+              "recv_anysource", "scatter", "send"):
     if hasattr(ProcessGroupGloo, _name):
         setattr(ProcessGroupNetreduce, _name, _delegate(_name))
 

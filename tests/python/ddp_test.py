@@ -67,6 +67,7 @@ def worker(rank, variant, init, out_dir):
         extra["path"] = pg.path
         extra["delegated"] = pg.delegated_calls
         extra["netreduce_calls"] = pg.netreduce_calls
+        extra["calls"] = pg.calls()
         # Everything else goes to Gloo: known results.
         t = torch.tensor([float(rank + 1)] * 3)
         dist.all_reduce(t, op=dist.ReduceOp.PRODUCT)
@@ -154,7 +155,7 @@ class DDP(unittest.TestCase):
                 msgs = res["extra"]["fallback_messages"]
                 self.assertEqual(len(msgs), want, "%s rank %d: %s" % (variant, r, msgs))
                 for m in msgs:
-                    self.assertRegex(m, r"falls back to .*all_reduce: no RDMA device on ranks 0, 1, 2")
+                    self.assertRegex(m, r"falls back to .*: no RDMA device on ranks 0, 1, 2")
         for variant in ("hook", "both"):
             self.assertEqual(self.results[variant][0]["extra"]["hook_path"], "fallback")
 
@@ -172,6 +173,11 @@ class DDP(unittest.TestCase):
                     self.assertEqual(e["path"], "fallback")
                     self.assertEqual(e["netreduce_calls"], 0)
                     self.assertGreaterEqual(e["delegated"], STEPS)
+                    # DDP's construction broadcast the parameters (through
+                    # Gloo here) and every step all-reduced.
+                    self.assertGreaterEqual(e["calls"]["broadcast"]["gloo"], 1)
+                    self.assertGreaterEqual(e["calls"]["allreduce"]["gloo"], STEPS)
+                    self.assertEqual(sum(c["netreduce"] for c in e["calls"].values()), 0)
 
 
 if __name__ == "__main__":

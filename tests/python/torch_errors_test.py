@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """netreduce.torch when a netreduce call fails: backward() raises a
-RuntimeError carrying the library's message, and the process lives on.
+RuntimeError carrying the library's message, and the process lives on; and
+a collective whose shapes do not fit the group is refused with ValueError.
 
 A one-rank DDP training whose communicator is a stand-in (rendezvous()
 replaced before the group or hook is built) that fails each all-reduce the
@@ -33,7 +34,14 @@ class FailingRequest:
         raise netreduce.TransportError(4, MESSAGES["wait"])
 
 
+class DoneRequest:
+    def wait(self):
+        pass
+
+
 class FailingCommunicator:
+    """Fails every all-reduce; DDP's construction (a parameter broadcast and
+    a shape all-gather, one rank) succeeds."""
     path, path_reason = "ina", "a stand-in box"
 
     def __init__(self, where):
@@ -44,6 +52,13 @@ class FailingCommunicator:
         if self.where == "start":
             raise netreduce.TimeoutError(3, MESSAGES["start"])
         return FailingRequest()
+
+    def broadcast_async(self, buf, root):
+        return DoneRequest()
+
+    def all_gather_async(self, send, recv):
+        recv.copy_(send.reshape(-1))  # one rank: recv is send
+        return DoneRequest()
 
     def close(self):
         pass
@@ -73,6 +88,31 @@ def worker(_, where, variant, init, out):
     os._exit(0)
 
 
+def shapes_worker(_, init, out):
+    """Calls whose shapes are wrong for the group are refused on the spot:
+    on this rank alone Gloo would take them while the peers wait in netreduce."""
+    import netreduce.torch as nrt
+    comm = FailingCommunicator("wait")
+    nrt.rendezvous = lambda *a, **k: (comm, comm.path_reason)
+    dist.init_process_group("netreduce", init_method=init, rank=0, world_size=1)
+    calls = {
+        "_allgather_base": lambda: dist._all_gather_base(torch.zeros(3), torch.zeros(2)),
+        "allgather": lambda: dist.all_gather([torch.zeros(2), torch.zeros(2)], torch.zeros(2)),
+        "_reduce_scatter_base": lambda: dist._reduce_scatter_base(torch.zeros(2), torch.zeros(3)),
+        "reduce_scatter": lambda: dist.reduce_scatter(torch.zeros(2), [torch.zeros(3)]),
+    }
+    got = []
+    for name, call in calls.items():
+        try:
+            call()
+            got.append("%s: no error" % name)
+        except ValueError as e:
+            got.append(str(e))
+    with open(out, "w") as f:
+        f.write("\n".join(got))
+    os._exit(0)
+
+
 class FailedCall(unittest.TestCase):
     def check(self, where, variant):
         with tempfile.TemporaryDirectory(prefix="netreduce-torch-errors-") as tmp:
@@ -95,6 +135,16 @@ class FailedCall(unittest.TestCase):
 
     def test_hook_call_fails_to_start(self):
         self.check("start", "hook")
+
+    def test_backend_refuses_wrong_shapes(self):
+        with tempfile.TemporaryDirectory(prefix="netreduce-torch-shapes-") as tmp:
+            out = os.path.join(tmp, "result")
+            mp.spawn(shapes_worker, args=("file://" + os.path.join(tmp, "store"), out), nprocs=1, join=True)
+            with open(out) as f:
+                got = f.read().split("\n")
+        self.assertEqual(len(got), 4, got)
+        for line, name in zip(got, ("_allgather_base", "allgather", "_reduce_scatter_base", "reduce_scatter")):
+            self.assertRegex(line, "^netreduce backend: %s: " % name)
 
 
 if __name__ == "__main__":
