@@ -12,7 +12,14 @@ of step s seeded by (s, r)):
   checks   netreduce.Communicator round trips on the backend's communicator
            (INA path): numpy float32/float16/int32/int64/float64 and torch
            bfloat16/float32, sum/min/max, blocking and async, against values
-           computed here (small integers: exact in every dtype);
+           computed here (small integers: exact in every dtype); then
+           broadcast and all-gather (bit for bit, special floats included),
+           reduce-scatter, reduce and barrier, each one all-reduce the box
+           must count; then the backend's collectives (torch.distributed
+           broadcast, of a parameter too, all_gather,
+           all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor with
+           AVG, reduce, all_reduce with AVG), exact, each served by
+           netreduce, not Gloo;
   ina      DDP over the netreduce backend, DDP's built-in gradient reduction;
   hook     DDP with netreduce.torch.allreduce_hook (its own communicator and
            ring, INA), buckets all-reduced asynchronously;
@@ -122,7 +129,83 @@ def check_round_trips(comm, rank):
     ra.wait()
     assert np.array_equal(a, want["sum"].astype("float32")) and np.array_equal(b, (i * (P - 1)).astype("int64"))
     nbytes += a.nbytes + b.nbytes
-    return nbytes
+    return nbytes + check_one_pass(comm, rank)
+
+
+def check_one_pass(comm, rank):
+    """Broadcast, all-gather, reduce-scatter, reduce and barrier on comm,
+    checked exactly (broadcast and all-gather bit for bit, special floats
+    included); returns the bytes of the one all-reduce each is (int32 words
+    for the data movers, padded to 4 bytes), which the box must count."""
+    import numpy as np
+    nbytes = 0
+    # fp32 -0.0, +-inf, the smallest denormal, a NaN with a payload; and 5
+    # fp16 (10 bytes, padded to 12).
+    bits32 = np.array([0x80000000, 0x7F800000, 0xFF800000, 0x00000001, 0x7FC12345], dtype="uint32")
+    bits16 = np.array([0x8000, 0x7C00, 0x0001, 0x7E55, 0xFC01], dtype="uint16")
+    for bits in (bits32, bits16):
+        buf = bits.copy() if rank == 1 else np.zeros_like(bits)
+        comm.broadcast(buf.view("float32" if bits.itemsize == 4 else "float16"), root=1)
+        assert np.array_equal(buf, bits), ("broadcast", buf)
+        nbytes += (buf.nbytes + 3) // 4 * 4
+    i = np.arange(CHECK_N) % 7
+    mine = (i + rank * 100).astype("float16")
+    gathered = np.full(P * CHECK_N, np.nan, dtype="float16")
+    comm.all_gather(mine, gathered)
+    want = np.concatenate([(i + r * 100).astype("float16") for r in range(P)])
+    assert np.array_equal(gathered.view("uint16"), want.view("uint16")), ("all-gather", gathered[:10])
+    nbytes += gathered.nbytes
+    j = np.arange(P * CHECK_N) % 5
+    send, shard = (j + rank).astype("int32"), np.zeros(CHECK_N, dtype="int32")
+    comm.reduce_scatter(send, shard, "sum")
+    total = P * j + sum(range(P))
+    assert np.array_equal(shard, total[rank * CHECK_N:(rank + 1) * CHECK_N]), ("reduce-scatter", shard[:10])
+    nbytes += send.nbytes
+    a = (i * (rank + 1)).astype("float64")
+    comm.reduce(a, "max", root=2)
+    assert np.array_equal(a, (i * (rank + 1 if rank != 2 else P)).astype("float64")), ("reduce", a[:10])
+    nbytes += a.nbytes
+    comm.barrier()
+    return nbytes + 4
+
+
+def check_backend(pg, rank):
+    """The backend's collectives on the default group, exact (broadcast and
+    all-gathers bit for bit); returns pg.calls(), in which every one of
+    them must have gone through netreduce."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    bits = torch.tensor([-0x80000000, 0x7F800000, -0x00800000, 0x00000001, 0x7FC12345], dtype=torch.int32)
+    b = bits.clone() if rank == 1 else torch.zeros(5, dtype=torch.int32)
+    dist.broadcast(b.view(torch.float32), src=1)
+    assert torch.equal(b, bits), ("broadcast", b)
+    i = torch.from_numpy(np.arange(CHECK_N) % 7)
+    outs = [torch.full((CHECK_N,), float("nan"), dtype=torch.float16) for _ in range(P)]
+    dist.all_gather(outs, (i + 100 * rank).to(torch.float16))
+    assert all(torch.equal(o, (i + 100 * r).to(torch.float16)) for r, o in enumerate(outs)), "all_gather"
+    flat = torch.empty(P * CHECK_N, dtype=torch.bfloat16)
+    dist.all_gather_into_tensor(flat, (i + 10 * rank).to(torch.bfloat16))
+    assert torch.equal(flat, torch.cat([(i + 10 * r).to(torch.bfloat16) for r in range(P)])), "all_gather_into_tensor"
+    shard = torch.zeros(CHECK_N, dtype=torch.int32)
+    dist.reduce_scatter(shard, [(i + r * rank).to(torch.int32) for r in range(P)])
+    assert torch.equal(shard, (P * i + rank * sum(range(P))).to(torch.int32)), ("reduce_scatter", shard[:10])
+    avg = torch.zeros(CHECK_N, dtype=torch.float32)
+    dist.reduce_scatter_tensor(avg, (torch.arange(P * CHECK_N) % 5 + rank).to(torch.float32),
+                               op=dist.ReduceOp.AVG)  # (3 x + 0 + 1 + 2) / 3: exact
+    want = (torch.arange(P * CHECK_N) % 5 + 1).to(torch.float32)[rank * CHECK_N:(rank + 1) * CHECK_N]
+    assert torch.equal(avg, want), ("reduce_scatter_tensor avg", avg[:10])
+    # A parameter (a leaf that requires grad), as a user broadcasts a model.
+    w = torch.nn.Parameter(torch.full((7,), float(rank)))
+    dist.broadcast(w, src=2)
+    assert torch.equal(w.detach(), torch.full((7,), 2.0)) and w.requires_grad, ("parameter broadcast", w)
+    r = (i * (rank + 1)).to(torch.float64)
+    dist.reduce(r, dst=2, op=dist.ReduceOp.MAX)
+    assert torch.equal(r, (i * (P if rank == 2 else rank + 1)).to(torch.float64)), ("reduce", r[:10])
+    a = (i * 3 + rank).to(torch.float64)
+    dist.all_reduce(a, op=dist.ReduceOp.AVG)  # (9 x + 3) / 3: exact
+    assert torch.equal(a, (i * 3 + 1).to(torch.float64)), ("all_reduce avg", a[:10])
+    return pg.calls()
 
 
 def compute_only(steps=50):
@@ -183,7 +266,8 @@ def worker(a):
     res = {}
     # checks and ina: the default group's communicator (one ring at the box)
     res["checks"] = {"path": pg.path, "reason": pg.reason, "ring": pg.comm.ring_id if pg.comm else 0,
-                     "bytes": check_round_trips(pg.comm, rank) if pg.comm else 0}
+                     "bytes": check_round_trips(pg.comm, rank) if pg.comm else 0,
+                     "calls": check_backend(pg, rank)}
     phase("ina")
     r = train(torch.nn.parallel.DistributedDataParallel(model()), rank, pg.stats)
     r.update(path=pg.path, reason=pg.reason, ring=pg.comm.ring_id if pg.comm else 0)
@@ -343,6 +427,15 @@ def run_scenario(a):
                       "%s / %d" % (ph[0]["checks"]["path"], ph[0]["checks"]["bytes"]))
         expect(all(p["checks"]["path"] == "ina" for p in ph), "checks not on INA: %s" %
                [(p["checks"]["path"], p["checks"]["reason"]) for p in ph])
+        # The backend's collectives went through netreduce (barrier: Gloo).
+        for p in ph:
+            calls = p["checks"]["calls"]
+            for name in ("broadcast", "allgather", "_allgather_base", "reduce_scatter", "_reduce_scatter_base",
+                         "reduce", "allreduce"):
+                expect(calls.get(name, {}).get("netreduce", 0) >= 1 and calls[name]["gloo"] == 0,
+                       "backend %s: %s" % (name, calls.get(name)))
+        report.figure("backend calls through netreduce / Gloo (rank 0, checks)", ", ".join(
+            "%s %d/%d" % (k, v["netreduce"], v["gloo"]) for k, v in sorted(ph[0]["checks"]["calls"].items())))
         ref = task().reference(STEPS)
         nparams = sum(p.numel() for p in ref)
         report.line("MLP %d-%d-%d (%d fp32 parameters, %d bytes of gradient per step), %d steps, batch %d per "
