@@ -1,18 +1,26 @@
-// netreduce-allreduce-perf: all-reduce bandwidth over libnetreduce, in the
-// spirit of nccl-tests' all_reduce_perf. One process per rank:
+// netreduce-allreduce-perf: all-reduce (and the other collectives) bandwidth
+// over libnetreduce, in the spirit of nccl-tests' all_reduce_perf. One
+// process per rank:
 //
 //   netreduce-allreduce-perf --rank R --world P --bootstrap HOST:PORT
 //       [--device rxe0] [--gid-index -1] [-b 8] [-e 32M] [-f 2] [-d fp32]
 //       [-o sum] [-n 20] [-w 5] [-c 1] [--msg-len 4] [--payload 1024]
 //       [--window 0] [--timeout-ms 30000] [--qp-timeout 14] [--force-ring]
 //       [--rings 0] [--local-size n] [--local-rank l] [--host-id ID]
-//       [--check-order [--rack-size K]]
+//       [--check-order [--rack-size K]] [--collective all_reduce] [--root 0]
 //   netreduce-allreduce-perf --loopback [--loopback-box] --world P ...
 //       [--local-size n]
 //       (self-test without RDMA: P ranks as threads of this process)
 //
 // -d and -o take one name, a comma-separated list or "all": the sweep runs
 // for every data type x op in turn, on one communicator.
+// --collective all_reduce (default), broadcast, all_gather, reduce_scatter,
+// reduce, barrier (a list, or all) runs the sweep for each in turn (ops only
+// where there is a reduction; barrier one row of size 0). Sizes are
+// nccl-tests': the buffer the collective fills (all-gather's output and
+// reduce-scatter's input, world x the count each rank contributes or
+// keeps); --root (default 0) is broadcast's and reduce's root. The last
+// column names the collective.
 // --rings R stripes every tensor over R rings (Options::rings; 0: 1). At the end rank 0 reports the
 // bytes each ring carried (its stripes of every call, this rank's data) and the total; with
 // --loopback-box also each ring's bytes as the box counted them (all ranks).
@@ -27,11 +35,14 @@
 // then lists host 0's n x R rings, and with --loopback-box each host's
 // payload bytes into the box, which equal one rank's data (not n x).
 // For each size: warm-up calls, then n timed calls; time is the mean per call.
-// algbw = bytes / time; busbw = algbw * 2 (P - 1) / P (nccl-tests' convention
-// for all-reduce, so ring and INA compare on the same scale). With -c 1 every
+// algbw = bytes / time; busbw = algbw x nccl-tests' factor: 2 (P - 1) / P for
+// all-reduce, (P - 1) / P for all-gather and reduce-scatter, 1 for broadcast
+// and reduce (so ring and INA compare on the same scale). With -c 1 every
 // size is also checked: rank r's element i is ((7 i + 13 r) mod 9) - 4, whose
 // sum, min and max over ranks are exact in every data type, and every element
-// of the result is compared. --check-order replaces, for fp32/fp64 sums on
+// of the result is compared (broadcast: the root's; all-gather: rank r's at
+// its place; reduce-scatter: this rank's part of the reduction; reduce: the
+// root's). --check-order replaces, for fp32/fp64 sums on
 // the INA path, that pattern by order-sensitive values and the reference by
 // parallel NetReduce's nested order (check_order below). With --rack-size K
 // (one rank per host, a multi-rack tree of boxes) the nesting is the tree's:
@@ -39,6 +50,7 @@
 // the racks in order at the spine. Exit status: 0 if every call succeeded and
 // every check passed; 2 if there is no RDMA device; 1 otherwise.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -194,14 +206,16 @@ size_t check_order(const std::vector<uint8_t>& got, size_t count, unsigned hosts
   return errors;
 }
 
-size_t check(DataType t, Op op, const std::vector<uint8_t>& got, size_t count, int world) {
+// got[i] against the reduction over the ranks of element first + i.
+size_t check(DataType t, Op op, const std::vector<uint8_t>& got, size_t count, int world,
+             size_t first = 0) {
   const size_t es = element_size(t);
   std::vector<uint8_t> want(es);
   size_t errors = 0;
   for (size_t i = 0; i < count; ++i) {
-    int acc = pattern(i, 0);
+    int acc = pattern(first + i, 0);
     for (int r = 1; r < world; ++r) {
-      const int v = pattern(i, r);
+      const int v = pattern(first + i, r);
       acc = op == Op::sum ? acc + v : op == Op::min ? std::min(acc, v) : std::max(acc, v);
     }
     store(t, want.data(), acc);
@@ -210,7 +224,52 @@ size_t check(DataType t, Op op, const std::vector<uint8_t>& got, size_t count, i
   return errors;
 }
 
+// got[r count + i] against rank r's element i, for `ranks` ranks from rank 0
+// (all-gather), or from rank `only` alone (broadcast: ranks 1, only the root).
+size_t check_pattern(DataType t, const std::vector<uint8_t>& got, size_t count, int ranks,
+                     int only = -1) {
+  const size_t es = element_size(t);
+  std::vector<uint8_t> want(es);
+  size_t errors = 0;
+  for (int r = 0; r < ranks; ++r)
+    for (size_t i = 0; i < count; ++i) {
+      store(t, want.data(), pattern(i, only >= 0 ? only : r));
+      if (std::memcmp(want.data(), got.data() + (r * count + i) * es, es) != 0) ++errors;
+    }
+  return errors;
+}
+
+enum class Coll { all_reduce, broadcast, all_gather, reduce_scatter, reduce, barrier };
+constexpr const char* kCollNames[] = {"all_reduce",     "broadcast", "all_gather",
+                                      "reduce_scatter", "reduce",    "barrier"};
+const char* to_string(Coll c) { return kCollNames[static_cast<int>(c)]; }
+bool reduces(Coll c) {
+  return c == Coll::all_reduce || c == Coll::reduce_scatter || c == Coll::reduce;
+}
+// Each rank contributes (all-gather) or keeps (reduce-scatter) 1 / world of the buffer.
+bool sharded(Coll c) { return c == Coll::all_gather || c == Coll::reduce_scatter; }
+
+// nccl-tests' bus bandwidth factor: what crosses each rank's link per algbw byte.
+double bus_factor(Coll c, int world) {
+  const double p = world;
+  switch (c) {
+    case Coll::all_reduce:
+      return 2 * (p - 1) / p;
+    case Coll::all_gather:
+    case Coll::reduce_scatter:
+      return (p - 1) / p;
+    case Coll::broadcast:
+    case Coll::reduce:
+      return 1;
+    case Coll::barrier:
+      break;
+  }
+  return 0;
+}
+
 struct SweepParams {
+  std::vector<Coll> colls;
+  int root;
   std::vector<DataType> types;
   std::vector<Op> ops;
   size_t min_bytes, max_bytes;
@@ -276,8 +335,8 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
           "# local size %d: %d hosts; local rank l of every host forms ring l (%d x %d "
           "rings)\n",
           comm.local_size(), world / comm.local_size(), comm.local_size(), comm.rings());
-    std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s\n", "size(B)", "count", "type", "op",
-                "path", "time(us)", "algbw", "busbw", "errors");
+    std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s  %s\n", "size(B)", "count", "type", "op",
+                "path", "time(us)", "algbw", "busbw", "errors", "collective");
     std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s\n", "", "(elements)", "", "", "", "",
                 "(GB/s)", "(GB/s)", "");
   }
@@ -302,61 +361,127 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
                   to_string(comm.path()), comm.path_reason().c_str());
     return 1;
   }
-  for (size_t sweep_i = 0; status == 0 && sweep_i < p.types.size() * p.ops.size(); ++sweep_i) {
-    const DataType t = p.types[sweep_i / p.ops.size()];
-    const Op o = p.ops[sweep_i % p.ops.size()];
-    const size_t es = element_size(t);
-    for (size_t bytes = std::max(min_bytes, es); bytes <= max_bytes;) {
-      const size_t count = bytes / es;
-      const bool ordered =
-          p.check_order && o == Op::sum && (t == DataType::fp32 || t == DataType::fp64);
-      if (!ordered)
-        fill(t, in, count, rank);
-      else if (t == DataType::fp32)
-        fill_order<float>(in, count, h, l);
-      else
-        fill_order<double>(in, count, h, l);
+  // The sweeps: every collective x data type x op it takes (barrier: one).
+  struct Job {
+    Coll c;
+    DataType t;
+    Op o;
+  };
+  std::vector<Job> jobs;
+  for (Coll c : p.colls) {
+    if (c == Coll::barrier) {
+      jobs.push_back({c, DataType::int32, Op::sum});
+      continue;
+    }
+    for (DataType t : p.types)
+      for (Op o : reduces(c) ? p.ops : std::vector<Op>{Op::sum}) jobs.push_back({c, t, o});
+  }
+  for (size_t job_i = 0; status == 0 && job_i < jobs.size(); ++job_i) {
+    const Coll c = jobs[job_i].c;
+    const DataType t = jobs[job_i].t;
+    const Op o = jobs[job_i].o;
+    const size_t es = element_size(t), shards = sharded(c) ? static_cast<size_t>(world) : 1;
+    const size_t first = c == Coll::barrier ? 0 : std::max(min_bytes, es * shards);
+    // Sizes up to -e (a sharded collective whose smallest size is larger
+    // has no row); barrier's one row has size 0.
+    for (size_t bytes = first; bytes <= max_bytes || c == Coll::barrier;) {
+      // count: the elements of the buffer the row reports; per: what one
+      // rank contributes or keeps of it.
+      const size_t count = c == Coll::barrier ? 0 : bytes / es / shards * shards,
+                   per = count / shards;
+      const bool ordered = c == Coll::all_reduce && p.check_order && o == Op::sum &&
+                           (t == DataType::fp32 || t == DataType::fp64);
+      const auto prepare = [&] {
+        if (!ordered)
+          fill(t, in, c == Coll::all_gather ? per : count, rank);
+        else if (t == DataType::fp32)
+          fill_order<float>(in, count, h, l);
+        else
+          fill_order<double>(in, count, h, l);
+      };
+      // One call, and the bytes of the all-reduce it is on each ring.
+      const auto run = [&]() -> Error {
+        switch (c) {
+          case Coll::all_reduce:
+            add(count, es);
+            return comm.allreduce(in.data(), out.data(), count, t, o);
+          case Coll::broadcast:
+            add((count * es + 3) / 4, 4);
+            return comm.broadcast(in.data(), count, t, p.root);
+          case Coll::all_gather:
+            add((count * es + 3) / 4, 4);
+            return comm.all_gather(in.data(), out.data(), per, t);
+          case Coll::reduce_scatter:
+            add(count, es);
+            return comm.reduce_scatter(in.data(), out.data(), per, t, o);
+          case Coll::reduce:
+            add(count, es);
+            return comm.reduce(in.data(), out.data(), count, t, o, p.root);
+          case Coll::barrier:
+            add(1, 4);
+            return comm.barrier();
+        }
+        return Error::make(ErrorCode::internal, "unknown collective");
+      };
+      prepare();
       Error err;
-      for (int i = 0; i < warmup && err.ok(); ++i) {
-        err = comm.allreduce(in.data(), out.data(), count, t, o);
-        add(count, es);
-      }
+      for (int i = 0; i < warmup && err.ok(); ++i) err = run();
       const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < iters && err.ok(); ++i)
-        err = comm.allreduce(in.data(), out.data(), count, t, o);
-      for (int i = 0; i < iters; ++i) add(count, es);
+      for (int i = 0; i < iters && err.ok(); ++i) err = run();
       const double us =
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
           iters;
       size_t errors = 0;
-      if (err.ok() && check_on) {
+      if (err.ok() && check_on && c != Coll::barrier) {
+        prepare();  // a broadcast overwrote the input
         std::memset(out.data(), 0xA5, count * es);
-        err = comm.allreduce(in.data(), out.data(), count, t, o);
-        add(count, es);
-        if (err.ok() && !ordered) errors = check(t, o, out, count, world);
+        err = run();
         if (err.ok() && ordered) {
           const bool flat = p.rack_size != 0;
           errors = t == DataType::fp32
                        ? check_order<float>(out, count, hosts, n, flat, order_other)
                        : check_order<double>(out, count, hosts, n, flat, order_other);
           order_checked += count;
+        } else if (err.ok()) {
+          switch (c) {
+            case Coll::all_reduce:
+              errors = check(t, o, out, count, world);
+              break;
+            case Coll::broadcast:
+              errors = check_pattern(t, in, count, 1, p.root);
+              break;
+            case Coll::all_gather:
+              errors = check_pattern(t, out, per, world);
+              break;
+            case Coll::reduce_scatter:
+              errors = check(t, o, out, per, world, static_cast<size_t>(rank) * per);
+              break;
+            case Coll::reduce:
+              errors = rank == p.root ? check(t, o, out, count, world) : 0;
+              break;
+            case Coll::barrier:
+              break;
+          }
         }
       }
       if (!err.ok()) {
-        std::fprintf(stderr, "netreduce-allreduce-perf: rank %d: size %zu: %s\n", rank, count * es,
-                     err.message.c_str());
+        std::fprintf(stderr, "netreduce-allreduce-perf: rank %d: %s, size %zu: %s\n", rank,
+                     to_string(c), count * es, err.message.c_str());
         status = 1;
         break;
       }
       total_errors += errors;
       if (rank == 0 || errors > 0) {
         const double algbw = static_cast<double>(count * es) / us / 1e3;
-        const double busbw = algbw * 2.0 * (world - 1) / world;
-        std::printf("  %12zu %12zu %6s %5s %5s %10.1f %9.3f %9.3f %7s\n", count * es, count,
-                    to_string(t), to_string(o), to_string(comm.path()), us, algbw, busbw,
-                    check_on ? std::to_string(errors).c_str() : "N/A");
+        const double busbw = algbw * bus_factor(c, world);
+        std::printf("  %12zu %12zu %6s %5s %5s %10.1f %9.3f %9.3f %7s  %s\n", count * es, count,
+                    c == Coll::barrier ? "-" : to_string(t), reduces(c) ? to_string(o) : "-",
+                    to_string(comm.path()), us, algbw, busbw,
+                    check_on && c != Coll::barrier ? std::to_string(errors).c_str() : "N/A",
+                    to_string(c));
         std::fflush(stdout);
       }
+      if (c == Coll::barrier) break;
       const size_t next = static_cast<size_t>(std::ceil(static_cast<double>(bytes) * factor));
       bytes = next > bytes ? next : bytes + 1;
     }
@@ -383,7 +508,7 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"netreduce all-reduce benchmark (one process per rank)"};
+  CLI::App app{"netreduce collectives benchmark, all-reduce by default (one process per rank)"};
   int rank = -1, world = 0, gid_index = -1, iters = 20, warmup = 5, check_on = 1;
   std::string bootstrap, device, dtype_s = "fp32", op_s = "sum", min_s = "8", max_s = "32M";
   double factor = 2;
@@ -401,6 +526,12 @@ int main(int argc, char** argv) {
   app.add_option("-d,--datatype", dtype_s,
                  "fp32 fp16 bf16 int32 int64 fp64, a comma-separated list, or all");
   app.add_option("-o,--op", op_s, "sum min max, a comma-separated list, or all");
+  std::string coll_s = "all_reduce";
+  app.add_option("--collective", coll_s,
+                 "all_reduce broadcast all_gather reduce_scatter reduce barrier, a "
+                 "comma-separated list, or all");
+  int root = 0;
+  app.add_option("--root", root, "root rank of broadcast and reduce");
   app.add_option("-n,--iters", iters, "timed calls per size")->check(CLI::Range(1, 1000000));
   app.add_option("-w,--warmup_iters", warmup, "warm-up calls per size")
       ->check(CLI::Range(0, 1000000));
@@ -471,6 +602,13 @@ int main(int argc, char** argv) {
     if (!op && bad.empty()) bad = "-o: unknown op '" + name + "'";
     ops.push_back(static_cast<Op>(op.value_or(wire::ReduceOp::sum)));
   }
+  std::vector<Coll> colls;
+  for (const std::string& name :
+       split_list(coll_s, "all_reduce,broadcast,all_gather,reduce_scatter,reduce,barrier")) {
+    const auto* it = std::find(std::begin(kCollNames), std::end(kCollNames), name);
+    if (it == std::end(kCollNames) && bad.empty()) bad = "--collective: unknown '" + name + "'";
+    colls.push_back(static_cast<Coll>(it == std::end(kCollNames) ? 0 : it - kCollNames));
+  }
   if (!bad.empty()) {
     // the first unknown name is reported
   } else if (!parse_size(min_s, min_bytes) || !parse_size(max_s, max_bytes)) {
@@ -483,6 +621,10 @@ int main(int argc, char** argv) {
     bad = "--world: must be in 1..64";
   } else if (!loopback && (rank < 0 || rank >= world)) {
     bad = "--rank: must be in 0..world-1";
+  } else if (root < 0 || root >= world) {
+    bad = "--root: must be in 0..world-1";
+  } else if (check_order && (colls.size() != 1 || colls[0] != Coll::all_reduce)) {
+    bad = "--check-order: all_reduce only";
   } else if (world % local_size != 0) {
     bad = "--local-size: must divide --world (every host runs the same number of ranks)";
   } else if (rack_size && (!check_order || local_size != 1 || world % rack_size != 0)) {
@@ -494,7 +636,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "netreduce-allreduce-perf: %s\n", bad.c_str());
     return 1;
   }
-  const SweepParams sp{types,
+  const SweepParams sp{colls,
+                       root,
+                       types,
                        ops,
                        min_bytes,
                        max_bytes,

@@ -312,7 +312,7 @@ class Job:
         rows = []
         for line in out.splitlines():
             f = line.split()
-            if len(f) == 9 and not line.startswith("#") and f[0].isdigit():
+            if len(f) == 10 and f[9] == "all_reduce" and not line.startswith("#") and f[0].isdigit():
                 rows.append({"bytes": int(f[0]), "type": f[2], "op": f[3], "path": f[4], "us": float(f[5]),
                              "errors": f[8]})
         want = sorted({(d, o, b) for d, o, b in expected_calls(self.args)})

@@ -126,7 +126,7 @@ def check_output(tag, results, n, R, run):
     rows = []
     for line in out.splitlines():
         f = line.split()
-        if len(f) == 9 and not line.startswith("#") and f[0].isdigit():
+        if len(f) == 10 and f[9] == "all_reduce" and not line.startswith("#") and f[0].isdigit():
             rows.append((f[2], f[3], int(f[0]), f[4], f[8]))
     want = sorted({(d, o, b) for d, o, b in sa.expected_calls(run)})
     expect(sorted((d, o, b) for d, o, b, _, _ in rows) == want, "%s: rows %s, expected %s" % (tag, rows, want))
