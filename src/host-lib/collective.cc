@@ -113,17 +113,27 @@ Error Collective::create(Transport& transport, const CollectiveConfig& cfg,
   return {};
 }
 
-Error Collective::check_args(const void* send, void* recv, size_t count, DataType t, Op op) {
+Error Collective::check_dtype(DataType t) {
   if (element_size(t) == 0)
     return Error::make(ErrorCode::invalid_argument,
                        "dtype: " + std::to_string(static_cast<int>(t)) + " is not a data type");
+  return {};
+}
+
+Error Collective::check_op(Op op) {
   if (!wire::is_valid_op(static_cast<uint8_t>(op)))
     return Error::make(ErrorCode::invalid_argument,
                        "op: " + std::to_string(static_cast<int>(op)) + " is not sum, min or max");
+  return {};
+}
+
+Error Collective::check_args(const void* send, void* recv, size_t count, DataType t, Op op) {
+  if (Error e = check_dtype(t)) return e;
+  if (Error e = check_op(op)) return e;
   if (count > 0 && (send == nullptr || recv == nullptr))
     return Error::make(ErrorCode::invalid_argument,
                        std::string(send == nullptr ? "send" : "recv") + ": null buffer");
-  if (count > (size_t{1} << 40) / element_size(t))
+  if (count > kMaxCallBytes / element_size(t))
     return Error::make(ErrorCode::invalid_argument,
                        "count: " + std::to_string(count) + " elements is too large");
   if (count > 0 && send != recv) {

@@ -69,6 +69,8 @@ struct CollectiveConfig {
 size_t recv_region_bytes(const CollectiveConfig& cfg, unsigned world, size_t ring_buffer_bytes);
 
 inline constexpr unsigned kPollBatch = 16;  // completions taken per poll
+// The most data bytes one call may carry (check_args).
+inline constexpr size_t kMaxCallBytes = size_t{1} << 40;
 // The most one exchange carries (the bootstrap's frames hold 16 MiB).
 inline constexpr size_t kMaxExchangeBytes = size_t{15} << 20;
 
@@ -97,6 +99,9 @@ class Collective {
   // The arguments of a call (dtype, op, buffers, size, overlap), as
   // allreduce checks them; also the local stage's (local.h).
   static Error check_args(const void* send, void* recv, size_t count, DataType t, Op op);
+  // Its parts that name a bad type or op (the one-pass collectives' too).
+  static Error check_dtype(DataType t);
+  static Error check_op(Op op);
 
   const CollectiveConfig& config() const noexcept { return cfg_; }
   // Turns failover on (a ring without local ranks, after the probe).

@@ -4,13 +4,11 @@
 #include <cstring>
 #include <string>
 
-#include "wire/ina.h"
+#include "host-lib/collective.h"
 
 namespace netreduce::host {
 namespace {
 
-// The all-reduce's own limit on one call (Collective::check_args).
-constexpr size_t kMaxCallBytes = size_t{1} << 40;
 // A scratch buffer larger than this is freed after its call.
 constexpr size_t kKeepScratchBytes = size_t{64} << 20;
 
@@ -20,12 +18,6 @@ bool overlap(const void* a, size_t an, const void* b, size_t bn) {
   const auto* x = static_cast<const uint8_t*>(a);
   const auto* y = static_cast<const uint8_t*>(b);
   return an > 0 && bn > 0 && x < y + bn && y < x + an;
-}
-
-Error check_op(Op op) {
-  if (!wire::is_valid_op(static_cast<uint8_t>(op)))
-    return invalid("op: " + std::to_string(static_cast<int>(op)) + " is not sum, min or max");
-  return {};
 }
 
 }  // namespace
@@ -51,9 +43,8 @@ Error OnePass::check_root(int root) const {
 }
 
 Error OnePass::bytes_of(size_t count, DataType t, unsigned ranks, size_t& out) const {
+  if (Error e = Collective::check_dtype(t)) return e;
   const size_t es = element_size(t);
-  if (es == 0)
-    return invalid("dtype: " + std::to_string(static_cast<int>(t)) + " is not a data type");
   if (count > kMaxCallBytes / es / ranks)
     return invalid("count: " + std::to_string(count) + " elements" +
                    (ranks > 1 ? " x " + std::to_string(ranks) + " ranks" : std::string()) +
@@ -113,7 +104,7 @@ Error OnePass::reduce_scatter(const void* send, void* recv, size_t recv_count, D
     size_t n = 0, all = 0;
     if (Error e = bytes_of(recv_count, t, 1, n)) return e;
     if (Error e = bytes_of(recv_count, t, world_, all)) return e;
-    if (Error e = check_op(op)) return e;
+    if (Error e = Collective::check_op(op)) return e;
     if (n > 0 && (send == nullptr || recv == nullptr))
       return invalid(std::string(send == nullptr ? "send" : "recv") + ": null buffer");
     uint8_t* s = scratch(all);
@@ -129,7 +120,7 @@ Error OnePass::reduce(const void* send, void* recv, size_t count, DataType t, Op
     size_t n = 0;
     if (Error e = bytes_of(count, t, 1, n)) return e;
     if (Error e = check_root(root)) return e;
-    if (Error e = check_op(op)) return e;
+    if (Error e = Collective::check_op(op)) return e;
     // Only the root's recv is written: elsewhere it may be the input itself.
     void* out = rank_ == static_cast<unsigned>(root) ? recv : scratch(n);
     return allreduce_(send, out, count, t, op, deadline);
