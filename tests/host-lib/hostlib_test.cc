@@ -559,11 +559,13 @@ TEST_CASE("a bypassed box: the call is finished on the ring path, or fails on ev
   // the ring path: the messages some rank had sealed hold the box's result,
   // the rest the ring's, the same bytes everywhere. Where the box keeps
   // packets it can never complete (the loopback does not retransmit them
-  // as RC would), ranks time out, and every rank fails the call.
+  // as RC would), ranks time out, and every rank fails the call; when the
+  // threads' timing lets every packet through after all (seen under ASan),
+  // every rank recovers instead. Never some ranks one way and some the other.
   struct Shape {
     const char* name;
     bool (*skips)(unsigned sender, uint32_t msg, uint32_t k);
-    bool recovers;
+    bool recovers;    // always; else usually not
     int split;        // messages of the box's result when known, else -1
     uint16_t window;  // 1: message 1 leaves only once message 0 came back (RC's order)
   };
@@ -606,11 +608,15 @@ TEST_CASE("a bypassed box: the call is finished on the ring path, or fails on ev
     first_id = static_cast<uint32_t>(job.fabric.box_ring()->counters.messages_completed);
     armed = &shape;
     const auto errs = job.run(in, out, count, DataType::fp32, Op::sum, 600);
-    if (shape.recovers) {
-      std::string all;
-      for (unsigned r = 0; r < P; ++r)
-        all += "\nrank " + std::to_string(r) + ": " + errs[r].message;
-      INFO(all);
+    unsigned ok = 0;
+    std::string all;
+    for (unsigned r = 0; r < P; ++r) {
+      ok += errs[r].ok() ? 1 : 0;
+      all += "\nrank " + std::to_string(r) + ": " + errs[r].message;
+    }
+    INFO(ok << " of " << P << " ranks finished the call:" << all);
+    REQUIRE((ok == 0 || ok == P));
+    if (shape.recovers || ok == P) {
       for (unsigned r = 0; r < P; ++r) {
         INFO("rank " << r << ": " << errs[r].message);
         REQUIRE(errs[r].ok());
