@@ -101,6 +101,7 @@ Error Collective::create(Transport& transport, const CollectiveConfig& cfg,
   c->stage_.resize(slot);
   c->send_ring_bytes_ = size_t{cfg.window} * slot;
   c->work_ring_bytes_ = size_t{P} * std::max<size_t>(c->ring_stride_, 64);
+  if (cfg.path == Path::ina) c->tail_bytes_.resize(R * c->send_ring_bytes_);  // failover's
   c->send_buf_ = std::make_unique<Buffer>(R * c->send_ring_bytes_);
   c->work_buf_ = std::make_unique<Buffer>(R * c->work_ring_bytes_);
   if (!c->send_buf_->data || !c->work_buf_->data)
@@ -221,10 +222,14 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
   Error unsealed;
   const bool failover = static_cast<bool>(exchange_);
   std::array<uint8_t, kMaxRings> stop{};  // per ring: 0 none, 1 notice sent, 2 acknowledged
-  // A notice carries its call's number (the immediate); one from another
-  // call means the predecessor failed a call this rank completed: no
-  // agreement can finish it, and this rank says so in its report.
+  // A notice carries its call's number (the immediate). One of the next
+  // call: the predecessor completed this one and stopped that. One of the
+  // previous call, which this rank completed and whose tail it keeps: the
+  // predecessor lost results of it, which the agreement gives it from the
+  // tails. Any other: no agreement can finish the calls, and this rank says
+  // so in its report.
   const uint32_t call_tag = static_cast<uint32_t>(calls_);
+  const bool have_tail = tail_.call != 0 && tail_.call + 1 == calls_;
   bool foreign_stop = false;
   const auto drained = [&](unsigned g) {
     const Window& w = st[g].w;
@@ -233,10 +238,15 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
   };
   const auto record = [&](bool recoverable) {
     for (unsigned g = 0; g < R; ++g) {
+      last_.base[g] = st[g].base;
       last_.copied[g] = st[g].copied;
       last_.sent[g] = static_cast<uint32_t>(st[g].w.next_send()) + (stop[g] != 0 ? 1 : 0);
       last_.received[g] = st[g].received;
     }
+    // Receives taken but kept for the next call, or not read yet, arrived too.
+    for (const auto* q : {&pending_, &next_call_})
+      for (const Completion& c : *q)
+        if (c.lane < R) ++last_.received[c.lane];
     last_.recoverable = recoverable && !foreign_stop;
   };
   // The first cause ends the call; with failover, the stop notices go out.
@@ -282,7 +292,9 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
     }
     if (finished) {
       record(!unsealed.ok());
-      return unsealed.ok() ? Error{} : fail(unsealed);
+      if (!unsealed.ok()) return fail(unsealed);
+      if (failover) keep_tail(recv, count, t, op);
+      return {};
     }
     unsigned n = 0;
     while (n < kPollBatch && !pending_.empty()) {
@@ -395,17 +407,21 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
         return {};
       };
       if (failover && c.byte_len == 0) {  // the predecessor's stop notice
-        const bool ours = c.imm == call_tag;
-        foreign_stop = foreign_stop || !ours;
-        if (Error e = raw(Error::make(
-                ErrorCode::transport,
-                who + ring() + "predecessor rank " + std::to_string(t_.predecessor()) +
-                    (ours ? std::string(" stopped the call (it met data no box sealed)")
-                          : " stopped all-reduce call " + std::to_string(c.imm) +
-                                ", which this rank had completed: the box was lost between "
-                                "the ranks' last results, and the ranks cannot finish it "
-                                "together"))))
-          return e;
+        const std::string pred = "predecessor rank " + std::to_string(t_.predecessor());
+        std::string why;
+        if (c.imm == call_tag)
+          why = pred + " stopped the call (it met data no box sealed)";
+        else if (c.imm == call_tag + 1)
+          why = pred + " completed this call and stopped the next (it met data no box sealed)";
+        else if (c.imm + 1 == call_tag && have_tail)
+          why = pred + " stopped all-reduce call " + std::to_string(c.imm) +
+                ", which this rank completed: the box was lost between the ranks' last results";
+        else {
+          why = pred + " stopped all-reduce call " + std::to_string(c.imm) +
+                ", which this rank cannot finish with it";
+          foreign_stop = true;
+        }
+        if (Error e = raw(Error::make(ErrorCode::transport, who + ring() + why))) return e;
         continue;
       }
       if (i >= k.w.next_send()) {

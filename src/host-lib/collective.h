@@ -131,7 +131,12 @@ class Collective {
   Error fail(Error e);
   Error fail_over(const void* send, void* recv, size_t count, DataType t, Op op,
                   Clock::time_point deadline, const Error& cause);
-  Error drain_receives(const std::vector<uint32_t>& expected, Clock::time_point deadline);
+  // Takes the receives until ring g's count reaches expected[g]; later
+  // ones are kept for the path that comes next.
+  Error drain_receives(const std::vector<uint32_t>& expected, Path next,
+                       Clock::time_point deadline);
+  // Keeps the last window of a completed INA call's result (tail_).
+  void keep_tail(const void* recv, size_t count, DataType t, Op op);
   Error fail_back(Clock::time_point deadline, Clock::duration budget);
   void switch_path(Path p, std::string reason);
   // "ring i of R (id X, stripe bytes [a, b))" for errors.
@@ -167,14 +172,32 @@ class Collective {
   Error failed_{};
   bool failed_seal_ = false;
 
-  // The last INA call, per ring: messages copied out (a prefix), sent, and
-  // receives completed; `recoverable`: it failed on data no box sealed with
-  // every write of this rank acknowledged (the transport is sound).
+  // The last INA call, per ring: its first message id, messages copied out
+  // (a prefix), sent, and receives completed (those kept for the next call
+  // included); `recoverable`: it failed on data no box sealed with every
+  // write of this rank acknowledged (the transport is sound).
   struct InaOutcome {
-    std::array<uint32_t, kMaxRings> copied{}, sent{}, received{};
+    std::array<uint32_t, kMaxRings> base{}, copied{}, sent{}, received{};
     bool recoverable = false;
   };
   InaOutcome last_{};
+  // The last INA call this rank completed, and per ring the result of its
+  // last `window` messages (from message `first`, at `at` in tail_bytes_).
+  // The box sealed a call's last message only once every rank had sent it,
+  // so every rank had copied out all but at most its last window: a rank
+  // that lost the rest (the box left between the ranks' last results, and
+  // the predecessor's raw write of the next call landed over a result it
+  // had not read) gets them from here (failover.cc).
+  struct Tail {
+    uint64_t call = 0;  // 0: none
+    uint64_t count = 0;
+    DataType t = DataType::fp32;
+    Op op = Op::sum;
+    std::array<uint32_t, kMaxRings> first{};
+    std::array<size_t, kMaxRings> at{};
+  };
+  Tail tail_{};
+  std::vector<uint8_t> tail_bytes_;  // rings x window x a message's data bytes
   Exchange exchange_;
   uint64_t calls_ = 0;  // allreduce calls so far (every rank alike)
   uint32_t failback_first_ = 0;

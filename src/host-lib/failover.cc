@@ -7,7 +7,8 @@
 // 1 and 2 only 0-1; every rank got raw data after that and stopped sending.
 //  1. Each rank waits for its own writes to be acknowledged, then sends a
 //     report over the bootstrap (call number, count, dtype, op, per ring:
-//     messages copied out, sent, receives seen; whether it can recover, and
+//     the call's first message id, messages copied out, sent, receives
+//     seen; the previous call's tail it keeps; whether it can recover, and
 //     its error). Every rank gets every report: all decide alike.
 //  2. Each rank drains the receives its predecessor's `sent` still owes it,
 //     so no INA write lands in the receive region after this point.
@@ -19,6 +20,10 @@
 //     ring path all-reduces that element range.
 // Result: messages 0-2 as the box summed them (rank order), message 3 in the
 // ring's order; the same bytes on every rank.
+// Between two calls: when the box went between the ranks' last results of
+// call k, ranks that completed k and are in k + 1 give a rank still in k its
+// missing last messages from the tail they keep (Collective::Tail), and
+// k + 1 goes to the ring path on every rank.
 // If any rank cannot recover (a deadline, a transport error: its QPs may be
 // in error) or the reports disagree, every rank returns an error naming it.
 // Failback (fail_back): failback_calls calls later the ranks probe the box
@@ -36,11 +41,28 @@ namespace {
 struct Report {
   uint64_t call = 0, count = 0;
   unsigned dtype = 0, op = 0, recoverable = 0, rings = 0;
-  std::array<uint32_t, kMaxRings> copied{}, sent{}, received{};
+  // Per ring: the call's first message id; messages copied out, sent and
+  // received (Collective::InaOutcome).
+  std::array<uint32_t, kMaxRings> base{}, copied{}, sent{}, received{};
+  // The previous call, when this rank completed it on the INA path and
+  // keeps its tail (Collective::Tail); call 0: none.
+  uint64_t tail_call = 0, tail_count = 0;
+  unsigned tail_dtype = 0, tail_op = 0;
   std::string error;
+
+  template <class Outcome>
+  void take(const Outcome& o) {
+    base = o.base;
+    copied = o.copied;
+    sent = o.sent;
+    received = o.received;
+  }
+  bool same_call(const Report& x) const {
+    return x.call == call && x.count == count && x.dtype == dtype && x.op == op && x.rings == rings;
+  }
 };
 
-constexpr const char* kMagic = "nr-failover-1";
+constexpr const char* kMagic = "nr-failover-2";
 
 // Message ids a probe skips when trying the box again: past every cell the
 // box may still hold for the failed call (its slots are 2 x its window).
@@ -54,9 +76,10 @@ constexpr auto kReportGrace = std::chrono::seconds(1);
 std::string encode(const Report& r) {
   std::ostringstream o;
   o << kMagic << ' ' << r.call << ' ' << r.count << ' ' << r.dtype << ' ' << r.op << ' '
-    << r.recoverable << ' ' << r.rings;
+    << r.recoverable << ' ' << r.rings << ' ' << r.tail_call << ' ' << r.tail_count << ' '
+    << r.tail_dtype << ' ' << r.tail_op;
   for (unsigned g = 0; g < r.rings; ++g)
-    o << ' ' << r.copied[g] << ' ' << r.sent[g] << ' ' << r.received[g];
+    o << ' ' << r.base[g] << ' ' << r.copied[g] << ' ' << r.sent[g] << ' ' << r.received[g];
   o << '\n' << r.error;
   return o.str();
 }
@@ -66,13 +89,27 @@ bool decode(const std::string& s, Report& r) {
   if (nl == std::string::npos) return false;
   std::istringstream i(s.substr(0, nl));
   std::string magic;
-  if (!(i >> magic >> r.call >> r.count >> r.dtype >> r.op >> r.recoverable >> r.rings) ||
+  if (!(i >> magic >> r.call >> r.count >> r.dtype >> r.op >> r.recoverable >> r.rings >>
+        r.tail_call >> r.tail_count >> r.tail_dtype >> r.tail_op) ||
       magic != kMagic || r.rings < 1 || r.rings > kMaxRings)
     return false;
   for (unsigned g = 0; g < r.rings; ++g)
-    if (!(i >> r.copied[g] >> r.sent[g] >> r.received[g])) return false;
+    if (!(i >> r.base[g] >> r.copied[g] >> r.sent[g] >> r.received[g])) return false;
   r.error = s.substr(nl + 1);
   return true;
+}
+
+// The receives this rank still owes from its predecessor, per ring: what
+// the predecessor sent, counted from this rank's first message id of the
+// call it reports (the predecessor may be one call ahead). Empty when the
+// counts cannot be (ids more than 2^30 apart: reports of unrelated calls).
+std::vector<uint32_t> owed_receives(const Report& mine, const Report& pred, unsigned rings) {
+  std::vector<uint32_t> owed(rings);
+  for (unsigned g = 0; g < rings; ++g) {
+    owed[g] = pred.base[g] + pred.sent[g] - mine.base[g];  // modulo 2^32, as ids wrap
+    if (owed[g] > (1u << 30)) return {};
+  }
+  return owed;
 }
 
 }  // namespace
@@ -104,7 +141,32 @@ const std::string& Collective::path_reason() const {
   return reasons_.back();
 }
 
-Error Collective::drain_receives(const std::vector<uint32_t>& expected,
+void Collective::keep_tail(const void* recv, size_t count, DataType t, Op op) {
+  const unsigned R = rings();
+  const size_t es = element_size(t);
+  const auto* res = static_cast<const uint8_t*>(recv);
+  tail_ = {};
+  size_t at = 0;
+  for (unsigned g = 0; g < R; ++g) {
+    const StripeRange s = stripe(count, R, g);
+    MessagePlan plan;
+    if (!make_plan(s.count, t, cfg_.msg_len, cfg_.pmtu, plan).ok()) return;
+    const size_t first = plan.messages > cfg_.window ? plan.messages - cfg_.window : 0;
+    const size_t from = first < plan.messages ? plan.first_elem(first) : s.count;
+    const size_t bytes = (s.count - from) * es;
+    if (at + bytes > tail_bytes_.size()) return;  // a window of messages always fits
+    if (bytes > 0) std::memcpy(tail_bytes_.data() + at, res + (s.first + from) * es, bytes);
+    tail_.first[g] = static_cast<uint32_t>(first);
+    tail_.at[g] = at;
+    at += bytes;
+  }
+  tail_.call = calls_;
+  tail_.count = count;
+  tail_.t = t;
+  tail_.op = op;
+}
+
+Error Collective::drain_receives(const std::vector<uint32_t>& expected, Path next,
                                  Clock::time_point deadline) {
   const unsigned R = rings();
   Completion comps[kPollBatch];
@@ -128,7 +190,7 @@ Error Collective::drain_receives(const std::vector<uint32_t>& expected,
                                (c.ok ? "a write" : c.what) + ")");
       if (last_.received[c.lane] < expected[c.lane])
         ++last_.received[c.lane];
-      else if (path() == Path::ring)  // the predecessor's first ring-path write: kept for its step
+      else if (next == Path::ring)  // the predecessor's first ring-path write: kept for its step
         rings_[c.lane].early.push_back(c);
       else  // back on the INA path: the predecessor's first message of the next call
         pending_.push_back(c);
@@ -136,10 +198,43 @@ Error Collective::drain_receives(const std::vector<uint32_t>& expected,
   }
 }
 
+// The calls the reports name: every rank at the lowest, K, or at K + 1
+// having completed K on the INA path (it keeps K's tail) with nothing of
+// K + 1 copied out (no box could seal it: the ranks at K never sent it).
+// Ranks at one call agree on it. Returns why not, or "".
+static std::string check_calls(const std::vector<Report>& all, uint64_t k) {
+  const Report* at[2] = {nullptr, nullptr};
+  for (unsigned r = 0; r < all.size(); ++r) {
+    const Report& x = all[r];
+    const std::string rank = "rank " + std::to_string(r);
+    if (x.call != k && x.call != k + 1)
+      return rank + " reported call " + std::to_string(x.call) + " where another rank is at call " +
+             std::to_string(k);
+    const Report*& first = at[x.call - k];
+    if (!first) first = &x;
+    if (!first->same_call(x))
+      return rank + " reported call " + std::to_string(x.call) + " of " + std::to_string(x.count) +
+             " elements where another rank reported it with " + std::to_string(first->count);
+  }
+  for (unsigned r = 0; r < all.size(); ++r) {
+    const Report& x = all[r];
+    if (x.call == k) continue;
+    const std::string rank = "rank " + std::to_string(r);
+    if (x.tail_call != k || x.tail_count != at[0]->count || x.tail_dtype != at[0]->dtype ||
+        x.tail_op != at[0]->op)
+      return rank + " is at call " + std::to_string(k + 1) + " without the results of call " +
+             std::to_string(k);
+    for (unsigned g = 0; g < x.rings; ++g)
+      if (x.copied[g] != 0)
+        return rank + " copied out results of call " + std::to_string(k + 1) +
+               ", which another rank never sent";
+  }
+  return "";
+}
+
 Error Collective::fail_over(const void* send, void* recv, size_t count, DataType t, Op op,
                             Clock::time_point deadline, const Error& cause) {
   const unsigned P = t_.world(), me = t_.rank(), R = rings();
-  const std::string who = "rank " + std::to_string(me) + ": ";
   const auto give_up = [&](const std::string& why) {
     return fail(Error::make(cause.code, cause.message + "; not finished on the ring path: " + why));
   };
@@ -152,9 +247,13 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
   mine.op = static_cast<unsigned>(op);
   mine.recoverable = last_.recoverable ? 1 : 0;
   mine.rings = R;
-  mine.copied = last_.copied;
-  mine.sent = last_.sent;
-  mine.received = last_.received;
+  mine.take(last_);
+  if (tail_.call != 0 && tail_.call + 1 == calls_) {
+    mine.tail_call = tail_.call;
+    mine.tail_count = tail_.count;
+    mine.tail_dtype = static_cast<unsigned>(tail_.t);
+    mine.tail_op = static_cast<unsigned>(tail_.op);
+  }
   mine.error = cause.message.substr(0, 400);
   std::vector<std::string> blobs;
   const Clock::time_point report_by =
@@ -164,49 +263,64 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
                        ? "the ranks could not agree (" + e.message + ")"
                        : "this rank cannot (a transport error, or writes not acknowledged)");
   std::vector<Report> all(P);
-  std::string cannot;
+  uint64_t k = mine.call;  // the call being finished: the lowest any rank reports
   for (unsigned r = 0; r < P; ++r) {
     if (r >= blobs.size() || !decode(blobs[r], all[r]))
       return give_up("rank " + std::to_string(r) + " sent no failover report");
+    k = std::min(k, all[r].call);
+  }
+  if (std::string why = check_calls(all, k); !why.empty()) return give_up(why);
+  std::string cannot, behind;
+  const Report* k_call = nullptr;     // call k as reported
+  const Report* next_call = nullptr;  // call k + 1, if some rank completed k
+  for (unsigned r = 0; r < P; ++r) {
     const Report& x = all[r];
-    if (x.call != mine.call || x.count != mine.count || x.dtype != mine.dtype || x.op != mine.op ||
-        x.rings != R)
-      return give_up("rank " + std::to_string(r) + " reported call " + std::to_string(x.call) +
-                     " of " + std::to_string(x.count) + " elements where this rank is at call " +
-                     std::to_string(mine.call) + " of " + std::to_string(count));
+    (x.call == k ? k_call : next_call) = &x;
+    if (x.call == k) behind += (behind.empty() ? "" : ", ") + std::to_string(r);
     if (!x.recoverable)
       cannot += (cannot.empty() ? "" : "; ") +
                 (r == me ? std::string("this rank cannot")
                          : "rank " + std::to_string(r) + " cannot (" + x.error + ")");
   }
   if (!cannot.empty()) return give_up(cannot);
+  const bool ahead = mine.call == k + 1;  // this rank completed call k
 
-  // 2. The predecessor's INA writes still owed to this rank.
-  std::vector<uint32_t> owed(R);
-  for (unsigned g = 0; g < R; ++g) owed[g] = all[t_.predecessor()].sent[g];
-  if (Error e = drain_receives(owed, deadline)) return give_up(e.message);
+  // 2. The predecessor's INA writes still owed to this rank. What else was
+  // taken (an INA write of the next call, kept) belongs to a call the ring
+  // path now finishes.
+  const std::vector<uint32_t> owed = owed_receives(mine, all[t_.predecessor()], R);
+  if (owed.empty()) return give_up("the predecessor's message ids do not follow this rank's");
+  if (Error e = drain_receives(owed, Path::ring, deadline)) return give_up(e.message);
+  pending_.clear();
+  next_call_.clear();
   failed_ = {};
 
-  // 3. Messages with a result somewhere: from the lowest rank that copied out most.
-  const size_t es = element_size(t);
+  // 3. Call k's messages with a result somewhere: from the lowest rank that
+  // copied out most (a rank at k + 1 copied out all of k, and keeps its
+  // last window).
+  const auto kt = static_cast<DataType>(k_call->dtype);
+  const size_t kes = element_size(kt), kcount = k_call->count;
   const auto* src = static_cast<const uint8_t*>(send);
   auto* dst = static_cast<uint8_t*>(recv);
   struct Span {
-    size_t first = 0, count = 0;  // elements, in the call's buffer
+    size_t first = 0, count = 0;  // elements, in call k's buffer
   };
   std::array<Span, kMaxRings> have{}, redo{};
   std::array<unsigned, kMaxRings> source{};
   std::string blob;
   bool any_have = false;
   for (unsigned g = 0; g < R; ++g) {
-    const StripeRange s = stripe(count, R, g);
+    const StripeRange s = stripe(kcount, R, g);
     MessagePlan plan;
-    if (Error e = make_plan(s.count, t, cfg_.msg_len, cfg_.pmtu, plan)) return give_up(e.message);
-    uint32_t lo = all[0].copied[g], hi = all[0].copied[g];
+    if (Error e = make_plan(s.count, kt, cfg_.msg_len, cfg_.pmtu, plan)) return give_up(e.message);
+    const auto copied = [&](unsigned r) {
+      return all[r].call == k ? all[r].copied[g] : static_cast<uint32_t>(plan.messages);
+    };
+    uint32_t lo = copied(0), hi = copied(0);
     for (unsigned r = 0; r < P; ++r) {
-      lo = std::min(lo, all[r].copied[g]);
-      if (all[r].copied[g] > hi) {
-        hi = all[r].copied[g];
+      lo = std::min(lo, copied(r));
+      if (copied(r) > hi) {
+        hi = copied(r);
         source[g] = r;
       }
     }
@@ -214,12 +328,21 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
     have[g] = {s.first + elem(lo), elem(hi) - elem(lo)};
     redo[g] = {s.first + elem(hi), s.count - elem(hi)};
     if (have[g].count > 0) any_have = true;
-    if (have[g].count > 0 && source[g] == me)
-      blob.append(reinterpret_cast<const char*>(dst + have[g].first * es), have[g].count * es);
+    if (have[g].count == 0 || source[g] != me) continue;
+    if (!ahead) {
+      blob.append(reinterpret_cast<const char*>(dst + have[g].first * kes), have[g].count * kes);
+      continue;
+    }
+    if (lo < tail_.first[g])
+      return give_up("ranks lack messages of call " + std::to_string(k) + " from " +
+                     std::to_string(lo) + " on, and this rank keeps them from " +
+                     std::to_string(tail_.first[g]));
+    const size_t off = tail_.at[g] + (elem(lo) - elem(tail_.first[g])) * kes;
+    blob.append(reinterpret_cast<const char*>(tail_bytes_.data() + off), have[g].count * kes);
   }
   if (any_have) {
     size_t total = 0;  // every rank computes the same from the reports
-    for (unsigned g = 0; g < R; ++g) total += have[g].count * es;
+    for (unsigned g = 0; g < R; ++g) total += have[g].count * kes;
     if (total > kMaxExchangeBytes)
       return give_up(std::to_string(total) +
                      " bytes of results to pass between the ranks, more "
@@ -231,36 +354,58 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
     for (unsigned g = 0; g < R; ++g) {
       if (have[g].count == 0) continue;
       const unsigned from = source[g];
-      const size_t bytes = have[g].count * es;
+      const size_t bytes = have[g].count * kes;
       if (blobs[from].size() < at[from] + bytes)
         return give_up("rank " + std::to_string(from) + " sent too few result bytes");
       // Where this rank copied out too, these are the same bytes (the box's
-      // one result for each message).
-      if (from != me) std::memcpy(dst + have[g].first * es, blobs[from].data() + at[from], bytes);
+      // one result for each message). A rank at k + 1 holds call k + 1's
+      // buffers: k's results are not its to copy.
+      if (from != me && !ahead)
+        std::memcpy(dst + have[g].first * kes, blobs[from].data() + at[from], bytes);
       at[from] += bytes;
     }
   }
 
-  // 4. Messages no rank got: the ring path, from every rank's input.
-  for (unsigned g = 0; g < R; ++g) {
-    if (redo[g].count == 0) continue;
-    const size_t off = redo[g].first * es;
-    if (Error e = ring_allreduce(src + off, dst + off, redo[g].count, t, op, deadline))
-      return give_up(e.message);
-  }
-
-  std::string reason = "all-reduce call " + std::to_string(calls_) +
-                       " failed on the INA path and was finished on the ring path; the ranks' "
-                       "first error: ";
-  for (const Report& x : all)
-    if (!x.error.empty()) {
-      reason += x.error;
-      break;
+  // 4. What no rank got: call k's messages from the highest copied on, and
+  // all of call k + 1 (a rank at k runs it on the ring path when it comes),
+  // on the ring path from every rank's input.
+  if (ahead) {
+    if (Error e = ring_allreduce(send, recv, count, t, op, deadline)) return give_up(e.message);
+  } else {
+    for (unsigned g = 0; g < R; ++g) {
+      if (redo[g].count == 0) continue;
+      const size_t off = redo[g].first * kes;
+      if (Error e = ring_allreduce(src + off, dst + off, redo[g].count, t, op, deadline))
+        return give_up(e.message);
     }
-  switch_path(Path::ring, reason);
+  }
+  // A rank at k takes the message ids the others reached, so that a later
+  // try of the box starts every rank at the same id.
+  if (next_call && !ahead)
+    for (unsigned g = 0; g < R; ++g) {
+      MessagePlan plan;
+      const auto nt = static_cast<DataType>(next_call->dtype);
+      if (Error e =
+              make_plan(stripe(next_call->count, R, g).count, nt, cfg_.msg_len, cfg_.pmtu, plan))
+        return give_up(e.message);
+      rings_[g].next_msg_id = next_call->base[g] + static_cast<uint32_t>(plan.messages);
+    }
+
+  std::string first_error;  // a rank at call k's first, where some rank is ahead
+  for (const Report& x : all)
+    if (first_error.empty() && x.call == k) first_error = x.error;
+  std::string reason =
+      next_call ? "all-reduce call " + std::to_string(k) + " met data no box sealed on rank(s) " +
+                      behind + " after the others had completed it (the box was lost between the " +
+                      "ranks' last results): call " + std::to_string(k) +
+                      " was finished with the box's results the others kept, and call " +
+                      std::to_string(k + 1) + " on the ring path"
+                : "all-reduce call " + std::to_string(k) +
+                      " failed on the INA path and was finished on the ring path";
+  switch_path(Path::ring, reason + "; the ranks' first error: " + first_error);
   if (failback_first_ > 0) {
     failback_gap_ = failback_first_;
-    failback_at_ = calls_ + failback_gap_;
+    failback_at_ = k + (next_call ? 1 : 0) + failback_gap_;  // the same call on every rank
   }
   return {};
 }
@@ -306,6 +451,7 @@ Error Collective::fail_back(Clock::time_point deadline, Clock::duration budget) 
   std::array<int32_t, kMaxRings> mine{}, got{};
   mine.fill(static_cast<int32_t>(me) + 1);
   const Error e = ina_allreduce(mine.data(), got.data(), R, DataType::int32, Op::sum, deadline);
+  tail_ = {};  // the probe is no call of the user's
   // The verdicts, as in a failover: a rank whose probe ended at its deadline
   // still finds the others waiting.
   deadline = std::max(deadline, Clock::now()) + budget;
@@ -320,9 +466,7 @@ Error Collective::fail_back(Clock::time_point deadline, Clock::duration budget) 
   mine_r.op = static_cast<unsigned>(Op::sum);
   mine_r.recoverable = e.ok() || last_.recoverable ? 1 : 0;
   mine_r.rings = R;
-  mine_r.copied = last_.copied;
-  mine_r.sent = last_.sent;
-  mine_r.received = last_.received;
+  mine_r.take(last_);
   mine_r.error = e.ok() ? wrong : e.message.substr(0, 400);
   if (Error x = exchange_(encode(mine_r), blobs, deadline)) return broken(x.message);
   std::vector<Report> all(P);
@@ -336,11 +480,14 @@ Error Collective::fail_back(Clock::time_point deadline, Clock::duration budget) 
     if (first_error.empty() && !all[r].error.empty()) first_error = all[r].error;
   }
   if (!unsound.empty()) return broken(unsound);
-  std::vector<uint32_t> owed(R);
-  for (unsigned g = 0; g < R; ++g) owed[g] = all[t_.predecessor()].sent[g];
-  if (Error x = drain_receives(owed, deadline)) return broken(x.message);
+  const std::vector<uint32_t> owed = owed_receives(mine_r, all[t_.predecessor()], R);
+  if (owed.empty()) return broken("the predecessor's probe ids do not follow this rank's");
+  if (Error x = drain_receives(owed, first_error.empty() ? Path::ina : Path::ring, deadline))
+    return broken(x.message);
   failed_ = {};
   if (!first_error.empty()) {
+    pending_.clear();  // the probe's INA writes, drained
+    next_call_.clear();
     later();
     return {};
   }

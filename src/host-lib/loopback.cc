@@ -59,6 +59,9 @@ struct LoopbackFabric::Impl {
     // Late ACKs (LoopbackConfig::late_ack): each with the first serial
     // whose delivery to this host releases it.
     std::deque<std::pair<uint64_t, Completion>> late;
+    // Late reads (LoopbackConfig::late_read): receives held until the next
+    // write to this host is delivered.
+    std::deque<Completion> late_reads;
   };
   mutable std::mutex mu;
   std::vector<std::unique_ptr<RankState>> ranks;
@@ -70,8 +73,9 @@ struct LoopbackFabric::Impl {
   uint16_t pmtu = 1024;
   unsigned group_lanes = 1;  // lanes per local rank (R)
   std::function<bool(unsigned, unsigned, uint32_t, uint32_t)> cfg_bypass;  // LoopbackConfig::bypass
-  std::function<bool(unsigned, unsigned, uint64_t)> cfg_late_ack;  // LoopbackConfig::late_ack
-  uint64_t serials = 0;                                            // writes posted so far
+  std::function<bool(unsigned, unsigned, uint64_t)> cfg_late_ack;   // LoopbackConfig::late_ack
+  std::function<bool(unsigned, unsigned, uint32_t)> cfg_late_read;  // LoopbackConfig::late_read
+  uint64_t serials = 0;                                             // writes posted so far
   std::vector<uint64_t> host_payload;  // INA payload bytes each host sent into the box
   unsigned installed = 0;  // rings installed in the box (ids ring.ring_id + 0..installed-1)
 
@@ -104,7 +108,14 @@ struct LoopbackFabric::Impl {
     rc.imm = w->imm;
     rc.byte_len = w->bytes;
     rc.lane = w->lane;
-    complete(w->receiver, rc);
+    auto& held = ranks[w->receiver]->late_reads;
+    if (cfg_late_read && cfg_late_read(w->receiver, w->lane, w->imm)) {
+      held.push_back(rc);
+    } else {
+      for (const Completion& h : held) complete(w->receiver, h);
+      held.clear();
+      complete(w->receiver, rc);
+    }
     auto& late = ranks[w->receiver]->late;
     while (!late.empty() && w->serial >= late.front().first) {
       complete(w->receiver, late.front().second);
@@ -314,6 +325,7 @@ LoopbackFabric::LoopbackFabric(const LoopbackConfig& cfg) : cfg_(cfg), impl_(new
   impl_->group_lanes = cfg_.rings;
   impl_->cfg_bypass = cfg_.bypass;
   impl_->cfg_late_ack = cfg_.late_ack;
+  impl_->cfg_late_read = cfg_.late_read;
   impl_->host_payload.assign(cfg.world, 0);
   const unsigned lanes = cfg_.rings * cfg_.local_size;
   for (unsigned r = 0; r < cfg.world; ++r) {

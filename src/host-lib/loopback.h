@@ -60,6 +60,12 @@ struct LoopbackConfig {
   // delivered (its predecessor's next message overtook the ACK). Called
   // with the fabric's lock held: sender rank, lane, work request id.
   std::function<bool(unsigned sender, unsigned lane, uint64_t wr_id)> late_ack;
+  // A late read (tests): a receive for which this says true reaches its
+  // receiver's completion queue only after the next write to that receiver
+  // is delivered, whose data may land over it first (the receiver was slow
+  // to read its result). Called with the fabric's lock held: receiver rank,
+  // lane, immediate as delivered.
+  std::function<bool(unsigned receiver, unsigned lane, uint32_t imm)> late_read;
 };
 
 class LoopbackFabric {

@@ -779,6 +779,86 @@ TEST_CASE("failover: the next call's raw write, ahead of this call's last ACK, i
   }
 }
 
+TEST_CASE("failover: a rank that lost its last result to the next call's raw write gets it",
+          "[hostlib][failover]") {
+  // P = 3, three messages per call, window 2. Rank 1 is slow to read the
+  // result of call 2's last message: ranks 0 and 2 complete call 2 and
+  // start call 3 through a box that is bypassed from then on, and rank 0's
+  // raw write of call 3 lands in rank 1's receive slot over that result
+  // before rank 1 reads it. Rank 1 fails call 2's seal while every other
+  // rank is in call 3. Ranks 0 and 2 keep the last window of call 2's
+  // result: rank 1 completes call 2 with the box's bytes, and call 3 is
+  // finished on the ring path by every rank. Before, both calls failed on
+  // every rank ("the ranks cannot finish it together").
+  const unsigned P = 3;
+  MessagePlan plan;
+  REQUIRE(make_plan(1, DataType::fp32, 4, 256, plan).ok());
+  const size_t count = 3 * plan.elems_per_msg;
+  std::atomic<bool> armed{false}, bypassed{false}, held{false};
+  unsigned reads = 0;  // rank 1's receives since armed (under the fabric's lock)
+  LoopbackConfig cfg = box_fabric(P, 4, 2, 256);
+  cfg.bypass = [&](unsigned, unsigned, uint32_t, uint32_t) { return bypassed.load(); };
+  cfg.late_read = [&](unsigned receiver, unsigned, uint32_t) {
+    if (!armed || receiver != 1 || ++reads < 3) return false;
+    armed = false;
+    held = true;
+    return true;
+  };
+  Options o;
+  o.window = 2;
+  Job job(cfg, o);
+  std::mt19937_64 rng(8);
+  std::vector<std::vector<uint8_t>> in, out;
+  for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::fp32, count, true));
+  for (const Error& e : job.run(in, out, count, DataType::fp32, Op::sum, 5000)) REQUIRE(e.ok());
+
+  std::vector<std::vector<uint8_t>> in2, in3, out2(P), out3(P);
+  std::vector<AllreduceHandle> h2(P), h3(P);
+  for (unsigned r = 0; r < P; ++r) {
+    in2.push_back(make_input(rng, DataType::fp32, count, false));
+    in3.push_back(make_input(rng, DataType::fp32, count, true));
+    out2[r].assign(in2[r].size(), 0xEE);
+    out3[r].assign(in3[r].size(), 0xEE);
+  }
+  const auto submit = [&](std::vector<std::vector<uint8_t>>& i,
+                          std::vector<std::vector<uint8_t>>& o, std::vector<AllreduceHandle>& h) {
+    for (unsigned r = 0; r < P; ++r)
+      REQUIRE(job.comms[r]
+                  ->allreduce_async(i[r].data(), o[r].data(), count, DataType::fp32, Op::sum, h[r],
+                                    5000)
+                  .ok());
+  };
+  armed = true;
+  submit(in2, out2, h2);
+  const Error e20 = h2[0].wait(), e22 = h2[2].wait();  // rank 1 still waits for its result
+  REQUIRE(held);
+  bypassed = true;
+  submit(in3, out3, h3);
+  const std::vector<Error> e2 = {e20, h2[1].wait(), e22};
+  std::vector<Error> e3(P);
+  for (unsigned r = 0; r < P; ++r) e3[r] = h3[r].wait();
+  const auto want2 = rank_order_reference(in2, DataType::fp32, Op::sum);  // the box's order
+  const auto want3 = rank_order_reference(in3, DataType::fp32, Op::sum);  // exact: order-free
+  for (unsigned r = 0; r < P; ++r) {
+    INFO("rank " << r << ": call 2: " << e2[r].message << "; call 3: " << e3[r].message);
+    CHECK(e2[r].ok());
+    CHECK(e3[r].ok());
+    CHECK(out2[r] == want2);
+    CHECK(out3[r] == want3);
+    CHECK(job.comms[r]->failovers() == 1);
+    CHECK(job.comms[r]->path() == Path::ring);
+    CHECK(job.comms[r]->path_reason().find("call 2 was finished with the box's results") !=
+          std::string::npos);
+  }
+  // Both sides of the switch agree on what comes next: the ring path, then
+  // the INA path again would need every rank's next message ids alike (a
+  // later call is exact on every rank).
+  for (auto& v : in3) v = make_input(rng, DataType::fp32, count, true);
+  for (const Error& e : job.run(in3, out3, count, DataType::fp32, Op::sum, 5000)) REQUIRE(e.ok());
+  for (unsigned r = 0; r < P; ++r)
+    CHECK(out3[r] == rank_order_reference(in3, DataType::fp32, Op::sum));
+}
+
 TEST_CASE("failover with two rings: every stripe finished on the ring path, exact",
           "[hostlib][failover]") {
   // A whole call bypassed on a striped communicator (R = 2): each ring's
