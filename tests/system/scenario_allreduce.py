@@ -95,8 +95,6 @@ BYPASS_DEADLINE_MS = 30000
 BYPASS_QP_TIMEOUT = 20
 BYPASS_RUN = ["-d", "fp32", "-o", "sum", "-b", "256K", "-e", "256K", "-n", "60", "-w", "0", "-c", "1",
               "--timeout-ms", str(BYPASS_DEADLINE_MS)]
-# The failover's refusal when the ranks stopped in different calls.
-CALL_BOUNDARY = r"reported call \d+ of \d+ elements where this rank is at call \d+"
 QP_RETRY_ERROR = (r"rank %(r)d: write of message id \d+ to successor rank \d failed "
                   r"\(transport retry counter exceeded, status 12\)")
 DEADLINE_OR_QP_ERROR = (r"rank %(r)d: all-reduce \(ina path, ring \d+\) timed out after \d+ ms at message \d+ "
@@ -744,18 +742,7 @@ def step4(lab, a, daemon, reports):
     # as other steps do); with the fault cleared, the next job runs on the
     # INA path again, exact.
     restart_box(lab, daemon, {"faults": {"enabled": True}})
-    try:
-        nrlab.run_step(lab, [rep], bypass_mid_job, lab, a, daemon, rep)
-    except Failed as e:
-        # A bypass that comes between the ranks' last results of a call can
-        # clobber a result a rank had not read yet while the others completed
-        # the call: every rank fails loudly (a known limit of failover, named
-        # in docs/design.md#failover). Once is chance; twice fails the step.
-        if not re.search(CALL_BOUNDARY, str(e)):
-            raise
-        rep.line("first drill: the bypass came between the ranks' last results of a call; every rank "
-                 "failed it loudly (%s); the drill ran again" % re.search(CALL_BOUNDARY, str(e)).group(0))
-        nrlab.run_step(lab, [rep], bypass_mid_job, lab, a, daemon, rep)
+    nrlab.run_step(lab, [rep], bypass_mid_job, lab, a, daemon, rep)
     job = Job(lab, a.perf, AFTER_RESTART, daemon, "INA after the box restarted")
     head, rows = job.check_ok(job.wait(600), "ina")
     c = daemon.ring(head["ring"])["counters"]
