@@ -1011,9 +1011,26 @@ class Lab:
         ip("tuntap", "add", "dev", tap, "mode", "tap")
         ip("link", "set", tap, "mtu", str(self.mtu), "master", bridge)
         run(["tc", "-n", self.ns, "qdisc", "add", "dev", tap, "clsact"])
+        self._steer(tap, steer_to)
+
+    def _steer(self, tap, steer_to):
         run(["tc", "-n", self.ns, "filter", "add", "dev", tap, "ingress", "protocol", "ip", "prio", "1", "u32",
              "match", "ip", "protocol", "17", "0xff", "match", "ip", "dport", str(ROCE_PORT), "0xffff",
              "action", "mirred", "egress", "redirect", "dev", steer_to])
+
+    def bypass_relay(self, closed):
+        """The one-box lab's bypass relay: closed, the guests' RoCE no longer
+        enters the box but goes straight over the bridge to its receiver, as
+        a bypass NIC or a withdrawn steering rule does when the box's host
+        dies; open, it is steered into the box (port A) again."""
+        if self.racks:
+            raise LabError("bypass_relay: the one-box lab only")
+        for i in range(self.n):
+            tap = "tap%d" % i
+            if closed:
+                run(["tc", "-n", self.ns, "filter", "del", "dev", tap, "ingress", "prio", "1"])
+            else:
+                self._steer(tap, "swa")
 
     def _make_network(self):
         ns = self.ns

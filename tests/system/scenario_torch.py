@@ -27,10 +27,12 @@ of step s seeded by (s, r)):
            use_ring: the library's RDMA ring all-reduce (no box), for the
            byte comparison;
   failover the hook again (a third communicator, failback_calls 8) while the
-           host bypasses the box with fault injection once it aggregates,
-           and clears the bypass once every rank logged its switch to the
-           ring path; the phase trains until 20 steps after every rank is
-           back on the INA path: INA -> ring -> INA, no step lost.
+           host kills the box once it aggregates, with the lab's bypass
+           relay closed (the guests' RoCE goes straight between them), and
+           restarts it with the traffic steered into it again once every
+           rank logged its switch to the ring path; the phase trains until
+           20 steps after every rank is back on the INA path: INA -> ring
+           -> INA, no step lost.
 Checked on the host: every rank exited 0; each phase ran on its path; each
 phase's parameters are identical on every rank and equal (fp tolerance) to a
 single-process training on the concatenated batches computed here with torch;
@@ -69,7 +71,7 @@ GUEST_MEM_MB = 1024  # torch: ~180 MiB resident, plus its libraries in the page 
 WORKER_TIMEOUT = 1500  # import torch in a cold TCG guest: 3-4 minutes; three phases of STEPS
 # The failover phase: the hook's communicator tries the box again 8 calls
 # after its failover (one call per step here), doubling while the box is
-# still bypassed; the phase trains until 20 steps after the return to the
+# still gone; the phase trains until 20 steps after the return to the
 # INA path (at most FAILOVER_MAX_STEPS).
 FAILBACK_CALLS = 8
 FAILOVER_MAX_STEPS = 1500
@@ -287,9 +289,9 @@ def worker(a):
     r = train(torch.nn.parallel.DistributedDataParallel(model(), process_group=ring_pg), rank, ring_pg.stats)
     r.update(path=ring_pg.path, reason=ring_pg.reason, ring=0)
     res["ring"] = r
-    # failover: the hook through the box while the host bypasses it (fault
-    # injection) and clears the bypass again (failover_drill): INA -> ring
-    # -> INA within one training.
+    # failover: the hook through the box while the host kills it behind a
+    # bypass relay and restarts it (failover_drill): INA -> ring -> INA
+    # within one training.
     phase("failover")
     fs = nrt.HookState(failback_calls=FAILBACK_CALLS, **common)
     ddp = torch.nn.parallel.DistributedDataParallel(model())
@@ -347,11 +349,16 @@ def wait_all(jobs, text, timeout, what):
 
 
 def failover_drill(lab, daemon, jobs, report):
-    """While the workers' failover phase trains through the box: bypass it
-    (POST /v1/faults, kind bypass, every ring) once it aggregates, until
-    every rank logged its switch to the ring path; then clear the bypass and
-    wait for every rank's switch back to the INA path."""
+    """While the workers' failover phase trains through the box: once it
+    aggregates, kill the box (SIGKILL) and close the lab's bypass relay, so
+    the guests' RoCE goes straight between them, as when a bump in the wire
+    dies; once every rank logged its switch to the ring path, restart the
+    box (netreduced installs the leased rings again) and steer the traffic
+    into it again, and wait for every rank's switch back to the INA path.
+    Returns every ring as netreduced showed it just before the kill (the
+    earlier phases' counters; the restarted box's start from zero)."""
     import nrlab  # host side only, as in main()
+    import scenario_allreduce
     wait_all(jobs, "worker: phase failover", WORKER_TIMEOUT, "failover phase")
 
     def aggregated():
@@ -362,14 +369,33 @@ def failover_drill(lab, daemon, jobs, report):
         if time.monotonic() > t0 + 120 or any(j.done() for j in jobs):
             raise nrlab.Failed("failover phase: the hook's ring never aggregated 3 steps")
         time.sleep(0.1)
-    daemon.post("/v1/faults", {"ring": "all", "kind": "bypass", "duration_ms": 300000})
-    to_ring = wait_all(jobs, "switched to the ring path", 180, "after the bypass")
-    daemon.delete("/v1/faults")
-    to_ina = wait_all(jobs, "switched to the INA path", 300, "after the bypass was cleared")
-    report.figure("failover: seconds from the bypass to each rank's switch to the ring path",
+    before = {r["id"]: daemon.ring(r["id"]) for r in daemon.get("/v1/rings")["rings"]}
+    lab.box.kill()
+    lab.bypass_relay(closed=True)
+    t_restart = None
+    try:
+        to_ring = wait_all(jobs, "switched to the ring path", 180, "after the box died")
+        t_restart = time.monotonic()
+    finally:  # also when it failed: a retry (run_step) starts from a running, steered box
+        if not lab.box.running():
+            scenario_allreduce.restart_box(lab, daemon, lab.box_extra)
+        # A fresh box forwards what is not its rings' INA traffic untouched:
+        # the ring path goes on through it while netreduced installs the rings.
+        lab.bypass_relay(closed=False)
+    deadline = time.monotonic() + 60
+    while not all(daemon.get("/v1/rings/%d" % rid).get("installed") for rid in before):
+        if time.monotonic() > deadline:
+            raise nrlab.Failed("netreduced did not install the rings on the restarted box within 60 s: %s" %
+                               daemon.get("/v1/rings"))
+        time.sleep(0.3)
+    restarted = time.monotonic() - t_restart
+    to_ina = wait_all(jobs, "switched to the INA path", 300, "after the box was back")
+    report.figure("failover: seconds from the box's death to each rank's switch to the ring path",
                   ", ".join("%.1f" % x for x in to_ring))
-    report.figure("failover: seconds from clearing the bypass to each rank's switch back to INA",
+    report.figure("failover: seconds to restart the box and get the rings back", "%.1f" % restarted)
+    report.figure("failover: seconds from the box's return to each rank's switch back to INA",
                   ", ".join("%.1f" % x for x in to_ina))
+    return before
 
 
 def run_scenario(a):
@@ -382,9 +408,8 @@ def run_scenario(a):
     try:
         with nrlab.Lab(guests=P, dataplane=a.dataplane, workdir=a.workdir, box_mode="aggregate",
                        mem_mb=GUEST_MEM_MB,
-                       box_extra={"faults": {"enabled": True},
-                                  # at least the ranks' RC budget (QP_TIMEOUT), or they refuse the box
-                                  "rings": {"retire_grace_ms": 120000}}) as lab:
+                       # at least the ranks' RC budget (QP_TIMEOUT), or they refuse the box
+                       box_extra={"rings": {"retire_grace_ms": 120000}}) as lab:
             report = nrlab.Report("torch", lab.run_dir)
             report.figure("lab setup, 3 guests (boot to rxe0 ready)", "%.1f" % lab.setup_seconds, "s")
             daemon = scenario_allreduce.Daemon(lab, a.daemon)
@@ -393,12 +418,15 @@ def run_scenario(a):
                    "MASTER_ADDR": g0.ip, "MASTER_PORT": STORE_PORT,
                    "NETREDUCE_DAEMON": daemon.url, "NETREDUCE_TOKEN_FILE": daemon.token_file}
 
+            rings = {}  # every ring before the box was killed
+
             def training_job():
                 t = time.monotonic()
                 jobs = [g.spawn(["/usr/bin/python3", os.path.abspath(__file__), "--worker", "--rank", r,
                                  "--master", g0.ip, "--gid-index", g.gid_index], env=env)
                         for r, g in enumerate(lab.guests)]
-                failover_drill(lab, daemon, jobs, report)
+                rings.clear()
+                rings.update(failover_drill(lab, daemon, jobs, report))
                 results = [j.wait(WORKER_TIMEOUT) for j in jobs]
                 report.figure("training job wall time (import torch included)", "%.1f" % (time.monotonic() - t),
                               "s")
@@ -412,11 +440,9 @@ def run_scenario(a):
 
             results = nrlab.run_step(lab, [report], training_job)
             outs = [torch.load(os.path.join(g.dir, "torch-result-%d.pt" % r)) for r, g in enumerate(lab.guests)]
-            rings = {}
-            for name in ("checks", "ina", "hook"):  # counters while the rings are still leased
+            for name in ("checks", "ina", "hook"):
                 rid = outs[0]["phases"][name]["ring"]
-                if rid and rid not in rings:
-                    rings[rid] = daemon.ring(rid)
+                expect(not rid or rid in rings, "%s: ring %d was not at the box before it was killed" % (name, rid))
         report.figure("import torch in a guest (per rank)", ", ".join("%.1f" % o["import_seconds"] for o in outs),
                       "s")
         report.figure("backend", outs[0]["backend"])
@@ -488,7 +514,7 @@ def run_scenario(a):
                    "ring %d has cells open: %s" % (rid, rings[rid]))
         # failover: INA -> ring -> INA in one training, every rank alike.
         fo = [p["failover"] for p in ph]
-        report.line("failover (hook through the box, bypassed mid-training, then cleared):")
+        report.line("failover (hook through the box, killed mid-training behind a bypass relay, restarted):")
         expect(all(f["path"] == "ina" and f["failovers"] == 1 and f["back_at"] for f in fo),
                "failover: paths / failovers / back on INA at step %s" %
                [(f["path"], f["failovers"], f["back_at"]) for f in fo])
