@@ -181,24 +181,65 @@ Error Bootstrap::create(unsigned rank, unsigned world, const std::string& addres
     return {};
   }
   if (rank == 0) {
-    b->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    const int one = 1;
-    ::setsockopt(b->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (b->listen_fd_ < 0 ||
-        ::bind(b->listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
-        ::listen(b->listen_fd_, static_cast<int>(std::max(world, 128u))) != 0)
-      return berr("rank 0 cannot listen at " + address + ": " + std::strerror(errno));
-    b->peers_.assign(world, -1);
-    if (Error e = b->join(job_tag(job_key), deadline)) return e;
-    // Every rank is in: later connections (a leftover of another run) are
-    // refused by the kernel at once instead of waiting for a verdict.
-    ::close(b->listen_fd_);
-    b->listen_fd_ = -1;
+    if (Error e = b->bind_listen(sa)) return e;
+    if (Error e = b->accept(job_key, deadline)) return e;
   } else {
     if (Error e = b->hello(sa, job_tag(job_key), deadline)) return e;
   }
   out = std::move(b);
   return {};
+}
+
+Error Bootstrap::listen(unsigned world, const std::string& ip, std::unique_ptr<Bootstrap>& out) {
+  sockaddr_in sa{};
+  std::string error;
+  if (!resolve(ip, 0, sa, error)) return berr(error);
+  std::unique_ptr<Bootstrap> b(new Bootstrap(0, world, ip + ":0"));
+  if (world > 1) {
+    if (Error e = b->bind_listen(sa)) return e;
+    socklen_t len = sizeof sa;
+    if (::getsockname(b->listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len) != 0)
+      return berr(std::string("getsockname: ") + std::strerror(errno));
+    b->address_ = ip + ":" + std::to_string(ntohs(sa.sin_port));
+  }
+  out = std::move(b);
+  return {};
+}
+
+Error Bootstrap::bind_listen(const sockaddr_in& sa) {
+  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  const int one = 1;
+  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (listen_fd_ < 0 ||
+      ::bind(listen_fd_, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0 ||
+      ::listen(listen_fd_, static_cast<int>(std::max(world_, 128u))) != 0)
+    return berr("rank 0 cannot listen at " + address_ + ": " + std::strerror(errno));
+  char ip[INET_ADDRSTRLEN] = "";
+  ::inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+  listen_ip_ = ip;
+  return {};
+}
+
+Error Bootstrap::accept(const std::string& job_key, Clock::time_point deadline) {
+  if (world_ == 1) return {};
+  peers_.assign(world_, -1);
+  if (Error e = join(job_tag(job_key), deadline)) return e;
+  // Every rank is in: later connections (a leftover of another run) are
+  // refused by the kernel at once instead of waiting for a verdict.
+  ::close(listen_fd_);
+  listen_fd_ = -1;
+  return {};
+}
+
+std::string Bootstrap::local_ip() const {
+  if (rank_ == 0) return listen_ip_;
+  if (peers_.empty()) return "";
+  sockaddr_in sa{};
+  socklen_t len = sizeof sa;
+  if (::getsockname(peers_[0], reinterpret_cast<sockaddr*>(&sa), &len) != 0) return "";
+  char ip[INET_ADDRSTRLEN] = "";
+  ::inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+  return ip;
 }
 
 // Rank 0: accepts connections until every rank said its hello. Hellos are

@@ -47,6 +47,17 @@ class Bootstrap {
   Bootstrap(const Bootstrap&) = delete;
   Bootstrap& operator=(const Bootstrap&) = delete;
 
+  // A bootstrap of some of a job's ranks (the ring of one local rank): its
+  // rank 0 listens on a port the system picks at `ip` (listen, then
+  // address() to tell the others, then accept); the others create() with
+  // that address.
+  static Error listen(unsigned world, const std::string& ip, std::unique_ptr<Bootstrap>& out);
+  Error accept(const std::string& job_key, Clock::time_point deadline);
+  const std::string& address() const noexcept { return address_; }
+  // The IPv4 address this rank reaches rank 0 through (at rank 0: the one
+  // it listens at); empty if unknown.
+  std::string local_ip() const;
+
   Error allgather(const std::string& mine, std::vector<std::string>& all,
                   Clock::time_point deadline);
   // At rank 0 `blob` is sent; elsewhere it receives.
@@ -55,11 +66,13 @@ class Bootstrap {
  private:
   Bootstrap(unsigned rank, unsigned world, std::string address)
       : rank_(rank), world_(world), address_(std::move(address)) {}
+  Error bind_listen(const sockaddr_in& sa);
   Error join(const JobTag& job, Clock::time_point deadline);
   Error hello(const sockaddr_in& sa, const JobTag& job, Clock::time_point deadline);
   unsigned rank_, world_;
   std::string address_;
   int listen_fd_ = -1;
+  std::string listen_ip_;   // rank 0: the address it listens at
   std::vector<int> peers_;  // rank 0: fd per rank (index 0 unused); others: [0] = rank 0
 };
 

@@ -112,4 +112,36 @@ std::vector<uint32_t> my_ring_ids(const std::vector<uint32_t>& job, unsigned loc
   return {job.begin() + static_cast<long>(first), job.begin() + static_cast<long>(first + stripes)};
 }
 
+Error ring_bootstrap(Bootstrap& job, const Locality& loc, const std::string& job_key,
+                     Clock::time_point deadline, std::unique_ptr<Bootstrap>& out) {
+  // The root publishes its address, or "!" and why it has none (so that
+  // the members fail at once instead of at their deadline).
+  const bool root = loc.host == 0;
+  std::unique_ptr<Bootstrap> mine;
+  std::string said;
+  if (root) {
+    const std::string ip = job.local_ip();
+    Error e = ip.empty() ? Error::make(ErrorCode::bootstrap,
+                                       "bootstrap: no address of this rank to listen at")
+                         : Bootstrap::listen(loc.hosts, ip, mine);
+    said = e.ok() ? mine->address() : "!" + e.message;
+  }
+  std::vector<std::string> all;
+  if (Error e = job.allgather(said, all, deadline)) return e;
+  const std::string& addr = all.at(loc.ring.at(0));
+  const std::string who = "local rank " + std::to_string(loc.local_rank) + "'s ring: ";
+  if (addr.empty() || addr[0] == '!')
+    return Error::make(ErrorCode::bootstrap,
+                       who + "its first member has no bootstrap" +
+                           (addr.empty() ? std::string() : " (" + addr.substr(1) + ")"));
+  if (root) {
+    if (Error e = mine->accept(job_key, deadline)) return Error::make(e.code, who + e.message);
+    out = std::move(mine);
+    return {};
+  }
+  if (Error e = Bootstrap::create(loc.host, loc.hosts, addr, job_key, deadline, out))
+    return Error::make(e.code, who + e.message);
+  return {};
+}
+
 }  // namespace netreduce::host

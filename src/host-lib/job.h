@@ -23,12 +23,19 @@
 //   5. The probe (one element per stripe on every ring) and its verdict
 //      allgather run over all P ranks: one rank's failed probe sends the whole
 //      job to the ring path.
+//   6. With local ranks on the INA path, each ring gets a bootstrap of its
+//      own, over which its members agree on a failover (failover.cc): host
+//      0's local rank l listens on a port the system picks, at the address
+//      it reaches rank 0 through; an allgather of the job's tells the other
+//      members, which join it.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "host-lib/bootstrap.h"
 #include "host-lib/local.h"
 
 namespace netreduce::host {
@@ -59,6 +66,11 @@ struct PathDecision {
 std::string encode_decision(const PathDecision& d);
 // `rings`: n x R expected. Error (bootstrap) on anything malformed.
 Error decode_decision(const std::string& s, unsigned rings, PathDecision& out);
+// Step 6: this rank's ring's own bootstrap (`job`: the job's; every rank
+// calls it, all at once).
+Error ring_bootstrap(Bootstrap& job, const Locality& loc, const std::string& job_key,
+                     Clock::time_point deadline, std::unique_ptr<Bootstrap>& out);
+
 // Local rank l's R ids out of the job's.
 std::vector<uint32_t> my_ring_ids(const std::vector<uint32_t>& job, unsigned local_rank,
                                   unsigned stripes);

@@ -400,6 +400,11 @@ Error LocalGroup::allreduce(Collective& ring, const void* send, void* recv, size
   const uint8_t* srcs[kMaxLocalRanks];
   uint8_t* res = result();
   h_->call[l_] = {count, static_cast<uint32_t>(t), static_cast<uint32_t>(op)};
+  // A ring that fails over may finish its shard after the deadline (its
+  // agreement runs until the deadline plus the call's budget again): its
+  // host's other local ranks wait for its results that long.
+  const Clock::time_point results_by =
+      deadline + std::max(deadline - Clock::now(), Clock::duration{0});
   // At least one round, also for count 0: the first barrier checks the call.
   size_t off = 0;
   do {
@@ -432,7 +437,7 @@ Error LocalGroup::allreduce(Collective& ring, const void* send, void* recv, size
                                     "): " + e.message),
             true);
     }
-    if (Error e = barrier("results", deadline)) return e;
+    if (Error e = barrier("results", results_by)) return e;
     if (c) std::memcpy(dst + off * es, res, c * es);
     off += c;
   } while (off < count);

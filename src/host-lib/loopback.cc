@@ -79,8 +79,9 @@ struct LoopbackFabric::Impl {
   std::vector<uint64_t> host_payload;  // INA payload bytes each host sent into the box
   unsigned installed = 0;  // rings installed in the box (ids ring.ring_id + 0..installed-1)
 
-  // exchange(): round k of each rank is its k-th call; a round is erased
-  // once every rank has read it. Its own lock: callers hold no other.
+  // exchange(): round k of each rank is its k-th call, among its local
+  // rank's ring; a round is erased once every member has read it. Its own
+  // lock: callers hold no other.
   std::mutex x_mu;
   std::condition_variable x_cv;
   struct Round {
@@ -88,8 +89,8 @@ struct LoopbackFabric::Impl {
     std::vector<bool> in;
     unsigned reads = 0;
   };
-  std::map<uint64_t, Round> x_rounds;
-  std::vector<uint64_t> x_next;  // per rank
+  std::map<std::pair<unsigned, uint64_t>, Round> x_rounds;  // by (local rank's ring, round)
+  std::vector<uint64_t> x_next;                             // per rank
 
   ~Impl() {
     for (FrameRec* f : frames) delete f;
@@ -387,29 +388,31 @@ Error LoopbackFabric::transport(unsigned rank, std::unique_ptr<Transport>& out) 
 
 Error LoopbackFabric::exchange(unsigned rank, const std::string& mine,
                                std::vector<std::string>& all, Clock::time_point deadline) {
-  const unsigned P = cfg_.world * cfg_.local_size;
-  if (rank >= P) return Error::make(ErrorCode::invalid_argument, "exchange: rank out of range");
+  const unsigned n = cfg_.local_size, H = cfg_.world;
+  if (rank >= H * n) return Error::make(ErrorCode::invalid_argument, "exchange: rank out of range");
+  // Among the ring of local rank l: every host's local rank l, by host.
+  const unsigned l = rank % n, host = rank / n;
   Impl& m = *impl_;
   std::unique_lock lk(m.x_mu);
-  if (m.x_next.empty()) m.x_next.assign(P, 0);
-  const uint64_t k = m.x_next[rank]++;
-  Impl::Round& r = m.x_rounds[k];
+  if (m.x_next.empty()) m.x_next.assign(size_t{H} * n, 0);
+  const std::pair<unsigned, uint64_t> key{l, m.x_next[rank]++};
+  Impl::Round& r = m.x_rounds[key];
   if (r.blobs.empty()) {
-    r.blobs.resize(P);
-    r.in.assign(P, false);
+    r.blobs.resize(H);
+    r.in.assign(H, false);
   }
-  r.blobs[rank] = mine;
-  r.in[rank] = true;
+  r.blobs[host] = mine;
+  r.in[host] = true;
   m.x_cv.notify_all();
-  const auto complete = [&] { return std::count(r.in.begin(), r.in.end(), true) == P; };
+  const auto complete = [&] { return std::count(r.in.begin(), r.in.end(), true) == H; };
   if (!m.x_cv.wait_until(lk, deadline, complete)) {
     unsigned missing = 0;
     while (r.in[missing]) ++missing;
-    return Error::make(ErrorCode::timeout, "exchange: rank " + std::to_string(missing) +
+    return Error::make(ErrorCode::timeout, "exchange: rank " + std::to_string(missing * n + l) +
                                                " did not take part before the deadline");
   }
   all = r.blobs;
-  if (++r.reads == P) m.x_rounds.erase(k);
+  if (++r.reads == H) m.x_rounds.erase(key);
   return {};
 }
 
@@ -494,7 +497,7 @@ Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Op
     impl->global_world = static_cast<int>(fabric.config().world * n);
     impl->host = host;
   }
-  if (n == 1 && box) {
+  if (box) {
     impl->collective->set_exchange([&fabric, rank](const std::string& mine,
                                                    std::vector<std::string>& all,
                                                    Clock::time_point deadline) {

@@ -81,8 +81,10 @@ class LoopbackFabric {
 
   const LoopbackConfig& config() const noexcept { return cfg_; }
 
-  // The bootstrap's allgather for failover (collective.h's Exchange): rank's
-  // k-th call meets every other rank's k-th; thread-safe.
+  // The bootstrap's allgather for failover (collective.h's Exchange) among
+  // the ring of `rank`'s local rank (every host's, in host order; all ranks
+  // without local ranks): rank's k-th call meets every member's k-th;
+  // thread-safe.
   Error exchange(unsigned rank, const std::string& mine, std::vector<std::string>& all,
                  Clock::time_point deadline);
   static uint32_t rank_ip(unsigned rank) noexcept { return 0x0A000001u + rank; }

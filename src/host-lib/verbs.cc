@@ -36,6 +36,7 @@
 #include <infiniband/verbs.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -688,6 +689,26 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
       break;
     }
   }
+  // With local ranks, failover agrees among one ring's members (local rank
+  // l of every host), over a bootstrap of their own.
+  // Every rank learns whether every ring got one: if one did not (a port
+  // the network refuses), no ring fails over, as every rank says once.
+  std::shared_ptr<Bootstrap> ring_boot;
+  if (n > 1 && coll->path() == Path::ina) {
+    const auto ring_deadline =
+        std::max(deadline, Clock::now() + std::chrono::milliseconds(options.daemon_timeout_ms));
+    std::unique_ptr<Bootstrap> rb;
+    const Error mine = ring_bootstrap(*boot, loc, job_key, ring_deadline, rb);
+    if (Error e = boot->allgather(mine.ok() ? "1" : "0" + mine.message, blobs, ring_deadline))
+      return e;
+    ring_boot = std::move(rb);
+    for (int r = 0; r < world && ring_boot; ++r)
+      if (blobs[r] != "1") {
+        std::fprintf(stderr, "netreduce: rank %d: no failover to the ring path: rank %d: %s\n",
+                     rank, r, blobs[r].substr(1).c_str());
+        ring_boot.reset();
+      }
+  }
   auto impl = std::make_unique<Communicator::Impl>(std::move(t), std::move(coll), options);
   impl->owned_rings = std::move(owned);
   if (n > 1) {
@@ -697,13 +718,12 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
     impl->host = loc.host;
   }
   std::shared_ptr<Bootstrap> b = std::move(boot);
-  // Failover (docs/design.md#failover) agrees over the bootstrap, which
-  // connects every rank: one ring of them, so not with local ranks.
-  if (n == 1 && impl->collective->path() == Path::ina) {
+  // Failover (docs/design.md#failover) agrees among the ring's members: the
+  // job's bootstrap, or the ring's own with local ranks.
+  if (impl->collective->path() == Path::ina && (n == 1 || ring_boot)) {
     impl->collective->set_exchange(
-        [b](const std::string& mine, std::vector<std::string>& all, Clock::time_point dl) {
-          return b->allgather(mine, all, dl);
-        });
+        [x = n > 1 ? ring_boot : b](const std::string& mine, std::vector<std::string>& all,
+                                    Clock::time_point dl) { return x->allgather(mine, all, dl); });
     impl->collective->set_failback(
         options.failback_calls,
         [target = daemon_target(options), ids = cc.ring_ids, ms = options.daemon_timeout_ms] {

@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <set>
@@ -296,6 +297,46 @@ TEST_CASE("local ranks: in place, and several calls in a row", "[hostlib][local]
     for (unsigned r = 0; r < P; ++r) REQUIRE(h[r].wait().ok());
     for (unsigned r = 0; r < P; ++r) REQUIRE(in[r] == want);
   }
+}
+
+TEST_CASE("local ranks: a bypassed ring fails over on its own, exact",
+          "[hostlib][local][failover]") {
+  // H = 3 hosts of n = 2 local ranks; the box is bypassed for local rank
+  // 1's ring only (lane 1) in calls 1 and 2. That ring's members agree
+  // among themselves (their own exchange), finish call 1 on the ring path
+  // and stay there; local rank 0's ring stays on the INA path. Once the
+  // bypass ends, ring 1 tries the box again (failback_calls 2, counted in
+  // the ring's calls: three chunks of the local stage per call) and
+  // returns to the INA path. Exactly representable sums: every path's
+  // order gives the same bytes.
+  const unsigned H = 3, n = 2, P = H * n;
+  std::atomic<bool> armed{false};
+  LoopbackConfig cfg = local_box(H, n);
+  cfg.bypass = [&](unsigned, unsigned lane, uint32_t, uint32_t) { return armed && lane == 1; };
+  Options o = local_options();
+  o.failback_calls = 2;
+  Job job(cfg, o);
+  std::mt19937_64 rng(2511);
+  int back = -1;  // the call after which ring 1 is on the INA path again
+  for (int call = 0; call < 8; ++call) {
+    INFO("call " << call);
+    armed = call == 1 || call == 2;
+    const size_t count = 3000;  // three chunks of the local stage
+    std::vector<std::vector<uint8_t>> in, out;
+    for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::fp32, count, true));
+    const auto errs = job.run(in, out, count, DataType::fp32, Op::sum, 5000);
+    require_ok(errs);
+    const auto want = ina_reference(in, n, DataType::fp32, Op::sum);
+    if (back < 0 && call > 2 && job.comms[1]->path() == Path::ina) back = call;
+    for (unsigned r = 0; r < P; ++r) {
+      INFO("rank " << r);
+      CHECK(out[r] == want);
+      const bool ring1 = r % n == 1 && call >= 1;
+      CHECK(job.comms[r]->path() == (ring1 && back < 0 ? Path::ring : Path::ina));
+      CHECK(job.comms[r]->failovers() == (ring1 ? 1 : 0));
+    }
+  }
+  CHECK(back > 2);
 }
 
 TEST_CASE("local ranks: a missing local peer is named, nothing hangs or leaks",
