@@ -74,6 +74,9 @@ inline constexpr size_t kMaxCallBytes = size_t{1} << 40;
 // The most one exchange carries (the bootstrap's frames hold 16 MiB).
 inline constexpr size_t kMaxExchangeBytes = size_t{15} << 20;
 
+// One rank's account of a failed INA call (failover.cc).
+struct FailoverReport;
+
 // Out-of-band allgather among the ring's ranks (the bootstrap connection):
 // every rank's blob in rank order, within the deadline. Failover uses it to
 // agree on a failed call (failover.cc).
@@ -131,6 +134,22 @@ class Collective {
   Error fail(Error e);
   Error fail_over(const void* send, void* recv, size_t count, DataType t, Op op,
                   Clock::time_point deadline, const Error& cause);
+  // Failover's steps (failover.cc); each returns why not, or "".
+  std::string gather_reports(size_t count, DataType t, Op op, const Error& cause,
+                             Clock::time_point deadline, std::vector<FailoverReport>& all,
+                             uint64_t& k);
+  std::string share_results(const std::vector<FailoverReport>& all, uint64_t k, void* recv,
+                            Clock::time_point deadline);
+  struct Split {
+    StripeRange s;
+    MessagePlan plan;
+    size_t es = 0;
+    uint32_t lo = 0, hi = 0;
+    unsigned source = 0;
+    // First element of message m in the stripe (its end for m past the last).
+    size_t elem(uint32_t m) const { return m >= plan.messages ? s.count : plan.first_elem(m); }
+  };
+  Split split(const std::vector<FailoverReport>& all, uint64_t k, unsigned g) const;
   // Takes the receives until ring g's count reaches expected[g]; later
   // ones are kept for the path that comes next.
   Error drain_receives(const std::vector<uint32_t>& expected, Path next,

@@ -36,9 +36,8 @@
 #include "host-lib/collective.h"
 
 namespace netreduce::host {
-namespace {
 
-struct Report {
+struct FailoverReport {
   uint64_t call = 0, count = 0;
   unsigned dtype = 0, op = 0, recoverable = 0, rings = 0;
   // Per ring: the call's first message id; messages copied out, sent and
@@ -57,10 +56,14 @@ struct Report {
     sent = o.sent;
     received = o.received;
   }
-  bool same_call(const Report& x) const {
+  bool same_call(const FailoverReport& x) const {
     return x.call == call && x.count == count && x.dtype == dtype && x.op == op && x.rings == rings;
   }
 };
+
+namespace {
+
+using Report = FailoverReport;
 
 constexpr const char* kMagic = "nr-failover-2";
 
@@ -110,6 +113,40 @@ std::vector<uint32_t> owed_receives(const Report& mine, const Report& pred, unsi
     if (owed[g] > (1u << 30)) return {};
   }
   return owed;
+}
+
+// The calls the reports name: every rank at the lowest, K, or at K + 1
+// having completed K on the INA path (it keeps K's tail) with nothing of
+// K + 1 copied out (no box could seal it: the ranks at K never sent it).
+// Ranks at one call agree on it. Returns why not, or "".
+std::string check_calls(const std::vector<Report>& all, uint64_t k) {
+  const Report* at[2] = {nullptr, nullptr};
+  for (unsigned r = 0; r < all.size(); ++r) {
+    const Report& x = all[r];
+    const std::string rank = "rank " + std::to_string(r);
+    if (x.call != k && x.call != k + 1)
+      return rank + " reported call " + std::to_string(x.call) + " where another rank is at call " +
+             std::to_string(k);
+    const Report*& first = at[x.call - k];
+    if (!first) first = &x;
+    if (!first->same_call(x))
+      return rank + " reported call " + std::to_string(x.call) + " of " + std::to_string(x.count) +
+             " elements where another rank reported it with " + std::to_string(first->count);
+  }
+  for (unsigned r = 0; r < all.size(); ++r) {
+    const Report& x = all[r];
+    if (x.call == k) continue;
+    const std::string rank = "rank " + std::to_string(r);
+    if (x.tail_call != k || x.tail_count != at[0]->count || x.tail_dtype != at[0]->dtype ||
+        x.tail_op != at[0]->op)
+      return rank + " is at call " + std::to_string(k + 1) + " without the results of call " +
+             std::to_string(k);
+    for (unsigned g = 0; g < x.rings; ++g)
+      if (x.copied[g] != 0)
+        return rank + " copied out results of call " + std::to_string(k + 1) +
+               ", which another rank never sent";
+  }
+  return "";
 }
 
 }  // namespace
@@ -198,55 +235,19 @@ Error Collective::drain_receives(const std::vector<uint32_t>& expected, Path nex
   }
 }
 
-// The calls the reports name: every rank at the lowest, K, or at K + 1
-// having completed K on the INA path (it keeps K's tail) with nothing of
-// K + 1 copied out (no box could seal it: the ranks at K never sent it).
-// Ranks at one call agree on it. Returns why not, or "".
-static std::string check_calls(const std::vector<Report>& all, uint64_t k) {
-  const Report* at[2] = {nullptr, nullptr};
-  for (unsigned r = 0; r < all.size(); ++r) {
-    const Report& x = all[r];
-    const std::string rank = "rank " + std::to_string(r);
-    if (x.call != k && x.call != k + 1)
-      return rank + " reported call " + std::to_string(x.call) + " where another rank is at call " +
-             std::to_string(k);
-    const Report*& first = at[x.call - k];
-    if (!first) first = &x;
-    if (!first->same_call(x))
-      return rank + " reported call " + std::to_string(x.call) + " of " + std::to_string(x.count) +
-             " elements where another rank reported it with " + std::to_string(first->count);
-  }
-  for (unsigned r = 0; r < all.size(); ++r) {
-    const Report& x = all[r];
-    if (x.call == k) continue;
-    const std::string rank = "rank " + std::to_string(r);
-    if (x.tail_call != k || x.tail_count != at[0]->count || x.tail_dtype != at[0]->dtype ||
-        x.tail_op != at[0]->op)
-      return rank + " is at call " + std::to_string(k + 1) + " without the results of call " +
-             std::to_string(k);
-    for (unsigned g = 0; g < x.rings; ++g)
-      if (x.copied[g] != 0)
-        return rank + " copied out results of call " + std::to_string(k + 1) +
-               ", which another rank never sent";
-  }
-  return "";
-}
-
-Error Collective::fail_over(const void* send, void* recv, size_t count, DataType t, Op op,
-                            Clock::time_point deadline, const Error& cause) {
-  const unsigned P = t_.world(), me = t_.rank(), R = rings();
-  const auto give_up = [&](const std::string& why) {
-    return fail(Error::make(cause.code, cause.message + "; not finished on the ring path: " + why));
-  };
-
-  // 1. Reports.
+// Step 1: every rank's report, and the call k being finished (the lowest
+// reported). Returns why the ranks cannot finish it, or "".
+std::string Collective::gather_reports(size_t count, DataType t, Op op, const Error& cause,
+                                       Clock::time_point deadline, std::vector<FailoverReport>& all,
+                                       uint64_t& k) {
+  const unsigned P = t_.world(), me = t_.rank();
   Report mine;
   mine.call = calls_;
   mine.count = count;
   mine.dtype = static_cast<unsigned>(t);
   mine.op = static_cast<unsigned>(op);
   mine.recoverable = last_.recoverable ? 1 : 0;
-  mine.rings = R;
+  mine.rings = rings();
   mine.take(last_);
   if (tail_.call != 0 && tail_.call + 1 == calls_) {
     mine.tail_call = tail_.call;
@@ -259,129 +260,153 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
   const Clock::time_point report_by =
       mine.recoverable ? deadline : std::min(deadline, Clock::now() + kReportGrace);
   if (Error e = exchange_(encode(mine), blobs, report_by))
-    return give_up(mine.recoverable
-                       ? "the ranks could not agree (" + e.message + ")"
-                       : "this rank cannot (a transport error, or writes not acknowledged)");
-  std::vector<Report> all(P);
-  uint64_t k = mine.call;  // the call being finished: the lowest any rank reports
+    return mine.recoverable ? "the ranks could not agree (" + e.message + ")"
+                            : "this rank cannot (a transport error, or writes not acknowledged)";
+  all.assign(P, {});
+  k = mine.call;
   for (unsigned r = 0; r < P; ++r) {
     if (r >= blobs.size() || !decode(blobs[r], all[r]))
-      return give_up("rank " + std::to_string(r) + " sent no failover report");
+      return "rank " + std::to_string(r) + " sent no failover report";
     k = std::min(k, all[r].call);
   }
-  if (std::string why = check_calls(all, k); !why.empty()) return give_up(why);
-  std::string cannot, behind;
-  const Report* k_call = nullptr;     // call k as reported
-  const Report* next_call = nullptr;  // call k + 1, if some rank completed k
-  for (unsigned r = 0; r < P; ++r) {
-    const Report& x = all[r];
-    (x.call == k ? k_call : next_call) = &x;
-    if (x.call == k) behind += (behind.empty() ? "" : ", ") + std::to_string(r);
-    if (!x.recoverable)
+  if (std::string why = check_calls(all, k); !why.empty()) return why;
+  std::string cannot;
+  for (unsigned r = 0; r < P; ++r)
+    if (!all[r].recoverable)
       cannot += (cannot.empty() ? "" : "; ") +
                 (r == me ? std::string("this rank cannot")
-                         : "rank " + std::to_string(r) + " cannot (" + x.error + ")");
+                         : "rank " + std::to_string(r) + " cannot (" + all[r].error + ")");
+  return cannot;
+}
+
+// Where call k's stripe on ring g stands: messages [lo, hi) were copied out
+// by some rank (a rank at k + 1 copied out all of k), `source` the lowest
+// rank that copied out most; from hi on no rank got a result.
+Collective::Split Collective::split(const std::vector<FailoverReport>& all, uint64_t k,
+                                    unsigned g) const {
+  const Report& kc =
+      *std::find_if(all.begin(), all.end(), [&](const Report& x) { return x.call == k; });
+  Split sp;
+  const auto t = static_cast<DataType>(kc.dtype);
+  sp.es = element_size(t);
+  sp.s = stripe(kc.count, rings(), g);
+  (void)make_plan(sp.s.count, t, cfg_.msg_len, cfg_.pmtu, sp.plan);  // sound: the call ran
+  const auto copied = [&](unsigned r) {
+    return all[r].call == k ? all[r].copied[g] : static_cast<uint32_t>(sp.plan.messages);
+  };
+  sp.lo = sp.hi = copied(0);
+  for (unsigned r = 0; r < all.size(); ++r) {
+    sp.lo = std::min(sp.lo, copied(r));
+    if (copied(r) > sp.hi) {
+      sp.hi = copied(r);
+      sp.source = static_cast<unsigned>(r);
+    }
   }
-  if (!cannot.empty()) return give_up(cannot);
-  const bool ahead = mine.call == k + 1;  // this rank completed call k
+  return sp;
+}
+
+// Step 3: call k's messages [lo, hi) of every ring from their source (its
+// receive buffer at k, its tail at k + 1) to the ranks at k.
+std::string Collective::share_results(const std::vector<FailoverReport>& all, uint64_t k,
+                                      void* recv, Clock::time_point deadline) {
+  const unsigned P = t_.world(), me = t_.rank(), R = rings();
+  const bool ahead = all[me].call == k + 1;
+  auto* dst = static_cast<uint8_t*>(recv);
+  std::string blob;
+  size_t total = 0;  // every rank computes the same from the reports
+  std::array<Split, kMaxRings> sp;
+  for (unsigned g = 0; g < R; ++g) {
+    sp[g] = split(all, k, g);
+    const Split& x = sp[g];
+    const size_t bytes = (x.elem(x.hi) - x.elem(x.lo)) * x.es;
+    total += bytes;
+    if (bytes == 0 || x.source != me) continue;
+    if (!ahead) {
+      blob.append(reinterpret_cast<const char*>(dst + (x.s.first + x.elem(x.lo)) * x.es), bytes);
+      continue;
+    }
+    if (x.lo < tail_.first[g])
+      return "ranks lack messages of call " + std::to_string(k) + " from " + std::to_string(x.lo) +
+             " on, and this rank keeps them from " + std::to_string(tail_.first[g]);
+    const size_t off = tail_.at[g] + (x.elem(x.lo) - x.elem(tail_.first[g])) * x.es;
+    blob.append(reinterpret_cast<const char*>(tail_bytes_.data() + off), bytes);
+  }
+  if (total == 0) return "";
+  if (total > kMaxExchangeBytes)
+    return std::to_string(total) +
+           " bytes of results to pass between the ranks, more than one bootstrap exchange "
+           "carries (" +
+           std::to_string(kMaxExchangeBytes) + ")";
+  std::vector<std::string> blobs;
+  if (Error e = exchange_(blob, blobs, deadline))
+    return "the ranks could not exchange results (" + e.message + ")";
+  std::vector<size_t> at(P, 0);
+  for (unsigned g = 0; g < R; ++g) {
+    const Split& x = sp[g];
+    const size_t bytes = (x.elem(x.hi) - x.elem(x.lo)) * x.es;
+    if (bytes == 0) continue;
+    if (blobs[x.source].size() < at[x.source] + bytes)
+      return "rank " + std::to_string(x.source) + " sent too few result bytes";
+    // Where this rank copied out too, these are the same bytes (the box's
+    // one result for each message). A rank at k + 1 holds call k + 1's
+    // buffers: k's results are not its to copy.
+    if (x.source != me && !ahead)
+      std::memcpy(dst + (x.s.first + x.elem(x.lo)) * x.es, blobs[x.source].data() + at[x.source],
+                  bytes);
+    at[x.source] += bytes;
+  }
+  return "";
+}
+
+Error Collective::fail_over(const void* send, void* recv, size_t count, DataType t, Op op,
+                            Clock::time_point deadline, const Error& cause) {
+  const unsigned me = t_.rank(), R = rings();
+  const auto give_up = [&](const std::string& why) {
+    return fail(Error::make(cause.code, cause.message + "; not finished on the ring path: " + why));
+  };
+  // 1. Reports.
+  std::vector<Report> all;
+  uint64_t k = 0;
+  if (std::string why = gather_reports(count, t, op, cause, deadline, all, k); !why.empty())
+    return give_up(why);
+  const bool ahead = all[me].call == k + 1;  // this rank completed call k
+  const auto next_call =
+      std::find_if(all.begin(), all.end(), [&](const Report& x) { return x.call == k + 1; });
+  const bool mixed = next_call != all.end();
 
   // 2. The predecessor's INA writes still owed to this rank. What else was
   // taken (an INA write of the next call, kept) belongs to a call the ring
   // path now finishes.
-  const std::vector<uint32_t> owed = owed_receives(mine, all[t_.predecessor()], R);
+  const std::vector<uint32_t> owed = owed_receives(all[me], all[t_.predecessor()], R);
   if (owed.empty()) return give_up("the predecessor's message ids do not follow this rank's");
   if (Error e = drain_receives(owed, Path::ring, deadline)) return give_up(e.message);
   pending_.clear();
   next_call_.clear();
   failed_ = {};
 
-  // 3. Call k's messages with a result somewhere: from the lowest rank that
-  // copied out most (a rank at k + 1 copied out all of k, and keeps its
-  // last window).
-  const auto kt = static_cast<DataType>(k_call->dtype);
-  const size_t kes = element_size(kt), kcount = k_call->count;
-  const auto* src = static_cast<const uint8_t*>(send);
-  auto* dst = static_cast<uint8_t*>(recv);
-  struct Span {
-    size_t first = 0, count = 0;  // elements, in call k's buffer
-  };
-  std::array<Span, kMaxRings> have{}, redo{};
-  std::array<unsigned, kMaxRings> source{};
-  std::string blob;
-  bool any_have = false;
-  for (unsigned g = 0; g < R; ++g) {
-    const StripeRange s = stripe(kcount, R, g);
-    MessagePlan plan;
-    if (Error e = make_plan(s.count, kt, cfg_.msg_len, cfg_.pmtu, plan)) return give_up(e.message);
-    const auto copied = [&](unsigned r) {
-      return all[r].call == k ? all[r].copied[g] : static_cast<uint32_t>(plan.messages);
-    };
-    uint32_t lo = copied(0), hi = copied(0);
-    for (unsigned r = 0; r < P; ++r) {
-      lo = std::min(lo, copied(r));
-      if (copied(r) > hi) {
-        hi = copied(r);
-        source[g] = r;
-      }
-    }
-    const auto elem = [&](uint32_t m) { return m >= plan.messages ? s.count : plan.first_elem(m); };
-    have[g] = {s.first + elem(lo), elem(hi) - elem(lo)};
-    redo[g] = {s.first + elem(hi), s.count - elem(hi)};
-    if (have[g].count > 0) any_have = true;
-    if (have[g].count == 0 || source[g] != me) continue;
-    if (!ahead) {
-      blob.append(reinterpret_cast<const char*>(dst + have[g].first * kes), have[g].count * kes);
-      continue;
-    }
-    if (lo < tail_.first[g])
-      return give_up("ranks lack messages of call " + std::to_string(k) + " from " +
-                     std::to_string(lo) + " on, and this rank keeps them from " +
-                     std::to_string(tail_.first[g]));
-    const size_t off = tail_.at[g] + (elem(lo) - elem(tail_.first[g])) * kes;
-    blob.append(reinterpret_cast<const char*>(tail_bytes_.data() + off), have[g].count * kes);
-  }
-  if (any_have) {
-    size_t total = 0;  // every rank computes the same from the reports
-    for (unsigned g = 0; g < R; ++g) total += have[g].count * kes;
-    if (total > kMaxExchangeBytes)
-      return give_up(std::to_string(total) +
-                     " bytes of results to pass between the ranks, more "
-                     "than one bootstrap exchange carries (" +
-                     std::to_string(kMaxExchangeBytes) + ")");
-    if (Error e = exchange_(blob, blobs, deadline))
-      return give_up("the ranks could not exchange results (" + e.message + ")");
-    std::vector<size_t> at(P, 0);
-    for (unsigned g = 0; g < R; ++g) {
-      if (have[g].count == 0) continue;
-      const unsigned from = source[g];
-      const size_t bytes = have[g].count * kes;
-      if (blobs[from].size() < at[from] + bytes)
-        return give_up("rank " + std::to_string(from) + " sent too few result bytes");
-      // Where this rank copied out too, these are the same bytes (the box's
-      // one result for each message). A rank at k + 1 holds call k + 1's
-      // buffers: k's results are not its to copy.
-      if (from != me && !ahead)
-        std::memcpy(dst + have[g].first * kes, blobs[from].data() + at[from], bytes);
-      at[from] += bytes;
-    }
-  }
+  // 3. Results that exist.
+  if (std::string why = share_results(all, k, recv, deadline); !why.empty()) return give_up(why);
 
-  // 4. What no rank got: call k's messages from the highest copied on, and
-  // all of call k + 1 (a rank at k runs it on the ring path when it comes),
-  // on the ring path from every rank's input.
+  // 4. What no rank got, on the ring path from every rank's input: call k's
+  // messages from hi on, or all of call k + 1 (a rank at k runs it when it
+  // comes).
   if (ahead) {
     if (Error e = ring_allreduce(send, recv, count, t, op, deadline)) return give_up(e.message);
   } else {
+    const auto* src = static_cast<const uint8_t*>(send);
+    auto* dst = static_cast<uint8_t*>(recv);
     for (unsigned g = 0; g < R; ++g) {
-      if (redo[g].count == 0) continue;
-      const size_t off = redo[g].first * kes;
-      if (Error e = ring_allreduce(src + off, dst + off, redo[g].count, t, op, deadline))
+      const Split x = split(all, k, g);
+      const size_t first = x.s.first + x.elem(x.hi), n = x.s.count - x.elem(x.hi),
+                   off = first * x.es;
+      if (n == 0) continue;
+      if (Error e = ring_allreduce(src + off, dst + off, n, t, op, deadline))
         return give_up(e.message);
     }
   }
   // A rank at k takes the message ids the others reached, so that a later
   // try of the box starts every rank at the same id.
-  if (next_call && !ahead)
+  if (mixed && !ahead)
     for (unsigned g = 0; g < R; ++g) {
       MessagePlan plan;
       const auto nt = static_cast<DataType>(next_call->dtype);
@@ -391,21 +416,24 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
       rings_[g].next_msg_id = next_call->base[g] + static_cast<uint32_t>(plan.messages);
     }
 
-  std::string first_error;  // a rank at call k's first, where some rank is ahead
-  for (const Report& x : all)
-    if (first_error.empty() && x.call == k) first_error = x.error;
-  std::string reason =
-      next_call ? "all-reduce call " + std::to_string(k) + " met data no box sealed on rank(s) " +
-                      behind + " after the others had completed it (the box was lost between the " +
-                      "ranks' last results): call " + std::to_string(k) +
-                      " was finished with the box's results the others kept, and call " +
-                      std::to_string(k + 1) + " on the ring path"
-                : "all-reduce call " + std::to_string(k) +
-                      " failed on the INA path and was finished on the ring path";
+  std::string behind, first_error;  // ranks at call k, and the first of their errors
+  for (unsigned r = 0; r < all.size(); ++r) {
+    if (all[r].call != k) continue;
+    behind += (behind.empty() ? "" : ", ") + std::to_string(r);
+    if (first_error.empty()) first_error = all[r].error;
+  }
+  const std::string reason =
+      mixed ? "all-reduce call " + std::to_string(k) + " met data no box sealed on rank(s) " +
+                  behind + " after the others had completed it (the box was lost between the " +
+                  "ranks' last results): call " + std::to_string(k) +
+                  " was finished with the box's results the others kept, and call " +
+                  std::to_string(k + 1) + " on the ring path"
+            : "all-reduce call " + std::to_string(k) +
+                  " failed on the INA path and was finished on the ring path";
   switch_path(Path::ring, reason + "; the ranks' first error: " + first_error);
   if (failback_first_ > 0) {
     failback_gap_ = failback_first_;
-    failback_at_ = k + (next_call ? 1 : 0) + failback_gap_;  // the same call on every rank
+    failback_at_ = k + (mixed ? 1 : 0) + failback_gap_;  // the same call on every rank
   }
   return {};
 }
