@@ -1,5 +1,7 @@
 // The two all-reduce algorithms over a Transport (transport.h), as plan.h
-// lays them out, striped over R = transport.lanes() rings (Options::rings).
+// lays them out, striped over R = transport.lanes() rings (Options::rings):
+// the INA path in ina_path.cc, the ring path in collective.cc, failover
+// between them in failover.cc.
 // Design: docs/design.md#cells-and-the-window-rule (rule W) and
 // docs/design.md#parallel-rings (stripes).
 //
@@ -131,6 +133,7 @@ class Collective {
 
  private:
   Collective(Transport& t, const CollectiveConfig& cfg);
+  class InaCall;  // one INA call (ina_path.cc)
   Error fail(Error e);
   Error fail_over(const void* send, void* recv, size_t count, DataType t, Op op,
                   Clock::time_point deadline, const Error& cause);
