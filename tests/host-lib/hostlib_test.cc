@@ -701,6 +701,61 @@ TEST_CASE("failback: the ranks try the box again and return to the INA path",
   CHECK(job.comms[0]->path_reason().find("sealed and right on every rank") != std::string::npos);
 }
 
+// Calls 2 and 3 of a P = 3 job whose call 1 ran exact, submitted
+// asynchronously on every rank (fp32, three messages of 4 packets each);
+// the tests of the boundary between two calls arm their fault between them.
+struct TwoCalls {
+  static constexpr unsigned P = 3;
+  Job& job;
+  size_t count = 0;
+  std::vector<std::vector<uint8_t>> in2, in3, out2, out3;
+  std::vector<AllreduceHandle> h2, h3;
+  std::vector<Error> e2, e3;
+
+  TwoCalls(Job& j, std::mt19937_64& rng, bool exact2) : job(j), h2(P), h3(P), e2(P), e3(P) {
+    MessagePlan plan;
+    REQUIRE(make_plan(1, DataType::fp32, 4, 256, plan).ok());
+    count = 3 * plan.elems_per_msg;
+    std::vector<std::vector<uint8_t>> in, out;
+    for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::fp32, count, true));
+    for (const Error& e : job.run(in, out, count, DataType::fp32, Op::sum, 5000)) REQUIRE(e.ok());
+    for (unsigned r = 0; r < P; ++r) {
+      in2.push_back(make_input(rng, DataType::fp32, count, exact2));
+      in3.push_back(make_input(rng, DataType::fp32, count, true));
+      out2.emplace_back(in2[r].size(), 0xEE);
+      out3.emplace_back(in3[r].size(), 0xEE);
+    }
+  }
+  void submit(std::vector<std::vector<uint8_t>>& i, std::vector<std::vector<uint8_t>>& o,
+              std::vector<AllreduceHandle>& h) {
+    for (unsigned r = 0; r < P; ++r)
+      REQUIRE(job.comms[r]
+                  ->allreduce_async(i[r].data(), o[r].data(), count, DataType::fp32, Op::sum, h[r],
+                                    5000)
+                  .ok());
+  }
+  void submit2() { submit(in2, out2, h2); }
+  void submit3() { submit(in3, out3, h3); }
+  // Every rank's end of both calls (e2 already waited for): exact (call 2
+  // in the box's order, call 3's exact inputs in any), one failover, the
+  // ring path, `reason` said.
+  void check(const std::string& reason) {
+    for (unsigned r = 0; r < P; ++r) e3[r] = h3[r].wait();
+    const auto want2 = rank_order_reference(in2, DataType::fp32, Op::sum);
+    const auto want3 = rank_order_reference(in3, DataType::fp32, Op::sum);
+    for (unsigned r = 0; r < P; ++r) {
+      INFO("rank " << r << ": call 2: " << e2[r].message << "; call 3: " << e3[r].message);
+      CHECK(e2[r].ok());
+      CHECK(e3[r].ok());
+      CHECK(out2[r] == want2);
+      CHECK(out3[r] == want3);
+      CHECK(job.comms[r]->failovers() == 1);
+      CHECK(job.comms[r]->path() == Path::ring);
+      CHECK(job.comms[r]->path_reason().find(reason) != std::string::npos);
+    }
+  }
+};
+
 TEST_CASE("failover: the next call's raw write, ahead of this call's last ACK, is the next call's",
           "[hostlib][failover]") {
   // P = 3, three messages per call, window 2. Rank 1's ACK for its last
@@ -711,12 +766,8 @@ TEST_CASE("failover: the next call's raw write, ahead of this call's last ACK, i
   // 3 then fails over on every rank alike. Before, rank 1 failed call 2 on
   // that write while ranks 0 and 2 had completed it, and no rank could
   // finish either call.
-  const unsigned P = 3;
-  MessagePlan plan;
-  REQUIRE(make_plan(1, DataType::fp32, 4, 256, plan).ok());
-  const size_t count = 3 * plan.elems_per_msg;
   std::atomic<bool> armed{false}, bypassed{false}, held{false};
-  LoopbackConfig cfg = box_fabric(P, 4, 2, 256);
+  LoopbackConfig cfg = box_fabric(TwoCalls::P, 4, 2, 256);
   cfg.bypass = [&](unsigned, unsigned, uint32_t, uint32_t) { return bypassed.load(); };
   cfg.late_ack = [&](unsigned sender, unsigned, uint64_t wr_id) {
     if (!armed || sender != 1 || wr_id != 2) return false;
@@ -728,31 +779,13 @@ TEST_CASE("failover: the next call's raw write, ahead of this call's last ACK, i
   o.window = 2;
   Job job(cfg, o);
   std::mt19937_64 rng(5);
-  std::vector<std::vector<uint8_t>> in, out;
-  for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::fp32, count, true));
-  for (const Error& e : job.run(in, out, count, DataType::fp32, Op::sum, 5000)) REQUIRE(e.ok());
-
-  std::vector<std::vector<uint8_t>> in2, in3, out2(P), out3(P);
-  std::vector<AllreduceHandle> h2(P), h3(P);
-  for (unsigned r = 0; r < P; ++r) {
-    in2.push_back(make_input(rng, DataType::fp32, count, true));
-    in3.push_back(make_input(rng, DataType::fp32, count, true));
-    out2[r].assign(in2[r].size(), 0xEE);
-    out3[r].assign(in3[r].size(), 0xEE);
-  }
-  const auto submit = [&](std::vector<std::vector<uint8_t>>& i,
-                          std::vector<std::vector<uint8_t>>& o, std::vector<AllreduceHandle>& h) {
-    for (unsigned r = 0; r < P; ++r)
-      REQUIRE(job.comms[r]
-                  ->allreduce_async(i[r].data(), o[r].data(), count, DataType::fp32, Op::sum, h[r],
-                                    5000)
-                  .ok());
-  };
+  TwoCalls calls(job, rng, true);
   armed = true;
-  submit(in2, out2, h2);
+  calls.submit2();
   // Ranks 0 and 2 complete call 2; rank 1 has polled (and copied out) every
   // result and waits for the held ACK.
-  const Error e20 = h2[0].wait(), e22 = h2[2].wait();
+  calls.e2[0] = calls.h2[0].wait();
+  calls.e2[2] = calls.h2[2].wait();
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while ((!held || job.fabric.completions_queued(1) > 0) &&
          std::chrono::steady_clock::now() < until)
@@ -760,23 +793,9 @@ TEST_CASE("failover: the next call's raw write, ahead of this call's last ACK, i
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // its last copy-out
   REQUIRE(held);
   bypassed = true;
-  submit(in3, out3, h3);
-  const std::vector<Error> e2 = {e20, h2[1].wait(), e22};
-  std::vector<Error> e3(P);
-  for (unsigned r = 0; r < P; ++r) e3[r] = h3[r].wait();
-  const auto want2 = rank_order_reference(in2, DataType::fp32, Op::sum);
-  const auto want3 = rank_order_reference(in3, DataType::fp32, Op::sum);  // exact: order-free
-  for (unsigned r = 0; r < P; ++r) {
-    INFO("rank " << r << ": call 2: " << e2[r].message << "; call 3: " << e3[r].message);
-    CHECK(e2[r].ok());
-    CHECK(e3[r].ok());
-    CHECK(out2[r] == want2);
-    CHECK(out3[r] == want3);
-    CHECK(job.comms[r]->failovers() == 1);
-    CHECK(job.comms[r]->path() == Path::ring);
-    CHECK(job.comms[r]->path_reason().find("all-reduce call 3 failed on the INA path") !=
-          std::string::npos);
-  }
+  calls.submit3();
+  calls.e2[1] = calls.h2[1].wait();
+  calls.check("all-reduce call 3 failed on the INA path");
 }
 
 TEST_CASE("failover: a rank that lost its last result to the next call's raw write gets it",
@@ -790,13 +809,9 @@ TEST_CASE("failover: a rank that lost its last result to the next call's raw wri
   // result: rank 1 completes call 2 with the box's bytes, and call 3 is
   // finished on the ring path by every rank. Before, both calls failed on
   // every rank ("the ranks cannot finish it together").
-  const unsigned P = 3;
-  MessagePlan plan;
-  REQUIRE(make_plan(1, DataType::fp32, 4, 256, plan).ok());
-  const size_t count = 3 * plan.elems_per_msg;
   std::atomic<bool> armed{false}, bypassed{false}, held{false};
   unsigned reads = 0;  // rank 1's receives since armed (under the fabric's lock)
-  LoopbackConfig cfg = box_fabric(P, 4, 2, 256);
+  LoopbackConfig cfg = box_fabric(TwoCalls::P, 4, 2, 256);
   cfg.bypass = [&](unsigned, unsigned, uint32_t, uint32_t) { return bypassed.load(); };
   cfg.late_read = [&](unsigned receiver, unsigned, uint32_t) {
     if (!armed || receiver != 1 || ++reads < 3) return false;
@@ -808,55 +823,25 @@ TEST_CASE("failover: a rank that lost its last result to the next call's raw wri
   o.window = 2;
   Job job(cfg, o);
   std::mt19937_64 rng(8);
-  std::vector<std::vector<uint8_t>> in, out;
-  for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::fp32, count, true));
-  for (const Error& e : job.run(in, out, count, DataType::fp32, Op::sum, 5000)) REQUIRE(e.ok());
-
-  std::vector<std::vector<uint8_t>> in2, in3, out2(P), out3(P);
-  std::vector<AllreduceHandle> h2(P), h3(P);
-  for (unsigned r = 0; r < P; ++r) {
-    in2.push_back(make_input(rng, DataType::fp32, count, false));
-    in3.push_back(make_input(rng, DataType::fp32, count, true));
-    out2[r].assign(in2[r].size(), 0xEE);
-    out3[r].assign(in3[r].size(), 0xEE);
-  }
-  const auto submit = [&](std::vector<std::vector<uint8_t>>& i,
-                          std::vector<std::vector<uint8_t>>& o, std::vector<AllreduceHandle>& h) {
-    for (unsigned r = 0; r < P; ++r)
-      REQUIRE(job.comms[r]
-                  ->allreduce_async(i[r].data(), o[r].data(), count, DataType::fp32, Op::sum, h[r],
-                                    5000)
-                  .ok());
-  };
+  TwoCalls calls(job, rng, false);
   armed = true;
-  submit(in2, out2, h2);
-  const Error e20 = h2[0].wait(), e22 = h2[2].wait();  // rank 1 still waits for its result
+  calls.submit2();
+  calls.e2[0] = calls.h2[0].wait();  // rank 1 still waits for its result
+  calls.e2[2] = calls.h2[2].wait();
   REQUIRE(held);
   bypassed = true;
-  submit(in3, out3, h3);
-  const std::vector<Error> e2 = {e20, h2[1].wait(), e22};
-  std::vector<Error> e3(P);
-  for (unsigned r = 0; r < P; ++r) e3[r] = h3[r].wait();
-  const auto want2 = rank_order_reference(in2, DataType::fp32, Op::sum);  // the box's order
-  const auto want3 = rank_order_reference(in3, DataType::fp32, Op::sum);  // exact: order-free
-  for (unsigned r = 0; r < P; ++r) {
-    INFO("rank " << r << ": call 2: " << e2[r].message << "; call 3: " << e3[r].message);
-    CHECK(e2[r].ok());
-    CHECK(e3[r].ok());
-    CHECK(out2[r] == want2);
-    CHECK(out3[r] == want3);
-    CHECK(job.comms[r]->failovers() == 1);
-    CHECK(job.comms[r]->path() == Path::ring);
-    CHECK(job.comms[r]->path_reason().find("call 2 was finished with the box's results") !=
-          std::string::npos);
-  }
-  // Both sides of the switch agree on what comes next: the ring path, then
-  // the INA path again would need every rank's next message ids alike (a
-  // later call is exact on every rank).
-  for (auto& v : in3) v = make_input(rng, DataType::fp32, count, true);
-  for (const Error& e : job.run(in3, out3, count, DataType::fp32, Op::sum, 5000)) REQUIRE(e.ok());
-  for (unsigned r = 0; r < P; ++r)
-    CHECK(out3[r] == rank_order_reference(in3, DataType::fp32, Op::sum));
+  calls.submit3();
+  calls.e2[1] = calls.h2[1].wait();
+  calls.check("call 2 was finished with the box's results");
+  // Both sides of the switch agree on what comes next: a later call is
+  // exact on every rank.
+  std::vector<std::vector<uint8_t>> in, out;
+  for (unsigned r = 0; r < TwoCalls::P; ++r)
+    in.push_back(make_input(rng, DataType::fp32, calls.count, true));
+  for (const Error& e : job.run(in, out, calls.count, DataType::fp32, Op::sum, 5000))
+    REQUIRE(e.ok());
+  for (unsigned r = 0; r < TwoCalls::P; ++r)
+    CHECK(out[r] == rank_order_reference(in, DataType::fp32, Op::sum));
 }
 
 TEST_CASE("failover with two rings: every stripe finished on the ring path, exact",
