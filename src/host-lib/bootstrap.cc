@@ -115,13 +115,18 @@ bool resolve(const std::string& host, uint16_t port, sockaddr_in& out, std::stri
   return true;
 }
 
+// The dotted IPv4 address of `sa` ("" if it has none).
+std::string ip_text(const sockaddr_in& sa) {
+  char ip[INET_ADDRSTRLEN] = "";
+  ::inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+  return ip;
+}
+
 std::string peer_name(int fd) {
   sockaddr_in sa{};
   socklen_t len = sizeof sa;
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) return "?";
-  char ip[INET_ADDRSTRLEN] = "?";
-  ::inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
-  return std::string(ip) + ":" + std::to_string(ntohs(sa.sin_port));
+  return ip_text(sa) + ":" + std::to_string(ntohs(sa.sin_port));
 }
 
 }  // namespace
@@ -214,9 +219,7 @@ Error Bootstrap::bind_listen(const sockaddr_in& sa) {
       ::bind(listen_fd_, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0 ||
       ::listen(listen_fd_, static_cast<int>(std::max(world_, 128u))) != 0)
     return berr("rank 0 cannot listen at " + address_ + ": " + std::strerror(errno));
-  char ip[INET_ADDRSTRLEN] = "";
-  ::inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
-  listen_ip_ = ip;
+  listen_ip_ = ip_text(sa);
   return {};
 }
 
@@ -237,9 +240,7 @@ std::string Bootstrap::local_ip() const {
   sockaddr_in sa{};
   socklen_t len = sizeof sa;
   if (::getsockname(peers_[0], reinterpret_cast<sockaddr*>(&sa), &len) != 0) return "";
-  char ip[INET_ADDRSTRLEN] = "";
-  ::inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
-  return ip;
+  return ip_text(sa);
 }
 
 // Rank 0: accepts connections until every rank said its hello. Hellos are
