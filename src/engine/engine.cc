@@ -292,6 +292,79 @@ bool Engine::Impl::record_first(Ring& ring, const wire::InaInfo& ina, uint32_t p
   return true;
 }
 
+// A later packet that no recorded message holds: its message's first
+// packet is behind it (lost or reordered), or passed while the box was
+// bypassed or before it started. Dropped: the sender resends from the
+// first missing packet, which repairs the first case. In the others the
+// first packet never comes again and only this one is resent, for as long
+// as the sender retries; so the same packet of the same connection, met
+// again forward_unmatched_after after its drop, is forwarded, and so is the
+// packet after it. Raw data of an INA message then fails its seal at the
+// receiver (its host fails over); an ordinary write arrives as sent.
+Outcome Engine::Impl::unmatched(const ConnKey& key, uint32_t psn, uint64_t now,
+                                Ring* ring) noexcept {
+  const uint64_t after = cfg.forward_unmatched_after;
+  if (after == kRetireNever || (ring && ring->tree)) return count(Reason::first_packet_lost, ring);
+  // The connection's record: its first unmatched packet, the one its sender
+  // resends first. A new connection takes a free way of its set, else one
+  // whose packets stopped coming twice the wait ago, so stuck connections
+  // that share a set do not push each other out (each resend would start
+  // the wait again).
+  const auto quiet = [&](const Unmatched& x) { return now < x.last || now - x.last >= 2 * after; };
+  const uint64_t set_no = uint64_t{hash_key(key)} * kUnmatchedSets >> 32;  // the hash's high bits
+  Unmatched* set = &unmatched_[set_no * kUnmatchedWays];
+  Unmatched *u = nullptr, *spare = nullptr;
+  for (unsigned w = 0; w < kUnmatchedWays; ++w) {
+    Unmatched& x = set[w];
+    if (x.used && x.key == key) {
+      u = &x;
+      continue;
+    }
+    const bool takeable = !x.used || quiet(x);
+    const bool better = !spare || (spare->used && (!x.used || x.last < spare->last));
+    if (takeable && better) spare = &x;
+  }
+  if (!u) {
+    if (spare) *spare = {key, psn, psn, now, now, true, false};
+    return count(Reason::first_packet_lost, ring);
+  }
+  // Once the record's packet has waited, it and every later packet of the
+  // run go (a sender that moved past it resends from further on), and so do
+  // resends of those already forwarded. An earlier packet, or a later one
+  // after a quiet spell, starts a new record.
+  const bool waited = now >= u->since && now - u->since >= after;
+  if (u->forwarding && wire::psn_in_range(psn, u->from, wire::psn_distance(u->from, u->psn))) {
+    u->last = now;
+    return count(Reason::fwd_unmatched);
+  }
+  const bool later = wire::psn_before(u->psn, psn);
+  if (psn == u->psn || (later && waited && !quiet(*u))) {
+    u->last = now;
+    if (waited) {
+      u->forwarding = true;
+      u->psn = wire::psn_add(psn, 1);
+      return count(Reason::fwd_unmatched);
+    }
+  } else if (!later || quiet(*u)) {
+    *u = {key, psn, psn, now, now, true, false};
+  }
+  return count(Reason::first_packet_lost, ring);
+}
+
+// A resend the box cannot answer (a duplicate of a held packet, or a last
+// packet whose message is incomplete here) for a message that has waited
+// forward_stalled_after since its first packet came: the other ranks'
+// packets passed while the box was bypassed or before it started, or a rank
+// is that late. Forwarded untouched, it fails its seal at the receiver and
+// the hosts fail over; held, it would be resent until its queue pair errs.
+// Only the rank's own resends go: what the cell holds stays, and a packet
+// that completes it later still releases the sum.
+bool Engine::Impl::stalled(const Ring& ring, size_t ci, uint64_t now) const noexcept {
+  const uint64_t after = cfg.forward_stalled_after;
+  const uint64_t since = ring.cells[ci].first_at;
+  return after != kRetireNever && !ring.tree && now >= since && now - since >= after;
+}
+
 template <ReduceMode M, IcrcFixup F>
 Outcome Engine::Impl::later_packet(Pkt pkt, const ParsedFrame& p, const ConnKey& key, uint64_t now,
                                    Sink& out) noexcept {
@@ -305,7 +378,7 @@ Outcome Engine::Impl::later_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
     if (s) return count(Reason::ring_retired);
     const LinkUse* link = rings.link(key.src, key.dst);
     if (!link || pass.contains(key, psn)) return count(Reason::fwd_no_ina);
-    return count(link->live ? Reason::first_packet_lost : Reason::ring_retired);
+    return link->live ? unmatched(key, psn, now, nullptr) : count(Reason::ring_retired);
   }
   Ring& ring = rings.at(s->owner);
   const unsigned rank = s->rank;
@@ -313,7 +386,7 @@ Outcome Engine::Impl::later_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
       find_message(ring.hist_row(rank), ring.slots, ring.conns[rank], psn, stats);
   if (!found) {
     if (pass.contains(key, psn)) return count(Reason::fwd_no_ina);
-    return count(Reason::first_packet_lost, &ring);
+    return unmatched(key, psn, now, &ring);
   }
   uint32_t head = 0;
   if (cfg.verify_icrc && !verify<F>(pkt.data, p, p.payload, head))
@@ -355,7 +428,9 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
   if (c == CellCase::serve) {  // case 1: the stored result
     // A message's last packet leaves sealed or not at all (digest.h).
     uint32_t imm = 0;
-    if (last && !digest_imm(ring, ci, imm)) return count(Reason::message_incomplete, &ring);
+    if (last && !digest_imm(ring, ci, imm))
+      return stalled(ring, ci, now) ? count(Reason::fwd_stalled)
+                                    : count(Reason::message_incomplete, &ring);
     std::memcpy(pkt.data + data_off, ring.result_of(ci), data_len);
     if (p.immdt) seal<F>(pkt.data, p, data_off, imm, head);
     fix_icrc<F>(shifts, pkt.data, p, data_off, data_len, cell.crc, head);
@@ -366,7 +441,7 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
   if (c == CellCase::duplicate) {  // case 2
     // A tree node's cell awaiting its result: the workers are resending.
     if (cell.state == CellState::awaiting) return resend_partial(ring, ci, cell, out);
-    return count(Reason::duplicate, &ring);
+    return stalled(ring, ci, now) ? count(Reason::fwd_stalled) : count(Reason::duplicate, &ring);
   }
 
   // Case 3: take it.

@@ -109,6 +109,21 @@ struct EngineConfig {
   // to go sets a grace longer than any message of the job can stay in
   // flight (e.g. the host's retransmission timeout times its retry count).
   uint64_t retire_grace = kRetireNever;
+  // A later packet (MIDDLE, LAST) of no recorded message is dropped as
+  // first_packet_lost; met again at least this long after (a resend) it is
+  // forwarded as fwd_unmatched, and so is the packet after it (engine.cc,
+  // Impl::unmatched). Longer than packets are reordered before the box,
+  // shorter than a sender's retries last. Units of `now`; kRetireNever
+  // (default): never forwarded.
+  uint64_t forward_unmatched_after = kRetireNever;
+  // A resend the box cannot answer (a duplicate of a held packet, a last
+  // packet of a message incomplete here) is forwarded untouched as
+  // fwd_stalled once its message has waited this long since its first
+  // packet (engine.cc, Impl::stalled): its other ranks' packets passed a
+  // bypassed or restarted box. Longer than ranks enter a call apart,
+  // shorter than a sender's retries last. Units of `now`; kRetireNever
+  // (default): never.
+  uint64_t forward_stalled_after = kRetireNever;
   // The burst loop's software prefetches (engine.cc top): the CLT home slot,
   // history entry, cell, held records and result of later packets
   // (`prefetch_tables`), and the frame bytes two packets ahead

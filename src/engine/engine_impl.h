@@ -42,6 +42,20 @@ struct alignas(64) Engine::Impl {
   TableStats stats{};
   BurstFn burst_fn = nullptr;
   OneFn one_fn = nullptr;
+  // Per connection (a set of ways by hash), its first later packet of no
+  // recorded message: when it comes again forward_unmatched_after after its
+  // first drop, it is forwarded (Impl::unmatched).
+  struct Unmatched {
+    ConnKey key{};
+    uint32_t psn = 0;    // the packet judged next
+    uint32_t from = 0;   // the first of the run (forwarded from here on, once forwarding)
+    uint64_t since = 0;  // the first drop of `from`
+    uint64_t last = 0;   // the last arrival of a packet of the run
+    bool used = false;
+    bool forwarding = false;
+  };
+  static constexpr unsigned kUnmatchedSets = 256, kUnmatchedWays = 4;  // 40 KiB
+  Unmatched unmatched_[kUnmatchedSets * kUnmatchedWays];
   // The box's addresses beyond this engine's trees (set_box_addresses).
   const uint32_t* box_ips = nullptr;
   size_t box_ips_n = 0;
@@ -100,6 +114,8 @@ struct alignas(64) Engine::Impl {
   bool bind_conn(Ring& ring, uint32_t at, unsigned rank, const ConnKey& key, Clt::Slot* slot,
                  Reason& why) noexcept;
   bool record_first(Ring& ring, const wire::InaInfo& ina, uint32_t psn, Reason& why) noexcept;
+  Outcome unmatched(const ConnKey& key, uint32_t psn, uint64_t now, Ring* ring) noexcept;
+  bool stalled(const Ring& ring, size_t ci, uint64_t now) const noexcept;
   template <ReduceMode M, IcrcFixup F>
   Outcome later_packet(Pkt pkt, const ParsedFrame& p, const ConnKey& key, uint64_t now,
                        Sink& out) noexcept;

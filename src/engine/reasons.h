@@ -90,7 +90,15 @@ enum class Fate : uint8_t { forward, aggregate, drop };
     "of that message (its children have not all arrived, or it moved on) (tree)")            \
   X(final_taken, aggregate,                                                                  \
     "final result from a child box (a query's answer) delivered to the held packets and "    \
-    "child boxes (tree)")
+    "child boxes (tree)")                                                                    \
+  X(fwd_unmatched, forward,                                                                  \
+    "later packet of no recorded message, resent after it was dropped as first_packet_lost " \
+    "(its first packet passed while the box was bypassed or before it started): forwarded "  \
+    "untouched (an INA message then fails its seal at the receiver)")                        \
+  X(fwd_stalled, forward,                                                                    \
+    "resent packet of a message that waited forward_stalled_after here without completing "  \
+    "(its other ranks' packets passed while the box was bypassed or before it started, or "  \
+    "a rank is that late): forwarded untouched (the message fails its seal at the receiver)")
 
 // Defines, in the enclosing namespace, everything a reason list gives from
 // an X-macro LIST(X) with X(name, fate, description): enum class Reason,
