@@ -158,10 +158,13 @@ void parse_control(const YAML::Node& n, const std::string& path, DataplaneConfig
 }
 
 void parse_rings(const YAML::Node& n, const std::string& path, DataplaneConfig& cfg) {
-  for_each_key(n, path, {"retire_grace_ms"},
-               [&](std::string_view, const YAML::Node& v, const std::string& f) {
-                 cfg.retire_grace_ms =
-                     static_cast<uint32_t>(integer(v, f, kMinRetireGraceMs, 86400000));
+  for_each_key(n, path, {"retire_grace_ms", "stalled_forward_ms"},
+               [&](std::string_view key, const YAML::Node& v, const std::string& f) {
+                 if (key == "retire_grace_ms")
+                   cfg.retire_grace_ms =
+                       static_cast<uint32_t>(integer(v, f, kMinRetireGraceMs, 86400000));
+                 else
+                   cfg.stalled_forward_ms = static_cast<uint32_t>(integer(v, f, 1, 86400000));
                });
 }
 

@@ -75,6 +75,15 @@ struct DataplaneConfig {
   // kMinRetireGraceMs, twice the host library's default budget (7 x 67 ms);
   // hosts with a longer one check it against the box's value at create.
   uint32_t retire_grace_ms = 60000;
+  // How long a message may wait in the box, from its first packet, before
+  // resends the box cannot answer are forwarded untouched (fwd_stalled:
+  // engine::EngineConfig::forward_stalled_after): the other ranks' packets
+  // passed while the box was bypassed or down, or a rank is that late. The
+  // hosts then reject the message by its seal and fail over to the ring
+  // path instead of resending until their queue pairs fail. Below the
+  // hosts' RC retransmission budget (0.47 s at the default qp_timeout 14),
+  // above how far apart their ranks enter a call.
+  uint32_t stalled_forward_ms = 250;
 
   // Control socket (control_socket.h). Created with mode 0660; root, the
   // box's own uid and members of `control_group` (a group name or a numeric

@@ -160,6 +160,12 @@ Status Dataplane::setup() {
     ec.memory_budget = cfg_.engine_memory;
     // The engine's clock is the worker's TSC (`now` in worker_loop).
     ec.retire_grace = rte_get_tsc_hz() / 1000 * uint64_t{cfg_.retire_grace_ms};
+    // A resend of a packet whose message's first packet passed while the box
+    // was bypassed or down: a millisecond is past reordering on a link and
+    // within an RC retransmission timeout (4.096 us x 2^qp_timeout, 67 ms
+    // at the host library's default).
+    ec.forward_unmatched_after = rte_get_tsc_hz() / 1000 * kForwardUnmatchedMs;
+    ec.forward_stalled_after = rte_get_tsc_hz() / 1000 * uint64_t{cfg_.stalled_forward_ms};
     publish_cycles_ = rte_get_tsc_hz() / 1000 * kPublishMs;
     stall_threshold_cycles_ = rte_get_tsc_hz() / 1000000 * kStallUs;
     ec.allocator = {[](void* ctx, uint16_t len) -> engine::Pkt {

@@ -161,6 +161,8 @@ class Dataplane {
   // stalls): the data path's own bursts take microseconds. A poll that ran a
   // control command (a ring install allocates) is never counted.
   static constexpr unsigned kStallUs = 100;
+  // engine::EngineConfig::forward_unmatched_after (dataplane.cc says why).
+  static constexpr unsigned kForwardUnmatchedMs = 1;
 
   const DataplaneConfig& config() const { return cfg_; }
   uint16_t port_id(unsigned slot) const { return port_ids_[slot]; }

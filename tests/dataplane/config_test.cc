@@ -90,6 +90,7 @@ TEST_CASE("the example configuration loads", "[dataplane][config]") {
   CHECK(cfg.control_socket == "/run/netreduce/dataplane.sock");
   CHECK(cfg.control_socket == DataplaneConfig{}.control_socket);  // the example shows the default
   CHECK(cfg.retire_grace_ms == 60000);
+  CHECK(cfg.stalled_forward_ms == 250);
   CHECK(cfg.control_max_clients == 64);
   CHECK(cfg.control_group.empty());
   CHECK(cfg.command_timeout_ms == 1000);
@@ -178,6 +179,7 @@ engine:
   stall_timeout_ms: 3600000
 rings:
   retire_grace_ms: 86400000
+  stalled_forward_ms: 5
 control:
   socket: /var/run/nr.sock
   max_clients: 4096
@@ -214,6 +216,7 @@ faults:
   CHECK(c.stall_timeout_ms == 3600000);
   CHECK(c.control_socket == "/var/run/nr.sock");
   CHECK(c.retire_grace_ms == 86400000);
+  CHECK(c.stalled_forward_ms == 5);
   CHECK(c.control_max_clients == 4096);
   CHECK(c.control_group == "netreduce");
   CHECK(c.command_timeout_ms == 600000);
@@ -383,7 +386,8 @@ TEST_CASE("every rule names the dotted key and the problem", "[dataplane][config
        "/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
        "aaaaaaaaaaaaaaaaa\n",
        "control.socket", "at most 107 bytes"},
-      {"rings:\n  grace: 5\n", "rings.grace", "unknown key (known: retire_grace_ms)"},
+      {"rings:\n  grace: 5\n", "rings.grace",
+       "unknown key (known: retire_grace_ms, stalled_forward_ms)"},
       {"rings:\n  retire_grace_ms: -1\n", "rings.retire_grace_ms", "must be in 1000..86400000"},
       {"rings:\n  retire_grace_ms: 0\n", "rings.retire_grace_ms",
        "must be in 1000..86400000, got 0"},

@@ -666,6 +666,11 @@ class Box:
                "ports": [{"name": "net_af_packet0"}, {"name": "net_af_packet1"}],
                "mtu": self.lab.mtu, "mode": mode, "workers": [1],
                "memory": {"mbufs": 8192, "mbuf_cache": 256, "engine": "64MiB"},
+               # TCG guests stall for seconds (the scenarios raise their
+               # qp_timeout for it): a message waiting that long here is a
+               # stalled guest, not a bypass, so no resend is forwarded
+               # raw within the hosts' RC budgets.
+               "rings": {"stalled_forward_ms": 120000},
                "control": {"socket": self.socket}}
         for k, v in (extra or {}).items():
             if isinstance(v, dict) and isinstance(cfg.get(k), dict):
