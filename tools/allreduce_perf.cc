@@ -718,6 +718,13 @@ int main(int argc, char** argv) {
     box_bytes.push_back(info ? info->counters.bytes_aggregated : 0);
   }
   print_ring_bytes(ids, host_ring_bytes, box_bytes);
+  {
+    // The ranks leave at once, as a job's processes do: a communicator's
+    // close waits for its peers'.
+    std::vector<std::thread> leave;
+    for (auto& c : comms) leave.emplace_back([&c] { c.reset(); });
+    for (auto& t : leave) t.join();
+  }
   if (loopback_box) {
     // Per host, the payload on the wire into the box: one rank's data.
     uint64_t one_rank = 0;

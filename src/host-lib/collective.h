@@ -91,6 +91,14 @@ class Collective {
                       std::unique_ptr<Collective>& out);
   ~Collective();
 
+  // Leaving the job (the communicator closes): a rank whose last call
+  // completed on the INA path may keep the only copy of a result another
+  // rank lost in that call (the box left between the ranks' last results:
+  // failover.cc). It takes part in that rank's agreement as a rank at the
+  // next call with nothing to reduce. Every rank whose last call completed
+  // on the INA path with failover on does so, so with nobody behind it is a
+  // barrier over the exchange; other ranks return at once.
+  Error close(Clock::time_point deadline);
   // On the path in use; an INA call that fails is finished on the ring path
   // when failover is on (set_exchange) and every rank can (failover.cc).
   Error allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
@@ -221,7 +229,8 @@ class Collective {
   Tail tail_{};
   std::vector<uint8_t> tail_bytes_;  // rings x window x a message's data bytes
   Exchange exchange_;
-  uint64_t calls_ = 0;  // allreduce calls so far (every rank alike)
+  uint64_t calls_ = 0;    // allreduce calls so far (every rank alike)
+  bool closing_ = false;  // close() runs the agreement as a call of nothing
   uint32_t failback_first_ = 0;
   uint64_t failback_gap_ = 0, failback_at_ = 0;  // calls; at 0: no try scheduled
   std::function<std::string()> failback_gate_;

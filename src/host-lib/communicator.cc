@@ -1,4 +1,5 @@
 // The public C++ API over Communicator::Impl (comm_impl.h).
+#include <algorithm>
 #include <chrono>
 
 #include "host-lib/comm_impl.h"
@@ -49,7 +50,13 @@ Communicator::Impl::~Impl() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();                      // queued calls finish first; each has a deadline
+  thread_.join();  // queued calls finish first; each has a deadline
+  // A rank that lost its last result to a box that left may need ours. It
+  // may learn of the loss only at its call's deadline and then agrees
+  // within as long again: wait for it twice the calls' timeout.
+  if (collective)
+    (void)collective->close(host::Clock::now() +
+                            2 * std::chrono::milliseconds(std::max(options.op_timeout_ms, 1)));
   if (close_barrier) close_barrier();  // every rank done: no write of a peer still needs our QPs
   local.reset();                       // unmaps (and unlinks, if still named) the segment
   owned_rings.clear();                 // then the rings are deleted: nothing of ours is in flight

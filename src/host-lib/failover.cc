@@ -23,7 +23,8 @@
 // Between two calls: when the box went between the ranks' last results of
 // call k, ranks that completed k and are in k + 1 give a rank still in k its
 // missing last messages from the tail they keep (Collective::Tail), and
-// k + 1 goes to the ring path on every rank.
+// k + 1 goes to the ring path on every rank. When k was the job's last call,
+// the ranks that completed it give the tail as they leave (close()).
 // If any rank cannot recover (a deadline, a transport error: its QPs may be
 // in error) or the reports disagree, every rank returns an error naming it.
 // Failback (fail_back): failback_calls calls later the ranks probe the box
@@ -171,6 +172,21 @@ Error Collective::allreduce(const void* send, void* recv, size_t count, DataType
   const Clock::time_point until =
       std::max(deadline, Clock::now()) + std::max(deadline - start, Clock::duration{0});
   return fail_over(send, recv, count, t, op, until, e);
+}
+
+Error Collective::close(Clock::time_point deadline) {
+  if (!exchange_ || !failed_.ok() || path() != Path::ina || tail_.call == 0 || tail_.call != calls_)
+    return {};
+  ++calls_;
+  last_ = {};
+  for (unsigned g = 0; g < rings(); ++g) last_.base[g] = rings_[g].next_msg_id;
+  last_.recoverable = true;
+  closing_ = true;
+  const Error e = fail_over(
+      nullptr, nullptr, 0, tail_.t, tail_.op, deadline,
+      Error::make(ErrorCode::internal, "rank " + std::to_string(t_.rank()) + ": closing"));
+  closing_ = false;
+  return e;
 }
 
 const std::string& Collective::path_reason() const {
@@ -373,6 +389,7 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
   const auto next_call =
       std::find_if(all.begin(), all.end(), [&](const Report& x) { return x.call == k + 1; });
   const bool mixed = next_call != all.end();
+  if (closing_ && !ahead) return {};  // every rank is closing: nobody lacks a result
 
   // 2. The predecessor's INA writes still owed to this rank. What else was
   // taken (an INA write of the next call, kept) belongs to a call the ring
@@ -390,6 +407,7 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
   // 4. What no rank got, on the ring path from every rank's input: call k's
   // messages from hi on, or all of call k + 1 (a rank at k runs it when it
   // comes).
+  if (closing_) return {};  // a rank behind had its results: this one leaves
   if (ahead) {
     if (Error e = ring_allreduce(send, recv, count, t, op, deadline)) return give_up(e.message);
   } else {

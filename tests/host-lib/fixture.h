@@ -129,6 +129,13 @@ struct Job {
       REQUIRE(e.ok());
     }
   }
+  // Every rank leaves at once, as a job's processes do: a communicator's
+  // close waits for its peers' (Collective::close).
+  ~Job() {
+    std::vector<std::thread> th;
+    for (auto& c : comms) th.emplace_back([&c] { c.reset(); });
+    for (auto& x : th) x.join();
+  }
   // Every rank at once: start(rank, its communicator, handle) starts one
   // asynchronous collective; then each is waited for.
   template <typename Start>
