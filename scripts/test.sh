@@ -30,7 +30,7 @@ echo "== build (ASan + UBSan, DPDK-free code) =="
 # Sanitized runs are ~10x slower: the same randomized tests with fewer seeds
 # (build/ runs the full counts).
 meson_setup build-asan "$hint" --buildtype=debug -Dwerror=true -Dtests=enabled -Db_sanitize=address,undefined -Db_lundef=false \
-  -Ddpdk=disabled -Dfuzz_iterations=1000000 -Dsim_seeds=1000 -Dsim_tree_seeds=1000 -Dengine_fuzz_iterations=60000
+  -Ddpdk=disabled -Dfuzz_iterations=1000000 -Dsim_seeds=1000 -Dsim_tree_seeds=1000 -Dfailover_sim_seeds=1000 -Dengine_fuzz_iterations=60000
 meson compile -C build-asan -j "$jobs"
 
 echo "== build (release, as users build it; compiled, not tested) =="
