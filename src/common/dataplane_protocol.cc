@@ -33,7 +33,7 @@ namespace dpcmd {
 
 bool is_read_only(std::string_view cmd) noexcept {
   return cmd == kPing || cmd == kStatus || cmd == kStats || cmd == kListRings || cmd == kGetRing ||
-         cmd == kListCtt || cmd == kListFaults;
+         cmd == kListFaults;
 }
 
 json ping() { return {{"cmd", kPing}}; }

@@ -52,10 +52,6 @@ inline constexpr char kShutdown[] = "shutdown";
 inline constexpr char kSetFault[] = "set_fault";
 inline constexpr char kClearFaults[] = "clear_faults";
 inline constexpr char kListFaults[] = "list_faults";
-// Reserved for multi-rack connection translation: answered "unimplemented".
-inline constexpr char kInstallCtt[] = "install_ctt";
-inline constexpr char kRemoveCtt[] = "remove_ctt";
-inline constexpr char kListCtt[] = "list_ctt";
 
 // Commands that change nothing: safe to send again after a lost connection.
 bool is_read_only(std::string_view cmd) noexcept;

@@ -185,7 +185,23 @@ class Dataplane {
 
  private:
   nlohmann::json answer(const std::string& line);  // handle_request's body; may throw
-  nlohmann::json control_json() const;             // the control socket's counters
+  // One control command each (control_api.cc, whose top lists them): the
+  // reply to a request, an error reply for a bad field.
+  nlohmann::json cmd_ping(const nlohmann::json& req);
+  nlohmann::json cmd_shutdown(const nlohmann::json& req);
+  nlohmann::json cmd_install_ring(const nlohmann::json& req);
+  nlohmann::json cmd_remove_ring(const nlohmann::json& req);
+  nlohmann::json cmd_list_rings(const nlohmann::json& req);
+  nlohmann::json cmd_get_ring(const nlohmann::json& req);
+  nlohmann::json cmd_stats(const nlohmann::json& req);
+  nlohmann::json cmd_status(const nlohmann::json& req);
+  nlohmann::json cmd_set_mode(const nlohmann::json& req);
+  nlohmann::json cmd_set_polling(const nlohmann::json& req);
+  nlohmann::json cmd_set_fault(const nlohmann::json& req);
+  nlohmann::json cmd_clear_faults(const nlohmann::json& req);
+  nlohmann::json cmd_list_faults(const nlohmann::json& req);
+  nlohmann::json rings_json(std::optional<uint32_t> only);  // [ring info], by id
+  nlohmann::json control_json() const;                      // the control socket's counters
   // Control-loop work between socket rounds (control thread): drops retired
   // rings whose grace (plus a margin) has passed, and their links.
   void housekeeping();
