@@ -297,10 +297,10 @@ bool Engine::Impl::record_first(Ring& ring, const wire::InaInfo& ina, uint32_t p
 // bypassed or before it started. Dropped: the sender resends from the
 // first missing packet, which repairs the first case. In the others the
 // first packet never comes again and only this one is resent, for as long
-// as the sender retries; so the same packet of the same connection, met
-// again forward_unmatched_after after its drop, is forwarded, and so is the
-// packet after it. Raw data of an INA message then fails its seal at the
-// receiver (its host fails over); an ordinary write arrives as sent.
+// as the sender retries; so once a connection's stuck packet comes again
+// forward_unmatched_after after its first drop, it is forwarded, and so is
+// the rest of that run. Raw data of an INA message then fails its seal at
+// the receiver (its host fails over); an ordinary write arrives as sent.
 Outcome Engine::Impl::unmatched(const ConnKey& key, uint32_t psn, uint64_t now,
                                 Ring* ring) noexcept {
   const uint64_t after = cfg.forward_unmatched_after;
