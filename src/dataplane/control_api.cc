@@ -181,9 +181,9 @@ json Dataplane::cmd_list_rings(const json&) {
 json Dataplane::cmd_get_ring(const json& req) {
   uint32_t id;
   if (Status s = ring_id_of(req, id); !s) return error_json(s);
-  if (!rings_.count(id)) {
+  if (!placement_.installed(id)) {
     std::string why;
-    for (const Retiring& r : retiring_)
+    for (const Placement::Retiring& r : placement_.retiring())
       if (r.spec.ring_id == id) why = " (removed; retiring, " + seconds_left(r) + " s left)";
     return error_json({StatusCode::not_found, "id", "no ring " + std::to_string(id) + why});
   }
@@ -196,12 +196,12 @@ json Dataplane::cmd_get_ring(const json& req) {
 json Dataplane::rings_json(std::optional<uint32_t> only) {
   std::vector<std::optional<RingSnapshot>> snaps(workers_.size());
   std::vector<uint32_t> ids;
-  for (const auto& [id, e] : rings_)
+  for (const auto& [id, e] : placement_.installed())
     if (!only || id == *only) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
   json arr = json::array();
   for (uint32_t id : ids) {
-    const RingEntry& e = rings_.at(id);
+    const Placement::Ring& e = *placement_.installed(id);
     if (!snaps[e.owner]) snaps[e.owner] = ring_snapshot(*this, e.owner);
     const RingSnapshot& rs = *snaps[e.owner];
     engine::RingInfo info;
@@ -242,7 +242,7 @@ json Dataplane::cmd_status(const json&) {
       {"ports", {port_json(*this, 0), port_json(*this, 1)}},
       {"workers", ws},
       {"main_lcore", rte_get_main_lcore()},
-      {"rings", rings_.size()},
+      {"rings", placement_.installed().size()},
       {"retiring", retiring_json()},
       {"retire_grace_ms", cfg_.retire_grace_ms},
       // What hosts may rely on: "result_digest", every INA result

@@ -212,6 +212,7 @@ Status Dataplane::setup() {
     }
     workers_.push_back(w);
   }
+  placement_ = Placement(nw);
   for (Worker* w : workers_)
     for (unsigned s = 0; s < 2; ++s)
       if (w->txq[s] < 0) w->tx_handoff_to[s] = workers_[w->index % ntxq[s]]->tx_handoff_in[s];

@@ -5,7 +5,7 @@
 // docs/design.md#the-data-plane; running it: docs/dataplane.md#workers-and-placement.
 //
 // Example: workers W0 and W1, ring 7 of P = 3 ranks A, B, C.
-//  1. Install (rings.cc): ring 7 goes to the worker with the fewest rings,
+//  1. Install (rings.cc, placement.h): ring 7 goes to the worker with the fewest rings,
 //     W0. W0's engine gets the ring by command first; then a new link table
 //     maps the links A->B, B->C, C->A to W0.
 //  2. RSS hands W1 a packet A->B: rx -> classify (parsed once) -> dispatch
@@ -28,8 +28,9 @@
 //   period, and reads counters through each worker's Published (lcore.h).
 // - Worker to worker: the owner's inbox (rte_ring, MP/SC) for dispatched
 //   packets, and TX handoff rings to a port queue's owner.
-// Files: lcore.h (a worker and its stages, one .cc each), rings.cc
-// (placement, lifecycle), commands.cc, publication.cc, control_socket.h.
+// Files: lcore.h (a worker and its stages, one .cc each), placement.h
+// (which worker owns a ring), rings.cc (lifecycle), commands.cc,
+// publication.cc, control_socket.h.
 #pragma once
 
 #include <atomic>
@@ -50,6 +51,7 @@
 #include "dataplane/config.h"
 #include "dataplane/faults.h"
 #include "dataplane/lcore.h"
+#include "dataplane/placement.h"
 #include "dataplane/ports.h"
 #include "dataplane/reasons.h"
 #include "engine/engine.h"
@@ -57,16 +59,6 @@
 struct rte_rcu_qsbr;
 
 namespace netreduce::dataplane {
-
-// rings.cc: the links the box owns for a ring (LinkTable::key), every rank's
-// or a tree node's local ranks' only (the engine installs no other; the rest
-// pass any worker untouched), and their receiving connections
-// (LinkTable::conn_key: the successor's address and QP number; empty
-// without qpns), in the same order.
-std::vector<uint64_t> links_of(const engine::RingSpec& spec,
-                               const std::optional<engine::TreeSpec>& tree);
-std::vector<uint64_t> conns_of(const engine::RingSpec& spec,
-                               const std::optional<engine::TreeSpec>& tree);
 
 class Dataplane {
  public:
@@ -208,13 +200,9 @@ class Dataplane {
   // Control-loop work (faults.cc): faults whose time is up or whose ring is
   // gone end, and the table is republished without them.
   void expire_faults();
-  void publish_faults();  // builds the FaultTable from faults_ and rings_
-  // rings.cc: placement and lifecycle.
+  void publish_faults();  // builds the FaultTable from faults_ and the installed rings
+  // rings.cc: the rings' lifecycle.
   void publish_links(std::unique_ptr<LinkTable> t);
-  void publish_link_use();  // LinkTable from link_use_
-  Status place(const engine::RingSpec& spec, const std::optional<engine::TreeSpec>& tree,
-               unsigned& owner) const;
-  std::string rings_in_use() const;  // "installed: 1, 2; retiring: 3"
   void final_report(std::FILE* out);
 
   DataplaneConfig cfg_;
@@ -243,46 +231,16 @@ class Dataplane {
   long control_gid_ = -1;                   // control.group resolved by setup(); -1: none
   class ControlSocket* control_ = nullptr;  // while run() serves it (control thread)
 
-  struct RingEntry {
-    engine::RingSpec spec;
-    std::optional<engine::TreeSpec> tree;  // this box's node of the ring's tree, if any
-    unsigned owner;
+  // Which worker owns each ring (installed or retiring) and its links.
+  Placement placement_{0};
+  // What each installed ring reserved at admission, freed at its removal.
+  struct Reservation {
     uint64_t memory;
     uint64_t mbufs;  // most mbufs its cells can hold at once
   };
-  std::unordered_map<uint32_t, RingEntry> rings_;  // installed
-  // Removed rings in their grace: their links stay counted until `until`.
-  // The same id may appear twice (removed, installed again, removed again).
-  struct Retiring {
-    engine::RingSpec spec;
-    std::optional<engine::TreeSpec> tree;
-    unsigned owner;
-    std::chrono::steady_clock::time_point until;
-  };
-  std::vector<Retiring> retiring_;
-  std::string seconds_left(const Retiring& r) const;  // "12.3"
-  nlohmann::json retiring_json() const;               // [{"id", "worker", "seconds_left"}]
-  struct LinkUse {
-    uint16_t owner;  // never changes while rings > 0
-    uint32_t rings;  // rings (installed or retiring) using the link
-  };
-  // Link -> worker -> rings (installed or retiring) on that worker using it.
-  // One worker: dispatch by link. Several: a split link (only rings that all
-  // give qpns share a link across workers, see place()).
-  std::unordered_map<uint64_t, std::map<uint16_t, uint32_t>> link_use_;
-  // Receiving connection (dst, dest QP; LinkTable::conn_key) -> owner and
-  // rings using it, for the rings that give qpns.
-  std::unordered_map<uint64_t, LinkUse> conn_use_;
-  // Tree id (= ring id) -> owner, for the rings installed or retiring with a
-  // tree and their count (the same id installed again while the old one
-  // retires: one owner, since the new ring joins the tombstone's worker only
-  // when they share links; a tree without local ranks goes where its
-  // retiring namesake is, see place()).
-  std::unordered_map<uint32_t, LinkUse> tree_use_;
-  // Box-to-box address (a tree node's self IP) -> tree nodes, installed or
-  // retiring, with it: LinkTable::box_ips. An address stays the box's while
-  // its removed trees retire, so their frames are dropped, not forwarded.
-  std::map<uint32_t, uint32_t> box_ip_use_;
+  std::unordered_map<uint32_t, Reservation> reserved_;
+  std::string seconds_left(const Placement::Retiring& r) const;  // "12.3"
+  nlohmann::json retiring_json() const;  // [{"id", "worker", "seconds_left"}]
   uint64_t memory_reserved_ = 0;
   uint64_t mbufs_reserved_ = 0;
 

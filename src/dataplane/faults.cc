@@ -200,11 +200,11 @@ Status Dataplane::set_fault(std::optional<uint32_t> ring, FaultKind kind, double
                                " (faults.max_duration_ms), got " + std::to_string(duration_ms));
   std::vector<uint32_t> ids;
   if (ring) {
-    if (!rings_.count(*ring))
+    if (!placement_.installed(*ring))
       return {StatusCode::not_found, "ring", "no ring " + std::to_string(*ring) + " installed"};
     ids.push_back(*ring);
   } else {
-    for (const auto& [id, e] : rings_) ids.push_back(id);
+    for (const auto& [id, e] : placement_.installed()) ids.push_back(id);
     if (ids.empty()) return {StatusCode::not_found, "ring", "no ring is installed"};
   }
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(duration_ms);
@@ -239,17 +239,17 @@ void Dataplane::publish_faults() {
     next->generation = ++fault_generation_;
     next->seed = cfg_.faults_seed;
     for (const ActiveFault& a : faults_) {
-      const auto it = rings_.find(a.ring_id);
-      if (it == rings_.end()) continue;  // gone: expire_faults drops it
+      const Placement::Ring* ring = placement_.installed(a.ring_id);
+      if (!ring) continue;  // gone: expire_faults drops it
       const auto r = static_cast<uint16_t>(next->rules.size());
       // fraction x 2^32, exact at 0 and 1.
       next->rules.push_back(
           {a.ring_id, a.kind, static_cast<uint64_t>(std::ldexp(a.fraction, 32)), a.until_tsc});
-      const std::vector<uint64_t> conns = conns_of(it->second.spec, it->second.tree);
+      const std::vector<uint64_t> conns = conns_of(ring->spec, ring->tree);
       if (!conns.empty()) {
         for (uint64_t c : conns) next->by_conn[c] = r;
       } else {
-        for (uint64_t l : links_of(it->second.spec, it->second.tree)) next->by_link[l] = r;
+        for (uint64_t l : links_of(ring->spec, ring->tree)) next->by_link[l] = r;
       }
     }
     next->size_hits(static_cast<unsigned>(workers_.size()));
@@ -278,10 +278,10 @@ void Dataplane::expire_faults() {
   if (faults_.empty()) return;
   const auto now = std::chrono::steady_clock::now();
   const size_t n = std::erase_if(faults_, [&](const ActiveFault& a) {
-    const bool over = a.until <= now || !rings_.count(a.ring_id);
+    const bool over = a.until <= now || !placement_.installed(a.ring_id);
     if (over)
       spdlog::warn("fault on ring {} ({} {}) ended{}", a.ring_id, to_string(a.kind), a.fraction,
-                   rings_.count(a.ring_id) ? "" : ": the ring was removed");
+                   placement_.installed(a.ring_id) ? "" : ": the ring was removed");
     return over;
   });
   if (n) publish_faults();

@@ -18,7 +18,7 @@
 //              port, as if the box were not on the path: the engine never
 //              sees them.
 // "The ring's packets" are the RDMA WRITEs on its links (every rank's, or a
-// tree node's local ranks'; dataplane/rings.cc), matched by receiving
+// tree node's local ranks'; dataplane/placement.h), matched by receiving
 // connection (dst, BTH dest QP) when the ring gave its QP numbers, else by
 // link (src, dst): rings over the same members without QP numbers cannot be
 // told apart on the wire, so a fault on one hits their shared links. ACKs
