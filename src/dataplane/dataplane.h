@@ -176,6 +176,16 @@ class Dataplane {
   rte_mempool* pool() const { return pool_; }
 
  private:
+  // setup()'s steps, in its order (dataplane.cc).
+  Status resolve_control_group();
+  Status find_ports();
+  Status worker_lcores(std::vector<unsigned>& lcores) const;
+  Status create_pool();
+  Status configure_ports(unsigned nw, uint16_t nrxq[2], uint16_t ntxq[2]);
+  engine::EngineConfig engine_config();
+  Status add_worker(unsigned i, unsigned lcore, unsigned nw, const uint16_t nrxq[2],
+                    const uint16_t ntxq[2]);
+  Status apply_test_faults();
   nlohmann::json answer(const std::string& line);  // handle_request's body; may throw
   // One control command each (control_api.cc, whose top lists them): the
   // reply to a request, an error reply for a bad field.
