@@ -752,7 +752,7 @@ def netns_pair(ns, tag):
 def scenario_traffic(tmp):
     import numpy as np
     from scapy.all import wrpcap
-    from dataplane_pcap_test import ina_packets, other_traffic
+    from pcapbox import ina_packets, other_traffic
 
     rng = np.random.default_rng(11)
     ranks, msgs, ppm, pmtu = 3, 3, 4, 1024

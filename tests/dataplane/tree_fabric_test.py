@@ -40,8 +40,8 @@ import numpy as np
 from scapy.all import Ether, IP, UDP, rdpcap, wrpcap, raw
 from scapy.contrib.roce import BTH
 
-import dataplane_pcap_test as dp
-from dataplane_pcap_test import LEAF, LEAF2, SPINE, B2B_PORT, TREE_EPOCH, TREE_KEY, reported
+import pcapbox as dp
+from dataplane_pcap_test import LEAF, LEAF2, SPINE, B2B_PORT, TREE_EPOCH, TREE_KEY, position_data, reported
 
 RID, RANKS, BASE, PPM, PMTU = 31, 4, 5, 4, 1024
 RACK = {0: "A", 1: "A", 2: "B", 3: "B"}
@@ -204,7 +204,7 @@ def check_released(out, sent, total, m):
         r = [x for x in range(RANKS) if dp.ip(x, BASE) == f[IP].src][0]
         k = ((f[BTH].psn - (1000 + r * 100)) & 0xFFFFFF) - m * PPM
         got = np.frombuffer(b[off:-4], dtype=np.float32)
-        want = dp.position_data(total, k, PMTU)
+        want = position_data(total, k, PMTU)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), "rank %d message %d packet %d" % (r, m, k)
     assert seen == set(by_key), "released %d of %d" % (len(seen), len(by_key))
     return len(seen)
