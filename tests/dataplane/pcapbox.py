@@ -1,4 +1,4 @@
-"""The box of the data plane's pcap test (tests/dataplane/dataplane_pcap_test.py).
+"""The box of the data plane's pcap tests (tests/dataplane/pcap_*.py), shared by them.
 
 The real netreduce-dataplane binary (argv[1]) runs with --no-huge on two DPDK
 virtual ports: net_pcap (start_dataplane: port 0 replays an input capture, what
@@ -7,7 +7,9 @@ in a network namespace (VethBox). Here: starting and stopping it, its control
 socket and DPDK telemetry; traffic built with scapy, not with netreduce's own
 builder (BTH from scapy.contrib.roce, RETH, INA header and ImmDt packed with
 struct from the protocol description); and the checks of what it released
-(rank-order sums by numpy, headers byte by byte, ICRC by scapy).
+(rank-order sums by numpy, headers byte by byte, ICRC by scapy). main() runs
+the scenario a topic file names in argv[2]. tests/dataplane/tree_fabric_test.py
+and tests/control/control_test.py use its box and traffic too.
 """
 import contextlib
 import json
@@ -17,6 +19,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 
@@ -426,3 +429,16 @@ class VethBox:
         for near in (self.a0, self.b0):
             subprocess.run(["ip", "link", "del", near], capture_output=True)
         return False
+
+
+def main(scenarios):
+    """Runs the scenario named by argv[2] (a key of `scenarios`; argv[1] is the binary) in a
+    temporary folder that is always deleted: scenarios[name](tmp, in_pcap, rng), in_pcap a
+    path in tmp for the input capture, rng numpy's generator seeded 7."""
+    scenario = sys.argv[2]
+    rng = np.random.default_rng(7)
+    with tempfile.TemporaryDirectory() as tmp:
+        in_pcap = os.path.join(tmp, "in.pcap")
+        if scenario not in scenarios:
+            raise SystemExit("unknown scenario " + scenario)
+        scenarios[scenario](tmp, in_pcap, rng)

@@ -8,7 +8,7 @@ as a chain so that every frame has exactly one way to go:
 
 The far ends of the two rack links sit in a network namespace this test creates
 (and always deletes); a scapy process in it plays the workers: it sends each
-rack's RDMA WRITEs (the dataplane pcap test's INA frames, built with scapy) into
+rack's RDMA WRITEs (the INA frames of pcapbox.py, built with scapy) into
 its leaf and captures what comes back out. A leaf holds its local ranks' packets
 and sends their partial up by port b; the spine reduces the two partials in child
 order and sends the result down to each leaf by the port the tree names; each
@@ -41,7 +41,7 @@ from scapy.all import Ether, IP, UDP, rdpcap, wrpcap, raw
 from scapy.contrib.roce import BTH
 
 import pcapbox as dp
-from dataplane_pcap_test import LEAF, LEAF2, SPINE, B2B_PORT, TREE_EPOCH, TREE_KEY, position_data, reported
+from pcap_trees import LEAF, LEAF2, SPINE, B2B_PORT, TREE_EPOCH, TREE_KEY, position_data, reported
 
 RID, RANKS, BASE, PPM, PMTU = 31, 4, 5, 4, 1024
 RACK = {0: "A", 1: "A", 2: "B", 3: "B"}
