@@ -1,5 +1,8 @@
 // Stage: dispatch. Frames of a ring link owned by another worker go to that
-// worker's inbox (it classifies them again on arrival); on a split link
+// worker's inbox, which carries mbuf pointers only: the owner classifies
+// them again on arrival. Carrying the parse would need room in every mbuf
+// (a private area) for the few frames that change workers, while the
+// owner's parse reads header lines it is about to read anyway. On a split link
 // (rings on several workers share it: rings that gave their QP numbers) the
 // frame's receiving connection (dst, BTH dest QP) names the worker, and a
 // connection of no ring goes to the link's home worker (one with a ring on
@@ -45,14 +48,9 @@ unsigned dispatch(Lcore& lc, engine::Frame* frames, unsigned n) {
     } else if (f.st == wire::ParseStatus::not_roce_port && f.p.l3 != 0 &&
                !links->tree_owner.empty()) {
       // classify stopped at the UDP port: IPv4 without options at l3 (l3 is
-      // set only then), so the UDP header follows it directly.
-      const size_t udp = f.p.l3 + sizeof(wire::Ipv4Hdr);
-      if (f.pkt.len >= udp + sizeof(wire::UdpHdr) + sizeof(wire::B2bHdr) &&
-          reinterpret_cast<const wire::UdpHdr*>(f.pkt.data + udp)->dst_port.host() ==
-              wire::kB2bPort) {
-        const auto* h =
-            reinterpret_cast<const wire::B2bHdr*>(f.pkt.data + udp + sizeof(wire::UdpHdr));
-        auto it = links->tree_owner.find(h->tree_id.host());
+      // set only then).
+      if (auto id = wire::b2b_tree_id_at(f.pkt.data, f.pkt.len, f.p.l3)) {
+        auto it = links->tree_owner.find(*id);
         if (it != links->tree_owner.end()) owner = it->second;
       }
     }

@@ -40,6 +40,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include "wire/headers.h"
@@ -155,6 +156,18 @@ struct B2bFrame {
 };
 
 B2bStatus parse_b2b(const uint8_t* data, size_t len, B2bFrame& out) noexcept;
+
+// The tree id of a box-to-box frame whose IPv4 header, without options,
+// starts at `l3` (a classifier found it IPv4 and not RoCE): nullopt unless
+// its UDP header goes to kB2bPort and a whole B2bHdr follows within `len`.
+// A steering hint only: the receiver still parses it (parse_b2b) and checks
+// its mac. Reads nothing outside [data, data + len).
+inline std::optional<uint32_t> b2b_tree_id_at(const uint8_t* data, size_t len, size_t l3) noexcept {
+  const size_t udp = l3 + sizeof(Ipv4Hdr);
+  if (len < udp + sizeof(UdpHdr) + sizeof(B2bHdr)) return std::nullopt;
+  if (reinterpret_cast<const UdpHdr*>(data + udp)->dst_port.host() != kB2bPort) return std::nullopt;
+  return reinterpret_cast<const B2bHdr*>(data + udp + sizeof(UdpHdr))->tree_id.host();
+}
 
 class B2bMac;
 

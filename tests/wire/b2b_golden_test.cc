@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -184,4 +185,32 @@ TEST_CASE("a flipped bit or a cut is never accepted", "[wire][b2b]") {
     }
   }
   CHECK(tried == 40);
+}
+
+TEST_CASE("the steering hint reads scapy's tree id and nothing past the frame", "[wire][b2b]") {
+  const Golden& g = golden();
+  size_t read = 0;
+  for (size_t i = 0; i < g.frames.size(); ++i) {
+    const json& m = g.manifest[i];
+    if (m["expect"] != "ok") continue;
+    const auto& f = g.frames[i].data;
+    INFO("frame " << i << " " << m.dump());
+    B2bFrame b;
+    REQUIRE(parse_b2b(f.data(), f.size(), b) == B2bStatus::ok);
+    const std::optional<uint32_t> id = b2b_tree_id_at(f.data(), f.size(), b.l3);
+    REQUIRE(id.has_value());
+    CHECK(*id == m["tree_id"].get<uint32_t>());
+    ++read;
+    // Short of a whole header: none (a copy of exactly that size, so ASan
+    // sees any overread).
+    for (size_t n = b.l3; n < b.hdr + sizeof(B2bHdr); ++n) {
+      std::vector<uint8_t> c(f.begin(), f.begin() + static_cast<long>(n));
+      CHECK_FALSE(b2b_tree_id_at(c.data(), c.size(), b.l3).has_value());
+    }
+    // Another UDP port (4793): none.
+    std::vector<uint8_t> c = f;
+    c[b.l4 + offsetof(UdpHdr, dst_port) + 1] ^= 1;
+    CHECK_FALSE(b2b_tree_id_at(c.data(), c.size(), b.l3).has_value());
+  }
+  CHECK(read >= 500);
 }
