@@ -34,22 +34,22 @@ unsigned dispatch(Lcore& lc, engine::Frame* frames, unsigned n) {
   for (unsigned i = 0; i < n; ++i) {
     const engine::Frame& f = frames[i];
     unsigned owner = w.index;
-    if (f.st == wire::ParseStatus::ok && wire::is_rdma_write(f.p.opcode)) {
-      const auto* ip = reinterpret_cast<const wire::Ipv4Hdr*>(f.pkt.data + f.p.l3);
+    if (f.status == wire::ParseStatus::ok && wire::is_rdma_write(f.parsed.opcode)) {
+      const auto* ip = reinterpret_cast<const wire::Ipv4Hdr*>(f.pkt.data + f.parsed.l3);
       auto it = links->owner.find(LinkTable::key(ip->src.host(), ip->dst.host()));
       if (it != links->owner.end()) {
         owner = it->second;
         if (owner & LinkTable::kSplitBit) {
-          const auto* bth = reinterpret_cast<const wire::Bth*>(f.pkt.data + f.p.bth);
+          const auto* bth = reinterpret_cast<const wire::Bth*>(f.pkt.data + f.parsed.bth);
           auto c = links->conn_owner.find(LinkTable::conn_key(ip->dst.host(), bth->dest_qp.host()));
           owner = c != links->conn_owner.end() ? c->second : owner & ~LinkTable::kSplitBit;
         }
       }
-    } else if (f.st == wire::ParseStatus::not_roce_port && f.p.l3 != 0 &&
+    } else if (f.status == wire::ParseStatus::not_roce_port && f.parsed.l3 != 0 &&
                !links->tree_owner.empty()) {
       // classify stopped at the UDP port: IPv4 without options at l3 (l3 is
       // set only then).
-      if (auto id = wire::b2b_tree_id_at(f.pkt.data, f.pkt.len, f.p.l3)) {
+      if (auto id = wire::b2b_tree_id_at(f.pkt.data, f.pkt.len, f.parsed.l3)) {
         auto it = links->tree_owner.find(*id);
         if (it != links->tree_owner.end()) owner = it->second;
       }

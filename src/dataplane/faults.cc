@@ -75,10 +75,10 @@ inline uint32_t draw(uint64_t& s) noexcept {
 // The rule a frame falls under, or -1: RDMA WRITEs only, by receiving
 // connection first (rings that gave QP numbers), then by link.
 inline int rule_of(const FaultTable& t, const engine::Frame& f) noexcept {
-  if (f.st != wire::ParseStatus::ok || !wire::is_rdma_write(f.p.opcode)) return -1;
-  const auto* ip = reinterpret_cast<const wire::Ipv4Hdr*>(f.pkt.data + f.p.l3);
+  if (f.status != wire::ParseStatus::ok || !wire::is_rdma_write(f.parsed.opcode)) return -1;
+  const auto* ip = reinterpret_cast<const wire::Ipv4Hdr*>(f.pkt.data + f.parsed.l3);
   if (!t.by_conn.empty()) {
-    const auto* bth = reinterpret_cast<const wire::Bth*>(f.pkt.data + f.p.bth);
+    const auto* bth = reinterpret_cast<const wire::Bth*>(f.pkt.data + f.parsed.bth);
     auto it = t.by_conn.find(LinkTable::conn_key(ip->dst.host(), bth->dest_qp.host()));
     if (it != t.by_conn.end()) return it->second;
   }
@@ -95,8 +95,8 @@ inline int rule_of(const FaultTable& t, const engine::Frame& f) noexcept {
 // engine drops a ring link's later packets whose write it never saw). A job
 // that failed over to the ring path keeps running across the bypass's end.
 inline bool ordinary_first(const engine::Frame& f) noexcept {
-  return wire::is_write_first(f.p.opcode) &&
-         !wire::ina_decode(f.pkt.data + f.p.payload, f.p.payload_len);
+  return wire::is_write_first(f.parsed.opcode) &&
+         !wire::ina_decode(f.pkt.data + f.parsed.payload, f.parsed.payload_len);
 }
 
 }  // namespace

@@ -76,7 +76,7 @@ inline CellCase cell_case_box(const Cell& c, uint32_t msg_id, uint16_t box_bit) 
 // Deterministic mode: a held packet.
 struct Held {
   Pkt pkt;
-  wire::ParsedFrame p;
+  wire::ParsedFrame parsed;
   uint16_t data_off = 0;
   uint32_t head_crc = 0;  // linear fix-up: CRC of the ICRC-covered bytes before data_off
 };
@@ -100,7 +100,7 @@ inline constexpr size_t kMaxPad = 3;  // BTH pad count: two bits
 
 // Accumulate mode: what it takes to rebuild a released packet.
 struct StoredHdr {
-  wire::ParsedFrame p;
+  wire::ParsedFrame parsed;
   uint16_t meta = 0;
   uint16_t frame_len = 0;
   uint16_t data_off = 0;

@@ -8,7 +8,7 @@
 //
 // Specialisation. The packet path is a template on ReduceMode and IcrcFixup
 // instantiated four times; the constructor picks one instantiation through
-// member function pointers (Impl::burst_fn, Impl::one_fn), so the only
+// member function pointers (Impl::burst_fn, Impl::frame_fn), so the only
 // configuration branch per packet left is ICRC verification on/off, and
 // Engine::process_burst crosses the pimpl once per burst.
 //
@@ -69,7 +69,7 @@ uint32_t psn_of(const uint8_t* f, const ParsedFrame& p) noexcept {
 }
 
 bool aggregable(const Frame& f) noexcept {
-  return f.st == wire::ParseStatus::ok && wire::is_rdma_write(f.p.opcode);
+  return f.status == wire::ParseStatus::ok && wire::is_rdma_write(f.parsed.opcode);
 }
 
 // The parse statuses a box-to-box frame can end in: UDP to another port
@@ -98,31 +98,31 @@ void Engine::Impl::prefetch_frame(const Frame& f) noexcept {
 
 void Engine::Impl::prefetch_conn(const Frame& f) const noexcept {
   if (!aggregable(f)) return;
-  __builtin_prefetch(clt.home(conn_key(f.pkt.data, f.p)));
+  __builtin_prefetch(clt.home(conn_key(f.pkt.data, f.parsed)));
 }
 
 void Engine::Impl::prefetch_cell(const Frame& f) noexcept {
-  if (!aggregable(f) || wire::is_write_first(f.p.opcode)) return;
+  if (!aggregable(f) || wire::is_write_first(f.parsed.opcode)) return;
   // The home slot only (prefetched kAhead packets ago): most keys sit there
   // at load 1/2, and a hint need not chase the rest of a cluster.
-  const ConnKey key = conn_key(f.pkt.data, f.p);
+  const ConnKey key = conn_key(f.pkt.data, f.parsed);
   const Clt::Slot* s = clt.home(key);
   if (!s->used || !(s->key == key) || !s->ina()) return;
   Ring& ring = rings.at(s->owner);
   const RankConn& rc = ring.conns[s->rank];
   if (!rc.has_newest) return;
   const HistEntry& h = ring.hist_row(s->rank)[rc.newest & (ring.slots - 1)];
-  const uint32_t psn = psn_of(f.pkt.data, f.p);
+  const uint32_t psn = psn_of(f.pkt.data, f.parsed);
   if (!h.valid || h.msg_id != rc.newest || !wire::psn_in_range(psn, h.psn0, h.len)) return;
   const size_t ci = ring.cell_index(h.msg_id, wire::psn_distance(h.psn0, psn));
   __builtin_prefetch(&ring.cells[ci], 1);
-  if (!ring.held.empty()) __builtin_prefetch(&ring.held[ci * ring.p], 1);
+  if (!ring.held.empty()) __builtin_prefetch(&ring.held[ci * ring.ranks], 1);
   __builtin_prefetch(ring.result_of(ci), 1);
 }
 
 template <ReduceMode M, IcrcFixup F>
-unsigned Engine::Impl::run(const Frame* frames, unsigned n, uint64_t now, Outcome* outcomes,
-                           Sink& out) noexcept {
+unsigned Engine::Impl::process_burst(const Frame* frames, unsigned n, uint64_t now,
+                                     Outcome* outcomes, Sink& out) noexcept {
   // Prefetch windows: 0 when the configuration turns a prefetch off, so the
   // loop keeps one shape (a compare per packet, no branch on the mode).
   const unsigned ahead = cfg.prefetch_tables ? kAhead : 0;
@@ -137,28 +137,30 @@ unsigned Engine::Impl::run(const Frame* frames, unsigned n, uint64_t now, Outcom
     if (frame_ahead && i + frame_ahead < n) prefetch_frame(frames[i + frame_ahead]);
     if (cell_ahead && i + 1 < n) prefetch_cell(frames[i + 1]);
     const uint16_t before = out.ntx;
-    outcomes[i] = one<M, F>(frames[i], now, out);
+    outcomes[i] = process_frame<M, F>(frames[i], now, out);
     outcomes[i].released = static_cast<uint8_t>(out.ntx - before);
   }
   return i;
 }
 
 template <ReduceMode M, IcrcFixup F>
-Outcome Engine::Impl::one(const Frame& f, uint64_t now, Sink& out) noexcept {
-  if (f.st != wire::ParseStatus::ok) {
-    const Reason ordinary = wire::is_not_roce(f.st) ? Reason::fwd_not_roce : Reason::fwd_unparsed;
+Outcome Engine::Impl::process_frame(const Frame& f, uint64_t now, Sink& out) noexcept {
+  if (f.status != wire::ParseStatus::ok) {
+    const Reason ordinary =
+        wire::is_not_roce(f.status) ? Reason::fwd_not_roce : Reason::fwd_unparsed;
     // Box-to-box frames are UDP to another port: looked at only while the
     // box has a tree node, here or on another engine (then only trees exist
     // in deterministic mode). A cut-short or fragmented one fails parsing
     // before its port is read: it is looked at too.
-    if (may_be_box_frame(f.st) && (rings.trees() != 0 || box_ips_n != 0))
+    if (may_be_box_frame(f.status) && (rings.trees() != 0 || box_ips_n != 0))
       return box_frame<F>(f, ordinary, now, out);
     return count(ordinary);
   }
-  if (!wire::is_rdma_write(f.p.opcode)) return count(Reason::fwd_not_write);
-  const ConnKey key = conn_key(f.pkt.data, f.p);
-  if (wire::is_write_first(f.p.opcode)) return first_packet<M, F>(f.pkt, f.p, key, now, out);
-  return later_packet<M, F>(f.pkt, f.p, key, now, out);
+  if (!wire::is_rdma_write(f.parsed.opcode)) return count(Reason::fwd_not_write);
+  const ConnKey key = conn_key(f.pkt.data, f.parsed);
+  if (wire::is_write_first(f.parsed.opcode))
+    return first_packet<M, F>(f.pkt, f.parsed, key, now, out);
+  return later_packet<M, F>(f.pkt, f.parsed, key, now, out);
 }
 
 // ---- lookup -------------------------------------------------------------------
@@ -221,18 +223,18 @@ Outcome Engine::Impl::first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey&
 // with the reason if it does not fit.
 bool Engine::Impl::check_header(const Ring& ring, const wire::InaInfo& ina, const ParsedFrame& p,
                                 const ConnKey& key, Reason& why) const noexcept {
-  if (ina.version != wire::kInaVersion || ina.rank >= ring.p || ina.msg_len == 0 ||
+  if (ina.version != wire::kInaVersion || ina.rank >= ring.ranks || ina.msg_len == 0 ||
       ina.msg_len > ring.msg_len || (p.opcode != kWriteFirst && ina.msg_len != 1) ||
       (p.opcode == kWriteFirst && ina.msg_len < 2) || !wire::is_valid_dtype(ina.dtype) ||
       !wire::is_valid_op(ina.op))
     return (why = Reason::bad_ina_header, false);
   if (key.src != ring.spec.members[ina.rank] ||
-      key.dst != ring.spec.members[(ina.rank + 1) % ring.p])
+      key.dst != ring.spec.members[(ina.rank + 1) % ring.ranks])
     return (why = Reason::rank_address_mismatch, false);
   // A ring that gave its QP numbers is dispatched by them (the data plane
   // splits its links over workers): a first packet on another QP binds
   // nowhere, or a worker could hold connections dispatch never sends it.
-  if (!ring.spec.qpns.empty() && key.qpn != ring.spec.qpns[(ina.rank + 1) % ring.p])
+  if (!ring.spec.qpns.empty() && key.qpn != ring.spec.qpns[(ina.rank + 1) % ring.ranks])
     return (why = Reason::qpn_mismatch, false);
   if (!ring.spec.allows_dtype(ina.dtype) || !ring.spec.allows_op(ina.op))
     return (why = Reason::dtype_mismatch, false);
@@ -449,7 +451,7 @@ Outcome Engine::Impl::aggregate(Ring& ring, unsigned rank, const HistEntry& msg,
   ring.counters.bytes_aggregated += data_len;
   cell.arrived |= bit;
   const bool completes = cell.arrived == ring.all_ranks && cell.boxes == ring.all_boxes;
-  const size_t hi = ci * ring.p + rank;
+  const size_t hi = ci * ring.ranks + rank;
   if constexpr (M == ReduceMode::accumulate) {
     const auto& kern = reduce::kernels(cfg.isa, static_cast<wire::Dtype>(cell.dtype),
                                        static_cast<wire::ReduceOp>(cell.op));
@@ -489,12 +491,12 @@ bool Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
   uint8_t* result = ring.result_of(ci);
   const auto& kern = reduce::kernels(cfg.isa, static_cast<wire::Dtype>(cell.dtype),
                                      static_cast<wire::ReduceOp>(cell.op));
-  Held* held = M == ReduceMode::deterministic ? ring.held.data() + ci * ring.p : nullptr;
+  Held* held = M == ReduceMode::deterministic ? ring.held.data() + ci * ring.ranks : nullptr;
   if constexpr (M == ReduceMode::deterministic) {
     const uint8_t* srcs[kMaxRanks];
-    for (unsigned r = 0; r < ring.p; ++r)
+    for (unsigned r = 0; r < ring.ranks; ++r)
       srcs[r] = r == in_rank ? in.data + in_off : held[r].pkt.data + held[r].data_off;
-    kern.reduce(srcs, ring.p, result, elems);
+    kern.reduce(srcs, ring.ranks, result, elems);
   } else {
     kern.finish(ring.acc_of(ci), result, elems);
   }
@@ -506,7 +508,7 @@ bool Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
     return false;
   }
 
-  for (unsigned r = 0; r < ring.p; ++r) {
+  for (unsigned r = 0; r < ring.ranks; ++r) {
     Pkt& pk = out.tx[out.ntx];  // filled in place: no Pkt staged on the stack
     const ParsedFrame* pf;
     uint16_t off;
@@ -519,14 +521,14 @@ bool Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
     } else if constexpr (M == ReduceMode::deterministic) {
       Held& h = held[r];
       pk = h.pkt;
-      pf = &h.p;
+      pf = &h.parsed;
       off = h.data_off;
       head = h.head_crc;
       h.pkt.data = nullptr;  // the slot is free (release_all skips it)
       --ring.held_packets;
       ring.held_bytes -= pk.len;
     } else {
-      const StoredHdr& sh = ring.hdrs[ci * ring.p + r];
+      const StoredHdr& sh = ring.hdrs[ci * ring.ranks + r];
       pk = cfg.allocator.alloc(cfg.allocator.ctx, sh.frame_len);
       if (!pk.data) {
         ++counters[static_cast<size_t>(Reason::alloc_failed)];
@@ -536,7 +538,7 @@ bool Engine::Impl::complete(Ring& ring, size_t ci, Cell& cell, Pkt in, unsigned 
       pk.len = sh.frame_len;
       pk.meta = sh.meta;
       rebuild_header(sh, cell.data_len, pk.data);
-      pf = &sh.p;
+      pf = &sh.parsed;
       off = sh.data_off;
       head = sh.head_crc;
     }
@@ -588,12 +590,12 @@ bool Engine::Impl::digest_imm(Ring& ring, size_t ci, uint32_t& imm) noexcept {
 void Engine::Impl::drop_held(Ring& ring, size_t ci, uint64_t ranks, Reason why,
                              Sink& out) noexcept {
   const auto r_why = static_cast<size_t>(why);
-  for (unsigned r = 0; r < ring.p; ++r) {
+  for (unsigned r = 0; r < ring.ranks; ++r) {
     if (!(ranks >> r & 1)) continue;
     ++counters[r_why];
     ++ring.counters.drops[r_why];
     if (ring.held.empty()) continue;
-    Held& h = ring.held[ci * ring.p + r];
+    Held& h = ring.held[ci * ring.ranks + r];
     out.drop[out.ndrop++] = h.pkt;
     --ring.held_packets;
     ring.held_bytes -= h.pkt.len;
@@ -657,12 +659,12 @@ std::vector<RetiredRing> Engine::retired_rings() const {
 Outcome Engine::process(Pkt pkt, uint64_t now, Sink& out) noexcept {
   Frame f;
   classify(pkt, f);
-  return (impl_.get()->*impl_->one_fn)(f, now, out);
+  return (impl_.get()->*impl_->frame_fn)(f, now, out);
 }
 
 void Engine::classify(Pkt pkt, Frame& f) noexcept {
   f.pkt = pkt;
-  f.st = wire::parse_frame(pkt.data, pkt.len, f.p);
+  f.status = wire::parse_frame(pkt.data, pkt.len, f.parsed);
 }
 
 unsigned Engine::process_burst(const Frame* frames, unsigned n, uint64_t now, Outcome* outcomes,

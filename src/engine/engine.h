@@ -61,8 +61,8 @@ struct Pkt {
 // again.
 struct Frame {
   Pkt pkt;
-  wire::ParsedFrame p;
-  wire::ParseStatus st = wire::ParseStatus::ok;
+  wire::ParsedFrame parsed;
+  wire::ParseStatus status = wire::ParseStatus::ok;
 };
 
 // Packets handed back by process() / process_burst(), besides the verdict on

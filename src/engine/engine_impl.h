@@ -31,7 +31,7 @@ using namespace detail;  // the engine's own tables (ring_state.h, cells.h, hist
 // headers written per packet share no line with another worker's engine.
 struct alignas(64) Engine::Impl {
   using BurstFn = unsigned (Impl::*)(const Frame*, unsigned, uint64_t, Outcome*, Sink&) noexcept;
-  using OneFn = Outcome (Impl::*)(const Frame&, uint64_t, Sink&) noexcept;
+  using FrameFn = Outcome (Impl::*)(const Frame&, uint64_t, Sink&) noexcept;
 
   EngineConfig cfg;
   Clt clt;
@@ -41,7 +41,7 @@ struct alignas(64) Engine::Impl {
   ReasonCounters counters{};
   TableStats stats{};
   BurstFn burst_fn = nullptr;
-  OneFn one_fn = nullptr;
+  FrameFn frame_fn = nullptr;
   // Per connection (a set of ways by hash), its first later packet of no
   // recorded message: when it comes again forward_unmatched_after after its
   // first drop, it is forwarded (Impl::unmatched).
@@ -67,18 +67,18 @@ struct alignas(64) Engine::Impl {
   }
 
   template <ReduceMode M, IcrcFixup F>
-  void select_as() noexcept {
-    burst_fn = &Impl::run<M, F>;
-    one_fn = &Impl::one<M, F>;
+  void select_kernels() noexcept {
+    burst_fn = &Impl::process_burst<M, F>;
+    frame_fn = &Impl::process_frame<M, F>;
   }
   void select() noexcept {
     const bool lin = cfg.icrc_fixup == IcrcFixup::linear;
     if (cfg.mode == ReduceMode::deterministic)
-      lin ? select_as<ReduceMode::deterministic, IcrcFixup::linear>()
-          : select_as<ReduceMode::deterministic, IcrcFixup::full>();
+      lin ? select_kernels<ReduceMode::deterministic, IcrcFixup::linear>()
+          : select_kernels<ReduceMode::deterministic, IcrcFixup::full>();
     else
-      lin ? select_as<ReduceMode::accumulate, IcrcFixup::linear>()
-          : select_as<ReduceMode::accumulate, IcrcFixup::full>();
+      lin ? select_kernels<ReduceMode::accumulate, IcrcFixup::linear>()
+          : select_kernels<ReduceMode::accumulate, IcrcFixup::full>();
   }
 
   Outcome count(Reason r, Ring* ring = nullptr) noexcept {
@@ -100,10 +100,10 @@ struct alignas(64) Engine::Impl {
   void prefetch_cell(const Frame& f) noexcept;
 
   template <ReduceMode M, IcrcFixup F>
-  unsigned run(const Frame* frames, unsigned n, uint64_t now, Outcome* outcomes,
-               Sink& out) noexcept;
+  unsigned process_burst(const Frame* frames, unsigned n, uint64_t now, Outcome* outcomes,
+                         Sink& out) noexcept;
   template <ReduceMode M, IcrcFixup F>
-  Outcome one(const Frame& f, uint64_t now, Sink& out) noexcept;
+  Outcome process_frame(const Frame& f, uint64_t now, Sink& out) noexcept;
   template <ReduceMode M, IcrcFixup F>
   Outcome first_packet(Pkt pkt, const ParsedFrame& p, const ConnKey& key, uint64_t now,
                        Sink& out) noexcept;

@@ -41,21 +41,21 @@ Status RingTable::prepare(const EngineConfig& cfg, const RingSpec& spec, const T
   PreparedRing ring(new Ring);
   Ring& r = *ring;
   r.spec = spec;
-  r.p = spec.ranks();
-  r.all_ranks = r.p == 64 ? ~uint64_t{0} : (uint64_t{1} << r.p) - 1;
+  r.ranks = spec.ranks();
+  r.all_ranks = r.ranks == 64 ? ~uint64_t{0} : (uint64_t{1} << r.ranks) - 1;
   r.slots = slots_for_window(spec.window);
   r.msg_len = spec.msg_len;
   r.memory = need;
   const size_t cells = size_t{r.slots} * r.msg_len;
   r.cells.assign(cells, Cell{});
   r.msgs.assign(r.slots, MsgSlot{});
-  r.hist.assign(size_t{r.p} * r.slots, HistEntry{});
-  r.conns.assign(r.p, RankConn{});
+  r.hist.assign(size_t{r.ranks} * r.slots, HistEntry{});
+  r.conns.assign(r.ranks, RankConn{});
   r.result.assign(cells * spec.payload_bytes, 0);
   if (cfg.mode == ReduceMode::deterministic)
-    r.held.assign(cells * r.p, Held{});
+    r.held.assign(cells * r.ranks, Held{});
   else {
-    r.hdrs.resize(cells * r.p);
+    r.hdrs.resize(cells * r.ranks);
     r.acc.assign(cells * 2 * spec.payload_bytes, 0);
   }
   if (tree) {
@@ -134,8 +134,8 @@ Status RingTable::remove(uint32_t ring_id, uint64_t now, Clt& clt, std::vector<P
   t.ring_id = ring_id;
   t.conns.clear();
   t.links.clear();
-  t.conns.reserve(r.p);
-  t.links.reserve(r.p);
+  t.conns.reserve(r.ranks);
+  t.links.reserve(r.ranks);
   const uint64_t grace = cfg_.retire_grace;
   t.expires = grace == kRetireNever || now >= kRetireNever - grace ? kRetireNever : now + grace;
   ++retired_;
@@ -143,7 +143,7 @@ Status RingTable::remove(uint32_t ring_id, uint64_t now, Clt& clt, std::vector<P
 
   // Bound connections become the tombstone's: their CLT entries stay, so no
   // later packet or go-back-N resend of the running message is forwarded raw.
-  for (unsigned rank = 0; rank < r.p; ++rank) {
+  for (unsigned rank = 0; rank < r.ranks; ++rank) {
     RankConn& rc = r.conns[rank];
     if (!rc.bound) continue;
     if (Clt::Slot* slot = clt.find(rc.key); slot && slot->ina()) {
@@ -153,9 +153,9 @@ Status RingTable::remove(uint32_t ring_id, uint64_t now, Clt& clt, std::vector<P
     }
     rc = RankConn{};
   }
-  for (unsigned k = 0; k < r.p; ++k) {
+  for (unsigned k = 0; k < r.ranks; ++k) {
     if (!owns_link(r, k)) continue;
-    const uint64_t key = link_key(r.spec.members[k], r.spec.members[(k + 1) % r.p]);
+    const uint64_t key = link_key(r.spec.members[k], r.spec.members[(k + 1) % r.ranks]);
     LinkUse& l = *links_.find(key);  // installed with the ring
     --l.live;
     ++l.retired;

@@ -52,7 +52,7 @@ struct TreeNode {
 // counters share no line with another ring (maybe another worker's).
 struct alignas(64) Ring {
   RingSpec spec;
-  unsigned p = 0;
+  unsigned ranks = 0;  // P, spec.ranks()
   // Cell::arrived when every rank this box holds has arrived: every rank,
   // or a tree node's local ranks. Ring links are installed for these
   // ranks only (tree.h, example step 1).

@@ -170,7 +170,7 @@ Outcome Engine::Impl::query_in(Ring& ring, const wire::B2bInfo& in, Sink& out) n
 template <IcrcFixup F>
 void Engine::Impl::tree_full(Ring& ring, size_t ci, Cell& cell, Sink& out) noexcept {
   TreeNode& t = *ring.tree;
-  const Held* held = ring.held.data() + ci * ring.p;
+  const Held* held = ring.held.data() + ci * ring.ranks;
   const uint8_t* srcs[kMaxRanks];
   unsigned n = 0;
   for (const TreeChild& c : t.spec.children)
@@ -197,12 +197,13 @@ void Engine::Impl::deliver(Ring& ring, size_t ci, Cell& cell, Sink& out) noexcep
   const uint8_t* result = ring.result_of(ci);
   cell.crc = wire::crc32(0, result, cell.data_len);
   finish_cell(ring, cell);
-  Held* held = ring.held.data() + ci * ring.p;
+  Held* held = ring.held.data() + ci * ring.ranks;
   // The local ranks' packets of a message's last cell leave sealed or not
   // at all (digest.h); the child boxes get the result either way.
   uint32_t imm = 0;
   const auto first_rank = static_cast<unsigned>(std::countr_zero(ring.all_ranks));
-  const bool unsealed = first_rank < ring.p && wire::is_write_last(held[first_rank].p.opcode) &&
+  const bool unsealed = first_rank < ring.ranks &&
+                        wire::is_write_last(held[first_rank].parsed.opcode) &&
                         !digest_imm(ring, ci, imm);
   if (unsealed) drop_held(ring, ci, ring.all_ranks, Reason::message_incomplete, out);
   for (const TreeChild& c : t.spec.children) {
@@ -211,8 +212,8 @@ void Engine::Impl::deliver(Ring& ring, size_t ci, Cell& cell, Sink& out) noexcep
     Pkt& pk = out.tx[out.ntx];
     pk = h.pkt;
     std::memcpy(pk.data + h.data_off, result, cell.data_len);
-    if (h.p.immdt) seal<F>(pk.data, h.p, h.data_off, imm, h.head_crc);
-    fix_icrc<F>(shifts, pk.data, h.p, h.data_off, cell.data_len, cell.crc, h.head_crc);
+    if (h.parsed.immdt) seal<F>(pk.data, h.parsed, h.data_off, imm, h.head_crc);
+    fix_icrc<F>(shifts, pk.data, h.parsed, h.data_off, cell.data_len, cell.crc, h.head_crc);
     ++out.ntx;
     h.pkt.data = nullptr;
     --ring.held_packets;
