@@ -146,8 +146,8 @@ class Dataplane {
   // With `rings`: the rings' figures too (asked for, and waited for, the
   // same way; `age_ms` is then theirs); no allocation once `rings` has
   // max_rings capacity.
-  Figures read_published(unsigned w, double& age_ms, bool* answering = nullptr,
-                         std::vector<engine::RingFigures>* rings = nullptr);
+  WorkerFigures read_published(unsigned w, double& age_ms, bool* answering = nullptr,
+                               std::vector<engine::RingFigures>* rings = nullptr);
   static constexpr unsigned kPublishMs = 1;
   // A busy poll longer than this was preempted or interrupted (WorkerStats::
   // stalls): the data path's own bursts take microseconds. A poll that ran a

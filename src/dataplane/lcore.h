@@ -94,7 +94,7 @@ struct alignas(64) WorkerStats {
 // and cells) are copied only when a reader asks for them (`rings_asked`,
 // list_rings / get_ring / telemetry, i.e. a scrape), not every kPublishMs:
 // a fixed array, no allocation, under the same `seq`.
-struct Figures {
+struct WorkerFigures {
   uint64_t tsc = 0;  // worker's TSC when it copied the rest
   WorkerStats stats;
   engine::ReasonCounters reasons{};
@@ -106,7 +106,7 @@ struct Figures {
 };
 struct alignas(64) Published {
   std::atomic<uint32_t> seq{0};  // worker writes; control reads
-  Figures f;                     // worker writes (seq odd); control copies (seq even, unchanged)
+  WorkerFigures f;               // worker writes (seq odd); control copies (seq even, unchanged)
   // max_rings entries, allocated by setup (Worker::ring_store); the worker
   // writes (seq odd), readers copy f.ring_figures of them (seq even, unchanged).
   engine::RingFigures* ring_figures = nullptr;
@@ -147,7 +147,7 @@ struct alignas(64) Worker {
   alignas(64) std::atomic<uint64_t> asked{0};
   // Same line, same writers: a reader wanting the rings' figures stores its
   // TSC here (and in `asked`); the worker copies them when this passes the
-  // last copy's (Figures::rings_tsc).
+  // last copy's (WorkerFigures::rings_tsc).
   std::atomic<uint64_t> rings_asked{0};
   // A reader's `asked` that the worker did not answer within
   // control.command_timeout_ms (0: none). While the worker has published

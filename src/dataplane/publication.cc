@@ -34,8 +34,8 @@ void Dataplane::publish(Worker& w, uint64_t now, bool rings) {
   w.published_at = now;
 }
 
-Figures Dataplane::read_published(unsigned idx, double& age_ms, bool* answering,
-                                  std::vector<engine::RingFigures>* rings) {
+WorkerFigures Dataplane::read_published(unsigned idx, double& age_ms, bool* answering,
+                                        std::vector<engine::RingFigures>* rings) {
   Worker& w = *workers_[idx];
   const uint64_t hz = rte_get_tsc_hz();
   // Workers not running (before start, after stop) publish nothing more:
@@ -57,7 +57,7 @@ Figures Dataplane::read_published(unsigned idx, double& age_ms, bool* answering,
     ask(w.asked);
   }
   // What the reader waits for: the figures it asked for copied after `asked`.
-  auto copied_at = [rings](const Figures& f) { return rings ? f.rings_tsc : f.tsc; };
+  auto copied_at = [rings](const WorkerFigures& f) { return rings ? f.rings_tsc : f.tsc; };
   // A worker that missed a reader's deadline (`unanswered`) is not waited
   // for again while it has published nothing since: its last figures, with
   // their age. One that has published since (it recovered, or a lost update
@@ -74,7 +74,7 @@ Figures Dataplane::read_published(unsigned idx, double& age_ms, bool* answering,
   }
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(missed && running ? 0 : cfg_.command_timeout_ms);
-  Figures out;
+  WorkerFigures out;
   for (;;) {
     const uint32_t s0 = w.pub.seq.load(std::memory_order_acquire);
     if ((s0 & 1) == 0) {
@@ -96,7 +96,7 @@ Figures Dataplane::read_published(unsigned idx, double& age_ms, bool* answering,
     // takes, many times over) the reader gets none rather than spinning.
     if (running && (s0 & 1) &&
         std::chrono::steady_clock::now() > deadline + std::chrono::milliseconds(10)) {
-      out = Figures{};
+      out = WorkerFigures{};
       if (rings) rings->clear();
       break;
     }

@@ -38,22 +38,12 @@ const std::string& instance_id() {
   return id;
 }
 
-Snapshot snapshot_of(const Figures& p) {
-  Snapshot s;
-  s.stats = p.stats;
-  s.reasons = p.reasons;
-  s.memory = p.memory;
-  s.ring_count = p.rings;
-  s.retired_count = p.retired;
-  return s;
-}
-
-std::vector<Snapshot> snapshots(Dataplane& dp) {
-  std::vector<Snapshot> out(dp.workers().size());
+std::vector<WorkerSnapshot> snapshots(Dataplane& dp) {
+  std::vector<WorkerSnapshot> out(dp.workers().size());
   for (unsigned i = 0; i < out.size(); ++i) {
     double age = 0;
     bool answering = true;
-    out[i] = snapshot_of(dp.read_published(i, age, &answering));
+    out[i].f = dp.read_published(i, age, &answering);
     out[i].age_ms = age;
     out[i].answering = answering;
   }
@@ -84,14 +74,14 @@ void add_reasons(uint64_t (&sum)[kReasonCount], const WorkerStats& ws) {
 // virtual PMDs, e.g. memif in the server role, count nothing) and the box's
 // own per-port counts summed over workers (box_*: what the workers received
 // from and handed to the port, whatever the PMD reports).
-json port_json(const Dataplane& dp, unsigned slot, const std::vector<Snapshot>* snaps) {
+json port_json(const Dataplane& dp, unsigned slot, const std::vector<WorkerSnapshot>* snaps) {
   uint64_t box_rx = 0, box_tx = 0;
   uint64_t box_reasons[kReasonCount] = {};
   if (snaps)
-    for (const Snapshot& s : *snaps) {
-      box_rx += s.stats.rx[slot];
-      box_tx += s.stats.tx[slot];
-      for (size_t r = 0; r < kReasonCount; ++r) box_reasons[r] += s.stats.reasons[slot][r];
+    for (const WorkerSnapshot& s : *snaps) {
+      box_rx += s.f.stats.rx[slot];
+      box_tx += s.f.stats.tx[slot];
+      for (size_t r = 0; r < kReasonCount; ++r) box_reasons[r] += s.f.stats.reasons[slot][r];
     }
   rte_eth_stats st{};
   rte_eth_stats_get(dp.port_id(slot), &st);
@@ -116,14 +106,14 @@ json port_json(const Dataplane& dp, unsigned slot, const std::vector<Snapshot>* 
   return j;
 }
 
-json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
+json stats_json(Dataplane& dp, const std::vector<WorkerSnapshot>& snaps) {
   engine::ReasonCounters sum{};
   uint64_t dp_sum[kReasonCount] = {};
   json workers = json::array();
   for (size_t i = 0; i < snaps.size(); ++i) {
-    const Snapshot& s = snaps[i];
-    for (size_t r = 0; r < sum.size(); ++r) sum[r] += s.reasons[r];
-    const WorkerStats& ws = s.stats;
+    const WorkerSnapshot& s = snaps[i];
+    for (size_t r = 0; r < sum.size(); ++r) sum[r] += s.f.reasons[r];
+    const WorkerStats& ws = s.f.stats;
     uint64_t dp_worker[kReasonCount] = {};
     add_reasons(dp_worker, ws);
     add_reasons(dp_sum, ws);
@@ -147,10 +137,10 @@ json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps) {
          {"stall_cycles", ws.stall_cycles},
          {"stall_rx_packets", ws.stall_rx},
          {"idle_sleep_ns", ws.idle_sleep_ns},
-         {"rings", s.ring_count},
-         {"retired_rings", s.retired_count},
-         {"memory_bytes", s.memory},
-         {"reasons", reasons_to_json(s.reasons)}});
+         {"rings", s.f.rings},
+         {"retired_rings", s.f.retired},
+         {"memory_bytes", s.f.memory},
+         {"reasons", reasons_to_json(s.f.reasons)}});
   }
   return {{"reasons", reasons_to_json(sum)},
           {"dataplane_reasons", dataplane_reasons_json(dp_sum)},

@@ -12,20 +12,15 @@
 
 namespace netreduce::dataplane {
 
-// One worker's counters as published.
-struct Snapshot {
+// One worker's figures as published, and how fresh they are.
+struct WorkerSnapshot {
+  WorkerFigures f;
   double age_ms = 0;      // how old the published figures are (0: fresh)
   bool answering = true;  // false: the worker missed a deadline and has published nothing since
-  WorkerStats stats;
-  engine::ReasonCounters reasons{};
-  size_t ring_count = 0;
-  size_t retired_count = 0;  // tombstones of removed rings in their grace
-  uint64_t memory = 0;
 };
-Snapshot snapshot_of(const Figures& p);
 // Every worker's counters, read from its publication (no command): a worker
 // that does not publish in time shows its last figures and their age.
-std::vector<Snapshot> snapshots(Dataplane& dp);
+std::vector<WorkerSnapshot> snapshots(Dataplane& dp);
 
 // One worker's ring figures as read_published gives them (rings: true).
 struct RingSnapshot {
@@ -41,9 +36,9 @@ nlohmann::json dataplane_reasons_json(const uint64_t (&c)[kReasonCount]);
 void add_reasons(uint64_t (&sum)[kReasonCount], const WorkerStats& ws);
 // A port's device counters, plus the workers' per-port counts if `snaps`.
 nlohmann::json port_json(const Dataplane& dp, unsigned slot,
-                         const std::vector<Snapshot>* snaps = nullptr);
+                         const std::vector<WorkerSnapshot>* snaps = nullptr);
 // The stats reply (without "ok" and "retiring").
-nlohmann::json stats_json(Dataplane& dp, const std::vector<Snapshot>& snaps);
+nlohmann::json stats_json(Dataplane& dp, const std::vector<WorkerSnapshot>& snaps);
 
 // This process's identity: pid and start time, fixed at the first call
 // (run() makes it at start-up). The daemon's restart detector.

@@ -68,10 +68,10 @@ Status Dataplane::run(std::FILE* final_out) {
 
 void Dataplane::final_report(std::FILE* out) {
   // Every worker has stopped: their last publications are final.
-  std::vector<Snapshot> snaps;
+  std::vector<WorkerSnapshot> snaps;
   for (Worker* w : workers_) {
     publish(*w, rte_rdtsc());
-    snaps.push_back(snapshot_of(w->pub.f));
+    snaps.push_back({w->pub.f});
   }
   json j = stats_json(*this, snaps);
   j["final"] = true;

@@ -30,15 +30,15 @@ struct TelemetryCall {
 int telemetry_stats(const char*, const char*, rte_tel_data* d) {
   TelemetryCall call;
   if (!call.dp) return -1;
-  const std::vector<Snapshot> snaps = snapshots(*call.dp);
+  const std::vector<WorkerSnapshot> snaps = snapshots(*call.dp);
   engine::ReasonCounters sum{};
   // Summed over workers: packets, the data plane's own reasons
   // (dataplane/reasons.h), and the idle rule's sleeps.
   uint64_t rx = 0, tx = 0, dispatched = 0, sleeps = 0, slept_ns = 0;
   uint64_t dp_sum[kReasonCount] = {};
   for (const auto& s : snaps) {
-    for (size_t r = 0; r < sum.size(); ++r) sum[r] += s.reasons[r];
-    const WorkerStats& ws = s.stats;
+    for (size_t r = 0; r < sum.size(); ++r) sum[r] += s.f.reasons[r];
+    const WorkerStats& ws = s.f.stats;
     rx += ws.rx[0] + ws.rx[1];
     tx += ws.tx[0] + ws.tx[1];
     add_reasons(dp_sum, ws);
