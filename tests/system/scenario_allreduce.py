@@ -58,7 +58,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import nrlab  # noqa: E402
+from lab_box import inspect_capture, pcap_frames, scapy_icrc_check  # noqa: E402
+from lab_common import HOST_IP, Failed, LabError, expect  # noqa: E402
+from lab_guest import rxe_wedge_warnings  # noqa: E402
+from lab_report import Report, run_step, scenario_args  # noqa: E402
+from nrlab import Lab  # noqa: E402
 
 P = 3
 DAEMON_PORT = 7470
@@ -105,9 +109,6 @@ BYPASS_ERROR = (r"rank %(r)d: (message id \d+ from predecessor rank \d (fails th
                 r"write: box bypassed\?\))|" + DEADLINE_OR_QP_ERROR)
 AFTER_RESTART = ["-d", "fp32", "-o", "sum", "-b", "8", "-e", "32K", "-f", "8", "-n", "1", "-w", "0", "-c", "1"]
 UNRECOVERED = ["retry_exceeded_err", "retry_rnr_exceeded_err"]  # rxe gave up: the QP went to error
-
-
-Failed, expect = nrlab.Failed, nrlab.expect
 
 
 # ----------------------------------------------------------------------------
@@ -167,13 +168,13 @@ class Daemon:
 
     def __init__(self, lab, exe, port=DAEMON_PORT, box=None, name="netreduced", extra=None):
         self.lab = lab
-        self.url = "http://%s:%d" % (nrlab.HOST_IP, port)
+        self.url = "http://%s:%d" % (HOST_IP, port)
         self.token_file = os.path.join(lab.run_dir, "token")
         if not os.path.exists(self.token_file):  # one operator token for the lab's daemons
             with open(self.token_file, "w") as f:
                 f.write("lab-%d-token\n" % os.getpid())
             os.chmod(self.token_file, 0o600)
-        cfg = {"listen": {"address": nrlab.HOST_IP, "port": port, "threads": 4},
+        cfg = {"listen": {"address": HOST_IP, "port": port, "threads": 4},
                "auth": {"token_file": self.token_file},
                "state": {"file": os.path.join(lab.run_dir, name + "-state.json")},
                "dataplane": {"socket": (box or lab.box).socket, "timeout_ms": 3000, "reconcile_interval_ms": 500}}
@@ -185,13 +186,13 @@ class Daemon:
         deadline = time.monotonic() + 60
         while True:
             if self.proc.poll() is not None:
-                raise nrlab.LabError("%s exited with %d: %s" % (
+                raise LabError("%s exited with %d: %s" % (
                     name, self.proc.returncode, open(os.path.join(lab.run_dir, name + ".err")).read()[-2000:]))
             h = self.get("/v1/health", check=False)
             if h and h.get("dataplane_connected"):
                 break
             if time.monotonic() > deadline:
-                raise nrlab.LabError("%s not healthy with its box connected after 60 s: %s" % (name, h))
+                raise LabError("%s not healthy with its box connected after 60 s: %s" % (name, h))
             time.sleep(0.3)
 
     def get(self, path, check=True):
@@ -200,7 +201,7 @@ class Daemon:
         r = self.lab.sh("curl", "-sS", "--max-time", "10", "-f", self.url + path, timeout=30, check=False)
         if r.returncode != 0:
             if check:
-                raise nrlab.LabError("GET %s: %s" % (path, r.stderr.strip()))
+                raise LabError("GET %s: %s" % (path, r.stderr.strip()))
             return None
         try:
             return json.loads(r.stdout)
@@ -222,7 +223,7 @@ class Daemon:
             cmd += ["-H", "Content-Type: application/json", "--data", json.dumps(body)]
         r = self.lab.sh(*(cmd + [self.url + path]), timeout=30, check=False)
         if r.returncode != 0:
-            raise nrlab.LabError("%s %s: %s" % (method, path, r.stderr.strip()))
+            raise LabError("%s %s: %s" % (method, path, r.stderr.strip()))
         return json.loads(r.stdout) if r.stdout.strip() else None
 
     def ring(self, ring_id):
@@ -275,7 +276,7 @@ class Job:
                             b.name, {k: v for k, v in st["reasons"].items() if v},
                             [{k: p[k] for k in ("name", "rx_packets", "tx_packets", "rx_missed", "rx_errors",
                                                  "tx_errors", "box_tx_dropped") if k in p} for p in st["ports"]])
-                    except (nrlab.LabError, KeyError, OSError) as e:
+                    except (LabError, KeyError, OSError) as e:
                         line = "%s: stats failed: %s" % (b.name, e)
                 boxes.append(line)
             box = "\n".join(boxes)
@@ -289,7 +290,7 @@ class Job:
                                "dmesg | grep -m 3 -A 6 -E 'WARNING:|BUG:|NETDEV WATCHDOG|timed out' | cut -c1-160; "
                                "dmesg | tail -n 3"], timeout=30)
                     guests.append("%s:\n%s" % (g.name, r.out.strip()))
-                except nrlab.LabError as e:
+                except LabError as e:
                     guests.append("%s: %s" % (g.name, e))
             # The last line each rank wrote (its error) right after the first.
             last = ["rank %d: %s" % (r, (res.err.strip().splitlines() or ["(no stderr)"])[-1])
@@ -462,11 +463,11 @@ def step2_5(lab, a, daemon, reports):
     rep5.line("captures on both sides of the box during the small-size INA job (every dtype x op):")
     seen = {}
     for side, (path, kdrops) in caps.items():
-        v = nrlab.inspect_capture(path, a.inspect)
+        v = inspect_capture(path, a.inspect)
         rep5.figure("%s: RoCE frames / ICRC ok / bad (netreduce-pcap-inspect) / capture drops" % side,
                     "%d / %d / %d / %d" % (v["roce"], v["icrc_ok"], v["icrc_bad"], kdrops))
         expect(v["ok"] and v["icrc_bad"] == 0, "netreduce-pcap-inspect %s failed:\n%s" % (path, v["text"]))
-        seen[side] = frames_by_key(nrlab.pcap_frames(path))
+        seen[side] = frames_by_key(pcap_frames(path))
     rewritten, unchanged = [], 0
     for key, outs in seen["swb"].items():
         ins = seen["swa"].get(key, [])
@@ -477,7 +478,7 @@ def step2_5(lab, a, daemon, reports):
                 unchanged += 1
             else:
                 rewritten.append(f)
-    n, bad = nrlab.scapy_icrc_check(rewritten, limit=len(rewritten))
+    n, bad = scapy_icrc_check(rewritten, limit=len(rewritten))
     rep5.figure("WRITE frames out of port B with aggregated payload (differs from port A)", len(rewritten))
     rep5.figure("WRITE frames out of port B unchanged", unchanged)
     rep5.figure("aggregated frames checked by scapy / bad ICRC", "%d / %d" % (n, bad))
@@ -516,7 +517,7 @@ def step2_5(lab, a, daemon, reports):
         path, kdrops = cap.stop()["swa"]
         expect(kdrops == 0, "the capture of the %s run dropped %d frames: per-worker bytes unknown" %
                (label, kdrops))
-        by_src = write_payload_by_source(nrlab.pcap_frames(path))
+        by_src = write_payload_by_source(pcap_frames(path))
         wire[label] = [by_src.get(g.ip, 0) for g in lab.guests]
         rep.figure("%s path: wall time" % label, "%.1f" % secs, "s")
         rep.figure("  path reason", head_b["reason"])
@@ -613,7 +614,7 @@ def start_through_box(lab, job):
             for g in lab.guests:
                 g.end_jobs()
             raise Failed("a rank ended before the fault: %s\n--- rxe (wedge warnings per guest %s)\n%s" % (
-                "\n".join("rank %d: %s" % e for e in ended), nrlab.rxe_wedge_warnings(lab),
+                "\n".join("rank %d: %s" % e for e in ended), rxe_wedge_warnings(lab),
                 "\n".join(g.rxe_state() for g in lab.guests)))
         rings = lab.box.control(cmd="list_rings").get("rings", [])
         agg = sum(r.get("counters", {}).get("bytes_aggregated", 0) for r in rings)
@@ -742,7 +743,7 @@ def step4(lab, a, daemon, reports):
     # as other steps do); with the fault cleared, the next job runs on the
     # INA path again, exact.
     restart_box(lab, daemon, {"faults": {"enabled": True}})
-    nrlab.run_step(lab, [rep], bypass_mid_job, lab, a, daemon, rep)
+    run_step(lab, [rep], bypass_mid_job, lab, a, daemon, rep)
     job = Job(lab, a.perf, AFTER_RESTART, daemon, "INA after the box restarted")
     head, rows = job.check_ok(job.wait(600), "ina")
     c = daemon.ring(head["ring"])["counters"]
@@ -758,7 +759,7 @@ def main():
         ap.add_argument("--steps", default="allreduce-ina,allreduce-loss,allreduce-box-failure",
                         help="steps to run, in order (diagnosis: e.g. allreduce-loss alone)")
         ap.add_argument("--repeat", type=int, default=1, help="run the chosen steps this many times")
-    a, ap = nrlab.scenario_args(("dataplane", "daemon", "perf", "inspect"), extra)
+    a, ap = scenario_args(("dataplane", "daemon", "perf", "inspect"), extra)
     t0 = time.monotonic()
     steps = {"allreduce-ina": step2_5, "allreduce-loss": step3, "allreduce-box-failure": step4}
     chosen = a.steps.split(",")
@@ -769,8 +770,8 @@ def main():
              if n in chosen or (n == "box-icrc" and "allreduce-ina" in chosen)]
     reports, done, failed = {}, [], None
     try:
-        with nrlab.Lab(guests=P, dataplane=a.dataplane, workdir=a.workdir, box_mode="aggregate") as lab:
-            reports = {n: nrlab.Report(n, lab.run_dir) for n in names}
+        with Lab(guests=P, dataplane=a.dataplane, workdir=a.workdir, box_mode="aggregate") as lab:
+            reports = {n: Report(n, lab.run_dir) for n in names}
             for r in reports.values():
                 r.figure("lab setup, 3 guests (boot to rxe0 ready)", "%.1f" % lab.setup_seconds, "s")
             daemon = Daemon(lab, a.daemon)
@@ -783,7 +784,7 @@ def main():
                     else:
                         rs = [reports[n] for n in (name, "box-icrc") if n in reports and
                               (n == name or name == "allreduce-ina")]
-                        nrlab.run_step(lab, rs, steps[name], lab, a, daemon, reports)
+                        run_step(lab, rs, steps[name], lab, a, daemon, reports)
                     reports[name].figure("step wall time" + (" (run %d)" % (i + 1) if a.repeat > 1 else ""),
                                          "%.1f" % (time.monotonic() - t), "s")
                     if i == a.repeat - 1:
@@ -791,7 +792,7 @@ def main():
                         if name == "allreduce-ina":
                             done.append("box-icrc")
             failed = None
-    except (Failed, nrlab.LabError) as e:
+    except (Failed, LabError) as e:
         print("FAILED (%s): %s" % (failed, e), file=sys.stderr)
         if failed in reports:
             reports[failed].failed(e)

@@ -32,7 +32,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import nrlab  # noqa: E402
+from lab_box import inspect_capture, pcap_frames, scapy_icrc_check  # noqa: E402
+from lab_common import Failed, LabError, expect  # noqa: E402
+from lab_guest import perftest  # noqa: E402
+from lab_report import Report  # noqa: E402
+from nrlab import Lab  # noqa: E402
 
 WRITE_SIZE, WRITE_ITERS = 65536, 200
 LAT_SIZE, LAT_ITERS = 2, 100
@@ -41,13 +45,10 @@ DROP_REASONS = ["bad_icrc", "first_packet_lost", "duplicate", "stale_message", "
                 "evicted_incomplete", "ring_removed", "ring_retired", "clt_full", "alloc_failed"]
 
 
-Failed, expect = nrlab.Failed, nrlab.expect
-
-
 def perftest_pair(server, client, tool, args, port, report):
-    """nrlab.perftest, both ends required to succeed: (client Result, server
-    Result)."""
-    cli, s = nrlab.perftest(server, client, tool, args, port, on_hang=report.line)
+    """perftest (lab_guest.py), both ends required to succeed: (client
+    Result, server Result)."""
+    cli, s = perftest(server, client, tool, args, port, on_hang=report.line)
     for who, r in (("client", cli), ("server", s)):
         expect(r.rc == 0, "%s %s exited %d\n--- stdout\n%s\n--- stderr\n%s" % (tool, who, r.rc, r.out[-2000:],
                                                                             r.err[-2000:]))
@@ -77,8 +78,8 @@ def main():
     report = None
     ok = False
     try:
-        with nrlab.Lab(guests=2, dataplane=a.dataplane, workdir=a.workdir, box_mode="aggregate") as lab:
-            report = nrlab.Report("forwarding", lab.run_dir)
+        with Lab(guests=2, dataplane=a.dataplane, workdir=a.workdir, box_mode="aggregate") as lab:
+            report = Report("forwarding", lab.run_dir)
             g0, g1 = lab.guests
             report.line("2 guests (kernel %s, rdma_rxe), box in aggregate mode with no ring, net_af_packet" %
                         lab.kernel)
@@ -145,14 +146,14 @@ def main():
             report.line("captures (scenario 5, independent ICRC check):")
             seen = {}
             for side, (path, kdrops) in caps.items():
-                v = nrlab.inspect_capture(path, a.inspect)
+                v = inspect_capture(path, a.inspect)
                 report.figure("  %s: RoCE frames / ICRC ok / bad / capture drops" % side,
                               "%d / %d / %d / %d" % (v["roce"], v["icrc_ok"], v["icrc_bad"], kdrops))
                 expect(v["ok"] and v["icrc_bad"] == 0,
                        "netreduce-pcap-inspect %s failed:\n%s" % (path, v["text"]))
                 expect(v["roce"] >= write_pkts // 2, "%s capture holds only %d RoCE frames" % (side, v["roce"]))
-                seen[side] = (nrlab.pcap_frames(path), kdrops)
-            n, bad = nrlab.scapy_icrc_check(seen["swb"][0])
+                seen[side] = (pcap_frames(path), kdrops)
+            n, bad = scapy_icrc_check(seen["swb"][0])
             report.figure("  frames the box emitted checked by scapy / bad ICRC", "%d / %d" % (n, bad))
             expect(bad == 0, "scapy finds %d bad ICRCs among %d frames the box emitted" % (bad, n))
             if seen["swa"][1] == 0 and seen["swb"][1] == 0:
@@ -163,7 +164,7 @@ def main():
                 report.line("  (capture drops: byte-for-byte comparison of the two sides skipped)")
             report.figure("scenario wall time", "%.1f" % (time.monotonic() - t0), "s")
             ok = True
-    except (Failed, nrlab.LabError) as e:
+    except (Failed, LabError) as e:
         print("FAILED: %s" % e, file=sys.stderr)
         if report:
             report.failed(e)

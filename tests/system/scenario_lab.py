@@ -26,10 +26,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import nrlab  # noqa: E402
-
-
-Failed, expect = nrlab.Failed, nrlab.expect
+from lab_common import HOST_IP, Failed, LabError, expect  # noqa: E402
+from lab_guest import perftest, perftest_spawn  # noqa: E402
+from lab_report import Report  # noqa: E402
+from nrlab import Lab  # noqa: E402
 
 
 def roce_packets(stats):
@@ -44,8 +44,8 @@ def main():
     t0 = time.monotonic()
     report, ok = None, False
     try:
-        with nrlab.Lab(guests=3, dataplane=a.dataplane, workdir=a.workdir) as lab:
-            report = nrlab.Report("lab", lab.run_dir)
+        with Lab(guests=3, dataplane=a.dataplane, workdir=a.workdir) as lab:
+            report = Report("lab", lab.run_dir)
             g0, g1, g2 = lab.guests
             report.figure("lab setup, 3 guests (boot to rxe0 ready)", "%.1f" % lab.setup_seconds, "s")
 
@@ -62,23 +62,23 @@ def main():
             # A host-side service in the namespace, reached from a guest over TCP.
             with open(os.path.join(lab.run_dir, "index.txt"), "w") as f:
                 f.write("netreduce lab\n")
-            lab.spawn(["/usr/bin/python3", "-m", "http.server", "--bind", nrlab.HOST_IP, "--directory",
+            lab.spawn(["/usr/bin/python3", "-m", "http.server", "--bind", HOST_IP, "--directory",
                        lab.run_dir, "8000"], "http")
             r = g0.run("for i in $(seq 100); do exec 3<>/dev/tcp/%s/8000 && break; sleep 0.2; done; "
-                       "printf 'GET /index.txt HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3" % nrlab.HOST_IP, timeout=60)
+                       "printf 'GET /index.txt HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3" % HOST_IP, timeout=60)
             expect(r.rc == 0 and "netreduce lab" in r.out, "HOST_IP service unreachable from g0: %r" % r)
-            report.line("host service in the namespace reachable from a guest at %s" % nrlab.HOST_IP)
+            report.line("host service in the namespace reachable from a guest at %s" % HOST_IP)
 
             # RoCE crosses the box.
             before = roce_packets(lab.box.stats())
-            rc, rs = nrlab.perftest(g0, g2, "ib_send_lat", ["-s", "2", "-n", "20"], 18510, on_hang=report.line)
+            rc, rs = perftest(g0, g2, "ib_send_lat", ["-s", "2", "-n", "20"], 18510, on_hang=report.line)
             expect(rc.rc == 0 and rs.rc == 0, "ib_send_lat g2->g0 failed: %r %r" % (rc, rs))
             moved = roce_packets(lab.box.stats()) - before
             expect(moved >= 40, "only %d RoCE packets crossed the box for 20 round trips" % moved)
             report.figure("ib_send_lat g2 <-> g0: packets through the box", moved)
 
             # The box stopped mid-transfer: the stream must stall, not find a way around.
-            srv, cli = nrlab.perftest_spawn(g2, g1, "ib_write_bw", ["-s", "65536", "-n", "5000"], 18520)
+            srv, cli = perftest_spawn(g2, g1, "ib_write_bw", ["-s", "65536", "-n", "5000"], 18520)
             deadline = time.monotonic() + 120
             while roce_packets(lab.box.stats()) < 200 and not cli.done():
                 expect(time.monotonic() < deadline, "ib_write_bw never got going")
@@ -100,15 +100,15 @@ def main():
                 j.kill("KILL")
                 j.wait(60)
             lab.box.start()
-            rc, rs = nrlab.perftest(g1, g2, "ib_send_lat", ["-s", "2", "-n", "20"], 18530, on_hang=report.line)
+            rc, rs = perftest(g1, g2, "ib_send_lat", ["-s", "2", "-n", "20"], 18530, on_hang=report.line)
             expect(rc.rc == 0 and rs.rc == 0, "ib_send_lat after the box restarted failed: %r %r" % (rc, rs))
             expect(roce_packets(lab.box.stats()) >= 40, "restarted box carried no RoCE")
             report.line("box restarted: ib_send_lat g2 <-> g1 through it again")
 
-            # Loss on a guest link (nrlab.perftest retries a transfer rxe leaves hanging).
+            # Loss on a guest link (perftest retries a transfer rxe leaves hanging).
             b0, b1 = g0.rxe_counters(), g1.rxe_counters()
             g0.netem("loss 5%")
-            rc, rs = nrlab.perftest(g1, g0, "ib_write_bw", ["-s", "65536", "-n", "20"], 18540, on_hang=report.line)
+            rc, rs = perftest(g1, g0, "ib_write_bw", ["-s", "65536", "-n", "20"], 18540, on_hang=report.line)
             g0.netem(None)
             expect(rc.rc == 0 and rs.rc == 0, "ib_write_bw under 5%% loss failed: %r %r" % (rc, rs))
             e0, e1 = g0.rxe_counters(), g1.rxe_counters()
@@ -125,16 +125,16 @@ def main():
             expect(os.path.exists(os.path.join(g0.dir + ".1", "marker")) and
                    not os.path.exists(os.path.join(g0.dir, "marker")), "Lab.reboot left g0's old files in place")
             r = g0.run("for i in $(seq 100); do exec 3<>/dev/tcp/%s/8000 && break; sleep 0.2; done; "
-                       "printf 'GET /index.txt HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3" % nrlab.HOST_IP, timeout=60)
+                       "printf 'GET /index.txt HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3" % HOST_IP, timeout=60)
             expect(r.rc == 0 and "netreduce lab" in r.out, "HOST_IP unreachable from g0 booted again: %r" % r)
             before = roce_packets(lab.box.stats())
-            rc, rs = nrlab.perftest(g1, g0, "ib_send_lat", ["-s", "2", "-n", "20"], 18550, on_hang=report.line)
+            rc, rs = perftest(g1, g0, "ib_send_lat", ["-s", "2", "-n", "20"], 18550, on_hang=report.line)
             expect(rc.rc == 0 and rs.rc == 0, "ib_send_lat g0 -> g1 after g0 booted again: %r %r" % (rc, rs))
             expect(roce_packets(lab.box.stats()) - before >= 40, "g0 booted again sent no RoCE through the box")
             report.figure("g0 booted again (Lab.reboot): ready in", "%.1f" % g0.ready_seconds, "s")
             report.figure("scenario wall time", "%.1f" % (time.monotonic() - t0), "s")
             ok = True
-    except (Failed, nrlab.LabError) as e:
+    except (Failed, LabError) as e:
         print("FAILED: %s" % e, file=sys.stderr)
         if report:
             report.failed(e)

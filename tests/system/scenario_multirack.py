@@ -46,7 +46,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
-import nrlab  # noqa: E402
+from lab_box import Capture, pcap_frames  # noqa: E402
+from lab_common import HOST_IP, ROCE_PORT, Failed, LabError, expect  # noqa: E402
+from lab_report import Report, run_step, scenario_args  # noqa: E402
+from nrlab import B2B, Lab  # noqa: E402
 import scenario_allreduce as sa  # noqa: E402  (Daemon, Job, sweep rules, capture parsing)
 from b2b_golden import B2B_PORT, KINDS  # noqa: E402  (the box-to-box layout's independent description)
 from etcd_cluster import EtcdCluster  # noqa: E402
@@ -62,15 +65,13 @@ LOSS_RUN = ["-d", "fp32,int64,bf16", "-o", "sum", "-b", "8", "-e", "32K", "-f", 
             "-c", "1"] + ORDER
 JOB_TIMEOUT = 300  # the jobs take 10-15 s; well inside meson's 900 s, so a hang is reported
 
-Failed, expect = nrlab.Failed, nrlab.expect
-
 
 def fabric(lab, name, etcd):
     """The fabric section every daemon gets (only `self` differs)."""
     boxes = []
     for box, parent in (("spine", "none"), ("leafA", "spine"), ("leafB", "spine")):
-        b = {"name": box, "daemon": "http://%s:%d" % (nrlab.HOST_IP, PORTS[box]), "b2b_ip": nrlab.B2B[box][0],
-             "b2b_mac": nrlab.B2B[box][1], "parent": parent}
+        b = {"name": box, "daemon": "http://%s:%d" % (HOST_IP, PORTS[box]), "b2b_ip": B2B[box][0],
+             "b2b_mac": B2B[box][1], "parent": parent}
         if box == "spine":
             b["ports"] = {"leafA": "a", "leafB": "b"}
         else:
@@ -107,13 +108,13 @@ def link_traffic(pcap, rack_ips, leaf_ip):
     and data bytes."""
     t = {"roce_up": [0, 0], "roce_down": [0, 0], "in_rack": 0, "other": [0, 0]}
     b2b = {}
-    for f in nrlab.pcap_frames(pcap):
+    for f in pcap_frames(pcap):
         if len(f) < 42 or f[12:14] != b"\x08\x00" or f[23] != 17:
             continue
         l4 = 14 + (f[14] & 0xF) * 4
         dport = struct.unpack(">H", f[l4 + 2:l4 + 4])[0]
         src, dst = ip(f[26:30]), ip(f[30:34])
-        if dport == nrlab.ROCE_PORT:
+        if dport == ROCE_PORT:
             key = "roce_up" if src in rack_ips else "roce_down"
             t[key][0] += 1
             t[key][1] += len(f)
@@ -177,9 +178,9 @@ def run_job(lab, a, daemon, args, tag, rep):
 
 def step_tree(lab, a, daemons, rep):
     rack_ips = [{g.ip for g in lab.guests if g.rack == r} for r in (0, 1)]
-    cap = nrlab.Capture(lab, ("upA", "upB"), bpf="udp")
+    cap = Capture(lab, ("upA", "upB"), bpf="udp")
     into = lab.capture(("swAa", "swBa"))
-    spine = nrlab.Capture(lab, ("swSa", "swSb"), bpf="udp dst port %d" % B2B_PORT)
+    spine = Capture(lab, ("swSa", "swSb"), bpf="udp dst port %d" % B2B_PORT)
     head = run_job(lab, a, daemons[ORIGIN], RUN, "tree", rep)
     rid = head["ring"]
     time.sleep(1)  # last ACKs and results into the captures
@@ -204,8 +205,8 @@ def step_tree(lab, a, daemons, rep):
 
     # Per-link byte counts.
     for r, (leaf, link, guest) in enumerate((("leafA", "upA", lab.guests[0]), ("leafB", "upB", lab.guests[2]))):
-        t = link_traffic(caps[link][0], rack_ips[r], nrlab.B2B[leaf][0])
-        into_leaf = nrlab.pcap_frames(ins["sw%sa" % "AB"[r]][0])
+        t = link_traffic(caps[link][0], rack_ips[r], B2B[leaf][0])
+        into_leaf = pcap_frames(ins["sw%sa" % "AB"[r]][0])
         mates = [g for g in lab.guests if g.rack == r and g is not guest]
         counts = distinct_writes(into_leaf)
         writes, writes_mate = counts.get(guest.ip, 0), counts.get(mates[0].ip, 0)
@@ -237,12 +238,12 @@ def step_tree(lab, a, daemons, rep):
     # (ports: {leafA: a, leafB: b}); the switch brings every partial to port a.
     results = {}
     for port, (path, _) in (("a", sp["swSa"]), ("b", sp["swSb"])):
-        for f in nrlab.pcap_frames(path):
+        for f in pcap_frames(path):
             l4 = 14 + (f[14] & 0xF) * 4
             if f[l4 + 8 + 3] == 2:  # a result
                 results.setdefault((port, ip(f[30:34])), 0)
                 results[(port, ip(f[30:34]))] += 1
-    want = {("a", nrlab.B2B["leafA"][0]), ("b", nrlab.B2B["leafB"][0])}
+    want = {("a", B2B["leafA"][0]), ("b", B2B["leafB"][0])}
     rep.figure("spine results out of port -> leaf", {"%s -> %s" % k: v for k, v in sorted(results.items())})
     expect(set(results) == want, "the spine's results left by %s, expected leafA's by port a and leafB's by "
            "port b" % sorted(results))
@@ -273,31 +274,31 @@ def step_loss(lab, a, daemons, rep):
 
 
 def main():
-    a, _ = nrlab.scenario_args(("dataplane", "daemon", "perf"))
+    a, _ = scenario_args(("dataplane", "daemon", "perf"))
     sa.BOOT_PORT = BOOT_PORT
     t0 = time.monotonic()
     reports, ok = [], False
     try:
-        with nrlab.Lab(racks=RACKS, dataplane=a.dataplane, workdir=a.workdir) as lab:
-            head = nrlab.Report("multirack", lab.run_dir)
+        with Lab(racks=RACKS, dataplane=a.dataplane, workdir=a.workdir) as lab:
+            head = Report("multirack", lab.run_dir)
             reports.append(head)
             head.line("2 racks x 2 guests (kernel %s, rdma_rxe), a leaf box per rack and a spine, "
                       "net_af_packet" % lab.kernel)
             head.figure("lab setup (boot to rxe0 ready, three boxes)", "%.1f" % lab.setup_seconds, "s")
             # In the lab namespace, beside the daemons, on the host's lab address.
-            etcd = EtcdCluster(lab.run_dir, wrap=["ip", "netns", "exec", lab.ns], host=nrlab.HOST_IP)
+            etcd = EtcdCluster(lab.run_dir, wrap=["ip", "netns", "exec", lab.ns], host=HOST_IP)
             try:
                 daemons = start_daemons(lab, a.daemon, etcd)
                 for name, step in (("multirack-tree", step_tree), ("multirack-loss", step_loss)):
-                    reports.append(nrlab.Report(name, lab.run_dir))
-                    nrlab.run_step(lab, [reports[-1]], step, lab, a, daemons, reports[-1])
+                    reports.append(Report(name, lab.run_dir))
+                    run_step(lab, [reports[-1]], step, lab, a, daemons, reports[-1])
             finally:
                 etcd.close()
             for n, b in lab.boxes.items():  # three polling boxes beside four guests on 2 cores
                 head.figure("%s CPU time (user + system) / its wall time" % n, box_cpu(b))
             head.figure("scenario wall time", "%.1f" % (time.monotonic() - t0), "s")
             ok = True
-    except (Failed, nrlab.LabError) as e:
+    except (Failed, LabError) as e:
         print("FAILED: %s" % e, file=sys.stderr)
         if reports:
             reports[-1].failed(e)

@@ -43,7 +43,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import nrlab  # noqa: E402
+from lab_box import pcap_frames  # noqa: E402
+from lab_common import Failed, LabError, expect  # noqa: E402
+import lab_report  # noqa: E402  (its run_step: this file has its own)
+from lab_report import Report, scenario_args  # noqa: E402
+from nrlab import Lab  # noqa: E402
 import scenario_allreduce as sa  # noqa: E402  (Daemon, sweep rules, capture parsing)
 
 GUESTS = 3
@@ -52,8 +56,6 @@ INA_HEADER, QP_TIMEOUT = sa.INA_HEADER, sa.QP_TIMEOUT
 DTYPES = sa.DTYPES
 RUN = ["-d", "fp32,fp64", "-o", "sum", "-b", "8", "-e", "256K", "-f", "8", "-n", "1", "-w", "0", "-c", "1"]
 RUN_SMALL = ["-d", "fp32", "-o", "sum", "-b", "8", "-e", "32K", "-f", "8", "-n", "1", "-w", "0", "-c", "1"]
-
-Failed, expect = nrlab.Failed, nrlab.expect
 
 
 def part(count, parts, i):
@@ -186,7 +188,7 @@ def run_step(lab, a, daemon, rep, n, R, run=RUN, discover=False):
     m = sum(b for _, _, b in sa.expected_calls(run))
     want_wire = sum(b + INA_HEADER * sa.messages(b, DTYPES[d]) for k in calls for d, b in calls[k])
     expect(kdrops == 0, "%s: the capture dropped %d frames" % (tag, kdrops))
-    by_src = sa.write_payload_by_source(nrlab.pcap_frames(path))
+    by_src = sa.write_payload_by_source(pcap_frames(path))
     wire = [by_src.get(g.ip, 0) for g in lab.guests]
     rep.figure("M (one rank's data, every call)", m, "bytes")
     rep.figure("RDMA WRITE payload per guest (g0, g1, g2), captured once each", ", ".join(str(x) for x in wire))
@@ -212,7 +214,7 @@ def step_discover(lab, a, daemon, reports):
 
 
 def main():
-    a, ap = nrlab.scenario_args(("dataplane", "daemon", "perf"), lambda ap: ap.add_argument(
+    a, ap = scenario_args(("dataplane", "daemon", "perf"), lambda ap: ap.add_argument(
         "--steps", default="parallel-ina,striped,parallel-discover"))
     t0 = time.monotonic()
     steps = {"parallel-ina": step_parallel, "striped": step_striped, "parallel-discover": step_discover}
@@ -222,19 +224,19 @@ def main():
             ap.error("--steps: unknown step %r (known: %s)" % (s, ", ".join(steps)))
     reports, done, failed = {}, [], None
     try:
-        with nrlab.Lab(guests=GUESTS, dataplane=a.dataplane, workdir=a.workdir, box_mode="aggregate") as lab:
-            reports = {s: nrlab.Report(s, lab.run_dir) for s in chosen}
+        with Lab(guests=GUESTS, dataplane=a.dataplane, workdir=a.workdir, box_mode="aggregate") as lab:
+            reports = {s: Report(s, lab.run_dir) for s in chosen}
             for r in reports.values():
                 r.figure("lab setup, 3 guests (boot to rxe0 ready)", "%.1f" % lab.setup_seconds, "s")
             daemon = sa.Daemon(lab, a.daemon)
             for s in chosen:
                 failed = s
                 t = time.monotonic()
-                nrlab.run_step(lab, [reports[s]], steps[s], lab, a, daemon, reports)
+                lab_report.run_step(lab, [reports[s]], steps[s], lab, a, daemon, reports)
                 reports[s].figure("step wall time", "%.1f" % (time.monotonic() - t), "s")
                 done.append(s)
             failed = None
-    except (Failed, nrlab.LabError) as e:
+    except (Failed, LabError) as e:
         print("FAILED (%s): %s" % (failed, e), file=sys.stderr)
         if failed in reports:
             reports[failed].failed(e)

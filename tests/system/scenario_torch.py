@@ -332,7 +332,7 @@ def worker(a):
 def wait_all(jobs, text, timeout, what):
     """Seconds until every rank's stderr contains `text`, per rank (from
     now); Failed if one ends first or `timeout` passes."""
-    import nrlab  # host side only, as in main()
+    from lab_common import Failed  # host side only, as in main()
     t0, seen = time.monotonic(), [None] * len(jobs)
     while None in seen:
         for r, j in enumerate(jobs):
@@ -341,7 +341,7 @@ def wait_all(jobs, text, timeout, what):
         if None not in seen:
             break
         if any(j.done() for j in jobs) or time.monotonic() > t0 + timeout:
-            raise nrlab.Failed("%s: ranks %s never logged %r within %d s\n%s" % (
+            raise Failed("%s: ranks %s never logged %r within %d s\n%s" % (
                 what, [r for r, x in enumerate(seen) if x is None], text, timeout,
                 "\n".join("--- rank %d stderr\n%s" % (r, j.output()[1][-2000:]) for r, j in enumerate(jobs))))
         time.sleep(0.1)
@@ -357,7 +357,7 @@ def failover_drill(lab, daemon, jobs, report):
     into it again, and wait for every rank's switch back to the INA path.
     Returns every ring as netreduced showed it just before the kill (the
     earlier phases' counters; the restarted box's start from zero)."""
-    import nrlab  # host side only, as in main()
+    from lab_common import Failed  # host side only, as in main()
     import scenario_allreduce
     wait_all(jobs, "worker: phase failover", WORKER_TIMEOUT, "failover phase")
 
@@ -367,7 +367,7 @@ def failover_drill(lab, daemon, jobs, report):
     base, t0 = aggregated(), time.monotonic()
     while aggregated() - base < 3 * P * 4 * sum(p.numel() for p in model().parameters()):
         if time.monotonic() > t0 + 120 or any(j.done() for j in jobs):
-            raise nrlab.Failed("failover phase: the hook's ring never aggregated 3 steps")
+            raise Failed("failover phase: the hook's ring never aggregated 3 steps")
         time.sleep(0.1)
     before = {r["id"]: daemon.ring(r["id"]) for r in daemon.get("/v1/rings")["rings"]}
     lab.box.kill()
@@ -385,8 +385,8 @@ def failover_drill(lab, daemon, jobs, report):
     deadline = time.monotonic() + 60
     while not all(daemon.get("/v1/rings/%d" % rid).get("installed") for rid in before):
         if time.monotonic() > deadline:
-            raise nrlab.Failed("netreduced did not install the rings on the restarted box within 60 s: %s" %
-                               daemon.get("/v1/rings"))
+            raise Failed("netreduced did not install the rings on the restarted box within 60 s: %s" %
+                         daemon.get("/v1/rings"))
         time.sleep(0.3)
     restarted = time.monotonic() - t_restart
     to_ina = wait_all(jobs, "switched to the INA path", 300, "after the box was back")
@@ -399,18 +399,19 @@ def failover_drill(lab, daemon, jobs, report):
 
 
 def run_scenario(a):
-    import nrlab
+    from lab_common import Failed, LabError, expect
+    from lab_report import Report, run_step
+    from nrlab import Lab
     import scenario_allreduce
     import torch
-    expect, Failed = nrlab.expect, nrlab.Failed
     t0 = time.monotonic()
     report, ok = None, False
     try:
-        with nrlab.Lab(guests=P, dataplane=a.dataplane, workdir=a.workdir, box_mode="aggregate",
-                       mem_mb=GUEST_MEM_MB,
-                       # at least the ranks' RC budget (QP_TIMEOUT), or they refuse the box
-                       box_extra={"rings": {"retire_grace_ms": 120000}}) as lab:
-            report = nrlab.Report("torch", lab.run_dir)
+        with Lab(guests=P, dataplane=a.dataplane, workdir=a.workdir, box_mode="aggregate",
+                 mem_mb=GUEST_MEM_MB,
+                 # at least the ranks' RC budget (QP_TIMEOUT), or they refuse the box
+                 box_extra={"rings": {"retire_grace_ms": 120000}}) as lab:
+            report = Report("torch", lab.run_dir)
             report.figure("lab setup, 3 guests (boot to rxe0 ready)", "%.1f" % lab.setup_seconds, "s")
             daemon = scenario_allreduce.Daemon(lab, a.daemon)
             g0 = lab.guests[0]
@@ -438,7 +439,7 @@ def run_scenario(a):
                         for r, x in enumerate(results))))
                 return results
 
-            results = nrlab.run_step(lab, [report], training_job)
+            results = run_step(lab, [report], training_job)
             outs = [torch.load(os.path.join(g.dir, "torch-result-%d.pt" % r)) for r, g in enumerate(lab.guests)]
             for name in ("checks", "ina", "hook"):
                 rid = outs[0]["phases"][name]["ring"]
@@ -542,7 +543,7 @@ def run_scenario(a):
         expect(all(i < r for i, r in zip(ina_tx, ring_tx)), "INA sent no fewer bytes than the ring: %s vs %s" %
                (ina_tx, ring_tx))
         ok = True
-    except (nrlab.Failed, nrlab.LabError) as e:
+    except (Failed, LabError) as e:
         print("FAILED: %s" % e, file=sys.stderr)
         if report is not None:
             report.failed(e, detail=40)
