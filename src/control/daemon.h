@@ -3,7 +3,7 @@
 // fabric's rings in etcd and the reconciler that makes the data plane's
 // rings equal to the table. Design: docs/design.md#the-control-plane; API:
 // docs/api.md#the-routes. Files: daemon.cc (start, stop, the API),
-// daemon_reconcile.cc, daemon_leases.cc, daemon_fabric.cc (etcd),
+// daemon_reconcile.cc, daemon_leases.cc, daemon_fabric*.cc (etcd),
 // daemon_metrics.cc; daemon_shared.h what they share about ring records.
 //
 // Example: a job POSTs ring 7 (P = 3 members) with "lease_ms": 30000.
@@ -37,16 +37,26 @@
 // - Metrics (`metrics_thread_`): copies the data plane's status, stats and
 //   rings into `cache_`, swapped under `cache_mu_`. metrics() reads that and
 //   takes `mu_` only if free; health() reads atomics only.
-// - Fabric (daemon_fabric.cc; docs/design.md#fabric-state-in-etcd): an
-//   origin's POST publishes its peers' entries in etcd itself; the upkeep
-//   thread (`fabric_upkeep_`) keeps their leases alive, revokes those of
-//   removed rings, publishes what is not yet, and puts this box's acks;
-//   the entries watcher (`entries_watch_`) installs and removes what etcd
-//   holds for this box; the acks watcher (`acks_watch_`) records the peers'
-//   reports of this origin's entries. Each calls etcd with no lock held
-//   (snapshot under `mu_`, call, apply under `mu_`); the entries watcher
-//   changes the data plane under `change_mu_` like an API call. A peer
-//   record's ack has one writer at a time: whoever holds its claim
+// - Fabric (docs/design.md#fabric-state-in-etcd). No lock is held across
+//   an etcd call: each step copies what it needs under `mu_`, calls etcd
+//   with no lock, and applies the answer under `mu_` to the record only if
+//   it is still the one copied (the same `entry`; for an ack, the same
+//   claim). By role:
+//   - POST at an origin (HTTP worker; daemon_fabric_origin.cc): publishes
+//     the peers' entries after create_ring_here, then waits on `acks_cv_`
+//     (with `mu_`) for their acks; a failure withdraws the ring like a
+//     DELETE (`change_mu_`, then `mu_`).
+//   - Upkeep (`fabric_upkeep_`; daemon_fabric_origin.cc, its acks step in
+//     daemon_fabric_peer.cc): revokes the leases of removed rings, keeps
+//     the others alive, publishes what is not yet, and puts this box's
+//     acks; `mu_` alone, never `change_mu_`.
+//   - Entries watcher (`entries_watch_`; daemon_fabric_peer.cc): installs
+//     and removes what etcd holds for this box, a change of the data plane
+//     like an API call (`change_mu_` throughout, `mu_` for the table).
+//   - Acks watcher (`acks_watch_`; daemon_fabric_origin.cc): records the
+//     peers' acks under `mu_` and wakes the POSTs waiting on `acks_cv_`.
+//   One publish() of a registration at a time (`publishing_`, under `mu_`).
+//   A peer record's ack has one writer at a time: whoever holds its claim
 //   (RingRecord::acking, a number from `ack_claims_`, under `mu_`).
 #pragma once
 
@@ -173,16 +183,26 @@ class Daemon {
   void withdraw(uint32_t id, const std::string& entry);
   nlohmann::json fabric_view_locked(const RingRecord& rec) const;
 
-  // The fabric in etcd (daemon_fabric.cc). Keys, under fabric.etcd.prefix:
+  // The fabric in etcd (daemon_fabric.cc; the other files by job, see the
+  // top). Keys, under fabric.etcd.prefix:
   //   boxes/<box>/rings/<id>            an entry for <box> (origin writes)
   //   origins/<origin>/acks/<id>/<box>  <box>'s report of it (<box> writes)
   std::string entries_prefix(const std::string& box) const;
   std::string acks_prefix(const std::string& origin) const;
   void start_fabric();  // the upkeep thread and the two watchers
-  // Origin: writes the peer entries of ring `id`, registration `entry`,
-  // under a new lease, unless they are (adopts their lease); nothing when
-  // another thread is at it. Error conflict (field id): another
-  // registration holds one of the keys; unavailable: etcd did not answer.
+  // The upkeep thread's pass, one step per job (see the top).
+  void fabric_upkeep();
+  // A watcher's loop: the whole prefix read into `sync`, then its events
+  // into `apply` from the next revision on, window after window; read whole
+  // again after a compaction.
+  void watch_main(const std::string& prefix,
+                  const std::function<void(const std::vector<EtcdKv>&)>& sync,
+                  const std::function<void(const EtcdEvent&)>& apply);
+  // Origin (daemon_fabric_origin.cc): writes the peer entries of ring `id`,
+  // registration `entry`, under a new lease, unless they are (adopts their
+  // lease); nothing when another thread is at it. Error conflict (field
+  // id): another registration holds one of the keys; unavailable: etcd did
+  // not answer.
   Status publish(uint32_t id, const std::string& entry);
   // The etcd lease's TTL for `rec`: its job lease (or kUnleasedTtlS), at
   // least long enough for a keepalive to try every member.
@@ -190,23 +210,14 @@ class Daemon {
   // Revokes `lease` (0: none) from the upkeep thread, until it succeeds or
   // would have ended by itself.
   void queue_revoke_locked(int64_t lease, const RingRecord& rec);
-  // The upkeep thread's pass, one step per job (see the top).
-  void fabric_upkeep();
   void revoke_removed();
   void publish_unpublished();
   void keep_leases_alive();
-  void refresh_acks();
-  // Puts this box's ack of `rec` (a peer entry) with the entry's lease
-  // ({"entry", "installed", "error", "field"}: `error` a refusal); false if
-  // etcd did not take it.
-  bool put_ack(const RingRecord& rec, bool installed, const Status& error);
-  // A watcher's loop: the whole prefix read into `sync`, then its events
-  // into `apply` from the next revision on, window after window; read whole
-  // again after a compaction.
-  void watch_main(const std::string& prefix,
-                  const std::function<void(const std::vector<EtcdKv>&)>& sync,
-                  const std::function<void(const EtcdEvent&)>& apply);
-  // Entries watcher: what etcd holds for this box becomes the table's.
+  // Acks watcher: the peers' reports of this origin's entries.
+  void apply_ack(const EtcdKv& kv, bool deleted);
+  void sync_acks(const std::vector<EtcdKv>& kvs);
+  // Peer (daemon_fabric_peer.cc). Entries watcher: what etcd holds for this
+  // box becomes the table's.
   void on_entry_event(const EtcdEvent& e);
   void apply_entry(const EtcdKv& kv);
   // Takes a checked entry into the table and the data plane (replacing an
@@ -219,9 +230,18 @@ class Daemon {
   void drop_other_entry(uint32_t id, const std::string& keep);
   void sync_entries(const std::vector<EtcdKv>& kvs);
   void remove_entry(uint32_t id, const std::string& entry);
-  // Acks watcher: the peers' reports of this origin's entries.
-  void apply_ack(const EtcdKv& kv, bool deleted);
-  void sync_acks(const std::vector<EtcdKv>& kvs);
+  // The upkeep's acks step.
+  void refresh_acks();
+  // Puts this box's ack of `rec` (a peer entry) with the entry's lease
+  // ({"entry", "installed", "error", "field"}: `error` a refusal); false if
+  // etcd did not take it.
+  bool put_ack(const RingRecord& rec, bool installed, const Status& error);
+  // A fabric entry for this box: its tree node (or its being a plain ring)
+  // must be what this box computes from its own fabric section, with the
+  // installation's epoch and key as published; else conflict, field
+  // ring.tree or ring. An origin's word alone installs nothing here.
+  Status check_own_entry(const engine::RingSpec& spec,
+                         const std::optional<engine::TreeSpec>& tree) const;
   void reconciler_main();
   // Makes the data plane's rings those of `table` (a copy of rings_ taken
   // under change_mu_, which the caller holds).
@@ -243,12 +263,6 @@ class Daemon {
   bool stopping();           // stop() was called
   bool any_lease_expired();  // takes mu_ alone
   void expire_leases();      // takes change_mu_
-  // A fabric entry for this box: its tree node (or its being a plain ring)
-  // must be what this box computes from its own fabric section, with the
-  // installation's epoch and key as published; else conflict, field
-  // ring.tree or ring. An origin's word alone installs nothing here.
-  Status check_own_entry(const engine::RingSpec& spec,
-                         const std::optional<engine::TreeSpec>& tree) const;
   // Takes `change` (on change_mu_) for an API call, waiting at most
   // dataplane.timeout_ms behind other changes; else the 503 to answer.
   std::optional<Reply> lock_change(std::unique_lock<std::timed_mutex>& change);

@@ -77,7 +77,7 @@ struct RingRecord {
   // The etcd lease the entries live under (0: not published yet): at the
   // origin the one it keeps alive, at a peer the one its ack is put with.
   int64_t etcd_lease = 0;
-  // Memory only, under the daemon's mutex (control/daemon_fabric.cc).
+  // Memory only: the fabric's state, under the daemon's mutex (control/daemon.h).
   std::chrono::steady_clock::time_point etcd_renewed{};  // origin: last publish or keepalive
   std::chrono::steady_clock::time_point etcd_failed{};   // origin: last failed try; max: its POST's
   std::optional<bool> acked;                             // peer: the "installed" its last ack said
