@@ -185,6 +185,13 @@ struct RequestState {
 };
 thread_local RequestState* tls_request = nullptr;
 
+// Gives a slot of a bounded count (data plane calls, body reads) back when
+// its holder leaves the scope.
+struct SlotRelease {
+  std::atomic<unsigned>& taken;
+  ~SlotRelease() { taken.fetch_sub(1); }
+};
+
 }  // namespace
 
 const char* to_string(Refusal r) noexcept {
@@ -249,83 +256,82 @@ HttpServer::~HttpServer() {
 
 // ---- routes ---------------------------------------------------------------
 
-void HttpServer::get(const std::string& pattern, unsigned flags, Handler h) {
-  routes_.push_back({"GET", std::regex(pattern), flags, false});
-  Server::Get(pattern,
-              [this, flags, h = std::move(h)](const httplib::Request& req, httplib::Response& res) {
-                call(flags, res, [&] { h(req, res); });
-              });
+const char* to_string(HttpMethod m) noexcept {
+  static constexpr const char* kNames[] = {"GET", "POST", "PUT", "DELETE"};
+  return kNames[static_cast<size_t>(m)];
 }
 
-void HttpServer::del(const std::string& pattern, unsigned flags, Handler h) {
-  routes_.push_back({"DELETE", std::regex(pattern), flags, false});
-  Server::Delete(pattern, [this, flags, h = std::move(h)](const httplib::Request& req,
-                                                          httplib::Response& res) {
-    call(flags, res, [&] { h(req, res); });
+void HttpServer::add_routes(const std::vector<HttpRoute>& table) {
+  for (const HttpRoute& r : table) add_route(r);
+}
+
+void HttpServer::add_route(const HttpRoute& r) {
+  const bool body = r.method == HttpMethod::kPost;
+  routes_.push_back({to_string(r.method), std::regex(r.pattern), r.flags, body});
+  const unsigned flags = r.flags;
+  if (body) {
+    Server::Post(r.pattern,
+                 [this, flags, h = r.handler](const httplib::Request& req, httplib::Response& res,
+                                              const httplib::ContentReader& reader) {
+                   std::string text;
+                   if (read_body(reader, res, text)) call(flags, res, [&] { h(req, res, text); });
+                 });
+    return;
+  }
+  Server::Handler serve = [this, flags, h = r.handler](const httplib::Request& req,
+                                                       httplib::Response& res) {
+    call(flags, res, [&] { h(req, res, std::string()); });
+  };
+  if (r.method == HttpMethod::kGet)
+    Server::Get(r.pattern, std::move(serve));
+  else if (r.method == HttpMethod::kPut)
+    Server::Put(r.pattern, std::move(serve));
+  else if (r.method == HttpMethod::kDelete)
+    Server::Delete(r.pattern, std::move(serve));
+}
+
+bool HttpServer::read_body(const httplib::ContentReader& reader, httplib::Response& res,
+                           std::string& body) {
+  RequestState& st = *tls_request;
+  // A body may arrive slowly: at most body_slots() are read at once (then
+  // 503 busy, the body unread), so slow senders and data plane calls
+  // together always leave a worker for the rest.
+  if (body_reads_.fetch_add(1) >= body_slots()) {
+    body_reads_.fetch_sub(1);
+    st.refused = true;
+    refuse(res, Refusal::busy, 503, "busy", "listen.threads",
+           std::to_string(body_slots()) +
+               " requests are sending their bodies (listen.threads less "
+               "listen.dataplane_concurrency and one); retry in 1 s");
+    return false;
+  }
+  const SlotRelease release{body_reads_};
+  bool too_large = false;
+  const bool ok = reader([&](const char* data, size_t n) {
+    if (body.size() + n > limits_.max_body) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
   });
-}
-
-void HttpServer::put(const std::string& pattern, unsigned flags, Handler h) {
-  routes_.push_back({"PUT", std::regex(pattern), flags, false});
-  Server::Put(pattern,
-              [this, flags, h = std::move(h)](const httplib::Request& req, httplib::Response& res) {
-                call(flags, res, [&] { h(req, res); });
-              });
-}
-
-void HttpServer::post(const std::string& pattern, unsigned flags, BodyHandler h) {
-  routes_.push_back({"POST", std::regex(pattern), flags, true});
-  Server::Post(pattern, [this, flags, h = std::move(h)](const httplib::Request& req,
-                                                        httplib::Response& res,
-                                                        const httplib::ContentReader& reader) {
-    RequestState& st = *tls_request;
-    // A body may arrive slowly: at most body_slots() are read at once (then
-    // 503 busy, the body unread), so slow senders and data plane calls
-    // together always leave a worker for the rest.
-    if (body_reads_.fetch_add(1) >= body_slots()) {
-      body_reads_.fetch_sub(1);
-      st.refused = true;
-      return refuse(res, Refusal::busy, 503, "busy", "listen.threads",
-                    std::to_string(body_slots()) +
-                        " requests are sending their bodies (listen.threads less "
-                        "listen.dataplane_concurrency and one); retry in 1 s");
-    }
-    std::string body;
-    bool too_large = false;
-    struct Release {
-      std::atomic<unsigned>& n;
-      bool done = false;
-      void operator()() {
-        if (!std::exchange(done, true)) n.fetch_sub(1);
-      }
-      ~Release() { (*this)(); }
-    } release_slot{body_reads_};
-    const bool ok = reader([&](const char* data, size_t n) {
-      if (body.size() + n > limits_.max_body) {
-        too_large = true;
-        return false;
-      }
-      body.append(data, n);
-      return true;
-    });
-    if (!ok) {
-      st.refused = true;
-      if (too_large || st.stream->over_budget())
-        return refuse(
-            res, Refusal::body_too_large, 413, "too_large", "body",
-            "the body is over listen.max_body (" + std::to_string(limits_.max_body) + " bytes)");
-      if (st.stream->read_timed_out())
-        return refuse(res, Refusal::body_timeout, 408, "timeout", "body",
-                      "the body did not arrive within listen.body_timeout_ms (" +
-                          std::to_string(limits_.body_timeout.count()) + " ms)");
-      return refuse(res, Refusal::body_malformed, 400, "invalid_argument", "body",
-                    "the body could not be read: bad chunked framing, or the connection "
-                    "closed before its end");
-    }
+  if (ok) {
     st.body_done = true;
-    release_slot();
-    call(flags, res, [&] { h(req, res, body); });
-  });
+    return true;
+  }
+  st.refused = true;
+  if (too_large || st.stream->over_budget())
+    refuse(res, Refusal::body_too_large, 413, "too_large", "body",
+           "the body is over listen.max_body (" + std::to_string(limits_.max_body) + " bytes)");
+  else if (st.stream->read_timed_out())
+    refuse(res, Refusal::body_timeout, 408, "timeout", "body",
+           "the body did not arrive within listen.body_timeout_ms (" +
+               std::to_string(limits_.body_timeout.count()) + " ms)");
+  else
+    refuse(res, Refusal::body_malformed, 400, "invalid_argument", "body",
+           "the body could not be read: bad chunked framing, or the connection closed before "
+           "its end");
+  return false;
 }
 
 unsigned HttpServer::body_slots() const noexcept {
@@ -343,10 +349,7 @@ void HttpServer::call(unsigned flags, httplib::Response& res, const std::functio
                   std::to_string(limits_.dataplane_concurrency) +
                       " data plane calls are running (listen.dataplane_concurrency); retry in 1 s");
   }
-  struct Release {
-    std::atomic<unsigned>& n;
-    ~Release() { n.fetch_sub(1); }
-  } release{dataplane_calls_};
+  const SlotRelease release{dataplane_calls_};
   fn();
 }
 

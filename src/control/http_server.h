@@ -99,6 +99,21 @@ struct HttpLimits {
 inline constexpr unsigned kAuth = 1;       // needs a Role other than kAnonymous
 inline constexpr unsigned kDataplane = 2;  // calls the data plane: bounded concurrency
 
+enum class HttpMethod { kGet, kPost, kPut, kDelete };
+const char* to_string(HttpMethod m) noexcept;
+
+// A route: `pattern` a regex the whole path must match (its groups in
+// req.matches), `flags` kAuth and kDataplane. A POST takes a body: the
+// handler gets it whole, already capped at max_body. The other methods take
+// none (a request with one is refused before the handler) and get "". HEAD
+// is served as GET.
+struct HttpRoute {
+  HttpMethod method;
+  std::string pattern;
+  unsigned flags = 0;
+  std::function<void(const httplib::Request&, httplib::Response&, const std::string& body)> handler;
+};
+
 // The API's error body {"error": {"code", "field", "message"}}, serialized so
 // that no input (invalid UTF-8 included) can make it throw.
 std::string error_body(const std::string& code, const std::string& field,
@@ -106,19 +121,15 @@ std::string error_body(const std::string& code, const std::string& field,
 
 class HttpServer : private httplib::Server {
  public:
-  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
-  // A route taking a body gets it whole, already capped at max_body.
-  using BodyHandler =
-      std::function<void(const httplib::Request&, httplib::Response&, const std::string& body)>;
   using Authorize = std::function<Role(const httplib::Request&)>;
 
   HttpServer(HttpLimits limits, Authorize authorize);
   ~HttpServer() override;
 
-  void get(const std::string& pattern, unsigned flags, Handler h);
-  void post(const std::string& pattern, unsigned flags, BodyHandler h);
-  void del(const std::string& pattern, unsigned flags, Handler h);
-  void put(const std::string& pattern, unsigned flags, Handler h);  // body-less PUT
+  // Serves the routes of `table` (after those added before; all before
+  // run()): a request is served by the first route whose method and
+  // pattern match it.
+  void add_routes(const std::vector<HttpRoute>& table);
 
   // Binds and listens (SO_REUSEADDR only). Error: the address is taken or
   // cannot be bound, with the system's reason.
@@ -148,7 +159,11 @@ class HttpServer : private httplib::Server {
     size_t drained = 0;
   };
 
+  void add_route(const HttpRoute& r);
   httplib::Server::HandlerResponse pre_route(const httplib::Request& req, httplib::Response& res);
+  // Reads a POST's body whole into `body`, at most body_slots() at once;
+  // false after answering its refusal (busy, too large, too slow, malformed).
+  bool read_body(const httplib::ContentReader& reader, httplib::Response& res, std::string& body);
   void call(unsigned flags, httplib::Response& res, const std::function<void()>& fn);
   // Bodies read at once: listen.threads - dataplane_concurrency - 1, at least 1.
   unsigned body_slots() const noexcept;
