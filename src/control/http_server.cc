@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <strings.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -18,6 +17,7 @@
 #include <utility>
 
 #include "common/ring_json.h"
+#include "control/http_stream.h"
 
 namespace netreduce::control {
 
@@ -26,29 +26,10 @@ using nlohmann::json;
 
 namespace {
 
-constexpr size_t kMaxHead = 16 << 10;           // request line + headers
-constexpr size_t kMaxPath = 1024;               // longer paths: 414 (no route is that long)
-constexpr size_t kFramingAllowance = 64 << 10;  // chunked framing on top of max_body
-constexpr size_t kDrainBytes = 1 << 20;         // discarded after an error answer, at most
+constexpr size_t kMaxHead = 16 << 10;    // request line + headers
+constexpr size_t kMaxPath = 1024;        // longer paths: 414 (no route is that long)
+constexpr size_t kDrainBytes = 1 << 20;  // discarded after an error answer, at most
 constexpr auto kDrainTime = std::chrono::seconds(1);
-
-int ms_left(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return left.count() > 0 ? static_cast<int>(std::min<int64_t>(left.count(), 1 << 30)) : 0;
-}
-
-// Waits for `events` on fd until the deadline; false on timeout or error.
-bool wait_for(int fd, short events, Clock::time_point deadline) {
-  for (;;) {
-    const int ms = ms_left(deadline);
-    if (ms == 0) return false;
-    pollfd p{fd, events, 0};
-    const int n = ::poll(&p, 1, ms);
-    if (n > 0) return true;  // readable, writable, or an error the next call reports
-    if (n == 0) return false;
-    if (errno != EINTR) return false;
-  }
-}
 
 bool iequals(const std::string& a, const char* b) { return ::strcasecmp(a.c_str(), b) == 0; }
 
@@ -68,110 +49,6 @@ std::string canned(int http, const std::string& code, const std::string& field,
          "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
          "\r\nConnection: close\r\n\r\n" + body;
 }
-
-// The stream httplib parses a request from and writes its answer to: the head
-// the gate saw complete, then the socket, with absolute deadlines and a cap on
-// the body bytes taken from the socket.
-class ConnStream final : public httplib::Stream {
- public:
-  ConnStream(int fd, std::string head, const HttpLimits& limits)
-      : fd_(fd),
-        head_(std::move(head)),
-        read_deadline_(Clock::now() + limits.body_timeout),
-        write_timeout_(limits.write_timeout),
-        wire_budget_(limits.max_body + kFramingAllowance) {}
-
-  bool is_readable() const override {
-    return pos_ < head_.size() || wait_for(fd_, POLLIN, read_deadline_);
-  }
-  bool is_writable() const override {
-    return wait_for(fd_, POLLOUT, write_started_ ? write_deadline_ : Clock::now() + write_timeout_);
-  }
-
-  ssize_t read(char* ptr, size_t size) override {
-    if (pos_ < head_.size()) {
-      const size_t n = std::min(size, head_.size() - pos_);
-      std::memcpy(ptr, head_.data() + pos_, n);
-      pos_ += n;
-      return static_cast<ssize_t>(n);
-    }
-    if (body_read_ >= wire_budget_) {
-      over_budget_ = true;
-      return -1;
-    }
-    size = std::min(size, wire_budget_ - body_read_);
-    for (;;) {
-      const ssize_t n = ::recv(fd_, ptr, size, MSG_DONTWAIT);
-      if (n >= 0) {
-        body_read_ += static_cast<size_t>(n);
-        return n;
-      }
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
-      if (!wait_for(fd_, POLLIN, read_deadline_)) {
-        read_timed_out_ = Clock::now() >= read_deadline_;
-        return -1;
-      }
-    }
-  }
-
-  ssize_t write(const char* ptr, size_t size) override {
-    if (!write_started_) {
-      write_started_ = true;
-      write_deadline_ = Clock::now() + write_timeout_;
-    }
-    for (;;) {
-      const ssize_t n = ::send(fd_, ptr, size, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (n >= 0) return n;
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
-      if (!wait_for(fd_, POLLOUT, write_deadline_)) {
-        write_timed_out_ = true;
-        return -1;
-      }
-    }
-  }
-
-  void get_remote_ip_and_port(std::string& ip, int& port) const override {
-    address(::getpeername, ip, port);
-  }
-  void get_local_ip_and_port(std::string& ip, int& port) const override {
-    address(::getsockname, ip, port);
-  }
-  socket_t socket() const override { return fd_; }
-
-  bool over_budget() const noexcept { return over_budget_; }
-  // httplib may stop at is_readable() (which records nothing) rather than in
-  // read(): a body that failed at or past its deadline timed out either way.
-  bool read_timed_out() const noexcept { return read_timed_out_ || Clock::now() >= read_deadline_; }
-  bool write_timed_out() const noexcept { return write_timed_out_; }
-
- private:
-  template <typename Fn>
-  void address(Fn fn, std::string& ip, int& port) const {
-    sockaddr_in a{};
-    socklen_t len = sizeof(a);
-    ip.clear();
-    port = 0;
-    if (fn(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0 || a.sin_family != AF_INET) return;
-    char buf[INET_ADDRSTRLEN] = {};
-    if (::inet_ntop(AF_INET, &a.sin_addr, buf, sizeof(buf))) ip = buf;
-    port = ntohs(a.sin_port);
-  }
-
-  const int fd_;
-  const std::string head_;
-  size_t pos_ = 0;
-  const Clock::time_point read_deadline_;
-  const Clock::duration write_timeout_;
-  Clock::time_point write_deadline_{};
-  bool write_started_ = false;
-  const size_t wire_budget_;
-  size_t body_read_ = 0;
-  bool over_budget_ = false;
-  bool read_timed_out_ = false;
-  bool write_timed_out_ = false;
-};
 
 // What the worker serving a request and the httplib callbacks it runs share.
 // Set by serve() for the duration of one process_request() on that thread.

@@ -23,7 +23,8 @@
 // Also refused before the body: unknown routes (404/405), callers
 // authorize() refuses (401), heads over 16 KiB (431), a connection over
 // max_connections (503). Bodies must arrive within body_timeout_ms and
-// responses leave within write_timeout_ms, both absolute deadlines.
+// responses leave within write_timeout_ms, both absolute deadlines, kept by
+// the stream a worker serves a request over (control/http_stream.h).
 //
 // Threads:
 // - Gate (run()): owns the listening socket (no SO_REUSEPORT) and the
