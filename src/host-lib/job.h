@@ -13,8 +13,9 @@
 //      host order. Without local ranks (local_size 1) there is one ring, the
 //      ranks in global order, and everything below is exactly the plain
 //      communicator of before.
-//   3. The QP exchange (verbs.cc): every rank's PeerInfo to every rank; rank
-//      r connects its R lanes to its ring's successor and predecessor.
+//   3. The QP exchange (communicator_create.cc): every rank's PeerInfo to
+//      every rank; rank r connects its R lanes to its ring's successor and
+//      predecessor.
 //   4. Rank 0 registers the job's n x R rings (ring l R + s: local rank l's
 //      ring, stripe s; members: ring l's IPs, host order) in one
 //      setup_rings() call and broadcasts the decision: "I<id>,...:<reason>"
