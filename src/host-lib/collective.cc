@@ -140,29 +140,33 @@ std::string Collective::ring_tag(unsigned i, const StripeRange& s, size_t esize)
 
 // --------------------------------------------------------------- ring path
 
-Error Collective::ring_allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
-                                 Clock::time_point deadline) {
-  if (!failed_.ok())
-    return Error::make(failed_.code, "communicator unusable after: " + failed_.message);
-  if (Error e = check_args(send, recv, count, t, op)) return e;
-  const size_t es = element_size(t);
-  const unsigned P = t_.world(), r = t_.rank(), R = rings();
-  if (count == 0) return {};
-  if (P == 1) {
-    std::memmove(recv, send, count * es);
-    return {};
-  }
-  const reduce::ReduceFn reduce_fn =
-      reduce::kernels(reduce::best_isa(), static_cast<wire::Dtype>(t),
-                      static_cast<wire::ReduceOp>(op))
-          .reduce;
-  const Clock::time_point start = Clock::now();
-  const unsigned steps = ring_steps(P);
-  const size_t seg_max = size_t{P} * (ring_stride_ / es);
-  const auto* src = static_cast<const uint8_t*>(send);
-  auto* dst = static_cast<uint8_t*>(recv);
-  const std::string who = "rank " + std::to_string(r) + ": ";
+// One ring-path call (collective.h has the example and the contracts): on
+// every ring, its stripe's segments one after the other, each in
+// ring_steps(P) steps. A step posts this rank's write of its chunk, and is
+// done once that write is acknowledged and the predecessor's write of the
+// step has come (reduced into the chunk, or stored); a receive that comes
+// before its step waits in its ring's queue (RingState::early).
+class Collective::RingCall {
+ public:
+  RingCall(Collective& c, const void* send, void* recv, size_t count, DataType t, Op op)
+      : c_(c),
+        src_(static_cast<const uint8_t*>(send)),
+        dst_(static_cast<uint8_t*>(recv)),
+        count_(count),
+        es_(element_size(t)),
+        P_(c.t_.world()),
+        r_(c.t_.rank()),
+        R_(c.rings()),
+        steps_(ring_steps(P_)),
+        seg_max_(size_t{P_} * (c.ring_stride_ / es_)),
+        reduce_fn_(reduce::kernels(reduce::best_isa(), static_cast<wire::Dtype>(t),
+                                   static_cast<wire::ReduceOp>(op))
+                       .reduce),
+        who_("rank " + std::to_string(r_) + ": ") {}
 
+  Error run(Clock::time_point deadline);
+
+ private:
   // Each ring's place in its stripe: the segment, the step, and which of the
   // step's two completions (own write, predecessor's write) it has.
   struct Stripe {
@@ -177,150 +181,208 @@ Error Collective::ring_allreduce(const void* send, void* recv, size_t count, Dat
     bool wrote = false, got = false, done = false;
     uint32_t imm() const noexcept { return tag << 8 | step; }
   };
-  std::array<Stripe, kMaxRings> st;
 
-  const auto where = [&](const Stripe& k) {
-    const RingStep rs = ring_step(r, P, k.step);
-    return "message id " + hex(k.imm()) + " (segment " + std::to_string(k.tag) + ", step " +
-           std::to_string(k.step) + " of " + std::to_string(steps) +
-           (rs.reduce ? ", reduce-scatter" : ", all-gather") + ")";
-  };
-  const auto start_segment = [&](Stripe& k, unsigned g) {
-    k.n = std::min(k.s.count - k.seg_first, seg_max);
-    std::memcpy(k.work, src + (k.s.first + k.seg_first) * es, k.n * es);
-    k.tag = rings_[g].seg_seq & 0xFFFFFF;
-    k.half = (rings_[g].seg_seq & 1) * steps;
-    k.step = 0;
-  };
-  // The predecessor's write of the current step: check it, reduce or store.
-  const auto receive = [&](Stripe& k, unsigned g, const Completion& c) -> Error {
-    const RingStep rs = ring_step(r, P, k.step);
-    const ChunkRange rc = ring_chunk(k.n, P, rs.recv_chunk);
-    if (c.imm != k.imm() || c.byte_len != rc.count * es)
-      return Error::make(ErrorCode::transport,
-                         who + ring_tag(g, k.s, es) + "from predecessor rank " +
-                             std::to_string(t_.predecessor()) + ": immediate " + hex(c.imm) +
-                             " with " + std::to_string(c.byte_len) + " bytes where " + where(k) +
-                             " with " + std::to_string(rc.count * es) + " bytes was expected");
-    k.got = true;
-    const uint8_t* in = t_.recv_region(g).addr + (k.half + k.step) * ring_stride_;
-    uint8_t* own = k.work + rc.first * es;
-    if (rs.reduce) {
-      const uint8_t* srcs[2] = {in, own};  // op(received, own): the ring order
-      reduce_fn(srcs, 2, own, rc.count);
-    } else if (rc.count > 0) {
-      std::memcpy(own, in, rc.count * es);
-    }
-    return {};
-  };
-  // Posts the current step's write, and takes its receive if it came early.
-  const auto begin_step = [&](Stripe& k, unsigned g) -> Error {
-    const RingStep rs = ring_step(r, P, k.step);
-    const ChunkRange sc = ring_chunk(k.n, P, rs.send_chunk);
-    k.wrote = k.got = false;
-    if (Error e = t_.post_write_imm(g, work_mr_, k.work_off + sc.first * es, sc.count * es,
-                                    (k.half + k.step) * ring_stride_, k.imm(), k.imm()))
-      return e;
-    auto& early = rings_[g].early;
-    if (early.empty()) return {};
-    const Completion c = early.front();
-    early.pop_front();
-    return receive(k, g, c);
-  };
-  // After a completion: while the step has both, move on (next step, next
-  // segment, or the stripe is done).
-  const auto advance = [&](Stripe& k, unsigned g) -> Error {
-    while (!k.done && k.wrote && k.got) {
-      if (++k.step == steps) {
-        std::memcpy(dst + (k.s.first + k.seg_first) * es, k.work, k.n * es);
-        k.seg_first += k.n;
-        ++rings_[g].seg_seq;
-        if (k.seg_first >= k.s.count) {
-          k.done = true;
-          break;
-        }
-        start_segment(k, g);
-      }
-      if (Error e = begin_step(k, g)) return e;
-    }
-    return {};
-  };
+  Error begin_stripe(unsigned g);
+  void start_segment(Stripe& k, unsigned g);
+  Error begin_step(Stripe& k, unsigned g);
+  Error receive(Stripe& k, unsigned g, const Completion& c);
+  Error advance(Stripe& k, unsigned g);
+  Error take(const Completion& c);
+  bool finished() const;
+  Error timed_out() const;
+  std::string where(const Stripe& k) const;
 
-  for (unsigned g = 0; g < R; ++g) {
-    Stripe& k = st[g];
-    k.s = stripe(count, R, g);
-    k.work_off = g * work_ring_bytes_;
-    k.work = work_buf_->data + k.work_off;
-    if (k.s.count == 0) {
-      k.done = true;
-      continue;
-    }
-    start_segment(k, g);
-    if (Error e = begin_step(k, g)) return fail(e);
-  }
+  Collective& c_;
+  const uint8_t* src_;
+  uint8_t* dst_;
+  const size_t count_;
+  const size_t es_;
+  const unsigned P_, r_, R_;
+  const unsigned steps_;
+  const size_t seg_max_;  // elements of a segment at most
+  const reduce::ReduceFn reduce_fn_;
+  const std::string who_;
+  std::array<Stripe, kMaxRings> st_;
+  Clock::time_point start_{};
+};
+
+Error Collective::RingCall::run(Clock::time_point deadline) {
+  start_ = Clock::now();
+  for (unsigned g = 0; g < R_; ++g)
+    if (Error e = begin_stripe(g)) return c_.fail(e);
   Completion comps[kPollBatch];
-  for (;;) {
-    bool finished = true;
-    for (unsigned g = 0; g < R; ++g) finished = finished && st[g].done;
-    if (finished) return {};
+  while (!finished()) {
     unsigned n = 0;
-    if (Error e = t_.poll(comps, kPollBatch, n, deadline)) return fail(e);
-    if (n == 0) {
-      std::string what;
-      for (unsigned g = 0; g < R; ++g) {
-        const Stripe& k = st[g];
-        if (k.done) continue;
-        const RingStep rs = ring_step(r, P, k.step);
-        std::string miss;
-        if (!k.got)
-          miss = "chunk " + std::to_string(rs.recv_chunk) + " not received from predecessor rank " +
-                 std::to_string(t_.predecessor());
-        if (!k.wrote)
-          miss += std::string(miss.empty() ? "" : "; ") + "write of chunk " +
-                  std::to_string(rs.send_chunk) + " to successor rank " +
-                  std::to_string(t_.successor()) + " not acknowledged";
-        what += R == 1 ? "at " + where(k) + ": " + miss
-                       : std::string(what.empty() ? "" : "; ") + ring_name(g, k.s, es) + " at " +
-                             where(k) + ": " + miss;
-      }
-      // One ring: "(ring path) ... at message id ...: ...", no stripe named.
-      return fail(Error::make(ErrorCode::timeout,
-                              who + "all-reduce (ring path" +
-                                  (R == 1 ? ") timed out after " + ms_since(start) + " ms "
-                                          : ", " + std::to_string(R) + " rings) timed out after " +
-                                                ms_since(start) + " ms: ") +
-                                  what));
-    }
-    for (unsigned c_i = 0; c_i < n; ++c_i) {
-      const Completion& c = comps[c_i];
-      if (Error e = check_lane(c, R, who)) return fail(e);
-      Stripe& k = st[c.lane];
-      if (c.ok && c.kind == Completion::Kind::recv_imm && (k.done || k.got)) {
-        rings_[c.lane].early.push_back(c);  // the predecessor is ahead: keep it for its step
-        continue;
-      }
-      const auto ring = [&] { return ring_tag(c.lane, k.s, es); };  // errors only
-      if (!c.ok)
-        return fail(Error::make(
-            ErrorCode::transport,
-            who + ring() +
-                (c.kind == Completion::Kind::write_done
-                     ? "write to successor rank " + std::to_string(t_.successor())
-                     : "receive from predecessor rank " + std::to_string(t_.predecessor())) +
-                " failed" + (k.done ? std::string() : " at " + where(k)) + " (" + c.what +
-                ", status " + std::to_string(c.vendor_status) + ")"));
-      if (c.kind == Completion::Kind::write_done) {
-        if (k.done || c.wr_id != k.imm() || k.wrote)
-          return fail(
-              Error::make(ErrorCode::internal, who + ring() + "unexpected write completion" +
-                                                   (k.done ? std::string() : " at " + where(k))));
-        k.wrote = true;
-      } else if (Error e = receive(k, c.lane, c)) {
-        return fail(e);
-      }
-      if (Error e = advance(k, c.lane)) return fail(e);
-    }
+    if (Error e = c_.t_.poll(comps, kPollBatch, n, deadline)) return c_.fail(e);
+    if (n == 0) return c_.fail(timed_out());
+    for (unsigned i = 0; i < n; ++i)
+      if (Error e = take(comps[i])) return c_.fail(e);
   }
+  return {};
+}
+
+// Ring g's stripe, and the first step of its first segment (an empty stripe
+// is done at once).
+Error Collective::RingCall::begin_stripe(unsigned g) {
+  Stripe& k = st_[g];
+  k.s = stripe(count_, R_, g);
+  k.work_off = g * c_.work_ring_bytes_;
+  k.work = c_.work_buf_->data + k.work_off;
+  if (k.s.count == 0) {
+    k.done = true;
+    return {};
+  }
+  start_segment(k, g);
+  return begin_step(k, g);
+}
+
+// The next segment of the stripe into the work buffer, at step 0.
+void Collective::RingCall::start_segment(Stripe& k, unsigned g) {
+  k.n = std::min(k.s.count - k.seg_first, seg_max_);
+  std::memcpy(k.work, src_ + (k.s.first + k.seg_first) * es_, k.n * es_);
+  k.tag = c_.rings_[g].seg_seq & 0xFFFFFF;
+  k.half = (c_.rings_[g].seg_seq & 1) * steps_;
+  k.step = 0;
+}
+
+// Posts the current step's write, and takes its receive if it came early.
+Error Collective::RingCall::begin_step(Stripe& k, unsigned g) {
+  const RingStep rs = ring_step(r_, P_, k.step);
+  const ChunkRange sc = ring_chunk(k.n, P_, rs.send_chunk);
+  k.wrote = k.got = false;
+  if (Error e = c_.t_.post_write_imm(g, c_.work_mr_, k.work_off + sc.first * es_, sc.count * es_,
+                                     (k.half + k.step) * c_.ring_stride_, k.imm(), k.imm()))
+    return e;
+  auto& early = c_.rings_[g].early;
+  if (early.empty()) return {};
+  const Completion c = early.front();
+  early.pop_front();
+  return receive(k, g, c);
+}
+
+// The predecessor's write of the current step: check it, reduce or store.
+Error Collective::RingCall::receive(Stripe& k, unsigned g, const Completion& c) {
+  const RingStep rs = ring_step(r_, P_, k.step);
+  const ChunkRange rc = ring_chunk(k.n, P_, rs.recv_chunk);
+  if (c.imm != k.imm() || c.byte_len != rc.count * es_)
+    return Error::make(ErrorCode::transport,
+                       who_ + c_.ring_tag(g, k.s, es_) + "from predecessor rank " +
+                           std::to_string(c_.t_.predecessor()) + ": immediate " + hex(c.imm) +
+                           " with " + std::to_string(c.byte_len) + " bytes where " + where(k) +
+                           " with " + std::to_string(rc.count * es_) + " bytes was expected");
+  k.got = true;
+  const uint8_t* in = c_.t_.recv_region(g).addr + (k.half + k.step) * c_.ring_stride_;
+  uint8_t* own = k.work + rc.first * es_;
+  if (rs.reduce) {
+    const uint8_t* srcs[2] = {in, own};  // op(received, own): the ring order
+    reduce_fn_(srcs, 2, own, rc.count);
+  } else if (rc.count > 0) {
+    std::memcpy(own, in, rc.count * es_);
+  }
+  return {};
+}
+
+// After a completion: while the step has both, move on (next step, next
+// segment, or the stripe is done).
+Error Collective::RingCall::advance(Stripe& k, unsigned g) {
+  while (!k.done && k.wrote && k.got) {
+    if (++k.step == steps_) {
+      std::memcpy(dst_ + (k.s.first + k.seg_first) * es_, k.work, k.n * es_);
+      k.seg_first += k.n;
+      ++c_.rings_[g].seg_seq;
+      if (k.seg_first >= k.s.count) {
+        k.done = true;
+        break;
+      }
+      start_segment(k, g);
+    }
+    if (Error e = begin_step(k, g)) return e;
+  }
+  return {};
+}
+
+// One completion of any ring: this rank's write, or the predecessor's.
+Error Collective::RingCall::take(const Completion& c) {
+  if (Error e = check_lane(c, R_, who_)) return e;
+  Stripe& k = st_[c.lane];
+  if (c.ok && c.kind == Completion::Kind::recv_imm && (k.done || k.got)) {
+    c_.rings_[c.lane].early.push_back(c);  // the predecessor is ahead: keep it for its step
+    return {};
+  }
+  const auto ring = [&] { return c_.ring_tag(c.lane, k.s, es_); };  // errors only
+  if (!c.ok)
+    return Error::make(
+        ErrorCode::transport,
+        who_ + ring() +
+            (c.kind == Completion::Kind::write_done
+                 ? "write to successor rank " + std::to_string(c_.t_.successor())
+                 : "receive from predecessor rank " + std::to_string(c_.t_.predecessor())) +
+            " failed" + (k.done ? std::string() : " at " + where(k)) + " (" + c.what + ", status " +
+            std::to_string(c.vendor_status) + ")");
+  if (c.kind == Completion::Kind::write_done) {
+    if (k.done || c.wr_id != k.imm() || k.wrote)
+      return Error::make(ErrorCode::internal, who_ + ring() + "unexpected write completion" +
+                                                  (k.done ? std::string() : " at " + where(k)));
+    k.wrote = true;
+  } else if (Error e = receive(k, c.lane, c)) {
+    return e;
+  }
+  return advance(k, c.lane);
+}
+
+bool Collective::RingCall::finished() const {
+  for (unsigned g = 0; g < R_; ++g)
+    if (!st_[g].done) return false;
+  return true;
+}
+
+// Nothing came before the deadline: what each unfinished ring still waits
+// for at its step.
+Error Collective::RingCall::timed_out() const {
+  std::string what;
+  for (unsigned g = 0; g < R_; ++g) {
+    const Stripe& k = st_[g];
+    if (k.done) continue;
+    const RingStep rs = ring_step(r_, P_, k.step);
+    std::string miss;
+    if (!k.got)
+      miss = "chunk " + std::to_string(rs.recv_chunk) + " not received from predecessor rank " +
+             std::to_string(c_.t_.predecessor());
+    if (!k.wrote)
+      miss += std::string(miss.empty() ? "" : "; ") + "write of chunk " +
+              std::to_string(rs.send_chunk) + " to successor rank " +
+              std::to_string(c_.t_.successor()) + " not acknowledged";
+    what += R_ == 1 ? "at " + where(k) + ": " + miss
+                    : std::string(what.empty() ? "" : "; ") + c_.ring_name(g, k.s, es_) + " at " +
+                          where(k) + ": " + miss;
+  }
+  // One ring: "(ring path) ... at message id ...: ...", no stripe named.
+  return Error::make(ErrorCode::timeout,
+                     who_ + "all-reduce (ring path" +
+                         (R_ == 1 ? ") timed out after " + ms_since(start_) + " ms "
+                                  : ", " + std::to_string(R_) + " rings) timed out after " +
+                                        ms_since(start_) + " ms: ") +
+                         what);
+}
+
+std::string Collective::RingCall::where(const Stripe& k) const {
+  const RingStep rs = ring_step(r_, P_, k.step);
+  return "message id " + hex(k.imm()) + " (segment " + std::to_string(k.tag) + ", step " +
+         std::to_string(k.step) + " of " + std::to_string(steps_) +
+         (rs.reduce ? ", reduce-scatter" : ", all-gather") + ")";
+}
+
+Error Collective::ring_allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
+                                 Clock::time_point deadline) {
+  if (!failed_.ok())
+    return Error::make(failed_.code, "communicator unusable after: " + failed_.message);
+  if (Error e = check_args(send, recv, count, t, op)) return e;
+  if (count == 0) return {};
+  if (t_.world() == 1) {
+    std::memmove(recv, send, count * element_size(t));
+    return {};
+  }
+  return RingCall(*this, send, recv, count, t, op).run(deadline);
 }
 
 Error probe_box(Collective& c, unsigned rank, unsigned world, Clock::time_point deadline,

@@ -141,7 +141,8 @@ class Collective {
 
  private:
   Collective(Transport& t, const CollectiveConfig& cfg);
-  class InaCall;  // one INA call (ina_path.cc)
+  class InaCall;   // one INA call (ina_path.cc)
+  class RingCall;  // one ring-path call (collective.cc)
   Error fail(Error e);
   Error fail_over(const void* send, void* recv, size_t count, DataType t, Op op,
                   Clock::time_point deadline, const Error& cause);
