@@ -38,34 +38,30 @@ Error Collective::create(Transport& transport, const CollectiveConfig& cfg,
   MessagePlan probe;
   if (Error e = make_plan(0, DataType::fp32, cfg.msg_len, cfg.pmtu, probe)) return e;
   if (cfg.window < 1 || cfg.window > 1024)
-    return Error::make(ErrorCode::invalid_argument,
-                       "window: " + std::to_string(cfg.window) + " is outside 1..1024");
+    return format_error(ErrorCode::invalid_argument, "window: {} is outside 1..1024", cfg.window);
   const unsigned R = transport.lanes();
   if (Error e = check_rings(R)) return e;
   if (cfg.path == Path::ina && cfg.ring_ids.size() != R)
-    return Error::make(ErrorCode::invalid_argument,
-                       "rings: " + std::to_string(cfg.ring_ids.size()) + " ring ids for " +
-                           std::to_string(R) + " rings");
+    return format_error(ErrorCode::invalid_argument, "rings: {} ring ids for {} rings",
+                        cfg.ring_ids.size(), R);
   const unsigned P = transport.world();
   const size_t slot = probe.slot_bytes();
   const size_t local = transport.recv_region(0).len, remote = transport.successor_recv_bytes();
   if (local != remote)
-    return Error::make(ErrorCode::invalid_argument,
-                       "ring_buffer_bytes: this rank's receive region (" + std::to_string(local) +
-                           " bytes) differs from successor rank " +
-                           std::to_string(transport.successor()) + "'s (" + std::to_string(remote) +
-                           "): every rank needs the same options");
+    return format_error(ErrorCode::invalid_argument,
+                        "ring_buffer_bytes: this rank's receive region ({} bytes) differs from "
+                        "{}'s ({}): every rank needs the same options",
+                        local, successor_rank(transport), remote);
   if (cfg.path == Path::ina && local < size_t{cfg.window} * slot)
-    return Error::make(ErrorCode::invalid_argument, "window: " + std::to_string(cfg.window) +
-                                                        " messages of " + std::to_string(slot) +
-                                                        " bytes do not fit the receive region");
+    return format_error(ErrorCode::invalid_argument,
+                        "window: {} messages of {} bytes do not fit the receive region", cfg.window,
+                        slot);
   if (P > 1) {
     c->ring_stride_ = local / (4 * size_t{P - 1}) / 64 * 64;
     if (c->ring_stride_ < 64)
-      return Error::make(ErrorCode::invalid_argument,
-                         "ring_buffer_bytes: " + std::to_string(local) + " is too small for " +
-                             std::to_string(P) + " ranks (needs at least " +
-                             std::to_string(256 * (P - 1)) + ")");
+      return format_error(ErrorCode::invalid_argument,
+                          "ring_buffer_bytes: {} is too small for {} ranks (needs at least {})",
+                          local, P, 256 * (P - 1));
   }
   c->rings_.resize(R);
   c->path_.store(cfg.path);
@@ -88,15 +84,15 @@ Error Collective::create(Transport& transport, const CollectiveConfig& cfg,
 
 Error Collective::check_dtype(DataType t) {
   if (element_size(t) == 0)
-    return Error::make(ErrorCode::invalid_argument,
-                       "dtype: " + std::to_string(static_cast<int>(t)) + " is not a data type");
+    return format_error(ErrorCode::invalid_argument, "dtype: {} is not a data type",
+                        static_cast<int>(t));
   return {};
 }
 
 Error Collective::check_op(Op op) {
   if (!wire::is_valid_op(static_cast<uint8_t>(op)))
-    return Error::make(ErrorCode::invalid_argument,
-                       "op: " + std::to_string(static_cast<int>(op)) + " is not sum, min or max");
+    return format_error(ErrorCode::invalid_argument, "op: {} is not sum, min or max",
+                        static_cast<int>(op));
   return {};
 }
 
@@ -104,11 +100,10 @@ Error Collective::check_args(const void* send, void* recv, size_t count, DataTyp
   if (Error e = check_dtype(t)) return e;
   if (Error e = check_op(op)) return e;
   if (count > 0 && (send == nullptr || recv == nullptr))
-    return Error::make(ErrorCode::invalid_argument,
-                       std::string(send == nullptr ? "send" : "recv") + ": null buffer");
+    return format_error(ErrorCode::invalid_argument, "{}: null buffer",
+                        send == nullptr ? "send" : "recv");
   if (count > kMaxCallBytes / element_size(t))
-    return Error::make(ErrorCode::invalid_argument,
-                       "count: " + std::to_string(count) + " elements is too large");
+    return format_error(ErrorCode::invalid_argument, "count: {} elements is too large", count);
   if (count > 0 && send != recv) {
     const auto* s = static_cast<const uint8_t*>(send);
     const auto* r = static_cast<const uint8_t*>(recv);
@@ -128,10 +123,9 @@ Error Collective::fail(Error e) {
 }
 
 std::string Collective::ring_name(unsigned i, const StripeRange& s, size_t esize) const {
-  std::string n = "ring " + std::to_string(i) + " of " + std::to_string(rings()) + " (";
-  if (cfg_.ring_id(i) != 0) n += "id " + std::to_string(cfg_.ring_id(i)) + ", ";
-  return n + "stripe bytes [" + std::to_string(s.first * esize) + ", " +
-         std::to_string((s.first + s.count) * esize) + "))";
+  const std::string id = cfg_.ring_id(i) != 0 ? fmt::format("id {}, ", cfg_.ring_id(i)) : "";
+  return fmt::format("ring {} of {} ({}stripe bytes [{}, {}))", i, rings(), id, s.first * esize,
+                     (s.first + s.count) * esize);
 }
 
 std::string Collective::ring_tag(unsigned i, const StripeRange& s, size_t esize) const {
@@ -162,7 +156,7 @@ class Collective::RingCall {
         reduce_fn_(reduce::kernels(reduce::best_isa(), static_cast<wire::Dtype>(t),
                                    static_cast<wire::ReduceOp>(op))
                        .reduce),
-        who_("rank " + std::to_string(r_) + ": ") {}
+        who_(fmt::format("rank {}: ", r_)) {}
 
   Error run(Clock::time_point deadline);
 
@@ -190,7 +184,10 @@ class Collective::RingCall {
   Error take(const Completion& c);
   bool finished() const;
   Error timed_out() const;
+  // Where ring k stands, for errors: its message id, segment and step.
   std::string where(const Stripe& k) const;
+  // " at <where>", or nothing once the ring is done.
+  std::string at_step(const Stripe& k) const { return k.done ? "" : " at " + where(k); }
 
   Collective& c_;
   const uint8_t* src_;
@@ -265,11 +262,11 @@ Error Collective::RingCall::receive(Stripe& k, unsigned g, const Completion& c) 
   const RingStep rs = ring_step(r_, P_, k.step);
   const ChunkRange rc = ring_chunk(k.n, P_, rs.recv_chunk);
   if (c.imm != k.imm() || c.byte_len != rc.count * es_)
-    return Error::make(ErrorCode::transport,
-                       who_ + c_.ring_tag(g, k.s, es_) + "from predecessor rank " +
-                           std::to_string(c_.t_.predecessor()) + ": immediate " + hex(c.imm) +
-                           " with " + std::to_string(c.byte_len) + " bytes where " + where(k) +
-                           " with " + std::to_string(rc.count * es_) + " bytes was expected");
+    return format_error(
+        ErrorCode::transport,
+        "{}{}from {}: immediate {} with {} bytes where {} with {} bytes was expected", who_,
+        c_.ring_tag(g, k.s, es_), predecessor_rank(c_.t_), hex(c.imm), c.byte_len, where(k),
+        rc.count * es_);
   k.got = true;
   const uint8_t* in = c_.t_.recv_region(g).addr + (k.half + k.step) * c_.ring_stride_;
   uint8_t* own = k.work + rc.first * es_;
@@ -311,18 +308,15 @@ Error Collective::RingCall::take(const Completion& c) {
   }
   const auto ring = [&] { return c_.ring_tag(c.lane, k.s, es_); };  // errors only
   if (!c.ok)
-    return Error::make(
-        ErrorCode::transport,
-        who_ + ring() +
-            (c.kind == Completion::Kind::write_done
-                 ? "write to successor rank " + std::to_string(c_.t_.successor())
-                 : "receive from predecessor rank " + std::to_string(c_.t_.predecessor())) +
-            " failed" + (k.done ? std::string() : " at " + where(k)) + " (" + c.what + ", status " +
-            std::to_string(c.vendor_status) + ")");
+    return format_error(ErrorCode::transport, "{}{}{} failed{} {}", who_, ring(),
+                        c.kind == Completion::Kind::write_done
+                            ? "write to " + successor_rank(c_.t_)
+                            : "receive from " + predecessor_rank(c_.t_),
+                        at_step(k), status_of(c));
   if (c.kind == Completion::Kind::write_done) {
     if (k.done || c.wr_id != k.imm() || k.wrote)
-      return Error::make(ErrorCode::internal, who_ + ring() + "unexpected write completion" +
-                                                  (k.done ? std::string() : " at " + where(k)));
+      return format_error(ErrorCode::internal, "{}{}unexpected write completion{}", who_, ring(),
+                          at_step(k));
     k.wrote = true;
   } else if (Error e = receive(k, c.lane, c)) {
     return e;
@@ -346,30 +340,23 @@ Error Collective::RingCall::timed_out() const {
     const RingStep rs = ring_step(r_, P_, k.step);
     std::string miss;
     if (!k.got)
-      miss = "chunk " + std::to_string(rs.recv_chunk) + " not received from predecessor rank " +
-             std::to_string(c_.t_.predecessor());
+      miss = fmt::format("chunk {} not received from {}", rs.recv_chunk, predecessor_rank(c_.t_));
     if (!k.wrote)
-      miss += std::string(miss.empty() ? "" : "; ") + "write of chunk " +
-              std::to_string(rs.send_chunk) + " to successor rank " +
-              std::to_string(c_.t_.successor()) + " not acknowledged";
-    what += R_ == 1 ? "at " + where(k) + ": " + miss
-                    : std::string(what.empty() ? "" : "; ") + c_.ring_name(g, k.s, es_) + " at " +
-                          where(k) + ": " + miss;
+      list_append(miss, fmt::format("write of chunk {} to {} not acknowledged", rs.send_chunk,
+                                    successor_rank(c_.t_)));
+    const std::string label = R_ == 1 ? "" : c_.ring_name(g, k.s, es_) + " ";
+    list_append(what, fmt::format("{}at {}: {}", label, where(k), miss));
   }
   // One ring: "(ring path) ... at message id ...: ...", no stripe named.
-  return Error::make(ErrorCode::timeout,
-                     who_ + "all-reduce (ring path" +
-                         (R_ == 1 ? ") timed out after " + ms_since(start_) + " ms "
-                                  : ", " + std::to_string(R_) + " rings) timed out after " +
-                                        ms_since(start_) + " ms: ") +
-                         what);
+  const std::string rings = R_ == 1 ? "" : fmt::format(", {} rings", R_);
+  return format_error(ErrorCode::timeout, "{}all-reduce (ring path{}) timed out after {} ms{}{}",
+                      who_, rings, ms_since(start_), R_ == 1 ? " " : ": ", what);
 }
 
 std::string Collective::RingCall::where(const Stripe& k) const {
   const RingStep rs = ring_step(r_, P_, k.step);
-  return "message id " + hex(k.imm()) + " (segment " + std::to_string(k.tag) + ", step " +
-         std::to_string(k.step) + " of " + std::to_string(steps_) +
-         (rs.reduce ? ", reduce-scatter" : ", all-gather") + ")";
+  return fmt::format("message id {} (segment {}, step {} of {}, {})", hex(k.imm()), k.tag, k.step,
+                     steps_, rs.reduce ? "reduce-scatter" : "all-gather");
 }
 
 Error Collective::ring_allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
@@ -399,12 +386,12 @@ Error probe_box(Collective& c, unsigned rank, unsigned world, Clock::time_point 
   const int32_t want = static_cast<int32_t>(world * (world + 1) / 2);
   for (unsigned g = 0; g < R; ++g) {
     if (got[g] == want) continue;
-    reason = "probe all-reduce gave " + std::to_string(got[g]) + " instead of " +
-             std::to_string(want) +
-             (R > 1 ? " on ring " + std::to_string(g) + " (id " +
-                          std::to_string(c.config().ring_id(g)) + ")"
-                    : std::string()) +
-             ": the box is not on the path between the ranks";
+    const std::string ring =
+        R > 1 ? fmt::format(" on ring {} (id {})", g, c.config().ring_id(g)) : "";
+    reason = fmt::format(
+        "probe all-reduce gave {} instead of {}{}: the box is not on the path "
+        "between the ranks",
+        got[g], want, ring);
     return {};
   }
   confirmed = true;

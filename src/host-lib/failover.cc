@@ -34,6 +34,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "host-lib/call_text.h"
 #include "host-lib/collective.h"
 
 namespace netreduce::host {
@@ -124,28 +125,25 @@ std::string check_calls(const std::vector<Report>& all, uint64_t k) {
   const Report* at[2] = {nullptr, nullptr};
   for (unsigned r = 0; r < all.size(); ++r) {
     const Report& x = all[r];
-    const std::string rank = "rank " + std::to_string(r);
     if (x.call != k && x.call != k + 1)
-      return rank + " reported call " + std::to_string(x.call) + " where another rank is at call " +
-             std::to_string(k);
+      return fmt::format("rank {} reported call {} where another rank is at call {}", r, x.call, k);
     const Report*& first = at[x.call - k];
     if (!first) first = &x;
     if (!first->same_call(x))
-      return rank + " reported call " + std::to_string(x.call) + " of " + std::to_string(x.count) +
-             " elements where another rank reported it with " + std::to_string(first->count);
+      return fmt::format(
+          "rank {} reported call {} of {} elements where another rank reported it with {}", r,
+          x.call, x.count, first->count);
   }
   for (unsigned r = 0; r < all.size(); ++r) {
     const Report& x = all[r];
     if (x.call == k) continue;
-    const std::string rank = "rank " + std::to_string(r);
     if (x.tail_call != k || x.tail_count != at[0]->count || x.tail_dtype != at[0]->dtype ||
         x.tail_op != at[0]->op)
-      return rank + " is at call " + std::to_string(k + 1) + " without the results of call " +
-             std::to_string(k);
+      return fmt::format("rank {} is at call {} without the results of call {}", r, k + 1, k);
     for (unsigned g = 0; g < x.rings; ++g)
       if (x.copied[g] != 0)
-        return rank + " copied out results of call " + std::to_string(k + 1) +
-               ", which another rank never sent";
+        return fmt::format("rank {} copied out results of call {}, which another rank never sent",
+                           r, k + 1);
   }
   return "";
 }
@@ -182,9 +180,8 @@ Error Collective::close(Clock::time_point deadline) {
   for (unsigned g = 0; g < rings(); ++g) last_.base[g] = rings_[g].next_msg_id;
   last_.recoverable = true;
   closing_ = true;
-  const Error e = fail_over(
-      nullptr, nullptr, 0, tail_.t, tail_.op, deadline,
-      Error::make(ErrorCode::internal, "rank " + std::to_string(t_.rank()) + ": closing"));
+  const Error e = fail_over(nullptr, nullptr, 0, tail_.t, tail_.op, deadline,
+                            format_error(ErrorCode::internal, "rank {}: closing", t_.rank()));
   closing_ = false;
   return e;
 }
@@ -232,15 +229,15 @@ Error Collective::drain_receives(const std::vector<uint32_t>& expected, Path nex
     // call, whichever path it takes.
     if (Error e = t_.poll(comps, 1, n, deadline)) return e;
     if (n == 0)
-      return Error::make(ErrorCode::timeout,
-                         "predecessor rank " + std::to_string(t_.predecessor()) +
-                             "'s INA writes did not all arrive before the deadline");
+      return format_error(ErrorCode::timeout,
+                          "{}'s INA writes did not all arrive before the deadline",
+                          predecessor_rank(t_));
     for (unsigned i = 0; i < n; ++i) {
       const Completion& c = comps[i];
       if (c.lane >= R || !c.ok || c.kind != Completion::Kind::recv_imm)
-        return Error::make(ErrorCode::transport,
-                           std::string("unexpected completion while draining the INA call (") +
-                               (c.ok ? "a write" : c.what) + ")");
+        return format_error(ErrorCode::transport,
+                            "unexpected completion while draining the INA call ({})",
+                            c.ok ? "a write" : c.what);
       if (last_.received[c.lane] < expected[c.lane])
         ++last_.received[c.lane];
       else if (next == Path::ring)  // the predecessor's first ring-path write: kept for its step
@@ -276,22 +273,21 @@ std::string Collective::gather_reports(size_t count, DataType t, Op op, const Er
   const Clock::time_point report_by =
       mine.recoverable ? deadline : std::min(deadline, Clock::now() + kReportGrace);
   if (Error e = exchange_(encode(mine), blobs, report_by))
-    return mine.recoverable ? "the ranks could not agree (" + e.message + ")"
+    return mine.recoverable ? fmt::format("the ranks could not agree ({})", e.message)
                             : "this rank cannot (a transport error, or writes not acknowledged)";
   all.assign(P, {});
   k = mine.call;
   for (unsigned r = 0; r < P; ++r) {
     if (r >= blobs.size() || !decode(blobs[r], all[r]))
-      return "rank " + std::to_string(r) + " sent no failover report";
+      return fmt::format("rank {} sent no failover report", r);
     k = std::min(k, all[r].call);
   }
   if (std::string why = check_calls(all, k); !why.empty()) return why;
   std::string cannot;
   for (unsigned r = 0; r < P; ++r)
     if (!all[r].recoverable)
-      cannot += (cannot.empty() ? "" : "; ") +
-                (r == me ? std::string("this rank cannot")
-                         : "rank " + std::to_string(r) + " cannot (" + all[r].error + ")");
+      list_append(cannot, r == me ? std::string("this rank cannot")
+                                  : fmt::format("rank {} cannot ({})", r, all[r].error));
   return cannot;
 }
 
@@ -342,27 +338,28 @@ std::string Collective::share_results(const std::vector<FailoverReport>& all, ui
       continue;
     }
     if (x.lo < tail_.first[g])
-      return "ranks lack messages of call " + std::to_string(k) + " from " + std::to_string(x.lo) +
-             " on, and this rank keeps them from " + std::to_string(tail_.first[g]);
+      return fmt::format(
+          "ranks lack messages of call {} from {} on, and this rank keeps them from {}", k, x.lo,
+          tail_.first[g]);
     const size_t off = tail_.at[g] + (x.elem(x.lo) - x.elem(tail_.first[g])) * x.es;
     blob.append(reinterpret_cast<const char*>(tail_bytes_.data() + off), bytes);
   }
   if (total == 0) return "";
   if (total > kMaxExchangeBytes)
-    return std::to_string(total) +
-           " bytes of results to pass between the ranks, more than one bootstrap exchange "
-           "carries (" +
-           std::to_string(kMaxExchangeBytes) + ")";
+    return fmt::format(
+        "{} bytes of results to pass between the ranks, more than one bootstrap exchange carries "
+        "({})",
+        total, kMaxExchangeBytes);
   std::vector<std::string> blobs;
   if (Error e = exchange_(blob, blobs, deadline))
-    return "the ranks could not exchange results (" + e.message + ")";
+    return fmt::format("the ranks could not exchange results ({})", e.message);
   std::vector<size_t> at(P, 0);
   for (unsigned g = 0; g < R; ++g) {
     const Split& x = sp[g];
     const size_t bytes = (x.elem(x.hi) - x.elem(x.lo)) * x.es;
     if (bytes == 0) continue;
     if (blobs[x.source].size() < at[x.source] + bytes)
-      return "rank " + std::to_string(x.source) + " sent too few result bytes";
+      return fmt::format("rank {} sent too few result bytes", x.source);
     // Where this rank copied out too, these are the same bytes (the box's
     // one result for each message). A rank at k + 1 holds call k + 1's
     // buffers: k's results are not its to copy.
@@ -378,7 +375,8 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
                             Clock::time_point deadline, const Error& cause) {
   const unsigned me = t_.rank(), R = rings();
   const auto give_up = [&](const std::string& why) {
-    return fail(Error::make(cause.code, cause.message + "; not finished on the ring path: " + why));
+    return fail(
+        format_error(cause.code, "{}; not finished on the ring path: {}", cause.message, why));
   };
   // 1. Reports.
   std::vector<Report> all;
@@ -437,18 +435,18 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
   std::string behind, first_error;  // ranks at call k, and the first of their errors
   for (unsigned r = 0; r < all.size(); ++r) {
     if (all[r].call != k) continue;
-    behind += (behind.empty() ? "" : ", ") + std::to_string(r);
+    list_append(behind, fmt::to_string(r), ", ");
     if (first_error.empty()) first_error = all[r].error;
   }
   const std::string reason =
-      mixed ? "all-reduce call " + std::to_string(k) + " met data no box sealed on rank(s) " +
-                  behind + " after the others had completed it (the box was lost between the " +
-                  "ranks' last results): call " + std::to_string(k) +
-                  " was finished with the box's results the others kept, and call " +
-                  std::to_string(k + 1) + " on the ring path"
-            : "all-reduce call " + std::to_string(k) +
-                  " failed on the INA path and was finished on the ring path";
-  switch_path(Path::ring, reason + "; the ranks' first error: " + first_error);
+      mixed ? fmt::format(
+                  "all-reduce call {0} met data no box sealed on rank(s) {1} after the others had "
+                  "completed it (the box was lost between the ranks' last results): call {0} was "
+                  "finished with the box's results the others kept, and call {2} on the ring path",
+                  k, behind, k + 1)
+            : fmt::format(
+                  "all-reduce call {} failed on the INA path and was finished on the ring path", k);
+  switch_path(Path::ring, fmt::format("{}; the ranks' first error: {}", reason, first_error));
   if (failback_first_ > 0) {
     failback_gap_ = failback_first_;
     failback_at_ = k + (mixed ? 1 : 0) + failback_gap_;  // the same call on every rank
@@ -482,9 +480,9 @@ Error Collective::fail_back(Clock::time_point deadline, Clock::duration budget) 
   };
   const auto broken = [&](const std::string& why) {
     failback_at_ = 0;  // the communicator is unusable: no more tries
-    return fail(Error::make(ErrorCode::transport,
-                            "rank " + std::to_string(me) + ": trying the box again (" +
-                                "all-reduce call " + std::to_string(calls_) + "): " + why));
+    return fail(format_error(ErrorCode::transport,
+                             "rank {}: trying the box again (all-reduce call {}): {}", me, calls_,
+                             why));
   };
   std::vector<std::string> blobs;
   const std::string gate = me == 0 && failback_gate_ ? failback_gate_() : std::string();
@@ -504,7 +502,7 @@ Error Collective::fail_back(Clock::time_point deadline, Clock::duration budget) 
   std::string wrong;
   for (unsigned g = 0; e.ok() && g < R && wrong.empty(); ++g)
     if (got[g] != static_cast<int32_t>(P * (P + 1) / 2))
-      wrong = "probe all-reduce gave " + std::to_string(got[g]) + " on ring " + std::to_string(g);
+      wrong = fmt::format("probe all-reduce gave {} on ring {}", got[g], g);
   Report mine_r;
   mine_r.call = calls_;
   mine_r.count = R;
@@ -519,10 +517,8 @@ Error Collective::fail_back(Clock::time_point deadline, Clock::duration budget) 
   std::string unsound, first_error;
   for (unsigned r = 0; r < P; ++r) {
     if (r >= blobs.size() || !decode(blobs[r], all[r]))
-      return broken("rank " + std::to_string(r) + " sent no probe report");
-    if (!all[r].recoverable)
-      unsound += (unsound.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " +
-                 all[r].error;
+      return broken(fmt::format("rank {} sent no probe report", r));
+    if (!all[r].recoverable) list_append(unsound, fmt::format("rank {}: {}", r, all[r].error));
     if (first_error.empty() && !all[r].error.empty()) first_error = all[r].error;
   }
   if (!unsound.empty()) return broken(unsound);
@@ -537,8 +533,9 @@ Error Collective::fail_back(Clock::time_point deadline, Clock::duration budget) 
     later();
     return {};
   }
-  switch_path(Path::ina, "after all-reduce call " + std::to_string(calls_ - 1) +
-                             ", a probe through the box was sealed and right on every rank");
+  switch_path(Path::ina, fmt::format("after all-reduce call {}, a probe through the box was sealed "
+                                     "and right on every rank",
+                                     calls_ - 1));
   failback_at_ = 0;
   return {};
 }

@@ -46,7 +46,7 @@ class Collective::InaCall {
         failover_(static_cast<bool>(c.exchange_)),
         call_tag_(static_cast<uint32_t>(c.calls_)),
         have_tail_(c.tail_.call != 0 && c.tail_.call + 1 == c.calls_),
-        who_("rank " + std::to_string(c.t_.rank()) + ": ") {}
+        who_(fmt::format("rank {}: ", c.t_.rank())) {}
 
   // Each ring's stripe, plan, window and message ids; `total` messages.
   Error plan(size_t& total);
@@ -73,7 +73,6 @@ class Collective::InaCall {
   Error copy_out(Stripe& k, const Completion& c);
   Error timed_out();
   std::string ring(unsigned g) const { return c_.ring_tag(g, st_[g].s, es_); }
-  std::string pred() const { return "predecessor rank " + std::to_string(c_.t_.predecessor()); }
 
   Collective& c_;
   const uint8_t* src_;
@@ -227,28 +226,23 @@ Error Collective::InaCall::take(const Completion& c) {
 }
 
 Error Collective::InaCall::take_write(Stripe& k, const Completion& c) {
-  const std::string succ = "successor rank " + std::to_string(c_.t_.successor());
   if (c.wr_id == kStopWrId) {
     if (!c.ok) {
       record(false);
-      return c_.fail(Error::make(ErrorCode::transport,
-                                 who_ + ring(c.lane) + "stop notice to " + succ + " failed (" +
-                                     c.what + ", status " + std::to_string(c.vendor_status) + ")"));
+      return c_.fail(format_error(ErrorCode::transport, "{}{}stop notice to {} failed {}", who_,
+                                  ring(c.lane), successor_rank(c_.t_), status_of(c)));
     }
     stop_[c.lane] = 2;
     return {};
   }
   if (!c.ok)
-    return c_.fail(Error::make(
-        ErrorCode::transport, who_ + ring(c.lane) + "write of message id " +
-                                  std::to_string(k.base + static_cast<uint32_t>(c.wr_id)) + " to " +
-                                  succ + " failed (" + c.what + ", status " +
-                                  std::to_string(c.vendor_status) + ")"));
+    return c_.fail(format_error(ErrorCode::transport, "{}{}write of message id {} to {} failed {}",
+                                who_, ring(c.lane), k.base + static_cast<uint32_t>(c.wr_id),
+                                successor_rank(c_.t_), status_of(c)));
   if (!k.w.write_completed(c.wr_id))
-    return c_.fail(Error::make(ErrorCode::internal, who_ + ring(c.lane) +
-                                                        "write completion out of order (work "
-                                                        "request " +
-                                                        std::to_string(c.wr_id) + ")"));
+    return c_.fail(format_error(ErrorCode::internal,
+                                "{}{}write completion out of order (work request {})", who_,
+                                ring(c.lane), c.wr_id));
   return {};
 }
 
@@ -264,20 +258,19 @@ Error Collective::InaCall::take_receive(Stripe& k, const Completion& c) {
   }
   if (!c.ok) {
     record(false);
-    return c_.fail(Error::make(ErrorCode::transport,
-                               who_ + ring(c.lane) + "receive of message id " + std::to_string(id) +
-                                   " from " + pred() + " failed (" + c.what + ", status " +
-                                   std::to_string(c.vendor_status) + ")"));
+    return c_.fail(format_error(ErrorCode::transport,
+                                "{}{}receive of message id {} from {} failed {}", who_,
+                                ring(c.lane), id, predecessor_rank(c_.t_), status_of(c)));
   }
   ++k.received;
   if (failover_ && c.byte_len == 0) return stop_notice(c);
   if (i >= k.w.next_send()) {
     if (!unsealed_.ok()) return {};  // draining: the predecessor was ahead
-    return raw(Error::make(ErrorCode::transport,
-                           who_ + ring(c.lane) + "from " + pred() + ": immediate " + hex(c.imm) +
-                               " for message id " + std::to_string(id) +
-                               ", not sent yet by this rank (the predecessor's raw write: box "
-                               "bypassed?)"));
+    return raw(
+        format_error(ErrorCode::transport,
+                     "{}{}from {}: immediate {} for message id {}, not sent yet by this rank "
+                     "(the predecessor's raw write: box bypassed?)",
+                     who_, ring(c.lane), predecessor_rank(c_.t_), hex(c.imm), id));
   }
   if (!unsealed_.ok()) {
     (void)k.w.result_received(i);  // draining: nothing more is copied out
@@ -297,18 +290,20 @@ Error Collective::InaCall::take_receive(Stripe& k, const Completion& c) {
 Error Collective::InaCall::stop_notice(const Completion& c) {
   std::string why;
   if (c.imm == call_tag_) {
-    why = pred() + " stopped the call (it met data no box sealed)";
+    why = "stopped the call (it met data no box sealed)";
   } else if (c.imm == call_tag_ + 1) {
-    why = pred() + " completed this call and stopped the next (it met data no box sealed)";
+    why = "completed this call and stopped the next (it met data no box sealed)";
   } else if (c.imm + 1 == call_tag_ && have_tail_) {
-    why = pred() + " stopped all-reduce call " + std::to_string(c.imm) +
-          ", which this rank completed: the box was lost between the ranks' last results";
+    why = fmt::format(
+        "stopped all-reduce call {}, which this rank completed: the box was lost between the "
+        "ranks' last results",
+        c.imm);
   } else {
-    why = pred() + " stopped all-reduce call " + std::to_string(c.imm) +
-          ", which this rank cannot finish with it";
+    why = fmt::format("stopped all-reduce call {}, which this rank cannot finish with it", c.imm);
     foreign_stop_ = true;
   }
-  return raw(Error::make(ErrorCode::transport, who_ + ring(c.lane) + why));
+  return raw(format_error(ErrorCode::transport, "{}{}{} {}", who_, ring(c.lane),
+                          predecessor_rank(c_.t_), why));
 }
 
 // Message i's result: its header must be the call's, and its immediate the
@@ -324,11 +319,10 @@ Error Collective::InaCall::copy_out(Stripe& k, const Completion& c) {
   const auto hdr = wire::ina_decode(r, c.byte_len);
   if (c.byte_len != want || !hdr || hdr->msg_id != id || hdr->dtype != static_cast<uint8_t>(t_) ||
       hdr->op != static_cast<uint8_t>(op_) || hdr->ring_id != c_.cfg_.ring_id(c.lane))
-    return raw(Error::make(ErrorCode::transport,
-                           who_ + ring(c.lane) + "message id " + std::to_string(id) + " from " +
-                               pred() + " has a wrong INA header or length (" +
-                               std::to_string(c.byte_len) + " bytes, expected " +
-                               std::to_string(want) + ")"));
+    return raw(format_error(ErrorCode::transport,
+                            "{}{}message id {} from {} has a wrong INA header or length ({} bytes, "
+                            "expected {})",
+                            who_, ring(c.lane), id, predecessor_rank(c_.t_), c.byte_len, want));
   const size_t bytes = k.plan.data_bytes(i);
   std::memcpy(c_.stage_.data(), r + kInaHeaderBytes, bytes);
   const uint32_t crc = wire::crc32(0, c_.stage_.data(), bytes);
@@ -338,12 +332,11 @@ Error Collective::InaCall::copy_out(Stripe& k, const Completion& c) {
     return {};
   }
   c_.failed_seal_ = true;
-  Error e = Error::make(ErrorCode::transport,
-                        who_ + ring(c.lane) + "message id " + std::to_string(id) + " from " +
-                            pred() + " fails the box's seal (immediate " + hex(c.imm) +
-                            ", data crc32 " + hex(crc) +
-                            "): no box reduced it from every rank (bypassed or restarted on the "
-                            "path?)");
+  Error e = format_error(ErrorCode::transport,
+                         "{}{}message id {} from {} fails the box's seal (immediate {}, data crc32 "
+                         "{}): no box reduced it from every rank (bypassed or restarted on the "
+                         "path?)",
+                         who_, ring(c.lane), id, predecessor_rank(c_.t_), hex(c.imm), hex(crc));
   if (Error x = halt(std::move(e))) {
     record(false);
     return c_.fail(x);
@@ -370,26 +363,22 @@ Error Collective::InaCall::timed_out() {
     const uint32_t id = k.base + static_cast<uint32_t>(i);
     std::string miss;
     if (k.w.results_received() <= i)
-      miss = "result of message id " + std::to_string(id) + " not received from " + pred() +
-             " (through the box: some rank's message " + std::to_string(id) +
-             " has not reached it)";
+      miss = fmt::format(
+          "result of message id {} not received from {} (through the box: some rank's message {} "
+          "has not reached it)",
+          id, predecessor_rank(c_.t_), id);
     if (k.w.writes_completed() <= i)
-      miss += std::string(miss.empty() ? "" : "; ") + "write of message id " + std::to_string(id) +
-              " to successor rank " + std::to_string(c_.t_.successor()) + " not acknowledged";
-    const std::string at =
-        "at message " + std::to_string(i) + " of " + std::to_string(k.plan.messages) + ": ";
-    what += R_ == 1 ? at + miss
-                    : std::string(what.empty() ? "" : "; ") + c_.ring_name(g, k.s, es_) + " " + at +
-                          miss;
+      list_append(miss, fmt::format("write of message id {} to {} not acknowledged", id,
+                                    successor_rank(c_.t_)));
+    const std::string label = R_ == 1 ? "" : c_.ring_name(g, k.s, es_) + " ";
+    list_append(what, fmt::format("{}at message {} of {}: {}", label, i, k.plan.messages, miss));
   }
   // One ring: "(ina path, ring <id>) ... at message i of n: ...", no stripe named.
-  return c_.fail(Error::make(
-      ErrorCode::timeout,
-      who_ + "all-reduce (ina path, " +
-          (R_ == 1 ? "ring " + std::to_string(c_.cfg_.ring_id(0)) + ") timed out after " +
-                         ms_since(start_) + " ms "
-                   : std::to_string(R_) + " rings) timed out after " + ms_since(start_) + " ms: ") +
-          what));
+  const std::string rings =
+      R_ == 1 ? fmt::format("ring {}", c_.cfg_.ring_id(0)) : fmt::format("{} rings", R_);
+  return c_.fail(format_error(ErrorCode::timeout,
+                              "{}all-reduce (ina path, {}) timed out after {} ms{}{}", who_, rings,
+                              ms_since(start_), R_ == 1 ? " " : ": ", what));
 }
 
 Error Collective::ina_allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
