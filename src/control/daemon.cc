@@ -69,14 +69,6 @@ bool installed_as(const json& r, const RingRecord& rec) {
          tree == (rec.tree ? tree_to_json(*rec.tree) : json());
 }
 
-bool same_secret(const std::string& given, const std::string& want) noexcept {
-  if (want.empty()) return false;
-  unsigned char diff = given.size() == want.size() ? 0 : 1;
-  for (size_t i = 0; i < given.size(); ++i)
-    diff |= static_cast<unsigned char>(given[i] ^ want[i % want.size()]);
-  return diff == 0;
-}
-
 Reply error_reply(const Status& s) {
   int http = 500;
   std::string code = to_string(s.code());

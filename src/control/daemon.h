@@ -75,6 +75,7 @@
 
 #include "common/dataplane_protocol.h"
 #include "common/status.h"
+#include "control/auth.h"
 #include "control/config.h"
 #include "control/etcd.h"
 #include "control/metrics.h"
@@ -103,10 +104,6 @@ struct RingAuth {
 
 // The header a ring's credential travels in.
 inline constexpr const char* kCredentialHeader = "X-Netreduce-Ring-Credential";
-
-// Constant-time comparison: the time taken depends only on the lengths, not
-// on where the contents differ. An empty `want` never matches.
-bool same_secret(const std::string& given, const std::string& want) noexcept;
 
 // The daemon's counters (listed with their meaning in control/metrics.h),
 // written by its threads, read by metrics().

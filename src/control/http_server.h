@@ -52,12 +52,13 @@
 #include <vector>
 
 #include "common/status.h"
+#include "control/auth.h"
 
 namespace netreduce::control {
 
-// Who a request is. authorize() maps a request to one; routes flagged kAuth
-// refuse kAnonymous (401) before their body is read.
-enum class Role { kAnonymous, kOperator, kJob };
+// Who a request is (Role, control/auth.h): authorize() maps a request to
+// one; routes flagged kAuth refuse kAnonymous (401) before their body is
+// read.
 
 // Why the front end refused a connection or request, each with a counter
 // (netreduce_http_refused_total{reason}).

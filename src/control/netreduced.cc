@@ -64,10 +64,10 @@ int main(int argc, char** argv) {
 
   DaemonConfig cfg;
   if (Status s = load_daemon_config(config_path, cfg); !s) refuse(s.field(), s.message());
-  const std::string token = read_token(cfg.token_file);
-  const std::string job_token =
-      cfg.job_token_file.empty() ? "" : read_token(cfg.job_token_file, "auth.job_token_file");
-  if (!job_token.empty() && same_secret(job_token, token))
+  const Tokens tokens{
+      read_token(cfg.token_file),
+      cfg.job_token_file.empty() ? "" : read_token(cfg.job_token_file, "auth.job_token_file")};
+  if (!tokens.job_token.empty() && same_secret(tokens.job_token, tokens.operator_token))
     refuse("auth.job_token_file",
            "holds the same token as auth.token_file; the jobs' token must differ from the "
            "operator's");
@@ -88,20 +88,9 @@ int main(int argc, char** argv) {
   Daemon daemon(cfg);
   if (Status s = daemon.start(); !s) refuse("state.file", s.message());
 
-  // Who a request is: the one place that decides. The operator token
-  // (auth.token_file) may do everything; the jobs' token (auth.job_token_file,
-  // when configured) may create rings and delete or renew those whose
-  // credential it presents (Daemon checks the credential). Anything else is
-  // anonymous: routes flagged kAuth answer 401 before reading a body byte.
+  // Who a request is (control/auth.h).
   auto authorize = [&](const httplib::Request& req) {
-    const std::string h = req.get_header_value("Authorization");
-    const std::string prefix = "Bearer ";
-    if (h.rfind(prefix, 0) == 0) {
-      const std::string given = h.substr(prefix.size());
-      if (same_secret(given, token)) return Role::kOperator;
-      if (!job_token.empty() && same_secret(given, job_token)) return Role::kJob;
-    }
-    return Role::kAnonymous;
+    return role_of(req.get_header_value("Authorization"), tokens);
   };
   HttpServer svr(
       HttpLimits{cfg.threads, cfg.max_connections, std::chrono::milliseconds(cfg.header_timeout_ms),

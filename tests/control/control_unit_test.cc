@@ -16,6 +16,7 @@
 
 #include "common/dataplane_protocol.h"
 #include "common/ring_json.h"
+#include "control/auth.h"
 #include "control/config.h"
 #include "control/metrics.h"
 #include "control/state.h"
@@ -471,4 +472,32 @@ TEST_CASE("data plane client: a dead kept-open connection is retried once for re
     CHECK(r["n"] == 3);
   }
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("authorization: a request's role from its bearer token", "[control][auth]") {
+  const Tokens both{"op-token-1", "job-token-2"};
+  CHECK(role_of("Bearer op-token-1", both) == Role::kOperator);
+  CHECK(role_of("Bearer job-token-2", both) == Role::kJob);
+  // Not the token: a prefix, an extension, another case, a space too many.
+  for (const char* h : {"Bearer op-token-", "Bearer op-token-12", "Bearer OP-TOKEN-1",
+                        "Bearer  op-token-1", "Bearer op-token-1 ", "Bearer job-token-", ""})
+    CHECK(role_of(h, both) == Role::kAnonymous);
+  // Not the bearer scheme as sent.
+  for (const char* h : {"bearer op-token-1", "Basic op-token-1", "op-token-1", "Bearer", "Bearer "})
+    CHECK(role_of(h, both) == Role::kAnonymous);
+  // No jobs' token configured: nothing is a job, an empty token included.
+  const Tokens op_only{"op-token-1", ""};
+  CHECK(role_of("Bearer op-token-1", op_only) == Role::kOperator);
+  CHECK(role_of("Bearer job-token-2", op_only) == Role::kAnonymous);
+  CHECK(role_of("Bearer ", op_only) == Role::kAnonymous);
+}
+
+TEST_CASE("same_secret: equal strings only, an empty want never", "[control][auth]") {
+  CHECK(same_secret("abc", "abc"));
+  CHECK_FALSE(same_secret("abd", "abc"));
+  CHECK_FALSE(same_secret("ab", "abc"));
+  CHECK_FALSE(same_secret("abcabc", "abc"));  // the comparison wraps around `want`
+  CHECK_FALSE(same_secret("", "abc"));
+  CHECK_FALSE(same_secret("", ""));
+  CHECK_FALSE(same_secret("x", ""));
 }
