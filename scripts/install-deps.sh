@@ -24,7 +24,7 @@ DEMO=(
   libibverbs-dev rdma-core ibverbs-providers
   # outbound HTTP with a total deadline (host library to daemon, etcd, CLI)
   libcurl4-openssl-dev
-  # control plane
+  # control plane (fmt: the host library's error texts too)
   libyaml-cpp-dev prometheus-cpp-dev nlohmann-json3-dev libcpp-httplib-dev
   libspdlog-dev libfmt-dev libcli11-dev
   # the demo's report: its figures (python3) and /metrics (curl)

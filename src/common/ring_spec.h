@@ -15,7 +15,7 @@
 // BTH destination QP). The box never needs it to aggregate; given, it lets
 // the data plane tell apart rings over the same members (the stripes of
 // one job, Options::rings) by connection and run them on different worker
-// lcores (dataplane/rings.cc). Empty: not given.
+// lcores (dataplane/placement.h). Empty: not given.
 //
 // Layering: this file knows the wire's dtype and op codes and nothing of the
 // engine. The engine (engine/ring.h) adds what depends on its records: the
