@@ -28,9 +28,9 @@
 //   period, and reads counters through each worker's Published (lcore.h).
 // - Worker to worker: the owner's inbox (rte_ring, MP/SC) for dispatched
 //   packets, and TX handoff rings to a port queue's owner.
-// Files: lcore.h (a worker and its stages, one .cc each), placement.h
-// (which worker owns a ring), rings.cc (lifecycle), commands.cc,
-// publication.cc, control_socket.h.
+// Files: worker.cc (a worker's loop), lcore.h (a worker and its stages,
+// one .cc each), placement.h (which worker owns a ring), rings.cc
+// (lifecycle), commands.cc, publication.cc, control_socket.h.
 #pragma once
 
 #include <atomic>
@@ -160,7 +160,9 @@ class Dataplane {
   uint16_t port_id(unsigned slot) const { return port_ids_[slot]; }
   std::vector<Worker*>& workers() { return workers_; }
 
-  // Worker side.
+ private:
+  // Worker side (worker.cc; commands.cc, publication.cc): worker lcores
+  // only, but publish() also for a stopped worker (setup, final_report).
   static int worker_main(void* arg);
   // Runs a dequeued command, or frees it if its caller cancelled it.
   static void run_command(Worker& w, Command* c);
@@ -171,11 +173,7 @@ class Dataplane {
   // The worker's side of Published: the rings' figures too if `rings` or a
   // reader asked for them since the last copy.
   static void publish(Worker& w, uint64_t now, bool rings = false);
-  const LinkTable* links() const { return links_.load(std::memory_order_acquire); }
-  rte_rcu_qsbr* qsbr() const { return qsbr_; }
-  rte_mempool* pool() const { return pool_; }
 
- private:
   // setup()'s steps, in its order (dataplane.cc).
   Status resolve_control_group();
   Status find_ports();

@@ -4,7 +4,7 @@
 //
 // The lcore context (Lcore) is everything a stage reads besides its burst,
 // handed to it explicitly: stages never see the Dataplane. worker_loop
-// (dataplane.cc) builds one per worker when the worker starts; only that
+// (worker.cc) builds one per worker when the worker starts; only that
 // worker reads it. Who writes and who reads each shared field is said beside
 // it; the ordering contract between the control thread and the workers is
 // in dataplane.h.
