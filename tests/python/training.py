@@ -43,10 +43,11 @@ class Task:
             losses.append(loss.item())
         return losses
 
-    def reference(self, steps):
-        """The parameters after `steps` single-process steps on all ranks' batches."""
+    def reference(self, steps, optimizer=None):
+        """The parameters after `steps` single-process steps on all ranks'
+        batches; optimizer(params, lr) makes the optimizer (default: SGD)."""
         m = self.model()
-        opt = self.optimizer(m.parameters())
+        opt = (optimizer(m.parameters(), self.lr) if optimizer else self.optimizer(m.parameters()))
         for s in range(steps):
             xs, ys = zip(*(self.batch(s, r) for r in range(self.ranks)))
             opt.zero_grad()
