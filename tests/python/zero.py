@@ -113,10 +113,11 @@ class Meter:
             self.bytes[name] = self.bytes.get(name, 0) + self.counter() - b0
 
 
-def train_zero3(task, rank, ranks, steps, coll, meter):
+def train_zero3(task, rank, ranks, steps, coll, meter, mark=None):
     """`steps` ZeRO-3 steps of task's model on rank's batches; (the full
     parameters after a last all-gather, the losses). The Meter sees the
-    steps' collectives only."""
+    steps' collectives only; mark() is called just before the first step
+    and just after the last."""
     model = task.model()
     params = list(model.parameters())
     layout = FlatLayout(params, ranks)
@@ -124,6 +125,8 @@ def train_zero3(task, rank, ranks, steps, coll, meter):
     shard = torch.nn.Parameter(layout.flatten([p.detach() for p in params])[rank * S:(rank + 1) * S].clone())
     opt = momentum_sgd([shard], task.lr)
     losses = []
+    if mark:
+        mark()
     for s in range(steps):
         full = torch.empty(layout.padded)
         meter("all_gather", coll.all_gather, full, shard.detach())
@@ -140,20 +143,26 @@ def train_zero3(task, rank, ranks, steps, coll, meter):
         shard.grad = mine
         opt.step()
         losses.append(loss.item())
+    if mark:
+        mark()
     full = torch.empty(layout.padded)
     coll.all_gather(full, shard.detach())
     return [v.clone() for v in layout.views(full)], losses
 
 
-def train_zero_ddp(task, rank, steps, group=None):
+def train_zero_ddp(task, rank, steps, group=None, mark=None):
     """torch's ZeroRedundancyOptimizer (the optimizer state sharded by
     parameter, each owner broadcasting its parameters after its step) over
-    DDP on group; (the parameters, the losses)."""
+    DDP on group; (the parameters, the losses). mark() is called just
+    before the first step (after DDP's and the optimizer's construction)
+    and just after the last."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
     ddp = torch.nn.parallel.DistributedDataParallel(task.model(), process_group=group)
     opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD, process_group=group,
                                   lr=task.lr, momentum=MOMENTUM)
     losses = []
+    if mark:
+        mark()
     for s in range(steps):
         x, y = task.batch(s, rank)
         opt.zero_grad()
@@ -161,4 +170,6 @@ def train_zero_ddp(task, rank, steps, group=None):
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    if mark:
+        mark()
     return [p.detach().clone() for p in ddp.module.parameters()], losses

@@ -26,6 +26,13 @@ of step s seeded by (s, r)):
   ring     DDP over a second netreduce process group with force_ring and
            use_ring: the library's RDMA ring all-reduce (no box), for the
            byte comparison;
+  zero3, zero_ddp, zero3_gloo
+           sharded training (tests/system/torch_zero.py): a ZeRO-3 loop
+           (tests/python/zero.py: flat parameters and SGD-with-momentum
+           state sharded, one all_gather_into_tensor per step kept for
+           backward, reduce_scatter_tensor AVG of the flat gradient) on the
+           default group; torch's ZeroRedundancyOptimizer over DDP on it;
+           the ZeRO-3 loop again on a Gloo group for comparison;
   failover the hook again (a third communicator, failback_calls 8) while the
            host kills the box once it aggregates, with the lab's bypass
            relay closed (the guests' RoCE goes straight between them), and
@@ -35,13 +42,16 @@ of step s seeded by (s, r)):
            -> INA, no step lost.
 Checked on the host: every rank exited 0; each phase ran on its path; each
 phase's parameters are identical on every rank and equal (fp tolerance) to a
-single-process training on the concatenated batches computed here with torch;
-the loss falls; the box's ring counters (netreduced GET /v1/rings/{id}) show
+single-process training on the concatenated batches computed here with torch
+(with momentum for the sharded phases); the loss falls; every call of zero3
+and zero_ddp went through netreduce, none to Gloo; the box's ring counters (netreduced GET /v1/rings/{id}) show
 every byte the ranks all-reduced aggregated: P x (the bytes each rank passed
 to netreduce + the library's 4-byte probe), nothing left open. Reported per
 phase: ms per step split into all-reduce (the backend's/hook's busy time:
 start to completion of its calls) and the rest (compute), the compute-only
-time of the same model without DDP, and eth0 bytes sent per worker per step.
+time of the same model without DDP, and eth0 bytes sent per worker per step;
+for zero3 and zero3_gloo the all-gather's and the reduce-scatter's ms and
+data and eth0 bytes per step. --phases runs some of the phases (development).
 """
 import argparse
 import functools
@@ -68,7 +78,7 @@ STORE_PORT = 29500
 # here, so the long timeout costs nothing.
 QP_TIMEOUT = 21
 GUEST_MEM_MB = 1024  # torch: ~180 MiB resident, plus its libraries in the page cache
-WORKER_TIMEOUT = 1500  # import torch in a cold TCG guest: 3-4 minutes; three phases of STEPS
+WORKER_TIMEOUT = 1500  # import torch in a cold TCG guest: 1-4 minutes; six phases of STEPS
 # The failover phase: the hook's communicator tries the box again 8 calls
 # after its failover (one call per step here), doubling while the box is
 # still gone; the phase trains until 20 steps after the return to the
@@ -77,6 +87,7 @@ FAILBACK_CALLS = 8
 FAILOVER_MAX_STEPS = 1500
 BACK_ON_INA_STEPS = 20
 CHECK_N = 1000
+PHASES = ("checks", "ina", "hook", "ring", "zero3", "zero_ddp", "zero3_gloo", "failover")
 
 
 # ----------------------------------------------------------------------------
@@ -240,58 +251,46 @@ def phase(name):
     print("worker: phase %s at %.1f s" % (name, time.monotonic()), file=sys.stderr, flush=True)
 
 
-def worker(a):
-    # A crash (one CI run: SIGSEGV in all three ranks, nothing on stderr)
-    # prints every thread's Python stack; each phase says when it starts.
-    import faulthandler
-    faulthandler.enable(all_threads=True)
-    t = time.monotonic()
+def ddp_phases(rank, pg, common, on, res):
+    """ina, hook and ring (those that are on) into res; the communicators
+    they opened (to close at the end)."""
     import torch
     import torch.distributed as dist
     import netreduce.torch as nrt
-    out = {"import_seconds": time.monotonic() - t}
-    rank = a.rank
-    common = dict(device="rxe0", gid_index=a.gid_index, qp_timeout=QP_TIMEOUT, delete_ring_at_close=False,
-                  lease_ms=600000, op_timeout_ms=60000, connect_timeout_ms=120000)
-    nrt.set_backend_options(**common)
-    dist.init_process_group("netreduce", init_method="tcp://%s:%d" % (a.master, STORE_PORT), rank=rank,
-                            world_size=P)
-    pg = dist.distributed_c10d._get_default_group()
-    out["backend"] = dist.get_backend()
-    out["compute_only_ms_per_step"] = compute_only()
-    # Start the INA calls together: the box holds the first rank's packets
-    # until the last rank's arrive, and a rank that starts later than its
-    # peers' RC retry budget (7 x 8.6 s here) ends their QPs
-    # (docs/design.md#failure-semantics). TCG guests' compute_only() times
-    # differ by seconds.
-    dist.barrier()
-    res = {}
-    # checks and ina: the default group's communicator (one ring at the box)
-    res["checks"] = {"path": pg.path, "reason": pg.reason, "ring": pg.comm.ring_id if pg.comm else 0,
-                     "bytes": check_round_trips(pg.comm, rank) if pg.comm else 0,
-                     "calls": check_backend(pg, rank)}
-    phase("ina")
-    r = train(torch.nn.parallel.DistributedDataParallel(model()), rank, pg.stats)
-    r.update(path=pg.path, reason=pg.reason, ring=pg.comm.ring_id if pg.comm else 0)
-    res["ina"] = r
+    opened = []
+    if on("ina"):
+        phase("ina")
+        r = train(torch.nn.parallel.DistributedDataParallel(model()), rank, pg.stats)
+        r.update(path=pg.path, reason=pg.reason, ring=pg.comm.ring_id if pg.comm else 0)
+        res["ina"] = r
     # hook: its own communicator (a second ring)
-    phase("hook")
-    hs = nrt.HookState(**common)
-    ddp = torch.nn.parallel.DistributedDataParallel(model())
-    ddp.register_comm_hook(hs, nrt.allreduce_hook)
-    r = train(ddp, rank, hs.stats)
-    r.update(path=hs.path, reason=hs.reason, ring=hs.comm.ring_id if hs.comm else 0)
-    res["hook"] = r
+    if on("hook"):
+        phase("hook")
+        hs = nrt.HookState(**common)
+        ddp = torch.nn.parallel.DistributedDataParallel(model())
+        ddp.register_comm_hook(hs, nrt.allreduce_hook)
+        r = train(ddp, rank, hs.stats)
+        r.update(path=hs.path, reason=hs.reason, ring=hs.comm.ring_id if hs.comm else 0)
+        res["hook"] = r
+        opened.append(("hook", hs))
     # ring: the library's own ring all-reduce (no box), a second process group
-    phase("ring")
-    nrt.set_backend_options(force_ring=True, use_ring=True, **common)
-    ring_pg = dist.new_group(backend="netreduce")
-    r = train(torch.nn.parallel.DistributedDataParallel(model(), process_group=ring_pg), rank, ring_pg.stats)
-    r.update(path=ring_pg.path, reason=ring_pg.reason, ring=0)
-    res["ring"] = r
-    # failover: the hook through the box while the host kills it behind a
-    # bypass relay and restarts it (failover_drill): INA -> ring -> INA
-    # within one training.
+    if on("ring"):
+        phase("ring")
+        nrt.set_backend_options(force_ring=True, use_ring=True, **common)
+        ring_pg = dist.new_group(backend="netreduce")
+        r = train(torch.nn.parallel.DistributedDataParallel(model(), process_group=ring_pg), rank, ring_pg.stats)
+        r.update(path=ring_pg.path, reason=ring_pg.reason, ring=0)
+        res["ring"] = r
+        opened.append(("ring", ring_pg))
+    return opened
+
+
+def failover_phase(rank, common):
+    """The hook through the box while the host kills it behind a bypass
+    relay and restarts it (failover_drill): INA -> ring -> INA within one
+    training; (its result, its HookState)."""
+    import torch
+    import netreduce.torch as nrt
     phase("failover")
     fs = nrt.HookState(failback_calls=FAILBACK_CALLS, **common)
     ddp = torch.nn.parallel.DistributedDataParallel(model())
@@ -306,21 +305,61 @@ def worker(a):
             back_at = steps
         if back_at is not None and steps - back_at >= BACK_ON_INA_STEPS:
             break
-    res["failover"] = {"params": [p.detach().clone() for p in ddp.module.parameters()], "losses": losses,
-                       "steps": steps, "back_at": back_at, "path": fs.path, "failovers": fs.failovers}
+    return {"params": [p.detach().clone() for p in ddp.module.parameters()], "losses": losses,
+            "steps": steps, "back_at": back_at, "path": fs.path, "failovers": fs.failovers}, fs
+
+
+def worker(a):
+    # A crash (one CI run: SIGSEGV in all three ranks, nothing on stderr)
+    # prints every thread's Python stack; each phase says when it starts.
+    import faulthandler
+    faulthandler.enable(all_threads=True)
+    t = time.monotonic()
+    import torch
+    import torch.distributed as dist
+    import netreduce.torch as nrt
+    import torch_zero
+    out = {"import_seconds": time.monotonic() - t}
+    rank, phases = a.rank, a.phases.split(",")
+    common = dict(device="rxe0", gid_index=a.gid_index, qp_timeout=QP_TIMEOUT, delete_ring_at_close=False,
+                  lease_ms=600000, op_timeout_ms=60000, connect_timeout_ms=120000)
+    nrt.set_backend_options(**common)
+    dist.init_process_group("netreduce", init_method="tcp://%s:%d" % (a.master, STORE_PORT), rank=rank,
+                            world_size=P)
+    pg = dist.distributed_c10d._get_default_group()
+    out["backend"] = dist.get_backend()
+    out["default_ring"] = pg.comm.ring_id if pg.comm else 0
+    out["compute_only_ms_per_step"] = compute_only()
+    # Start the INA calls together: the box holds the first rank's packets
+    # until the last rank's arrive, and a rank that starts later than its
+    # peers' RC retry budget (7 x 8.6 s here) ends their QPs
+    # (docs/design.md#failure-semantics). TCG guests' compute_only() times
+    # differ by seconds.
+    dist.barrier()
+    res = {}
+    # checks, ina and the zero phases: the default group's communicator (one ring at the box)
+    if "checks" in phases:
+        res["checks"] = {"path": pg.path, "reason": pg.reason, "ring": out["default_ring"],
+                         "bytes": check_round_trips(pg.comm, rank) if pg.comm else 0,
+                         "calls": check_backend(pg, rank)}
+    opened = ddp_phases(rank, pg, common, lambda name: name in phases, res)
+    res.update(torch_zero.run(task(), rank, P, STEPS, pg, phases, tx_bytes, phase))
+    if "failover" in phases:
+        res["failover"], fs = failover_phase(rank, common)
+        opened.append(("failover", fs))
     out["phases"] = res
     # Everything each communicator carried (DDP's constructors broadcast and
     # all-gather through the default group's).
-    out["comm_bytes"] = {"ina": res["checks"]["bytes"] + pg.stats()["bytes"], "hook": hs.stats()["bytes"]}
+    out["comm_bytes"] = {"ina": res.get("checks", {}).get("bytes", 0) + pg.stats()["bytes"]}
+    out["comm_bytes"].update((name, c.stats()["bytes"]) for name, c in opened if name == "hook")
     out["fallback_messages"] = list(nrt.fallback_messages)
     dist.barrier()  # Gloo's: nothing through the box
     torch.save(out, os.path.join("/nrlab", "torch-result-%d.pt" % rank))
     print(json.dumps({k: v for k, v in out.items() if k != "phases"}))
     # Leave without tearing down communicators one by one: exit closes them
     # (each close is a barrier with the peers, bounded by op_timeout_ms).
-    fs.close()
-    hs.close()
-    ring_pg.close()
+    for _, c in reversed(opened):
+        c.close()
     pg.close()
     return 0
 
@@ -398,6 +437,160 @@ def failover_drill(lab, daemon, jobs, report):
     return before
 
 
+def check_backend_calls(report, expect, ph):
+    report.figure("round trips (numpy 5 dtypes x 3 ops, torch bf16/fp32, async): path / bytes per rank",
+                  "%s / %d" % (ph[0]["checks"]["path"], ph[0]["checks"]["bytes"]))
+    expect(all(p["checks"]["path"] == "ina" for p in ph), "checks not on INA: %s" %
+           [(p["checks"]["path"], p["checks"]["reason"]) for p in ph])
+    # The backend's collectives went through netreduce (barrier: Gloo).
+    for p in ph:
+        calls = p["checks"]["calls"]
+        for name in ("broadcast", "allgather", "_allgather_base", "reduce_scatter", "_reduce_scatter_base",
+                     "reduce", "allreduce"):
+            expect(calls.get(name, {}).get("netreduce", 0) >= 1 and calls[name]["gloo"] == 0,
+                   "backend %s: %s" % (name, calls.get(name)))
+    report.figure("backend calls through netreduce / Gloo (rank 0, checks)", ", ".join(
+        "%s %d/%d" % (k, v["netreduce"], v["gloo"]) for k, v in sorted(ph[0]["checks"]["calls"].items())))
+
+
+def check_ddp(report, expect, name, rs, ref):
+    """One DDP phase's results rs (one per rank) against ref."""
+    import torch
+    nparams = sum(p.numel() for p in ref)
+    want_path = {"ina": "ina", "hook": "ina", "ring": "ring"}
+    expect(all(r["path"] == want_path[name] for r in rs), "%s: paths %s" %
+           (name, [(r["path"], r["reason"]) for r in rs]))
+    for r in range(1, P):
+        for x, y in zip(rs[0]["params"], rs[r]["params"]):
+            expect(torch.equal(x, y), "%s: rank %d's parameters differ from rank 0's (max %g)" %
+                   (name, r, (x - y).abs().max().item()))
+    diff = max((x - y).abs().max().item() for x, y in zip(ref, rs[0]["params"]))
+    expect(all(torch.allclose(x, y, rtol=1e-4, atol=1e-5) for x, y in zip(ref, rs[0]["params"])),
+           "%s: parameters differ from the single-process reference by up to %g" % (name, diff))
+    first = sum(sum(r["losses"][:10]) for r in rs) / (10 * P)
+    last = sum(sum(r["losses"][-10:]) for r in rs) / (10 * P)
+    expect(last < 0.5 * first, "%s: loss did not fall: %.4f -> %.4f" % (name, first, last))
+    expect(all(r["allreduce_bytes"] == 4 * nparams * STEPS for r in rs),
+           "%s: all-reduced %s bytes, expected %d (every gradient through netreduce)" %
+           (name, [r["allreduce_bytes"] for r in rs], 4 * nparams * STEPS))
+    report.line("%s (path %s: %s):" % (name, rs[0]["path"], rs[0]["reason"]))
+    report.figure("  identical on every rank; max |difference| to the single-process reference", "%.2e" % diff)
+    report.figure("  loss, mean of the first / last 10 steps", "%.4f / %.4f" % (first, last))
+    report.figure("  ms per step (g0, g1, g2)", ", ".join("%.1f" % r["ms_per_step"] for r in rs))
+    report.figure("  of which all-reduce (busy)", ", ".join("%.1f" % r["allreduce_ms_per_step"] for r in rs))
+    report.figure("  of which the rest (compute, DDP)", ", ".join(
+        "%.1f" % (r["ms_per_step"] - r["allreduce_ms_per_step"]) for r in rs))
+    report.figure("  all-reduce calls / data bytes per worker per step", "%d / %d" % (
+        rs[0]["allreduce_calls"] // STEPS, rs[0]["allreduce_bytes"] // STEPS))
+    report.figure("  eth0 bytes sent per worker per step", ", ".join("%d" % r["tx_bytes_per_step"] for r in rs))
+
+
+def check_box(report, expect, outs, rings, phases):
+    """The box aggregated every byte: P x (what each rank all-reduced + the
+    probe), on the default group's ring and on the hook's."""
+    default = [n for n in ("checks", "ina", "zero3", "zero_ddp") if n in phases]
+    hook = outs[0]["phases"].get("hook", {}).get("ring")
+    for name, rid, on in (("ina", outs[0]["default_ring"], default), ("hook", hook, ["hook"] if hook else [])):
+        if not on:
+            continue
+        expect(rid in rings, "ring %s (%s) was not at the box before it was killed" % (rid, "+".join(on)))
+        c = rings[rid]["counters"]
+        per_rank = [o["comm_bytes"][name] + 4 for o in outs]
+        expect(len(set(per_rank)) == 1, "ranks all-reduced different byte counts: %s" % per_rank)
+        want = P * per_rank[0]
+        report.figure("box ring %d (%s): data bytes aggregated (expected P x %d)" % (rid, "+".join(on), per_rank[0]),
+                      "%d (%d)" % (c["bytes_aggregated"], want))
+        report.figure("  messages completed / retransmissions served / drops", "%d / %d / %s" % (
+            c["messages_completed"], c["retransmissions_served"], {k: v for k, v in c["drops"].items() if v}))
+        expect(c["bytes_aggregated"] == want, "ring %d aggregated %d bytes, expected %d" %
+               (rid, c["bytes_aggregated"], want))
+        expect(rings[rid]["open_cells"] == 0 and rings[rid]["held_packets"] == 0,
+               "ring %d has cells open: %s" % (rid, rings[rid]))
+
+
+def check_failover(report, expect, ph, results):
+    """INA -> ring -> INA in one training, every rank alike."""
+    import torch
+    fo = [p["failover"] for p in ph]
+    report.line("failover (hook through the box, killed mid-training behind a bypass relay, restarted):")
+    expect(all(f["path"] == "ina" and f["failovers"] == 1 and f["back_at"] for f in fo),
+           "failover: paths / failovers / back on INA at step %s" %
+           [(f["path"], f["failovers"], f["back_at"]) for f in fo])
+    expect(len({(f["steps"], f["back_at"]) for f in fo}) == 1, "failover: ranks trained different steps: %s" %
+           [(f["steps"], f["back_at"]) for f in fo])
+    for r in range(1, P):
+        for x, y in zip(fo[0]["params"], fo[r]["params"]):
+            expect(torch.equal(x, y), "failover: rank %d's parameters differ from rank 0's" % r)
+    fref = task().reference(fo[0]["steps"])
+    diff = max((x - y).abs().max().item() for x, y in zip(fref, fo[0]["params"]))
+    expect(all(torch.allclose(x, y, rtol=1e-4, atol=1e-5) for x, y in zip(fref, fo[0]["params"])),
+           "failover: parameters differ from the single-process reference by up to %g" % diff)
+    for r, res in enumerate(results):
+        switches = [ln for ln in res.err.splitlines() if "switched to the" in ln]
+        expect(len(switches) == 2 and "to the ring path" in switches[0] and "to the INA path" in switches[1],
+               "failover: rank %d logged %s" % (r, switches))
+    report.line("  rank 0: %s" % "; ".join(ln[:200] for ln in results[0].err.splitlines()
+                                          if "switched to the" in ln))
+    report.figure("  steps trained / back on INA after step", "%d / %d" % (fo[0]["steps"], fo[0]["back_at"]))
+    report.figure("  identical on every rank; max |difference| to the single-process reference", "%.2e" % diff)
+
+
+def training_job(lab, daemon, env, report, phases, rings):
+    """The workers' run (with the failover drill if that phase is on); their
+    results. rings: every ring at the box before it was killed (or, without
+    the failover phase, at the end)."""
+    from lab_common import Failed
+    t, g0 = time.monotonic(), lab.guests[0]
+    jobs = [g.spawn(["/usr/bin/python3", os.path.abspath(__file__), "--worker", "--rank", r, "--master", g0.ip,
+                     "--gid-index", g.gid_index, "--phases", ",".join(phases)], env=env)
+            for r, g in enumerate(lab.guests)]
+    rings.clear()
+    if "failover" in phases:
+        rings.update(failover_drill(lab, daemon, jobs, report))
+    results = [j.wait(WORKER_TIMEOUT) for j in jobs]
+    if "failover" not in phases:
+        rings.update({r["id"]: daemon.ring(r["id"]) for r in daemon.get("/v1/rings")["rings"]})
+    report.figure("training job wall time (import torch included)", "%.1f" % (time.monotonic() - t), "s")
+    if any(x.rc != 0 for x in results):
+        last = ["rank %d: %s" % (r, (x.err.strip().splitlines() or ["(no stderr)"])[-1])
+                for r, x in enumerate(results)]
+        raise Failed("ranks exited %s\n%s\n%s" % ([x.rc for x in results], "\n".join(last), "\n".join(
+            "--- rank %d stderr\n%s\n--- stdout\n%s" % (r, x.err[-3000:], x.out[-1000:])
+            for r, x in enumerate(results))))
+    return results
+
+
+def check_all(report, expect, outs, results, rings, phases):
+    report.figure("import torch in a guest (per rank)", ", ".join("%.1f" % o["import_seconds"] for o in outs), "s")
+    report.figure("backend", outs[0]["backend"])
+    expect(all(o["backend"] == "netreduce" for o in outs), "backend %s" % [o["backend"] for o in outs])
+    expect(not any(o["fallback_messages"] for o in outs), "fallbacks: %s" % [o["fallback_messages"] for o in outs])
+    ph = [o["phases"] for o in outs]
+    if "checks" in phases:
+        check_backend_calls(report, expect, ph)
+    ref = task().reference(STEPS)
+    nparams = sum(p.numel() for p in ref)
+    report.line("MLP %d-%d-%d (%d fp32 parameters, %d bytes of gradient per step), %d steps, batch %d per "
+                "rank, SGD lr %g" % (IN, HID, OUT, nparams, 4 * nparams, STEPS, BATCH, LR))
+    report.figure("compute only (same model, no DDP), ms per step per rank",
+                  ", ".join("%.1f" % o["compute_only_ms_per_step"] for o in outs))
+    for name in ("ina", "hook", "ring"):
+        if name in phases:
+            check_ddp(report, expect, name, [p[name] for p in ph], ref)
+    import torch_zero
+    torch_zero.check(report, expect, ph, task(), STEPS, P)
+    check_box(report, expect, outs, rings, phases)
+    if "failover" in phases:
+        check_failover(report, expect, ph, results)
+    if "ina" in phases and "ring" in phases:
+        ina_tx = [r["tx_bytes_per_step"] for r in (p["ina"] for p in ph)]
+        ring_tx = [r["tx_bytes_per_step"] for r in (p["ring"] for p in ph)]
+        report.figure("eth0 bytes per step INA / ring per worker (ideal P/(2(P-1)) = %.3f)" % (P / (2 * (P - 1))),
+                      ", ".join("%.3f" % (i / r) for i, r in zip(ina_tx, ring_tx)))
+        expect(all(i < r for i, r in zip(ina_tx, ring_tx)), "INA sent no fewer bytes than the ring: %s vs %s" %
+               (ina_tx, ring_tx))
+
+
 def run_scenario(a):
     from lab_common import Failed, LabError, expect
     from lab_report import Report, run_step
@@ -406,6 +599,7 @@ def run_scenario(a):
     import torch
     t0 = time.monotonic()
     report, ok = None, False
+    phases = a.phases.split(",")
     try:
         with Lab(guests=P, dataplane=a.dataplane, workdir=a.workdir, box_mode="aggregate",
                  mem_mb=GUEST_MEM_MB,
@@ -413,135 +607,15 @@ def run_scenario(a):
                  box_extra={"rings": {"retire_grace_ms": 120000}}) as lab:
             report = Report("torch", lab.run_dir)
             report.figure("lab setup, 3 guests (boot to rxe0 ready)", "%.1f" % lab.setup_seconds, "s")
+            report.figure("phases", ", ".join(phases))
             daemon = scenario_allreduce.Daemon(lab, a.daemon)
-            g0 = lab.guests[0]
             env = {"PYTHONPATH": a.pythonpath, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
-                   "MASTER_ADDR": g0.ip, "MASTER_PORT": STORE_PORT,
+                   "MASTER_ADDR": lab.guests[0].ip, "MASTER_PORT": STORE_PORT,
                    "NETREDUCE_DAEMON": daemon.url, "NETREDUCE_TOKEN_FILE": daemon.token_file}
-
             rings = {}  # every ring before the box was killed
-
-            def training_job():
-                t = time.monotonic()
-                jobs = [g.spawn(["/usr/bin/python3", os.path.abspath(__file__), "--worker", "--rank", r,
-                                 "--master", g0.ip, "--gid-index", g.gid_index], env=env)
-                        for r, g in enumerate(lab.guests)]
-                rings.clear()
-                rings.update(failover_drill(lab, daemon, jobs, report))
-                results = [j.wait(WORKER_TIMEOUT) for j in jobs]
-                report.figure("training job wall time (import torch included)", "%.1f" % (time.monotonic() - t),
-                              "s")
-                if any(x.rc != 0 for x in results):
-                    last = ["rank %d: %s" % (r, (x.err.strip().splitlines() or ["(no stderr)"])[-1])
-                            for r, x in enumerate(results)]
-                    raise Failed("ranks exited %s\n%s\n%s" % ([x.rc for x in results], "\n".join(last), "\n".join(
-                        "--- rank %d stderr\n%s\n--- stdout\n%s" % (r, x.err[-3000:], x.out[-1000:])
-                        for r, x in enumerate(results))))
-                return results
-
-            results = run_step(lab, [report], training_job)
+            results = run_step(lab, [report], lambda: training_job(lab, daemon, env, report, phases, rings))
             outs = [torch.load(os.path.join(g.dir, "torch-result-%d.pt" % r)) for r, g in enumerate(lab.guests)]
-            for name in ("checks", "ina", "hook"):
-                rid = outs[0]["phases"][name]["ring"]
-                expect(not rid or rid in rings, "%s: ring %d was not at the box before it was killed" % (name, rid))
-        report.figure("import torch in a guest (per rank)", ", ".join("%.1f" % o["import_seconds"] for o in outs),
-                      "s")
-        report.figure("backend", outs[0]["backend"])
-        expect(all(o["backend"] == "netreduce" for o in outs), "backend %s" % [o["backend"] for o in outs])
-        expect(not any(o["fallback_messages"] for o in outs), "fallbacks: %s" % [o["fallback_messages"] for o in outs])
-        ph = [o["phases"] for o in outs]
-        report.figure("round trips (numpy 5 dtypes x 3 ops, torch bf16/fp32, async): path / bytes per rank",
-                      "%s / %d" % (ph[0]["checks"]["path"], ph[0]["checks"]["bytes"]))
-        expect(all(p["checks"]["path"] == "ina" for p in ph), "checks not on INA: %s" %
-               [(p["checks"]["path"], p["checks"]["reason"]) for p in ph])
-        # The backend's collectives went through netreduce (barrier: Gloo).
-        for p in ph:
-            calls = p["checks"]["calls"]
-            for name in ("broadcast", "allgather", "_allgather_base", "reduce_scatter", "_reduce_scatter_base",
-                         "reduce", "allreduce"):
-                expect(calls.get(name, {}).get("netreduce", 0) >= 1 and calls[name]["gloo"] == 0,
-                       "backend %s: %s" % (name, calls.get(name)))
-        report.figure("backend calls through netreduce / Gloo (rank 0, checks)", ", ".join(
-            "%s %d/%d" % (k, v["netreduce"], v["gloo"]) for k, v in sorted(ph[0]["checks"]["calls"].items())))
-        ref = task().reference(STEPS)
-        nparams = sum(p.numel() for p in ref)
-        report.line("MLP %d-%d-%d (%d fp32 parameters, %d bytes of gradient per step), %d steps, batch %d per "
-                    "rank, SGD lr %g" % (IN, HID, OUT, nparams, 4 * nparams, STEPS, BATCH, LR))
-        report.figure("compute only (same model, no DDP), ms per step per rank",
-                      ", ".join("%.1f" % o["compute_only_ms_per_step"] for o in outs))
-        want_path = {"ina": "ina", "hook": "ina", "ring": "ring"}
-        for name in ("ina", "hook", "ring"):
-            rs = [p[name] for p in ph]
-            expect(all(r["path"] == want_path[name] for r in rs), "%s: paths %s" %
-                   (name, [(r["path"], r["reason"]) for r in rs]))
-            for r in range(1, P):
-                for x, y in zip(rs[0]["params"], rs[r]["params"]):
-                    expect(torch.equal(x, y), "%s: rank %d's parameters differ from rank 0's (max %g)" %
-                           (name, r, (x - y).abs().max().item()))
-            diff = max((x - y).abs().max().item() for x, y in zip(ref, rs[0]["params"]))
-            expect(all(torch.allclose(x, y, rtol=1e-4, atol=1e-5) for x, y in zip(ref, rs[0]["params"])),
-                   "%s: parameters differ from the single-process reference by up to %g" % (name, diff))
-            first = sum(sum(r["losses"][:10]) for r in rs) / (10 * P)
-            last = sum(sum(r["losses"][-10:]) for r in rs) / (10 * P)
-            expect(last < 0.5 * first, "%s: loss did not fall: %.4f -> %.4f" % (name, first, last))
-            expect(all(r["allreduce_bytes"] == 4 * nparams * STEPS for r in rs),
-                   "%s: all-reduced %s bytes, expected %d (every gradient through netreduce)" %
-                   (name, [r["allreduce_bytes"] for r in rs], 4 * nparams * STEPS))
-            report.line("%s (path %s: %s):" % (name, rs[0]["path"], rs[0]["reason"]))
-            report.figure("  identical on every rank; max |difference| to the single-process reference", "%.2e" % diff)
-            report.figure("  loss, mean of the first / last 10 steps", "%.4f / %.4f" % (first, last))
-            report.figure("  ms per step (g0, g1, g2)", ", ".join("%.1f" % r["ms_per_step"] for r in rs))
-            report.figure("  of which all-reduce (busy)", ", ".join("%.1f" % r["allreduce_ms_per_step"] for r in rs))
-            report.figure("  of which the rest (compute, DDP)", ", ".join(
-                "%.1f" % (r["ms_per_step"] - r["allreduce_ms_per_step"]) for r in rs))
-            report.figure("  all-reduce calls / data bytes per worker per step", "%d / %d" % (
-                rs[0]["allreduce_calls"] // STEPS, rs[0]["allreduce_bytes"] // STEPS))
-            report.figure("  eth0 bytes sent per worker per step", ", ".join("%d" % r["tx_bytes_per_step"] for r in rs))
-        # The box aggregated every byte: P x (what each rank all-reduced + the probe).
-        for name, phases in (("ina", ("checks", "ina")), ("hook", ("hook",))):
-            rid = ph[0][name]["ring"]
-            c = rings[rid]["counters"]
-            per_rank = [o["comm_bytes"][name] + 4 for o in outs]
-            expect(len(set(per_rank)) == 1, "ranks all-reduced different byte counts: %s" % per_rank)
-            want = P * per_rank[0]
-            report.figure("box ring %d (%s): data bytes aggregated (expected P x %d)" % (rid, "+".join(phases),
-                                                                                      per_rank[0]),
-                          "%d (%d)" % (c["bytes_aggregated"], want))
-            report.figure("  messages completed / retransmissions served / drops", "%d / %d / %s" % (
-                c["messages_completed"], c["retransmissions_served"], {k: v for k, v in c["drops"].items() if v}))
-            expect(c["bytes_aggregated"] == want, "ring %d aggregated %d bytes, expected %d" %
-                   (rid, c["bytes_aggregated"], want))
-            expect(rings[rid]["open_cells"] == 0 and rings[rid]["held_packets"] == 0,
-                   "ring %d has cells open: %s" % (rid, rings[rid]))
-        # failover: INA -> ring -> INA in one training, every rank alike.
-        fo = [p["failover"] for p in ph]
-        report.line("failover (hook through the box, killed mid-training behind a bypass relay, restarted):")
-        expect(all(f["path"] == "ina" and f["failovers"] == 1 and f["back_at"] for f in fo),
-               "failover: paths / failovers / back on INA at step %s" %
-               [(f["path"], f["failovers"], f["back_at"]) for f in fo])
-        expect(len({(f["steps"], f["back_at"]) for f in fo}) == 1, "failover: ranks trained different steps: %s" %
-               [(f["steps"], f["back_at"]) for f in fo])
-        for r in range(1, P):
-            for x, y in zip(fo[0]["params"], fo[r]["params"]):
-                expect(torch.equal(x, y), "failover: rank %d's parameters differ from rank 0's" % r)
-        fref = task().reference(fo[0]["steps"])
-        diff = max((x - y).abs().max().item() for x, y in zip(fref, fo[0]["params"]))
-        expect(all(torch.allclose(x, y, rtol=1e-4, atol=1e-5) for x, y in zip(fref, fo[0]["params"])),
-               "failover: parameters differ from the single-process reference by up to %g" % diff)
-        for r, res in enumerate(results):
-            switches = [ln for ln in res.err.splitlines() if "switched to the" in ln]
-            expect(len(switches) == 2 and "to the ring path" in switches[0] and "to the INA path" in switches[1],
-                   "failover: rank %d logged %s" % (r, switches))
-        report.line("  rank 0: %s" % "; ".join(ln[:200] for ln in results[0].err.splitlines()
-                                              if "switched to the" in ln))
-        report.figure("  steps trained / back on INA after step", "%d / %d" % (fo[0]["steps"], fo[0]["back_at"]))
-        report.figure("  identical on every rank; max |difference| to the single-process reference", "%.2e" % diff)
-        ina_tx = [r["tx_bytes_per_step"] for r in (p["ina"] for p in ph)]
-        ring_tx = [r["tx_bytes_per_step"] for r in (p["ring"] for p in ph)]
-        report.figure("eth0 bytes per step INA / ring per worker (ideal P/(2(P-1)) = %.3f)" % (P / (2 * (P - 1))),
-                      ", ".join("%.3f" % (i / r) for i, r in zip(ina_tx, ring_tx)))
-        expect(all(i < r for i, r in zip(ina_tx, ring_tx)), "INA sent no fewer bytes than the ring: %s vs %s" %
-               (ina_tx, ring_tx))
+        check_all(report, expect, outs, results, rings, phases)
         ok = True
     except (Failed, LabError) as e:
         print("FAILED: %s" % e, file=sys.stderr)
@@ -564,7 +638,12 @@ def main():
     ap.add_argument("--daemon", help="netreduced")
     ap.add_argument("--pythonpath", help="the build tree's python directory (PYTHONPATH of the workers)")
     ap.add_argument("--workdir")
+    ap.add_argument("--phases", default=",".join(PHASES),
+                    help="comma-separated, of %s (default: all; for development)" % ", ".join(PHASES))
     a = ap.parse_args()
+    unknown = set(a.phases.split(",")) - set(PHASES)
+    if unknown:
+        ap.error("unknown phases %s" % sorted(unknown))
     if a.worker:
         return worker(a)
     for k in ("dataplane", "daemon", "pythonpath"):
