@@ -135,15 +135,25 @@ std::string Collective::ring_tag(unsigned i, const StripeRange& s, size_t esize)
 // --------------------------------------------------------------- ring path
 
 // One ring-path call (collective.h has the example and the contracts): on
-// every ring, its stripe's segments one after the other, each in
-// ring_steps(P) steps. A step posts this rank's write of its chunk, and is
-// done once that write is acknowledged and the predecessor's write of the
-// step has come (reduced into the chunk, or stored); a receive that comes
-// before its step waits in its ring's queue (RingState::early).
+// every ring, its stripe's segments one after the other, each in the form's
+// steps of ring_step (all-reduce: all 2(P - 1); reduce-scatter: the first
+// P - 1; all-gather: the last P - 1). A step posts this rank's write of its
+// chunk, and is done once that write is acknowledged and the predecessor's
+// write of the step has come (reduced into the chunk, or stored); a receive
+// that comes before its step waits in its ring's queue (RingState::early).
+//
+// Chunks: all-reduce cuts a segment of n elements into P chunks
+// (ring_chunk); the other forms' segment is the same sub-range of n
+// elements of each rank's part (P chunks, `part_` elements apart in the
+// user's buffer, n apart in the work buffer), and they turn ring_step's
+// chunk q into chunk q - 1, so that the reduce-scatter leaves rank r with
+// chunk r and the all-gather starts from it.
 class Collective::RingCall {
  public:
-  RingCall(Collective& c, const void* send, void* recv, size_t count, DataType t, Op op)
+  RingCall(Collective& c, RingForm form, const void* send, void* recv, size_t count, DataType t,
+           Op op)
       : c_(c),
+        form_(form),
         src_(static_cast<const uint8_t*>(send)),
         dst_(static_cast<uint8_t*>(recv)),
         count_(count),
@@ -152,7 +162,9 @@ class Collective::RingCall {
         r_(c.t_.rank()),
         R_(c.rings()),
         steps_(ring_steps(P_)),
-        seg_max_(size_t{P_} * (c.ring_stride_ / es_)),
+        first_(form == RingForm::all_gather ? P_ - 1 : 0),
+        last_(form == RingForm::reduce_scatter ? P_ - 1 : steps_),
+        seg_max_((form == RingForm::all_reduce ? size_t{P_} : 1) * (c.ring_stride_ / es_)),
         reduce_fn_(reduce::kernels(reduce::best_isa(), static_cast<wire::Dtype>(t),
                                    static_cast<wire::ReduceOp>(op))
                        .reduce),
@@ -168,7 +180,7 @@ class Collective::RingCall {
     uint8_t* work = nullptr;
     size_t work_off = 0;   // of `work` in work_mr_
     size_t seg_first = 0;  // element offset of the segment in the stripe
-    size_t n = 0;          // elements in the segment
+    size_t n = 0;          // elements in the segment (all-reduce) or in each chunk of it
     uint32_t tag = 0;
     size_t half = 0;
     unsigned step = 0;
@@ -178,33 +190,54 @@ class Collective::RingCall {
 
   Error begin_stripe(unsigned g);
   void start_segment(Stripe& k, unsigned g);
+  void end_segment(const Stripe& k);
   Error begin_step(Stripe& k, unsigned g);
   Error receive(Stripe& k, unsigned g, const Completion& c);
   Error advance(Stripe& k, unsigned g);
   Error take(const Completion& c);
   bool finished() const;
   Error timed_out() const;
+  // ring_step's chunk q as this form numbers it.
+  unsigned turn(unsigned q) const { return form_ == RingForm::all_reduce ? q : (q + P_ - 1) % P_; }
+  // Chunk c of the current segment in the work buffer (elements), and the
+  // offset of its first element in the user's buffers.
+  ChunkRange chunk(const Stripe& k, unsigned c) const;
+  size_t user_at(const Stripe& k, unsigned c) const;
   // Where ring k stands, for errors: its message id, segment and step.
   std::string where(const Stripe& k) const;
   // " at <where>", or nothing once the ring is done.
   std::string at_step(const Stripe& k) const { return k.done ? "" : " at " + where(k); }
 
   Collective& c_;
+  const RingForm form_;
   const uint8_t* src_;
   uint8_t* dst_;
-  const size_t count_;
+  const size_t count_;  // elements (all-reduce), or of each rank's part
   const size_t es_;
   const unsigned P_, r_, R_;
-  const unsigned steps_;
-  const size_t seg_max_;  // elements of a segment at most
+  const unsigned steps_;         // of an all-reduce (ring_step's numbering)
+  const unsigned first_, last_;  // the form's steps: [first_, last_)
+  const size_t seg_max_;         // elements of a segment (or of its chunks) at most
   const reduce::ReduceFn reduce_fn_;
   const std::string who_;
   std::array<Stripe, kMaxRings> st_;
   Clock::time_point start_{};
 };
 
+const char* Collective::form_name(RingForm f) {
+  switch (f) {
+    case RingForm::reduce_scatter:
+      return "reduce-scatter";
+    case RingForm::all_gather:
+      return "all-gather";
+    default:
+      return "all-reduce";
+  }
+}
+
 Error Collective::RingCall::run(Clock::time_point deadline) {
   start_ = Clock::now();
+  c_.record_.path = Path::ring;
   for (unsigned g = 0; g < R_; ++g)
     if (Error e = begin_stripe(g)) return c_.fail(e);
   Completion comps[kPollBatch];
@@ -216,6 +249,16 @@ Error Collective::RingCall::run(Clock::time_point deadline) {
       if (Error e = take(comps[i])) return c_.fail(e);
   }
   return {};
+}
+
+ChunkRange Collective::RingCall::chunk(const Stripe& k, unsigned c) const {
+  if (form_ == RingForm::all_reduce) return ring_chunk(k.n, P_, c);
+  return {c * k.n, k.n};
+}
+
+size_t Collective::RingCall::user_at(const Stripe& k, unsigned c) const {
+  const size_t at = k.s.first + k.seg_first;
+  return form_ == RingForm::all_reduce ? at + ring_chunk(k.n, P_, c).first : c * count_ + at;
 }
 
 // Ring g's stripe, and the first step of its first segment (an empty stripe
@@ -233,23 +276,43 @@ Error Collective::RingCall::begin_stripe(unsigned g) {
   return begin_step(k, g);
 }
 
-// The next segment of the stripe into the work buffer, at step 0.
+// The next segment of the stripe into the work buffer (the all-gather's:
+// this rank's own chunk), at the form's first step.
 void Collective::RingCall::start_segment(Stripe& k, unsigned g) {
   k.n = std::min(k.s.count - k.seg_first, seg_max_);
-  std::memcpy(k.work, src_ + (k.s.first + k.seg_first) * es_, k.n * es_);
+  const bool own_only = form_ == RingForm::all_gather;  // send: this rank's part alone
+  for (unsigned c = 0; c < P_; ++c) {
+    const ChunkRange w = chunk(k, c);
+    if (w.count == 0 || (own_only && c != r_)) continue;
+    std::memcpy(k.work + w.first * es_,
+                src_ + (own_only ? k.s.first + k.seg_first : user_at(k, c)) * es_, w.count * es_);
+  }
   k.tag = c_.rings_[g].seg_seq & 0xFFFFFF;
   k.half = (c_.rings_[g].seg_seq & 1) * steps_;
-  k.step = 0;
+  k.step = first_;
+}
+
+// The segment's result out of the work buffer (the reduce-scatter's: this
+// rank's own chunk).
+void Collective::RingCall::end_segment(const Stripe& k) {
+  const bool own_only = form_ == RingForm::reduce_scatter;
+  for (unsigned c = 0; c < P_; ++c) {
+    const ChunkRange w = chunk(k, c);
+    if (w.count == 0 || (own_only && c != r_)) continue;
+    std::memcpy(dst_ + (own_only ? k.s.first + k.seg_first : user_at(k, c)) * es_,
+                k.work + w.first * es_, w.count * es_);
+  }
+  c_.record_.dependent_steps = std::max(c_.record_.dependent_steps, last_ - first_);
 }
 
 // Posts the current step's write, and takes its receive if it came early.
 Error Collective::RingCall::begin_step(Stripe& k, unsigned g) {
-  const RingStep rs = ring_step(r_, P_, k.step);
-  const ChunkRange sc = ring_chunk(k.n, P_, rs.send_chunk);
+  const ChunkRange sc = chunk(k, turn(ring_step(r_, P_, k.step).send_chunk));
   k.wrote = k.got = false;
   if (Error e = c_.t_.post_write_imm(g, c_.work_mr_, k.work_off + sc.first * es_, sc.count * es_,
                                      (k.half + k.step) * c_.ring_stride_, k.imm(), k.imm()))
     return e;
+  c_.record_.bytes_sent += sc.count * es_;
   auto& early = c_.rings_[g].early;
   if (early.empty()) return {};
   const Completion c = early.front();
@@ -260,7 +323,7 @@ Error Collective::RingCall::begin_step(Stripe& k, unsigned g) {
 // The predecessor's write of the current step: check it, reduce or store.
 Error Collective::RingCall::receive(Stripe& k, unsigned g, const Completion& c) {
   const RingStep rs = ring_step(r_, P_, k.step);
-  const ChunkRange rc = ring_chunk(k.n, P_, rs.recv_chunk);
+  const ChunkRange rc = chunk(k, turn(rs.recv_chunk));
   if (c.imm != k.imm() || c.byte_len != rc.count * es_)
     return format_error(
         ErrorCode::transport,
@@ -283,8 +346,8 @@ Error Collective::RingCall::receive(Stripe& k, unsigned g, const Completion& c) 
 // segment, or the stripe is done).
 Error Collective::RingCall::advance(Stripe& k, unsigned g) {
   while (!k.done && k.wrote && k.got) {
-    if (++k.step == steps_) {
-      std::memcpy(dst_ + (k.s.first + k.seg_first) * es_, k.work, k.n * es_);
+    if (++k.step == last_) {
+      end_segment(k);
       k.seg_first += k.n;
       ++c_.rings_[g].seg_seq;
       if (k.seg_first >= k.s.count) {
@@ -340,27 +403,39 @@ Error Collective::RingCall::timed_out() const {
     const RingStep rs = ring_step(r_, P_, k.step);
     std::string miss;
     if (!k.got)
-      miss = fmt::format("chunk {} not received from {}", rs.recv_chunk, predecessor_rank(c_.t_));
+      miss = fmt::format("chunk {} not received from {}", turn(rs.recv_chunk),
+                         predecessor_rank(c_.t_));
     if (!k.wrote)
-      list_append(miss, fmt::format("write of chunk {} to {} not acknowledged", rs.send_chunk,
+      list_append(miss, fmt::format("write of chunk {} to {} not acknowledged", turn(rs.send_chunk),
                                     successor_rank(c_.t_)));
     const std::string label = R_ == 1 ? "" : c_.ring_name(g, k.s, es_) + " ";
     list_append(what, fmt::format("{}at {}: {}", label, where(k), miss));
   }
   // One ring: "(ring path) ... at message id ...: ...", no stripe named.
   const std::string rings = R_ == 1 ? "" : fmt::format(", {} rings", R_);
-  return format_error(ErrorCode::timeout, "{}all-reduce (ring path{}) timed out after {} ms{}{}",
-                      who_, rings, ms_since(start_), R_ == 1 ? " " : ": ", what);
+  return format_error(ErrorCode::timeout, "{}{} (ring path{}) timed out after {} ms{}{}", who_,
+                      form_name(form_), rings, ms_since(start_), R_ == 1 ? " " : ": ", what);
 }
 
 std::string Collective::RingCall::where(const Stripe& k) const {
   const RingStep rs = ring_step(r_, P_, k.step);
-  return fmt::format("message id {} (segment {}, step {} of {}, {})", hex(k.imm()), k.tag, k.step,
-                     steps_, rs.reduce ? "reduce-scatter" : "all-gather");
+  return fmt::format("message id {} (segment {}, step {} of {}, {})", hex(k.imm()), k.tag,
+                     k.step - first_, last_ - first_, rs.reduce ? "reduce-scatter" : "all-gather");
+}
+
+Error Collective::ring_run(RingForm f, const void* send, void* recv, size_t count, DataType t,
+                           Op op, Clock::time_point deadline) {
+  return RingCall(*this, f, send, recv, count, t, op).run(deadline);
 }
 
 Error Collective::ring_allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
                                  Clock::time_point deadline) {
+  record_ = {Path::ring, 0, 0};
+  return ring_allreduce_part(send, recv, count, t, op, deadline);
+}
+
+Error Collective::ring_allreduce_part(const void* send, void* recv, size_t count, DataType t, Op op,
+                                      Clock::time_point deadline) {
   if (!failed_.ok())
     return Error::make(failed_.code, "communicator unusable after: " + failed_.message);
   if (Error e = check_args(send, recv, count, t, op)) return e;
@@ -369,7 +444,62 @@ Error Collective::ring_allreduce(const void* send, void* recv, size_t count, Dat
     std::memmove(recv, send, count * element_size(t));
     return {};
   }
-  return RingCall(*this, send, recv, count, t, op).run(deadline);
+  return ring_run(RingForm::all_reduce, send, recv, count, t, op, deadline);
+}
+
+// The arguments of a reduce-scatter or all-gather: `part` elements per
+// rank, `whole` (world x part) on the other side; `part_buf` may be this
+// rank's part of `whole_buf` (in place), and may not overlap it otherwise.
+Error Collective::check_parts(const void* whole_buf, const void* part_buf, size_t part, DataType t,
+                              const char* whole_name, const char* part_name) const {
+  if (Error e = check_dtype(t)) return e;
+  const size_t es = element_size(t), P = t_.world();
+  if (part > kMaxCallBytes / es / P)
+    return format_error(ErrorCode::invalid_argument, "count: {} elements x {} ranks is too large",
+                        part, P);
+  if (part == 0) return {};
+  if (whole_buf == nullptr || part_buf == nullptr)
+    return format_error(ErrorCode::invalid_argument, "{}: null buffer",
+                        whole_buf == nullptr ? whole_name : part_name);
+  const auto* w = static_cast<const uint8_t*>(whole_buf);
+  const auto* p = static_cast<const uint8_t*>(part_buf);
+  const size_t bytes = part * es;
+  if (p != w + t_.rank() * bytes && p < w + P * bytes && w < p + bytes)
+    return format_error(ErrorCode::invalid_argument,
+                        "{}: overlaps {} other than at this rank's part (in place is {} + {} x "
+                        "count elements)",
+                        part_name, whole_name, whole_name, t_.rank());
+  return {};
+}
+
+Error Collective::ring_reduce_scatter(const void* send, void* recv, size_t recv_count, DataType t,
+                                      Op op, Clock::time_point deadline) {
+  record_ = {Path::ring, 0, 0};
+  if (!failed_.ok())
+    return Error::make(failed_.code, "communicator unusable after: " + failed_.message);
+  if (Error e = check_op(op)) return e;
+  if (Error e = check_parts(send, recv, recv_count, t, "send", "recv")) return e;
+  if (recv_count == 0) return {};
+  if (t_.world() == 1) {
+    std::memmove(recv, send, recv_count * element_size(t));
+    return {};
+  }
+  return ring_run(RingForm::reduce_scatter, send, recv, recv_count, t, op, deadline);
+}
+
+Error Collective::ring_all_gather(const void* send, void* recv, size_t count, DataType t,
+                                  Clock::time_point deadline) {
+  record_ = {Path::ring, 0, 0};
+  if (!failed_.ok())
+    return Error::make(failed_.code, "communicator unusable after: " + failed_.message);
+  if (Error e = check_parts(recv, send, count, t, "recv", "send")) return e;
+  if (count == 0) return {};
+  if (t_.world() == 1) {
+    std::memmove(recv, send, count * element_size(t));
+    return {};
+  }
+  // The op is unused (no step reduces); sum keeps the kernel lookup valid.
+  return ring_run(RingForm::all_gather, send, recv, count, t, Op::sum, deadline);
 }
 
 Error probe_box(Collective& c, unsigned rank, unsigned world, Clock::time_point deadline,

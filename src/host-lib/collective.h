@@ -1,7 +1,8 @@
 // The two all-reduce algorithms over a Transport (transport.h), as plan.h
 // lays them out, striped over R = transport.lanes() rings (Options::rings):
-// the INA path in ina_path.cc, the ring path in collective.cc, failover
-// between them in failover.cc.
+// the INA path in ina_path.cc, the ring path (and the classic ring
+// reduce-scatter and all-gather) in collective.cc, failover between them in
+// failover.cc.
 // Design: docs/design.md#cells-and-the-window-rule (rule W) and
 // docs/design.md#parallel-rings (stripes).
 //
@@ -22,6 +23,14 @@
 //    step) into the successor's half (segment parity) of its receive
 //    region, then reduce (reduce-scatter) or store (all-gather) what the
 //    predecessor wrote for this step.
+//  - Ring reduce-scatter and all-gather (the classic forms): the same
+//    calls with ring_step's first (or last) P - 1 = 2 steps per segment;
+//    stripes and segments cut each rank's part [0, n), so a segment is one
+//    sub-range of all P parts (chunks of at most stride / esize elements),
+//    and ring_step's chunk q is chunk q - 1: the reduce-scatter leaves rank
+//    r with shard r, the all-gather sends its own part first. Shard c is
+//    folded from rank c + 1 round to rank c: with P = 3, rank 0 gets
+//    (x1[0] op x2[0]) op x0[0] (any R, any segments).
 //
 // Contracts (one caller at a time per collective):
 // - This rank writes only its send slots and work buffer (registered once,
@@ -30,14 +39,17 @@
 //   this rank sent j + N, which it does after copying out message j.
 // - Ring: the predecessor starts segment j + 1, and so writes half
 //   (j + 1) mod 2, only after segment j, which needs this rank's sends: no
-//   credit messages. A receive that comes before its step waits in a queue.
+//   credit messages (with P - 1 steps too: the predecessor's last step of
+//   segment j + 1 waits on this rank's first). A receive that comes before
+//   its step waits in a queue.
 // - A timeout or transport error leaves the ranks out of step: later calls
 //   fail with the first error, which names the ring and the message.
 // - Failover (failover.cc, once set_exchange was called): an INA call that
 //   met data no box sealed is finished on the ring path by every rank
 //   together, agreeing over the exchange; calls then take the ring path.
 // The box reduces each stripe in rank order, so INA results equal the
-// unstriped ones; ring-path float sums follow chunk order and depend on R.
+// unstriped ones; ring all-reduce float sums follow chunk order and depend
+// on R and the segments; the ring reduce-scatter's order does not.
 #pragma once
 
 #include <array>
@@ -106,6 +118,19 @@ class Collective {
   // Same, forcing the ring algorithm (tests; also what the ring path runs).
   Error ring_allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
                        Clock::time_point deadline);
+  // The classic ring reduce-scatter, P - 1 steps: send holds world x
+  // recv_count elements, recv gets this rank's shard r, elements
+  // [r recv_count, (r + 1) recv_count) of the reduction, folded from rank
+  // r + 1 round to rank r (see the top of this file). recv may be send's
+  // own shard (send + rank x recv_count), and may not overlap it otherwise.
+  Error ring_reduce_scatter(const void* send, void* recv, size_t recv_count, DataType t, Op op,
+                            Clock::time_point deadline);
+  // The classic ring all-gather, P - 1 steps: recv (world x count
+  // elements) gets rank 0's send, rank 1's, ..., as raw bytes (bit-exact,
+  // any dtype). send may be recv + rank x count (in place), and may not
+  // overlap recv otherwise.
+  Error ring_all_gather(const void* send, void* recv, size_t count, DataType t,
+                        Clock::time_point deadline);
   Error ina_allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
                       Clock::time_point deadline);
 
@@ -139,10 +164,36 @@ class Collective {
   bool failed_seal() const noexcept { return failed_seal_; }
   unsigned rings() const noexcept { return static_cast<unsigned>(rings_.size()); }
 
+  // What this rank's last call did (allreduce, ring_allreduce,
+  // ina_allreduce, ring_reduce_scatter, ring_all_gather; a failed call's
+  // record is as far as it got). path: where it ran (ring once a failover
+  // finished it there). dependent_steps: the network steps one segment's
+  // data went through, as executed: 2(P - 1) for a ring all-reduce, P - 1
+  // for a ring reduce-scatter or all-gather, 1 for the box's pass, 0 when
+  // nothing went on the wire (count 0, one rank). bytes_sent: data bytes
+  // this rank wrote to the wire (INA headers not counted).
+  struct CallRecord {
+    Path path = Path::ring;
+    unsigned dependent_steps = 0;
+    uint64_t bytes_sent = 0;
+  };
+  const CallRecord& last_call() const noexcept { return record_; }
+
  private:
   Collective(Transport& t, const CollectiveConfig& cfg);
   class InaCall;   // one INA call (ina_path.cc)
   class RingCall;  // one ring-path call (collective.cc)
+  enum class RingForm : uint8_t { all_reduce, reduce_scatter, all_gather };
+  static const char* form_name(RingForm f);
+  // One ring-path call of form f, its arguments checked; count: elements
+  // (all-reduce) or elements of each rank's part (the others).
+  Error ring_run(RingForm f, const void* send, void* recv, size_t count, DataType t, Op op,
+                 Clock::time_point deadline);
+  // ring_allreduce without starting a new record (failover's ring part).
+  Error ring_allreduce_part(const void* send, void* recv, size_t count, DataType t, Op op,
+                            Clock::time_point deadline);
+  Error check_parts(const void* whole_buf, const void* part_buf, size_t part, DataType t,
+                    const char* whole_name, const char* part_name) const;
   Error fail(Error e);
   Error fail_over(const void* send, void* recv, size_t count, DataType t, Op op,
                   Clock::time_point deadline, const Error& cause);
@@ -202,6 +253,7 @@ class Collective {
   std::deque<Completion> next_call_;
   Error failed_{};
   bool failed_seal_ = false;
+  CallRecord record_{};
 
   // The last INA call, per ring: its first message id, messages copied out
   // (a prefix), sent, and receives completed (those kept for the next call

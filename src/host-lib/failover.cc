@@ -407,7 +407,8 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
   // comes).
   if (closing_) return {};  // a rank behind had its results: this one leaves
   if (ahead) {
-    if (Error e = ring_allreduce(send, recv, count, t, op, deadline)) return give_up(e.message);
+    if (Error e = ring_allreduce_part(send, recv, count, t, op, deadline))
+      return give_up(e.message);
   } else {
     const auto* src = static_cast<const uint8_t*>(send);
     auto* dst = static_cast<uint8_t*>(recv);
@@ -416,7 +417,7 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
       const size_t first = x.s.first + x.elem(x.hi), n = x.s.count - x.elem(x.hi),
                    off = first * x.es;
       if (n == 0) continue;
-      if (Error e = ring_allreduce(src + off, dst + off, n, t, op, deadline))
+      if (Error e = ring_allreduce_part(src + off, dst + off, n, t, op, deadline))
         return give_up(e.message);
     }
   }

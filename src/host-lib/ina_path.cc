@@ -156,6 +156,8 @@ Error Collective::InaCall::post_sends() {
       if (Error e = c_.t_.post_write_imm(
               g, c_.send_mr_, off, kInaHeaderBytes + k.plan.data_bytes(i), remote, info.msg_id, i))
         return e;
+      c_.record_.dependent_steps = 1;  // the box's one pass
+      c_.record_.bytes_sent += k.plan.data_bytes(i);
       (void)k.w.sent(i);
     }
   }
@@ -384,6 +386,7 @@ Error Collective::InaCall::timed_out() {
 Error Collective::ina_allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
                                 Clock::time_point deadline) {
   last_ = {};
+  record_ = {Path::ina, 0, 0};
   if (!failed_.ok())
     return Error::make(failed_.code, "communicator unusable after: " + failed_.message);
   if (Error e = check_args(send, recv, count, t, op)) return e;
