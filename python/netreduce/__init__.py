@@ -376,7 +376,8 @@ class Communicator:
 
     def reduce_scatter_async(self, send, recv, op="sum", timeout_ms=-1):
         """Starts a reduce-scatter: send holds world x recv's elements; recv
-        gets this rank's part of their reduction (as all-reduce computes it)."""
+        gets this rank's part of their reduction (as all-reduce computes it;
+        on the ring path without local ranks, the classic ring's order)."""
         s_addr, s_count, dt = _buffer(send, writable=False)
         r_addr, count, r_dt = _buffer(recv)
         _match("reduce-scatter", "send", s_count, dt, "recv", count * self.world, r_dt)

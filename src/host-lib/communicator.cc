@@ -118,12 +118,26 @@ int Communicator::Impl::world() const noexcept {
 }
 
 host::OnePass& Communicator::Impl::one_pass() {
-  if (!one_pass_)
-    one_pass_ = std::make_unique<host::OnePass>(
-        [this](const void* s, void* r, size_t n, DataType t, Op op, host::Clock::time_point d) {
-          return allreduce_now(s, r, n, t, op, d);
-        },
-        static_cast<unsigned>(rank()), static_cast<unsigned>(world()));
+  if (one_pass_) return *one_pass_;
+  // With local ranks the classic ring forms do not apply (a host's ranks
+  // meet in the local stage first): every collective stays one all-reduce.
+  host::RingForms ring;
+  if (!local) {
+    host::Collective* c = collective.get();
+    ring.path = [c] { return c->path(); };
+    ring.reduce_scatter = [c](const void* s, void* r, size_t n, DataType t, Op op,
+                              host::Clock::time_point d) {
+      return c->ring_reduce_scatter(s, r, n, t, op, d);
+    };
+    ring.all_gather = [c](const void* s, void* r, size_t n, DataType t, host::Clock::time_point d) {
+      return c->ring_all_gather(s, r, n, t, d);
+    };
+  }
+  one_pass_ = std::make_unique<host::OnePass>(
+      [this](const void* s, void* r, size_t n, DataType t, Op op, host::Clock::time_point d) {
+        return allreduce_now(s, r, n, t, op, d);
+      },
+      static_cast<unsigned>(rank()), static_cast<unsigned>(world()), std::move(ring));
   return *one_pass_;
 }
 

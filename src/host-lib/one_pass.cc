@@ -89,6 +89,7 @@ Error OnePass::all_gather(const void* send, void* recv, size_t count, DataType t
     if (send != mine && overlap(send, n, recv, all))
       return invalid("send: overlaps recv other than at this rank's part (in place is recv + " +
                      std::to_string(rank_) + " x count elements)");
+    if (classic()) return ring_.all_gather(send, recv, count, t, deadline);
     if (n > 0) {
       std::memset(out, 0, rank_ * n);
       std::memset(mine + n, 0, all - (rank_ + 1) * n);
@@ -107,6 +108,15 @@ Error OnePass::reduce_scatter(const void* send, void* recv, size_t recv_count, D
     if (Error e = Collective::check_op(op)) return e;
     if (n > 0 && (send == nullptr || recv == nullptr))
       return invalid(std::string(send == nullptr ? "send" : "recv") + ": null buffer");
+    if (classic()) {
+      // recv inside send other than as its own shard: through the scratch.
+      const uint8_t* own = static_cast<const uint8_t*>(send) + rank_ * n;
+      if (recv == own || !overlap(send, all, recv, n))
+        return ring_.reduce_scatter(send, recv, recv_count, t, op, deadline);
+      if (Error e = ring_.reduce_scatter(send, scratch(n), recv_count, t, op, deadline)) return e;
+      std::memcpy(recv, scratch_.data(), n);
+      return {};
+    }
     uint8_t* s = scratch(all);
     if (Error e = allreduce_(send, s, recv_count * world_, t, op, deadline)) return e;
     if (n > 0) std::memcpy(recv, s + rank_ * n, n);  // recv may be send's own part

@@ -1,7 +1,10 @@
 // Broadcast, all-gather, reduce-scatter, reduce and barrier, each made of
 // exactly one all-reduce, so each takes the path all-reduce takes (the box's
 // single pass, or the ring), with its deadline, seal checks, failover,
-// striping and local ranks. Design: docs/design.md#one-pass-collectives.
+// striping and local ranks; except that on the ring path, without local
+// ranks, all-gather and reduce-scatter run the classic ring algorithms
+// (RingForms: Collective::ring_all_gather, ring_reduce_scatter).
+// Design: docs/design.md#one-pass-collectives.
 //
 // The trick for data movement: a sum in which, at every byte position, at
 // most one rank contributes non-zero bits is that rank's bits. Summed as
@@ -15,17 +18,23 @@
 //  2. One all-reduce of those 3 int32 with sum: rank 0 contributes its
 //     {x, y} in word 0, rank 2 its {u, v} in word 2.
 //  3. recv = x y | a b | u v on every rank.
+//  On the ring path without local ranks: the ring all-gather, 2 steps that
+//  copy {a, b}, {x, y} and {u, v} as raw bytes, 4 bytes sent per step.
 // - broadcast: the root keeps its buffer, the others zero theirs; one raw
 //   sum as above.
 // - reduce_scatter: the all-reduce of the P x count input into a scratch
 //   buffer; rank r keeps elements [r count, (r + 1) count). Its values are
-//   the all-reduce's (same order rule).
+//   the all-reduce's (same order rule). The classic form: shard r folded
+//   from rank r + 1 round to rank r (collective.h).
 // - reduce: the all-reduce; the root keeps the result.
 // - barrier: an int32 1 from every rank; the sum must be P, or the call
 //   fails (a rank made another call).
 // Wire cost: all-gather sends P x count elements per rank (the box's single
 // pass instead of the ring's P - 1 dependent steps); the others send what
-// their all-reduce sends.
+// their all-reduce sends; the classic forms (P - 1) x count in P - 1 steps.
+// Broadcast and reduce stay all-reduces on the ring (rare in training), a
+// barrier is 4 bytes either way. The path is read at the call's start: a
+// call that fails over inside its all-reduce stays that all-reduce.
 //
 // A failed call leaves recv (and a non-root's broadcast buffer) undefined:
 // they are zeroed before the all-reduce starts.
@@ -47,11 +56,25 @@ namespace netreduce::host {
 using AllreduceFn = std::function<Error(const void* send, void* recv, size_t count, DataType t,
                                         Op op, Clock::time_point deadline)>;
 
+// The classic ring algorithms of a communicator without local ranks
+// (Collective::path, ring_reduce_scatter, ring_all_gather); empty members:
+// none, every collective is one all-reduce.
+struct RingForms {
+  std::function<Path()> path;  // the path the next call takes
+  std::function<Error(const void* send, void* recv, size_t recv_count, DataType t, Op op,
+                      Clock::time_point deadline)>
+      reduce_scatter;
+  std::function<Error(const void* send, void* recv, size_t count, DataType t,
+                      Clock::time_point deadline)>
+      all_gather;
+};
+
 class OnePass {
  public:
-  // rank and world: the job's (global) ones.
-  OnePass(AllreduceFn allreduce, unsigned rank, unsigned world)
-      : allreduce_(std::move(allreduce)), rank_(rank), world_(world) {}
+  // rank and world: the job's (global) ones; ring: the classic forms, used
+  // when the ring path is the path at a call's start.
+  OnePass(AllreduceFn allreduce, unsigned rank, unsigned world, RingForms ring = {})
+      : allreduce_(std::move(allreduce)), ring_(std::move(ring)), rank_(rank), world_(world) {}
 
   Error broadcast(void* buf, size_t count, DataType t, int root, Clock::time_point deadline);
   // recv: world x count elements. send may be recv's own part (in place).
@@ -75,8 +98,11 @@ class OnePass {
   // The call's result, its error named after the collective ("broadcast of
   // 1001 fp16: ..."); frees a scratch buffer grown past what is kept.
   Error finish(const char* what, size_t count, DataType t, Error e);
+  // The next call takes the ring path and the classic forms are there.
+  bool classic() const { return ring_.path && ring_.path() == Path::ring; }
 
   AllreduceFn allreduce_;
+  RingForms ring_;
   unsigned rank_, world_;
   std::vector<uint8_t> scratch_;
 };

@@ -1,8 +1,9 @@
 // The classic ring reduce-scatter and all-gather (Collective::
 // ring_reduce_scatter, ring_all_gather in src/host-lib/collective.h) on P
 // loopback ranks, every dtype and op, one and three rings, calls that span
-// several segments; and the per-call record (Collective::last_call) of both
-// paths. The expected values are written out here: the
+// several segments; the per-call record (Collective::last_call) of both
+// paths; and the one-pass collectives choosing them on the ring path
+// (src/host-lib/one_pass.h). The expected values are written out here: the
 // reduce-scatter's shard c folded from rank c + 1 round to rank c with plain
 // loops over tests/engine/reference.h's two-input reduction, the
 // all-gather's the ranks' bytes side by side.
@@ -12,6 +13,7 @@
 
 #include "fixture.h"
 #include "host-lib/collective.h"
+#include "host-lib/one_pass.h"
 
 using namespace netreduce;
 using namespace netreduce::host;
@@ -264,4 +266,74 @@ TEST_CASE("ring forms: bad arguments are named; one rank copies", "[hostlib][rin
   REQUIRE(solo->ring_reduce_scatter(a.data(), b.data(), 2, DataType::fp32, Op::max, soon()).ok());
   CHECK(std::memcmp(a.data(), b.data(), 8) == 0);
   check_record(*solo, Path::ring, 0, 0);
+}
+
+TEST_CASE("one-pass collectives take the classic ring forms on the ring path",
+          "[hostlib][ring-forms][collectives]") {
+  // OnePass over a ring's Collectives: with the ring path the all-gather and
+  // the reduce-scatter run the classic forms (no all-reduce); with another
+  // path they are one all-reduce, as broadcast is on any path.
+  const unsigned P = 3, n = 10;
+  Ring ring(small_ring(P, 1), CollectiveConfig{});
+  for (Path path : {Path::ring, Path::ina}) {
+    INFO(to_string(path));
+    std::vector<unsigned> allreduces(P);
+    std::vector<std::unique_ptr<OnePass>> ops;
+    for (unsigned r = 0; r < P; ++r) {
+      Collective* c = ring.cs[r].get();
+      RingForms forms;
+      forms.path = [path] { return path; };
+      forms.reduce_scatter = [c](const void* s, void* d, size_t k, DataType t, Op op,
+                                 Clock::time_point dl) {
+        return c->ring_reduce_scatter(s, d, k, t, op, dl);
+      };
+      forms.all_gather = [c](const void* s, void* d, size_t k, DataType t, Clock::time_point dl) {
+        return c->ring_all_gather(s, d, k, t, dl);
+      };
+      AllreduceFn ar = [c, &allreduces, r](const void* s, void* d, size_t k, DataType t, Op op,
+                                           Clock::time_point dl) {
+        ++allreduces[r];
+        return c->ring_allreduce(s, d, k, t, op, dl);  // the ring stands in for the box
+      };
+      ops.push_back(std::make_unique<OnePass>(ar, r, P, forms));
+    }
+    std::vector<std::vector<int32_t>> in(P), shard(P, std::vector<int32_t>(n)),
+        all(P, std::vector<int32_t>(P * n));
+    for (unsigned r = 0; r < P; ++r)
+      for (unsigned i = 0; i < P * n; ++i) in[r].push_back(static_cast<int32_t>(100 * r + i));
+    ring.all([&](unsigned r, Collective&) {
+      if (Error e = ops[r]->reduce_scatter(in[r].data(), shard[r].data(), n, DataType::int32,
+                                           Op::max, soon()))
+        return e;
+      return ops[r]->all_gather(shard[r].data(), all[r].data(), n, DataType::int32, soon());
+    });
+    for (unsigned r = 0; r < P; ++r) {
+      for (unsigned i = 0; i < P * n; ++i) CHECK(all[r][i] == static_cast<int32_t>(100 * 2 + i));
+      CHECK(allreduces[r] == (path == Path::ring ? 0u : 2u));
+      CHECK(ring.cs[r]->last_call().dependent_steps == (path == Path::ring ? P - 1 : 2 * (P - 1)));
+    }
+  }
+}
+
+TEST_CASE("communicator reduce-scatter on the ring path: the classic ring's order",
+          "[hostlib][ring-forms][collectives]") {
+  // Arbitrary fp32 values: the rank order the classic form folds in
+  // (from rank r + 1 round to r) is not the ring all-reduce's, and shows in
+  // the low bits.
+  std::mt19937_64 rng(5);
+  const unsigned P = 4;
+  const size_t n = 300;
+  Job job(small_ring(P, 1), Options{});
+  REQUIRE(job.comms[0]->path() == Path::ring);
+  std::vector<std::vector<uint8_t>> in, out(P);
+  for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::fp32, P * n, false));
+  const auto errs = job.run_all([&](unsigned r, Communicator& c, AllreduceHandle& h) {
+    out[r].assign(n * 4, 0xEE);
+    return c.reduce_scatter_async(in[r].data(), out[r].data(), n, DataType::fp32, Op::sum, h);
+  });
+  for (unsigned r = 0; r < P; ++r) {
+    INFO("rank " << r << ": " << errs[r].message);
+    REQUIRE(errs[r].ok());
+    REQUIRE(out[r] == ring_shard(in, DataType::fp32, Op::sum, n, r));
+  }
 }

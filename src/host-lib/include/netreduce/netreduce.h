@@ -105,7 +105,8 @@ nr_status nr_allreduce(nr_comm* comm, const void* send, void* recv, size_t count
                        nr_op op, int timeout_ms);
 nr_status nr_allreduce_async(nr_comm* comm, const void* send, void* recv, size_t count,
                              nr_dtype dtype, nr_op op, int timeout_ms, nr_request** out);
-/* The other collectives (netreduce.hpp: each is one all-reduce; root is a
+/* The other collectives (netreduce.hpp: each is one all-reduce, or the
+   classic ring all_gather or reduce_scatter on the ring path; root is a
    rank, count per rank). broadcast and all_gather are bit-exact for every
    dtype. all_gather: recv holds world x count elements (send may be recv +
    rank x count elements); reduce_scatter: send holds world x recv_count;

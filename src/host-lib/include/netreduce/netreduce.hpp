@@ -24,8 +24,9 @@
 // docs/design.md#parallel-rings.
 //
 // The other collectives are each one all-reduce, so they take its path,
-// deadlines and failover; broadcast and all-gather are bit-exact for every
-// dtype: docs/host-library.md#collectives.
+// deadlines and failover (on the ring path without local ranks, all-gather
+// and reduce-scatter are the classic ring algorithms); broadcast and
+// all-gather are bit-exact for every dtype: docs/host-library.md#collectives.
 //
 // Errors are values, never exceptions. Every wait has a deadline; on expiry
 // the error names the peer rank, the message id and what was missing.
@@ -183,8 +184,10 @@ class Communicator {
 
   // The other collectives, in the same queue as all-reduce (every rank makes
   // the same calls in the same order with the same counts, type, op, root).
-  // Each is one all-reduce (docs/host-library.md#collectives); root is a
-  // rank of world(), count is per rank.
+  // Each is one all-reduce, or on the ring path without local ranks the
+  // classic ring all-gather or reduce-scatter
+  // (docs/host-library.md#collectives); root is a rank of world(), count is
+  // per rank.
   // broadcast: the root's count elements of buf into every rank's buf,
   // bit-exact.
   Error broadcast(void* buf, size_t count, DataType t, int root, int timeout_ms = -1);
@@ -198,7 +201,8 @@ class Communicator {
                          AllreduceHandle& handle, int timeout_ms = -1);
   // reduce_scatter: send holds world() x recv_count elements; recv gets
   // elements [rank() x recv_count, + recv_count) of their reduction (as
-  // all-reduce computes it). recv may lie inside send.
+  // all-reduce computes it; on the ring path without local ranks, folded
+  // from rank() + 1 round to rank()). recv may lie inside send.
   Error reduce_scatter(const void* send, void* recv, size_t recv_count, DataType t, Op op,
                        int timeout_ms = -1);
   Error reduce_scatter_async(const void* send, void* recv, size_t recv_count, DataType t, Op op,
