@@ -337,3 +337,31 @@ TEST_CASE("communicator reduce-scatter on the ring path: the classic ring's orde
     REQUIRE(out[r] == ring_shard(in, DataType::fp32, Op::sum, n, r));
   }
 }
+
+TEST_CASE("ring forms: a rank that never calls; the error names the form and its step",
+          "[hostlib][ring-forms]") {
+  const unsigned P = 3;
+  for (bool gather : {true, false}) {
+    INFO((gather ? "all-gather" : "reduce-scatter"));
+    Ring ring(small_ring(P, 1), CollectiveConfig{});
+    std::vector<std::vector<float>> buf(P, std::vector<float>(P * 4));
+    std::vector<Error> errs(2);
+    std::vector<std::thread> th;
+    for (unsigned r = 0; r < 2; ++r)  // rank 2 never calls
+      th.emplace_back([&, r] {
+        const auto d = Clock::now() + std::chrono::milliseconds(300);
+        float* b = buf[r].data();
+        errs[r] =
+            gather ? ring.cs[r]->ring_all_gather(b + r * 4, b, 4, DataType::fp32, d)
+                   : ring.cs[r]->ring_reduce_scatter(b, b + r * 4, 4, DataType::fp32, Op::sum, d);
+      });
+    for (auto& x : th) x.join();
+    // Rank 0 waits for rank 2's write of step 0.
+    INFO(errs[0].message);
+    CHECK(errs[0].code == ErrorCode::timeout);
+    const std::string form = gather ? "all-gather" : "reduce-scatter";
+    CHECK_THAT(errs[0].message, Catch::Contains("rank 0: " + form + " (ring path) timed out"));
+    CHECK_THAT(errs[0].message, Catch::Contains("step 0 of 2, " + form));
+    CHECK_THAT(errs[0].message, Catch::Contains("not received from predecessor rank 2"));
+  }
+}
