@@ -249,6 +249,36 @@ nr_status nr_reduce_async(nr_comm* comm, const void* send, void* recv, size_t co
   });
 }
 
+nr_status nr_allreduce_premul(nr_comm* comm, const void* send, void* recv, size_t count,
+                              nr_dtype dtype, double factor, int timeout_ms) {
+  return call(comm, [&](netreduce::Communicator& c) {
+    return c.allreduce_premul(send, recv, count, dt(dtype), factor, timeout_ms);
+  });
+}
+
+nr_status nr_allreduce_premul_async(nr_comm* comm, const void* send, void* recv, size_t count,
+                                    nr_dtype dtype, double factor, int timeout_ms,
+                                    nr_request** out) {
+  return call_async(comm, out, [&](netreduce::Communicator& c, netreduce::AllreduceHandle& h) {
+    return c.allreduce_premul_async(send, recv, count, dt(dtype), factor, h, timeout_ms);
+  });
+}
+
+nr_status nr_reduce_scatter_premul(nr_comm* comm, const void* send, void* recv, size_t recv_count,
+                                   nr_dtype dtype, double factor, int timeout_ms) {
+  return call(comm, [&](netreduce::Communicator& c) {
+    return c.reduce_scatter_premul(send, recv, recv_count, dt(dtype), factor, timeout_ms);
+  });
+}
+
+nr_status nr_reduce_scatter_premul_async(nr_comm* comm, const void* send, void* recv,
+                                         size_t recv_count, nr_dtype dtype, double factor,
+                                         int timeout_ms, nr_request** out) {
+  return call_async(comm, out, [&](netreduce::Communicator& c, netreduce::AllreduceHandle& h) {
+    return c.reduce_scatter_premul_async(send, recv, recv_count, dt(dtype), factor, h, timeout_ms);
+  });
+}
+
 nr_status nr_barrier(nr_comm* comm, int timeout_ms) {
   return call(comm, [&](netreduce::Communicator& c) { return c.barrier(timeout_ms); });
 }

@@ -48,6 +48,10 @@ struct Communicator::Impl {
   int world() const noexcept;
   // The one-pass collectives (progress thread only), made on first use.
   host::OnePass& one_pass();
+  // The pre-multiplied reduce-scatter's scaled copy of its input: bytes of
+  // scratch (progress thread only), reused from call to call; 0 ends a
+  // call (a buffer past 64 MiB is freed) and returns null.
+  uint8_t* scaled_input(size_t bytes);
 
   Options options;
   std::shared_ptr<void> keepalive;
@@ -75,6 +79,7 @@ struct Communicator::Impl {
 
  private:
   std::unique_ptr<host::OnePass> one_pass_;
+  std::vector<uint8_t> scaled_;
   void run();
   std::mutex mu_;
   std::condition_variable cv_;

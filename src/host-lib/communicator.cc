@@ -1,8 +1,11 @@
 // The public C++ API over Communicator::Impl (comm_impl.h).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 
 #include "host-lib/comm_impl.h"
+#include "host-lib/scale.h"
 #include "wire/ina.h"
 
 namespace netreduce {
@@ -14,6 +17,7 @@ const char* to_string(DataType t) noexcept {
   return wire::to_string(static_cast<wire::Dtype>(t)).data();  // literals: NUL-terminated
 }
 const char* to_string(Op o) noexcept {
+  if (o == Op::avg) return "avg";
   if (!wire::is_valid_op(static_cast<uint8_t>(o))) return "invalid";
   return wire::to_string(static_cast<wire::ReduceOp>(o)).data();
 }
@@ -141,6 +145,16 @@ host::OnePass& Communicator::Impl::one_pass() {
   return *one_pass_;
 }
 
+uint8_t* Communicator::Impl::scaled_input(size_t bytes) {
+  constexpr size_t kKeepBytes = size_t{64} << 20;  // larger ones are freed after their call
+  if (bytes == 0) {
+    if (scaled_.capacity() > kKeepBytes) std::vector<uint8_t>().swap(scaled_);
+    return nullptr;
+  }
+  if (scaled_.size() < bytes) scaled_.resize(bytes);
+  return scaled_.data();
+}
+
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Communicator::~Communicator() = default;
 
@@ -165,6 +179,27 @@ Error start(Communicator::Impl& impl, int timeout_ms, Call call, AllreduceHandle
   return {};
 }
 
+// The reduction `op` of a call whose result is count elements at out (null:
+// none on this rank): sum(the wire's op), then for avg every element divided
+// by the world (scale.h).
+template <typename Sum>
+Error reduced(Communicator::Impl& impl, Op op, void* out, size_t count, DataType t, Sum sum) {
+  if (Error e = sum(op == Op::avg ? Op::sum : op)) return e;
+  if (op == Op::avg && out != nullptr)
+    host::divide_elements(out, count, t, static_cast<unsigned>(impl.world()));
+  return {};
+}
+
+// A pre-multiplied call's type and factor, checked when it is started; the
+// error names the call ("all-reduce premul of 8 int32: factor: ...").
+Error check_premul(const char* what, size_t count, DataType t, double factor) {
+  Error e = host::Collective::check_dtype(t);
+  if (e.ok()) e = host::check_factor(factor, t);
+  if (!e.ok())
+    e.message = fmt::format("{} premul of {} {}: {}", what, count, to_string(t), e.message);
+  return e;
+}
+
 }  // namespace
 
 Error Communicator::allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
@@ -177,7 +212,11 @@ Error Communicator::allreduce_async(const void* send, void* recv, size_t count, 
                                     AllreduceHandle& handle, int timeout_ms) {
   return start(
       *impl_, timeout_ms,
-      [=](Impl& i, auto d) { return i.allreduce_now(send, recv, count, t, op, d); }, handle);
+      [=](Impl& i, auto d) {
+        return reduced(i, op, recv, count, t,
+                       [&](Op o) { return i.allreduce_now(send, recv, count, t, o, d); });
+      },
+      handle);
 }
 
 Error Communicator::broadcast(void* buf, size_t count, DataType t, int root, int timeout_ms) {
@@ -218,7 +257,9 @@ Error Communicator::reduce_scatter_async(const void* send, void* recv, size_t re
   return start(
       *impl_, timeout_ms,
       [=](Impl& i, auto d) {
-        return i.one_pass().reduce_scatter(send, recv, recv_count, t, op, d);
+        return reduced(i, op, recv, recv_count, t, [&](Op o) {
+          return i.one_pass().reduce_scatter(send, recv, recv_count, t, o, d);
+        });
       },
       handle);
 }
@@ -234,7 +275,59 @@ Error Communicator::reduce_async(const void* send, void* recv, size_t count, Dat
                                  int root, AllreduceHandle& handle, int timeout_ms) {
   return start(
       *impl_, timeout_ms,
-      [=](Impl& i, auto d) { return i.one_pass().reduce(send, recv, count, t, op, root, d); },
+      [=](Impl& i, auto d) {
+        return reduced(i, op, i.rank() == root ? recv : nullptr, count, t,
+                       [&](Op o) { return i.one_pass().reduce(send, recv, count, t, o, root, d); });
+      },
+      handle);
+}
+
+Error Communicator::allreduce_premul(const void* send, void* recv, size_t count, DataType t,
+                                     double factor, int timeout_ms) {
+  return run_blocking([&](AllreduceHandle& h) {
+    return allreduce_premul_async(send, recv, count, t, factor, h, timeout_ms);
+  });
+}
+
+Error Communicator::allreduce_premul_async(const void* send, void* recv, size_t count, DataType t,
+                                           double factor, AllreduceHandle& handle, int timeout_ms) {
+  if (Error e = check_premul("all-reduce", count, t, factor)) return e;
+  // recv is the scratch buffer: the scaled input, then the sum in place.
+  return start(
+      *impl_, timeout_ms,
+      [=](Impl& i, auto d) {
+        if (Error e = host::Collective::check_args(send, recv, count, t, Op::sum)) return e;
+        host::multiply_elements(send, recv, count, t, factor);
+        return i.allreduce_now(recv, recv, count, t, Op::sum, d);
+      },
+      handle);
+}
+
+Error Communicator::reduce_scatter_premul(const void* send, void* recv, size_t recv_count,
+                                          DataType t, double factor, int timeout_ms) {
+  return run_blocking([&](AllreduceHandle& h) {
+    return reduce_scatter_premul_async(send, recv, recv_count, t, factor, h, timeout_ms);
+  });
+}
+
+Error Communicator::reduce_scatter_premul_async(const void* send, void* recv, size_t recv_count,
+                                                DataType t, double factor, AllreduceHandle& handle,
+                                                int timeout_ms) {
+  if (Error e = check_premul("reduce-scatter", recv_count, t, factor)) return e;
+  return start(
+      *impl_, timeout_ms,
+      [=](Impl& i, auto d) {
+        const size_t world = static_cast<size_t>(i.world()), es = element_size(t);
+        // A size or a buffer reduce_scatter refuses: its error, nothing scaled.
+        if (recv_count > host::kMaxCallBytes / es / world ||
+            (recv_count > 0 && (send == nullptr || recv == nullptr)))
+          return i.one_pass().reduce_scatter(send, recv, recv_count, t, Op::sum, d);
+        uint8_t* scaled = i.scaled_input(recv_count * world * es);
+        host::multiply_elements(send, scaled, recv_count * world, t, factor);
+        Error e = i.one_pass().reduce_scatter(scaled, recv, recv_count, t, Op::sum, d);
+        i.scaled_input(0);
+        return e;
+      },
       handle);
 }
 

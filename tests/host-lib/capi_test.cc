@@ -30,6 +30,18 @@ TEST_CASE("C API: bad arguments are status codes with messages", "[hostlib][capi
   nr_request* r = nullptr;
   CHECK(nr_allreduce_async(nullptr, &x, &x, 1, NR_FP32, NR_SUM, 10, &r) == NR_ERR_INVALID_ARGUMENT);
   CHECK(r == nullptr);
+  // avg and the pre-multiplied sums: the C++ values, the same checks.
+  static_assert(NR_AVG == static_cast<int>(netreduce::Op::avg));
+  CHECK(nr_allreduce(nullptr, &x, &x, 1, NR_FP32, NR_AVG, 10) == NR_ERR_INVALID_ARGUMENT);
+  CHECK(nr_allreduce_premul(nullptr, &x, &x, 1, NR_FP32, 0.5, 10) == NR_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(nr_last_error()) == "comm: null");
+  CHECK(nr_reduce_scatter_premul(nullptr, &x, &x, 1, NR_FP32, 0.5, 10) == NR_ERR_INVALID_ARGUMENT);
+  CHECK(nr_allreduce_premul_async(nullptr, &x, &x, 1, NR_FP32, 0.5, 10, &r) ==
+        NR_ERR_INVALID_ARGUMENT);
+  CHECK(r == nullptr);
+  CHECK(nr_reduce_scatter_premul_async(nullptr, &x, &x, 1, NR_FP32, 0.5, 10, nullptr) ==
+        NR_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(nr_last_error()) == "out: null pointer");
   CHECK(nr_wait(nullptr, 0) == NR_ERR_INVALID_ARGUMENT);
   CHECK(nr_test(nullptr) == NR_ERR_INVALID_ARGUMENT);
   nr_request_free(nullptr);

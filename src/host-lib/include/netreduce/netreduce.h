@@ -33,7 +33,10 @@ typedef enum {
   NR_INT64 = 5,
   NR_FP64 = 6
 } nr_dtype;
-typedef enum { NR_SUM = 1, NR_MIN = 2, NR_MAX = 3 } nr_op;
+/* NR_AVG: the sum, then every element divided by the world in its type
+   (floats rounded to nearest even, integers truncated toward zero); for
+   all-reduce, reduce-scatter and reduce (netreduce.hpp Op). */
+typedef enum { NR_SUM = 1, NR_MIN = 2, NR_MAX = 3, NR_AVG = 4 } nr_op;
 typedef enum { NR_PATH_INA = 0, NR_PATH_RING = 1 } nr_path;
 
 typedef struct nr_comm nr_comm;
@@ -128,6 +131,21 @@ nr_status nr_reduce(nr_comm* comm, const void* send, void* recv, size_t count, n
                     nr_op op, int root, int timeout_ms);
 nr_status nr_reduce_async(nr_comm* comm, const void* send, void* recv, size_t count, nr_dtype dtype,
                           nr_op op, int root, int timeout_ms, nr_request** out);
+/* Pre-multiplied sums (netreduce.hpp allreduce_premul): every rank's send
+   multiplied by factor in the element's type, then summed. A factor the
+   type cannot use as given (NaN, infinity, past float's range for fp32,
+   fp16 and bf16, not an integer of the type for int32 and int64) is
+   NR_ERR_INVALID_ARGUMENT. */
+nr_status nr_allreduce_premul(nr_comm* comm, const void* send, void* recv, size_t count,
+                              nr_dtype dtype, double factor, int timeout_ms);
+nr_status nr_allreduce_premul_async(nr_comm* comm, const void* send, void* recv, size_t count,
+                                    nr_dtype dtype, double factor, int timeout_ms,
+                                    nr_request** out);
+nr_status nr_reduce_scatter_premul(nr_comm* comm, const void* send, void* recv, size_t recv_count,
+                                   nr_dtype dtype, double factor, int timeout_ms);
+nr_status nr_reduce_scatter_premul_async(nr_comm* comm, const void* send, void* recv,
+                                         size_t recv_count, nr_dtype dtype, double factor,
+                                         int timeout_ms, nr_request** out);
 nr_status nr_barrier(nr_comm* comm, int timeout_ms);
 nr_status nr_barrier_async(nr_comm* comm, int timeout_ms, nr_request** out);
 

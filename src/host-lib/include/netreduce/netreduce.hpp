@@ -40,9 +40,12 @@
 
 namespace netreduce {
 
-// Wire values of the INA header (src/wire/ina.h).
+// Wire values of the INA header (src/wire/ina.h), but avg: a sum on the
+// wire, then every element divided by world() on the rank, in the element's
+// type (floats rounded to nearest even, integers truncated toward zero as C
+// divides): docs/host-library.md#averages-and-pre-multiplied-sums.
 enum class DataType : uint8_t { fp32 = 1, fp16 = 2, bf16 = 3, int32 = 4, int64 = 5, fp64 = 6 };
-enum class Op : uint8_t { sum = 1, min = 2, max = 3 };
+enum class Op : uint8_t { sum = 1, min = 2, max = 3, avg = 4 };
 enum class Path : uint8_t { ina, ring };
 
 size_t element_size(DataType t) noexcept;  // 0 for an invalid value
@@ -213,6 +216,20 @@ class Communicator {
                int timeout_ms = -1);
   Error reduce_async(const void* send, void* recv, size_t count, DataType t, Op op, int root,
                      AllreduceHandle& handle, int timeout_ms = -1);
+  // Pre-multiplied sums (NCCL's ncclRedOpCreatePreMulSum): every rank's
+  // send multiplied by `factor` in the element's type, then the sum, as
+  // allreduce / reduce_scatter with Op::sum compute it. A factor the type
+  // cannot use as given (NaN, infinity, past float's range for fp32, fp16
+  // and bf16, not an integer of the type for int32 and int64) is refused
+  // with invalid_argument: docs/host-library.md#averages-and-pre-multiplied-sums.
+  Error allreduce_premul(const void* send, void* recv, size_t count, DataType t, double factor,
+                         int timeout_ms = -1);
+  Error allreduce_premul_async(const void* send, void* recv, size_t count, DataType t,
+                               double factor, AllreduceHandle& handle, int timeout_ms = -1);
+  Error reduce_scatter_premul(const void* send, void* recv, size_t recv_count, DataType t,
+                              double factor, int timeout_ms = -1);
+  Error reduce_scatter_premul_async(const void* send, void* recv, size_t recv_count, DataType t,
+                                    double factor, AllreduceHandle& handle, int timeout_ms = -1);
   // barrier: returns once every rank called it (checked: their count must be
   // world()).
   Error barrier(int timeout_ms = -1);
