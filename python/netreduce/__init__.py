@@ -13,12 +13,16 @@ threads (the DDP hook's completion thread relies on it).
         one per process and job; `options` are the fields of nr_options
         (netreduce.OPTIONS), e.g. daemon=..., force_ring=True,
         op_timeout_ms=5000. Rank 0 listens at `bootstrap`.
-    .allreduce(buf, op="sum")        in place, blocking
+    .allreduce(buf, op="sum")        in place, blocking; op "sum", "min", "max",
+                                     "avg" (the sum / world) or ("premul", f)
+                                     (every rank's buf x f, then the sum)
     .allreduce_async(buf, op="sum")  -> Request (.wait(), .test())
     .broadcast(buf, root=0)          in place, bit-exact
     .all_gather(send, recv)          recv: world x send's elements, bit-exact
-    .reduce_scatter(send, recv, op="sum")  send: world x recv's elements
-    .reduce(buf, op="sum", root=0)   in place at the root (others' buf unchanged)
+    .reduce_scatter(send, recv, op="sum")  send: world x recv's elements; "avg"
+                                     and ("premul", f) too
+    .reduce(buf, op="sum", root=0)   in place at the root (others' buf unchanged);
+                                     "avg" too
     .barrier()
     (each with an _async form returning a Request; every one is a single
     all-reduce, through the box when the path is "ina")
@@ -35,6 +39,7 @@ errors raise NetreduceError subclasses carrying nr_last_error().
 the c10d backend "netreduce".
 """
 import ctypes
+import numbers
 import operator
 
 from . import _lib
@@ -46,7 +51,9 @@ try:
 except ImportError:
     __version__ = "unknown"
 
-OPS = {"sum": _lib.SUM, "min": _lib.MIN, "max": _lib.MAX}
+# op names -> nr_op. Also ("premul", factor) for all-reduce and
+# reduce-scatter: docs/host-library.md#averages-and-pre-multiplied-sums.
+OPS = {"sum": _lib.SUM, "min": _lib.MIN, "max": _lib.MAX, "avg": _lib.AVG}
 # dtype name (numpy's and torch's spelling) -> nr_dtype
 DTYPES = {"float32": _lib.FP32, "float16": _lib.FP16, "bfloat16": _lib.BF16, "int32": _lib.INT32,
           "int64": _lib.INT64, "float64": _lib.FP64}
@@ -147,6 +154,21 @@ def _op(op):
     if not isinstance(op, str) or op.lower() not in OPS:
         raise ValueError("netreduce: op %r is not supported (supported: %s)" % (op, ", ".join(OPS)))
     return OPS[op.lower()]
+
+
+def _premul(op):
+    """The factor of op ("premul", factor), or None for any other op. The
+    library refuses a factor the dtype cannot use (NaN, inf, ...)."""
+    if not isinstance(op, tuple) or not op or op[0] != "premul":
+        return None
+    if len(op) != 2:
+        raise ValueError("netreduce: op %r: expected (\"premul\", factor)" % (op,))
+    if not isinstance(op[1], numbers.Real) or isinstance(op[1], bool):
+        raise TypeError("netreduce: op %r: the factor must be a real number" % (op,))
+    try:
+        return float(op[1])
+    except OverflowError:
+        raise ValueError("netreduce: op %r: the factor is past a double's range" % (op,)) from None
 
 
 def _rank(root):
@@ -325,6 +347,11 @@ class Communicator:
         must call with the same element count, dtype and op."""
         h = self._handle()
         addr, count, dt = _buffer(buf)
+        factor = _premul(op)
+        if factor is not None:
+            _check(_lib.lib().nr_allreduce_premul(h, addr, addr, count, dt, factor, int(timeout_ms)),
+                   "all-reduce")
+            return buf
         o = _op(op)
         if count:
             _check(_lib.lib().nr_allreduce(h, addr, addr, count, dt, o, int(timeout_ms)), "all-reduce")
@@ -335,8 +362,13 @@ class Communicator:
         returned Request's wait() returned. Calls run in order."""
         h = self._handle()
         addr, count, dt = _buffer(buf)
-        o = _op(op)
+        factor = _premul(op)
         r = ctypes.c_void_p()
+        if factor is not None:
+            _check(_lib.lib().nr_allreduce_premul_async(h, addr, addr, count, dt, factor, int(timeout_ms),
+                                                        ctypes.byref(r)), "all-reduce")
+            return Request(self, r.value, buf)
+        o = _op(op)
         _check(_lib.lib().nr_allreduce_async(h, addr, addr, max(count, 0), dt, o, int(timeout_ms),
                                              ctypes.byref(r)), "all-reduce")
         return Request(self, r.value, buf)
@@ -381,6 +413,10 @@ class Communicator:
         s_addr, s_count, dt = _buffer(send, writable=False)
         r_addr, count, r_dt = _buffer(recv)
         _match("reduce-scatter", "send", s_count, dt, "recv", count * self.world, r_dt)
+        factor = _premul(op)
+        if factor is not None:
+            return self._start("reduce-scatter", _lib.lib().nr_reduce_scatter_premul_async,
+                               (s_addr, r_addr, count, dt, factor), recv, (send,), timeout_ms)
         return self._start("reduce-scatter", _lib.lib().nr_reduce_scatter_async,
                            (s_addr, r_addr, count, dt, _op(op)), recv, (send,), timeout_ms)
 

@@ -24,7 +24,7 @@ IN_PROGRESS = 7
 
 # nr_dtype, nr_op, nr_path
 FP32, FP16, BF16, INT32, INT64, FP64 = 1, 2, 3, 4, 5, 6
-SUM, MIN, MAX = 1, 2, 3
+SUM, MIN, MAX, AVG = 1, 2, 3, 4
 PATH_INA, PATH_RING = 0, 1
 
 
@@ -92,7 +92,7 @@ def lib():
         else:
             raise ImportError("netreduce: cannot load libnetreduce (set NETREDUCE_LIBRARY to its path): "
                               + "; ".join(errors))
-        P, I, U32, SZ = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_size_t
+        P, I, U32, SZ, D = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_size_t, ctypes.c_double
         sigs = {
             "nr_options_init_sized": (None, [ctypes.POINTER(Options), SZ]),
             "nr_comm_create_sized": (I, [I, I, ctypes.c_char_p, I, ctypes.c_char_p,
@@ -108,6 +108,10 @@ def lib():
             "nr_reduce_scatter_async": (I, [P, P, P, SZ, I, I, I, ctypes.POINTER(P)]),
             "nr_reduce": (I, [P, P, P, SZ, I, I, I, I]),
             "nr_reduce_async": (I, [P, P, P, SZ, I, I, I, I, ctypes.POINTER(P)]),
+            "nr_allreduce_premul": (I, [P, P, P, SZ, I, D, I]),
+            "nr_allreduce_premul_async": (I, [P, P, P, SZ, I, D, I, ctypes.POINTER(P)]),
+            "nr_reduce_scatter_premul": (I, [P, P, P, SZ, I, D, I]),
+            "nr_reduce_scatter_premul_async": (I, [P, P, P, SZ, I, D, I, ctypes.POINTER(P)]),
             "nr_barrier": (I, [P, I]),
             "nr_barrier_async": (I, [P, I, ctypes.POINTER(P)]),
             "nr_wait": (I, [P, I]),

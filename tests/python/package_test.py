@@ -31,6 +31,28 @@ def closed_communicator():
     return c
 
 
+class RecordingLibrary:
+    """The library, but its collectives, waits and frees recorded and
+    answered NR_OK (an _async call's request is 1234)."""
+
+    RECORDED = ("nr_allreduce", "nr_reduce", "nr_wait", "nr_test", "nr_request_free")
+
+    def __init__(self, real):
+        self.real, self.calls = real, []
+
+    def __getattr__(self, name):
+        if not name.startswith(self.RECORDED):
+            return getattr(self.real, name)
+
+        def call(*args):
+            if name.endswith("_async"):
+                args[-1]._obj.value = 1234  # ctypes.byref(request)
+                args = args[:-1]
+            self.calls.append((name, args))
+            return _lib.OK
+        return call
+
+
 class Package(unittest.TestCase):
     def test_import_and_library(self):
         # The version is written once, in meson.build's project().
@@ -148,7 +170,8 @@ class Package(unittest.TestCase):
         with c:
             pass
         self.assertEqual(netreduce._op("SUM"), _lib.SUM)
-        for bad in ("prod", "avg", 1, None):
+        self.assertEqual(netreduce._op("avg"), 4)  # NR_AVG
+        for bad in ("prod", "premul", ("premul", 2.0), 1, None):
             with self.assertRaisesRegex(ValueError, "op .* is not supported"):
                 netreduce._op(bad)
 
@@ -174,6 +197,65 @@ class Package(unittest.TestCase):
         st = L.nr_broadcast_async(None, x_p, 1, _lib.FP32, 0, 10, None)
         with self.assertRaisesRegex(netreduce.InvalidArgumentError, "out: null pointer"):
             netreduce._check(st, "broadcast")
+
+    def test_premul_in_the_library(self):
+        L = _lib.lib()
+        x_p = ctypes.addressof(ctypes.c_float(1))
+        req = ctypes.c_void_p()
+        for name, st in (
+                ("all-reduce", L.nr_allreduce(None, x_p, x_p, 1, _lib.FP32, _lib.AVG, 10)),
+                ("all-reduce", L.nr_allreduce_premul(None, x_p, x_p, 1, _lib.FP32, 0.5, 10)),
+                ("all-reduce", L.nr_allreduce_premul_async(None, x_p, x_p, 1, _lib.FP32, 0.5, 10, ctypes.byref(req))),
+                ("reduce-scatter", L.nr_reduce_scatter_premul(None, x_p, x_p, 1, _lib.FP32, 0.5, 10)),
+                ("reduce-scatter", L.nr_reduce_scatter_premul_async(None, x_p, x_p, 1, _lib.FP32, 0.5, 10,
+                                                                    ctypes.byref(req)))):
+            with self.assertRaisesRegex(netreduce.InvalidArgumentError, name + ": invalid_argument: comm: null"):
+                netreduce._check(st, name)
+        self.assertIsNone(req.value)
+
+    def test_avg_and_premul_reach_the_library(self):
+        # What the binding passes for op="avg" and ("premul", f), recorded
+        # by a stand-in for the library's collectives (no communicator can
+        # be made without RDMA; the data is the C++ tests').
+        real = _lib.lib()
+        rec = RecordingLibrary(real)
+        c = closed_communicator()
+        c._h = 99
+        a, big = np.arange(4, dtype=np.float32), np.zeros(8, np.float32)
+        _lib._lib = rec
+        try:
+            c.allreduce(a, op="avg")
+            c.allreduce(a, op=("premul", 0.25))
+            self.assertIs(c.allreduce_async(a, op=("premul", np.float32(0.5))).wait(), a)
+            c.reduce_scatter(big, a, op=("premul", 3))
+            c.reduce_scatter(big, a, op="avg")
+            c.reduce(a, op="avg", root=1)
+            for op, exc, msg in ((("premul",), ValueError, "expected \\(\"premul\", factor\\)"),
+                                 (("premul", "2"), TypeError, "the factor must be a real number"),
+                                 (("premul", True), TypeError, "the factor must be a real number"),
+                                 (("premul", 10 ** 400), ValueError, "past a double's range")):
+                with self.assertRaisesRegex(exc, msg):
+                    c.allreduce(a, op=op)
+            with self.assertRaisesRegex(ValueError, "op .* is not supported"):
+                c.reduce(a, op=("premul", 2.0))  # no pre-multiplied reduce
+        finally:
+            _lib._lib = real
+            c._h = None
+        A, B = a.ctypes.data, big.ctypes.data
+        self.assertEqual(rec.calls, [
+            ("nr_allreduce", (99, A, A, 4, _lib.FP32, _lib.AVG, -1)),
+            ("nr_allreduce_premul", (99, A, A, 4, _lib.FP32, 0.25, -1)),
+            ("nr_allreduce_premul_async", (99, A, A, 4, _lib.FP32, 0.5, -1)),
+            ("nr_wait", (1234, -1)), ("nr_request_free", (1234,)),
+            ("nr_reduce_scatter_premul_async", (99, B, A, 4, _lib.FP32, 3.0, -1)),
+            ("nr_wait", (1234, -1)), ("nr_request_free", (1234,)),
+            ("nr_reduce_scatter_async", (99, B, A, 4, _lib.FP32, _lib.AVG, -1)),
+            ("nr_wait", (1234, -1)), ("nr_request_free", (1234,)),
+            ("nr_reduce_async", (99, A, A, 4, _lib.FP32, _lib.AVG, 1, -1)),
+            ("nr_wait", (1234, -1)), ("nr_request_free", (1234,))])
+        for _, args in rec.calls:
+            if len(args) > 5 and isinstance(args[5], float):
+                self.assertIs(type(args[5]), float)  # a double for ctypes, not a numpy scalar
 
     def test_collectives_check_their_buffers(self):
         # The library cannot see buffer sizes: the binding checks them
