@@ -34,10 +34,15 @@ torch.distributed.ProcessGroup (torch 1.13's PyProcessGroup trampoline, so
 DDP's C++ reducer and constructor call it too). all_reduce (also coalesced),
 broadcast, all_gather (list and _allgather_base), reduce_scatter (list and
 _reduce_scatter_base) and reduce of dense contiguous CPU tensors of
-a supported dtype, with SUM/MIN/MAX (and AVG of float tensors: a sum divided
-by the world), go through netreduce, one tensor per process (Work from a
-Future, completed by the same completion thread, which also copies list
-outputs out of the flat buffer the library filled). Everything else
+a supported dtype, with SUM/MIN/MAX/AVG, go through netreduce, one tensor
+per process (Work from a Future, completed by the same completion thread,
+which also copies list outputs out of the flat buffer the library filled).
+AVG is the library's op "avg" (its sum, then each element divided by the
+world in the tensor's dtype, integers truncated), not a division here.
+PREMUL_SUM is refused with ValueError, whatever the path: torch 1.13 keeps
+its factor in C++ (ReduceOp's supplement), out of a Python group's reach,
+and Gloo has no PREMUL_SUM either; netreduce.Communicator's
+op=("premul", f) is the library's form. Everything else
 (barrier, which must tolerate ranks far apart; point-to-point,
 gather/scatter, all-to-all, PRODUCT, other dtypes, several tensors per
 process) is delegated to an internal Gloo group built on the
@@ -315,10 +320,9 @@ def _env_options():
     return o
 
 
-_OPS = {}
-for _n in ("SUM", "MIN", "MAX"):
-    _OPS[getattr(dist.ReduceOp, _n)] = _n.lower()
-_AVG = getattr(dist.ReduceOp, "AVG", None)
+# c10d's reduce ops (their RedOpType) -> the library's.
+_OPS = {getattr(dist.ReduceOp, n): n.lower() for n in ("SUM", "MIN", "MAX", "AVG") if hasattr(dist.ReduceOp, n)}
+_PREMUL_SUM = getattr(dist.ReduceOp, "PREMUL_SUM", None)
 _DTYPES = {getattr(torch, n) for n in netreduce.DTYPES}
 
 
@@ -376,13 +380,15 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
                 all(t.device.type == "cpu" and t.dtype in _DTYPES and t.is_contiguous()
                     and t.layout == torch.strided for t in tensors))
 
-    def _op(self, op, tensors):
-        """(library op, average) for a reduction of these tensors, or None."""
-        if op in _OPS:
-            return _OPS[op], False
-        if _AVG is not None and op == _AVG and all(t.is_floating_point() for t in tensors):
-            return "sum", True
-        return None
+    def _op(self, name, op):
+        """The library's op for c10d's `op` (a ReduceOp or its RedOpType), or
+        None (Gloo's). PREMUL_SUM is refused: its factor cannot be read here."""
+        kind = getattr(op, "op", op)
+        if _PREMUL_SUM is not None and kind == _PREMUL_SUM:
+            raise ValueError("netreduce backend: %s: ReduceOp.PREMUL_SUM is not supported: torch %s does not "
+                             "let a Python process group read its factor (multiply, then SUM; or "
+                             "netreduce.Communicator's op=(\"premul\", factor))" % (name, torch.__version__))
+        return _OPS.get(kind)
 
     def _fallback_said(self):
         if self.comm is None:
@@ -397,17 +403,12 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
         self._count(name, False)
         return getattr(self._gloo, name)(*args)
 
-    def _averaged(self, tensors, average):
-        if not average:
-            return None
-        return lambda: [t.detach().div_(self.world) for t in tensors]
-
     def _allreduce(self, name, tensors, opts):
-        op = self._op(opts.reduceOp, tensors) if self._usable(tensors) else None
-        if op is None:
+        op = self._op(name, opts.reduceOp)
+        if op is None or not self._usable(tensors):
             return self._gloo_call(name, tensors, opts)
-        reqs = [self.comm.allreduce_async(t.detach(), op[0]) for t in tensors]
-        return self._work(name, reqs, tensors, sum(map(_nbytes, tensors)), self._averaged(tensors, op[1]))
+        reqs = [self.comm.allreduce_async(t.detach(), op) for t in tensors]
+        return self._work(name, reqs, tensors, sum(map(_nbytes, tensors)))
 
     def allreduce(self, tensors, opts=None):
         return self._allreduce("allreduce", tensors, opts if opts is not None else dist.AllreduceOptions())
@@ -452,38 +453,34 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
 
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        op = self._op(opts.reduceOp, [output]) if self._usable([output, input]) else None
-        if op is None:
+        op = self._op("_reduce_scatter_base", opts.reduceOp)
+        if op is None or not self._usable([output, input]):
             return self._gloo_call("_reduce_scatter_base", output, input, opts)
         _require("_reduce_scatter_base", output.dtype == input.dtype and input.numel() == self.world * output.numel(),
                  "input must be world x output's elements of output's dtype")
-        req = self.comm.reduce_scatter_async(input.detach(), output.detach(), op[0])
-        return self._work("_reduce_scatter_base", [req], [output], _nbytes(input),
-                          self._averaged([output], op[1]))
+        req = self.comm.reduce_scatter_async(input.detach(), output.detach(), op)
+        return self._work("_reduce_scatter_base", [req], [output], _nbytes(input))
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        op = None
-        if len(output_tensors) == 1 and len(input_tensors) == 1 and self._usable(output_tensors):
-            op = self._op(opts.reduceOp, output_tensors)
-        if op is None:
+        op = self._op("reduce_scatter", opts.reduceOp)
+        if op is None or len(output_tensors) != 1 or len(input_tensors) != 1 or not self._usable(output_tensors):
             return self._gloo_call("reduce_scatter", output_tensors, input_tensors, opts)
         out, ins = output_tensors[0], input_tensors[0]
         _require("reduce_scatter", len(ins) == self.world and all(
             i.device.type == "cpu" and i.dtype == out.dtype and i.numel() == out.numel() for i in ins),
             "expected world CPU input tensors, each of the output's dtype and size")
         send = torch.cat([i.detach().reshape(-1) for i in ins])
-        req = self.comm.reduce_scatter_async(send, out.detach(), op[0])
-        return self._work("reduce_scatter", [req], output_tensors, _nbytes(send), self._averaged([out], op[1]))
+        req = self.comm.reduce_scatter_async(send, out.detach(), op)
+        return self._work("reduce_scatter", [req], output_tensors, _nbytes(send))
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
-        op = self._op(opts.reduceOp, tensors) if len(tensors) == 1 and self._usable(tensors) else None
-        if op is None:
+        op = self._op("reduce", opts.reduceOp)
+        if op is None or len(tensors) != 1 or not self._usable(tensors):
             return self._gloo_call("reduce", tensors, opts)
-        req = self.comm.reduce_async(tensors[0].detach(), op[0], opts.rootRank)
-        average = op[1] and opts.rootRank == self.rank()
-        return self._work("reduce", [req], tensors, _nbytes(tensors[0]), self._averaged(tensors, average))
+        req = self.comm.reduce_async(tensors[0].detach(), op, opts.rootRank)
+        return self._work("reduce", [req], tensors, _nbytes(tensors[0]))
 
     def barrier(self, opts=None):
         # Gloo's, over TCP: a barrier is how ranks that drifted apart (a

@@ -10,7 +10,12 @@ deadline, found by the completion thread) or when it is started (a
 communicator already unusable). Both the c10d backend and the DDP hook, each
 in its own process: torch 1.13's reducer crashes the whole process when it
 meets a Future whose exception was set from Python, so a crash here is a
-test failure, not a lost test runner."""
+test failure, not a lost test runner.
+
+Also the reduce ops the backend hands the library: AVG is the library's
+"avg" (a stand-in library's result arrives as written, with no division
+by the world after it), PREMUL_SUM is refused with ValueError before any
+call starts (its factor cannot be read from Python), on 2 ranks."""
 import faulthandler
 import os
 import sys
@@ -111,6 +116,95 @@ def shapes_worker(_, init, out):
     with open(out, "w") as f:
         f.write("\n".join(got))
     os._exit(0)
+
+
+class ResultCommunicator(FailingCommunicator):
+    """Records each call's op and writes what a library would: RESULT into
+    the output (at the root only for reduce)."""
+    RESULT = 6
+
+    def __init__(self, rank):
+        super().__init__("wait")
+        self.rank, self.ops = rank, []
+
+    def allreduce_async(self, buf, op):
+        self.ops.append(("allreduce", op))
+        buf.fill_(self.RESULT)
+        return DoneRequest()
+
+    def reduce_scatter_async(self, send, recv, op):
+        self.ops.append(("reduce_scatter", op))
+        recv.fill_(self.RESULT)
+        return DoneRequest()
+
+    def reduce_async(self, buf, op, root):
+        self.ops.append(("reduce", op))
+        if root == self.rank:
+            buf.fill_(self.RESULT)
+        return DoneRequest()
+
+
+def ops_worker(rank, init, out):
+    import netreduce.torch as nrt
+    comm = ResultCommunicator(rank)
+    nrt.rendezvous = lambda *a, **k: (comm, comm.path_reason)
+    dist.init_process_group("netreduce", init_method=init, rank=rank, world_size=2)
+    pg = dist.distributed_c10d._get_default_group()
+    got = {}
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        t = torch.full((3,), 1, dtype=dtype)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        o = torch.zeros(3, dtype=dtype)
+        dist._reduce_scatter_base(o, torch.ones(6, dtype=dtype), op=dist.ReduceOp.AVG)
+        lo = torch.zeros(3, dtype=dtype)
+        dist.reduce_scatter(lo, [torch.ones(3, dtype=dtype)] * 2, op=dist.ReduceOp.AVG)
+        r = torch.full((3,), 1, dtype=dtype)
+        dist.reduce(r, dst=1, op=dist.ReduceOp.AVG)
+        got[str(dtype)] = [x.tolist() for x in (t, o, lo, r)]
+    refused = []
+    for name, call in (
+            ("allreduce", lambda t: dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))),
+            ("_reduce_scatter_base",
+             lambda t: dist._reduce_scatter_base(t, torch.ones(6), op=dist._make_nccl_premul_sum(0.5))),
+            ("reduce_scatter",
+             lambda t: dist.reduce_scatter(t, [torch.ones(3)] * 2, op=dist._make_nccl_premul_sum(0.5))),
+            ("reduce", lambda t: dist.reduce(t, dst=0, op=dist._make_nccl_premul_sum(0.5)))):
+        t = torch.full((3,), 5.0)
+        try:
+            call(t)
+            refused.append("%s: no error" % name)
+        except ValueError as e:
+            refused.append("%s|%s" % (str(e), t.tolist()))
+    torch.save({"got": got, "ops": comm.ops, "calls": pg.calls(), "refused": refused},
+               out + "-%d" % rank)
+    dist.barrier()
+    os._exit(0)
+
+
+class ReduceOps(unittest.TestCase):
+    def test_avg_through_the_library_and_premul_sum_refused(self):
+        with tempfile.TemporaryDirectory(prefix="netreduce-torch-ops-") as tmp:
+            out = os.path.join(tmp, "result")
+            mp.spawn(ops_worker, args=("file://" + os.path.join(tmp, "store"), out), nprocs=2, join=True)
+            res = [torch.load(out + "-%d" % r) for r in range(2)]
+        six = [6.0] * 3
+        for rank, r in enumerate(res):
+            for dtype in ("torch.float32", "torch.bfloat16", "torch.int64"):
+                t, o, lo, red = r["got"][dtype]
+                # The library's result as it wrote it: no division by 2 after.
+                self.assertEqual(t, six, dtype)
+                self.assertEqual(o, six, dtype)
+                self.assertEqual(lo, six, dtype)
+                self.assertEqual(red, six if rank == 1 else [1.0] * 3, dtype)
+            self.assertEqual(r["ops"], [("allreduce", "avg"), ("reduce_scatter", "avg"),
+                                        ("reduce_scatter", "avg"), ("reduce", "avg")] * 3)
+            for name in ("allreduce", "_reduce_scatter_base", "reduce_scatter", "reduce"):
+                self.assertEqual(r["calls"][name], {"netreduce": 3, "gloo": 0}, name)
+            self.assertEqual(len(r["refused"]), 4, r["refused"])
+            for line, name in zip(r["refused"], ("allreduce", "_reduce_scatter_base", "reduce_scatter", "reduce")):
+                self.assertRegex(line, "^netreduce backend: %s: ReduceOp.PREMUL_SUM is not supported: "
+                                 "torch .* does not let a Python process group read its factor" % name)
+                self.assertTrue(line.endswith("|[5.0, 5.0, 5.0]"), line)  # the tensor untouched
 
 
 class FailedCall(unittest.TestCase):
