@@ -110,6 +110,9 @@ void nr_options_init_sized(nr_options* o, size_t size) {
   v.host_id = nullptr;
   v.failback_calls = d.failback_calls;
   v.job_key = nullptr;
+  v.path_choice = static_cast<int>(d.path_choice);
+  v.measure_links = d.measure_links ? 1 : 0;
+  v.box_us = d.box_us;
   std::memcpy(o, &v, size);  // the caller's struct: only the bytes it has
 }
 
@@ -156,6 +159,12 @@ nr_status nr_comm_create_sized(int rank, int world, const char* device, int gid_
       o.host_id = v.host_id ? v.host_id : "";
       o.failback_calls = v.failback_calls;
       o.job_key = v.job_key ? v.job_key : "";
+      if (v.path_choice < NR_CHOICE_MODEL || v.path_choice > NR_CHOICE_RING)
+        return invalid("path_choice: " + std::to_string(v.path_choice) +
+                       " is not an nr_path_choice (0..2)");
+      o.path_choice = static_cast<netreduce::PathChoice>(v.path_choice);
+      o.measure_links = v.measure_links != 0;
+      o.box_us = v.box_us;
     }
     auto c = std::make_unique<nr_comm>();
     const Error e = netreduce::Communicator::create(rank, world, device ? device : "", gid_index,
@@ -329,6 +338,37 @@ int nr_comm_rings(const nr_comm* comm) { return comm && comm->c ? comm->c->rings
 int nr_comm_failovers(const nr_comm* comm) { return comm && comm->c ? comm->c->failovers() : -1; }
 int nr_comm_local_rank(const nr_comm* comm) { return comm && comm->c ? comm->c->local_rank() : -1; }
 int nr_comm_local_size(const nr_comm* comm) { return comm && comm->c ? comm->c->local_size() : -1; }
+
+uint64_t nr_comm_calls(const nr_comm* comm, nr_call kind, nr_path path) {
+  if (!comm || !comm->c || kind < NR_CALL_ALL_REDUCE || kind > NR_CALL_BARRIER ||
+      (path != NR_PATH_INA && path != NR_PATH_RING))
+    return 0;
+  return comm->c->calls(static_cast<netreduce::CallKind>(kind),
+                        path == NR_PATH_INA ? netreduce::Path::ina : netreduce::Path::ring);
+}
+
+nr_status nr_comm_links(const nr_comm* comm, double* alpha_us, double* gbps, double* box_us,
+                        int* measured) {
+  if (!comm || !comm->c) return invalid("comm: null");
+  const netreduce::LinkFigures& f = comm->c->links();
+  if (alpha_us) *alpha_us = f.alpha_us;
+  if (gbps) *gbps = f.gbps;
+  if (box_us) *box_us = f.box_us;
+  if (measured) *measured = f.measured ? 1 : 0;
+  return NR_OK;
+}
+
+nr_status nr_request_record(nr_request* req, nr_path* path, uint32_t* steps, uint64_t* bytes_sent) {
+  return guarded([&]() -> nr_status {
+    if (!req) return invalid("request: null");
+    if (!req->h.test(nullptr)) return NR_IN_PROGRESS;
+    const netreduce::CallRecord r = req->h.record();
+    if (path) *path = r.path == netreduce::Path::ina ? NR_PATH_INA : NR_PATH_RING;
+    if (steps) *steps = r.steps;
+    if (bytes_sent) *bytes_sent = r.bytes_sent;
+    return NR_OK;
+  });
+}
 
 const char* nr_last_error(void) { return g_last_error.c_str(); }
 

@@ -24,9 +24,13 @@ struct Collective::Buffer {
   size_t len;
 };
 
+size_t ina_slots_bytes(const CollectiveConfig& cfg) {
+  return (size_t{cfg.window} * cfg.msg_len * cfg.pmtu + 63) / 64 * 64;
+}
+
 size_t recv_region_bytes(const CollectiveConfig& cfg, unsigned /*world*/,
                          size_t ring_buffer_bytes) {
-  return std::max(size_t{cfg.window} * cfg.msg_len * cfg.pmtu, ring_buffer_bytes);
+  return ina_slots_bytes(cfg) + ring_buffer_bytes;
 }
 
 Collective::Collective(Transport& t, const CollectiveConfig& cfg) : t_(t), cfg_(cfg) {}
@@ -56,12 +60,17 @@ Error Collective::create(Transport& transport, const CollectiveConfig& cfg,
     return format_error(ErrorCode::invalid_argument,
                         "window: {} messages of {} bytes do not fit the receive region", cfg.window,
                         slot);
+  // On the INA path the ring path's slots lie past the INA slots: a
+  // ring-path call right after an INA call may write before this rank
+  // copied out its last result. (A communicator made on the ring path never
+  // takes the INA path.)
+  c->ring_base_ = cfg.path == Path::ina ? std::min(local, ina_slots_bytes(cfg)) : 0;
   if (P > 1) {
-    c->ring_stride_ = local / (4 * size_t{P - 1}) / 64 * 64;
+    c->ring_stride_ = (local - c->ring_base_) / (4 * size_t{P - 1}) / 64 * 64;
     if (c->ring_stride_ < 64)
       return format_error(ErrorCode::invalid_argument,
                           "ring_buffer_bytes: {} is too small for {} ranks (needs at least {})",
-                          local, P, 256 * (P - 1));
+                          local - c->ring_base_, P, 256 * (P - 1));
   }
   c->rings_.resize(R);
   c->path_.store(cfg.path);
@@ -287,7 +296,7 @@ void Collective::RingCall::start_segment(Stripe& k, unsigned g) {
     std::memcpy(k.work + w.first * es_,
                 src_ + (own_only ? k.s.first + k.seg_first : user_at(k, c)) * es_, w.count * es_);
   }
-  k.tag = c_.rings_[g].seg_seq & 0xFFFFFF;
+  k.tag = c_.rings_[g].seg_seq & kRingTagMask;
   k.half = (c_.rings_[g].seg_seq & 1) * steps_;
   k.step = first_;
 }
@@ -310,7 +319,7 @@ Error Collective::RingCall::begin_step(Stripe& k, unsigned g) {
   const ChunkRange sc = chunk(k, turn(ring_step(r_, P_, k.step).send_chunk));
   k.wrote = k.got = false;
   if (Error e = c_.t_.post_write_imm(g, c_.work_mr_, k.work_off + sc.first * es_, sc.count * es_,
-                                     (k.half + k.step) * c_.ring_stride_, k.imm(), k.imm()))
+                                     c_.ring_slot(k.half + k.step), k.imm(), k.imm()))
     return e;
   c_.record_.bytes_sent += sc.count * es_;
   auto& early = c_.rings_[g].early;
@@ -331,7 +340,7 @@ Error Collective::RingCall::receive(Stripe& k, unsigned g, const Completion& c) 
         c_.ring_tag(g, k.s, es_), predecessor_rank(c_.t_), hex(c.imm), c.byte_len, where(k),
         rc.count * es_);
   k.got = true;
-  const uint8_t* in = c_.t_.recv_region(g).addr + (k.half + k.step) * c_.ring_stride_;
+  const uint8_t* in = c_.t_.recv_region(g).addr + c_.ring_slot(k.half + k.step);
   uint8_t* own = k.work + rc.first * es_;
   if (rs.reduce) {
     const uint8_t* srcs[2] = {in, own};  // op(received, own): the ring order
@@ -425,6 +434,13 @@ std::string Collective::RingCall::where(const Stripe& k) const {
 
 Error Collective::ring_run(RingForm f, const void* send, void* recv, size_t count, DataType t,
                            Op op, Clock::time_point deadline) {
+  // An INA call just before may have taken the predecessor's first writes
+  // of this one (it was ahead): they are this call's, each for its step.
+  for (auto* q : {&pending_, &next_call_}) {
+    for (const Completion& c : *q)
+      if (c.lane < rings_.size()) rings_[c.lane].early.push_back(c);
+    q->clear();
+  }
   return RingCall(*this, f, send, recv, count, t, op).run(deadline);
 }
 

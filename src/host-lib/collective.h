@@ -83,6 +83,12 @@ struct CollectiveConfig {
 size_t recv_region_bytes(const CollectiveConfig& cfg, unsigned world, size_t ring_buffer_bytes);
 
 inline constexpr unsigned kPollBatch = 16;  // completions taken per poll
+// Immediates: a ring-path write's is tag << 8 | step, its tag 23 bits, so
+// bit 31 is clear; a stop notice's (failover) is kStopBit | its call's
+// number: an INA call that meets a zero-length write of a ring-path call
+// that follows it tells the two apart.
+inline constexpr uint32_t kRingTagMask = 0x7FFFFF;
+inline constexpr uint32_t kStopBit = 0x80000000u;
 // The most data bytes one call may carry (check_args).
 inline constexpr size_t kMaxCallBytes = size_t{1} << 40;
 // The most one exchange carries (the bootstrap's frames hold 16 MiB).
@@ -242,6 +248,8 @@ class Collective {
   size_t send_ring_bytes_ = 0;  // INA send slots of one ring
   size_t work_ring_bytes_ = 0;  // ring path work buffer of one ring
   size_t ring_stride_ = 0;      // bytes per ring-path receive slot
+  size_t ring_base_ = 0;        // where they start: past the INA slots
+  size_t ring_slot(size_t i) const noexcept { return ring_base_ + i * ring_stride_; }
   std::vector<RingState> rings_;
   std::vector<uint8_t> stage_;  // INA path: a result while its seal is checked
   // INA path: completions a failback's drain took that belong to the next

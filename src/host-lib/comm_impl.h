@@ -4,6 +4,8 @@
 // allreduce_now (the one-pass collectives: one_pass.h).
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -27,6 +29,7 @@ struct AllreduceHandle::State {
   bool done = false;
   Error result;
   Path path = Path::ring;
+  CallRecord record;  // set with done, when the call succeeded
 };
 
 struct Communicator::Impl {
@@ -37,12 +40,21 @@ struct Communicator::Impl {
 
   // Queues `call` for the progress thread; its deadline is timeout_ms (< 0:
   // Options::op_timeout_ms) from when it starts, not from when it was queued.
-  Error submit(int timeout_ms, std::function<Error(host::Clock::time_point)> call,
+  // kind and bytes (per rank, cost_model.h's meaning) choose its path
+  // (choose), which call_path holds while it runs; a call that succeeds is
+  // recorded (record) and counted.
+  Error submit(int timeout_ms, CallKind kind, uint64_t bytes,
+               std::function<Error(host::Clock::time_point)> call,
                std::shared_ptr<AllreduceHandle::State>& out);
-  // One all-reduce of the job (the local stage first with local ranks);
-  // progress thread only.
+  // One all-reduce of the job (the local stage first with local ranks), on
+  // call_path; progress thread only.
   Error allreduce_now(const void* send, void* recv, size_t count, DataType t, Op op,
                       host::Clock::time_point deadline);
+  // The path of a call of kind k, `bytes` per rank (cost_model.h's
+  // meaning): the communicator's path() without a box, after a failover and
+  // with local ranks; else Options::path_choice, the model's choice from
+  // `links` (progress thread only: it reads the collective's path).
+  Path choose(CallKind k, uint64_t bytes) const;
   // The job's rank and world (global with local ranks).
   int rank() const noexcept;
   int world() const noexcept;
@@ -54,6 +66,15 @@ struct Communicator::Impl {
   uint8_t* scaled_input(size_t bytes);
 
   Options options;
+  // The cost model's figures (link_figures.h): measured at create, or
+  // configured.
+  LinkFigures links;
+  // Calls finished, per kind and path (kind x 2 + path).
+  std::array<std::atomic<uint64_t>, kCallKinds * 2> finished{};
+  mutable std::mutex last_mu;
+  CallRecord last;  // the last call that finished without an error
+  // The path of the call running on the progress thread (choose's answer).
+  Path call_path = Path::ina;
   std::shared_ptr<void> keepalive;
   std::unique_ptr<host::Transport> transport;
   std::unique_ptr<host::Collective> collective;
@@ -78,6 +99,8 @@ struct Communicator::Impl {
   std::function<void()> close_barrier;
 
  private:
+  // The record of the call that just succeeded, counted in `finished`.
+  CallRecord record(CallKind kind);
   std::unique_ptr<host::OnePass> one_pass_;
   std::vector<uint8_t> scaled_;
   void run();

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "host-lib/comm_impl.h"
+#include "host-lib/cost_model.h"
 #include "host-lib/scale.h"
 #include "wire/ina.h"
 
@@ -22,6 +23,34 @@ const char* to_string(Op o) noexcept {
   return wire::to_string(static_cast<wire::ReduceOp>(o)).data();
 }
 const char* to_string(Path p) noexcept { return p == Path::ina ? "ina" : "ring"; }
+const char* to_string(CallKind k) noexcept {
+  switch (k) {
+    case CallKind::all_reduce:
+      return "all_reduce";
+    case CallKind::broadcast:
+      return "broadcast";
+    case CallKind::all_gather:
+      return "all_gather";
+    case CallKind::reduce_scatter:
+      return "reduce_scatter";
+    case CallKind::reduce:
+      return "reduce";
+    case CallKind::barrier:
+      return "barrier";
+  }
+  return "invalid";
+}
+const char* to_string(PathChoice c) noexcept {
+  switch (c) {
+    case PathChoice::model:
+      return "model";
+    case PathChoice::ina:
+      return "ina";
+    case PathChoice::ring:
+      return "ring";
+  }
+  return "invalid";
+}
 const char* to_string(ErrorCode c) noexcept {
   switch (c) {
     case ErrorCode::ok:
@@ -82,7 +111,8 @@ void Communicator::Impl::run() {
   }
 }
 
-Error Communicator::Impl::submit(int timeout_ms, std::function<Error(host::Clock::time_point)> call,
+Error Communicator::Impl::submit(int timeout_ms, CallKind kind, uint64_t bytes,
+                                 std::function<Error(host::Clock::time_point)> call,
                                  std::shared_ptr<AllreduceHandle::State>& out) {
   auto st = std::make_shared<AllreduceHandle::State>();
   st->path = collective->path();
@@ -90,15 +120,20 @@ Error Communicator::Impl::submit(int timeout_ms, std::function<Error(host::Clock
   {
     std::lock_guard lk(mu_);
     if (stop_) return Error::make(ErrorCode::internal, "communicator is shutting down");
-    queue_.push_back([st, ms, call = std::move(call)] {
+    queue_.push_back([this, st, ms, kind, bytes, call = std::move(call)] {
       Error e;
+      call_path = choose(kind, bytes);
       try {  // nothing may escape the progress thread (a scratch buffer's bad_alloc)
         e = call(host::Clock::now() + std::chrono::milliseconds(ms));
       } catch (const std::exception& x) {
         e = Error::make(ErrorCode::internal, std::string("call failed: ") + x.what());
       }
+      CallRecord rec;
+      if (e.ok()) rec = record(kind);
       std::lock_guard g(st->mu);
       st->result = std::move(e);
+      st->record = rec;
+      if (st->result.ok()) st->path = rec.path;
       st->done = true;
       st->cv.notify_all();
     });
@@ -108,10 +143,69 @@ Error Communicator::Impl::submit(int timeout_ms, std::function<Error(host::Clock
   return {};
 }
 
+CallRecord Communicator::Impl::record(CallKind kind) {
+  const host::Collective::CallRecord& r = collective->last_call();
+  // Nothing on the wire (zero elements, one rank): the path it was given.
+  const CallRecord rec{r.dependent_steps ? r.path : call_path, r.dependent_steps, r.bytes_sent};
+  finished[static_cast<size_t>(kind) * 2 + static_cast<size_t>(rec.path)].fetch_add(
+      1, std::memory_order_relaxed);
+  std::lock_guard lk(last_mu);
+  last = rec;
+  return rec;
+}
+
 Error Communicator::Impl::allreduce_now(const void* send, void* recv, size_t count, DataType t,
                                         Op op, host::Clock::time_point deadline) {
-  return local ? local->allreduce(*collective, send, recv, count, t, op, deadline)
-               : collective->allreduce(send, recv, count, t, op, deadline);
+  if (local) return local->allreduce(*collective, send, recv, count, t, op, deadline);
+  if (call_path == Path::ring && collective->path() == Path::ina)
+    return collective->ring_allreduce(send, recv, count, t, op, deadline);
+  return collective->allreduce(send, recv, count, t, op, deadline);
+}
+
+namespace {
+
+host::cost::Kind cost_kind(CallKind k) {
+  switch (k) {
+    case CallKind::all_reduce:
+      return host::cost::Kind::allreduce;
+    case CallKind::broadcast:
+      return host::cost::Kind::broadcast;
+    case CallKind::all_gather:
+      return host::cost::Kind::all_gather;
+    case CallKind::reduce_scatter:
+      return host::cost::Kind::reduce_scatter;
+    case CallKind::reduce:
+      return host::cost::Kind::reduce;
+    case CallKind::barrier:
+      return host::cost::Kind::barrier;
+  }
+  return host::cost::Kind::allreduce;
+}
+
+}  // namespace
+
+Path Communicator::Impl::choose(CallKind k, uint64_t bytes) const {
+  const Path now = collective->path();
+  if (now == Path::ring || local) return now;
+  switch (options.path_choice) {
+    case PathChoice::ina:
+      return Path::ina;
+    case PathChoice::ring:
+      return Path::ring;
+    case PathChoice::model:
+      break;
+  }
+  const host::CollectiveConfig& cc = collective->config();
+  host::cost::Params p;
+  p.alpha_s = links.alpha_us * 1e-6;
+  p.bandwidth_Bps = links.gbps * 1e9 / 8;
+  p.box_s = links.box_us * 1e-6;
+  p.msg_len = cc.msg_len;
+  p.payload_bytes = cc.pmtu;
+  p.window = cc.window;
+  const auto world_ranks = static_cast<unsigned>(world());
+  if (host::cost::check(p, world_ranks)) return Path::ina;  // figures it cannot use: the box
+  return host::cost::estimate(p, cost_kind(k), world_ranks, bytes).choice;
 }
 
 int Communicator::Impl::rank() const noexcept {
@@ -128,7 +222,7 @@ host::OnePass& Communicator::Impl::one_pass() {
   host::RingForms ring;
   if (!local) {
     host::Collective* c = collective.get();
-    ring.path = [c] { return c->path(); };
+    ring.path = [this] { return call_path; };
     ring.reduce_scatter = [c](const void* s, void* r, size_t n, DataType t, Op op,
                               host::Clock::time_point d) {
       return c->ring_reduce_scatter(s, r, n, t, op, d);
@@ -169,11 +263,14 @@ Error run_blocking(Start&& start) {
 }
 
 // Queues call(impl, deadline) on the progress thread; `handle` reports it.
+// kind and bytes: what the path choice sees (Impl::choose).
 template <typename Call>
-Error start(Communicator::Impl& impl, int timeout_ms, Call call, AllreduceHandle& handle) {
+Error start(Communicator::Impl& impl, int timeout_ms, CallKind kind, uint64_t bytes, Call call,
+            AllreduceHandle& handle) {
   std::shared_ptr<AllreduceHandle::State> st;
   if (Error e = impl.submit(
-          timeout_ms, [&impl, call](host::Clock::time_point d) { return call(impl, d); }, st))
+          timeout_ms, kind, bytes,
+          [&impl, call](host::Clock::time_point d) { return call(impl, d); }, st))
     return e;
   handle = AllreduceHandle(std::move(st));
   return {};
@@ -211,7 +308,7 @@ Error Communicator::allreduce(const void* send, void* recv, size_t count, DataTy
 Error Communicator::allreduce_async(const void* send, void* recv, size_t count, DataType t, Op op,
                                     AllreduceHandle& handle, int timeout_ms) {
   return start(
-      *impl_, timeout_ms,
+      *impl_, timeout_ms, CallKind::all_reduce, count * element_size(t),
       [=](Impl& i, auto d) {
         return reduced(i, op, recv, count, t,
                        [&](Op o) { return i.allreduce_now(send, recv, count, t, o, d); });
@@ -227,7 +324,7 @@ Error Communicator::broadcast(void* buf, size_t count, DataType t, int root, int
 Error Communicator::broadcast_async(void* buf, size_t count, DataType t, int root,
                                     AllreduceHandle& handle, int timeout_ms) {
   return start(
-      *impl_, timeout_ms,
+      *impl_, timeout_ms, CallKind::broadcast, count * element_size(t),
       [=](Impl& i, auto d) { return i.one_pass().broadcast(buf, count, t, root, d); }, handle);
 }
 
@@ -240,7 +337,7 @@ Error Communicator::all_gather(const void* send, void* recv, size_t count, DataT
 Error Communicator::all_gather_async(const void* send, void* recv, size_t count, DataType t,
                                      AllreduceHandle& handle, int timeout_ms) {
   return start(
-      *impl_, timeout_ms,
+      *impl_, timeout_ms, CallKind::all_gather, count * element_size(t),
       [=](Impl& i, auto d) { return i.one_pass().all_gather(send, recv, count, t, d); }, handle);
 }
 
@@ -255,7 +352,7 @@ Error Communicator::reduce_scatter_async(const void* send, void* recv, size_t re
                                          DataType t, Op op, AllreduceHandle& handle,
                                          int timeout_ms) {
   return start(
-      *impl_, timeout_ms,
+      *impl_, timeout_ms, CallKind::reduce_scatter, recv_count * element_size(t),
       [=](Impl& i, auto d) {
         return reduced(i, op, recv, recv_count, t, [&](Op o) {
           return i.one_pass().reduce_scatter(send, recv, recv_count, t, o, d);
@@ -274,7 +371,7 @@ Error Communicator::reduce(const void* send, void* recv, size_t count, DataType 
 Error Communicator::reduce_async(const void* send, void* recv, size_t count, DataType t, Op op,
                                  int root, AllreduceHandle& handle, int timeout_ms) {
   return start(
-      *impl_, timeout_ms,
+      *impl_, timeout_ms, CallKind::reduce, count * element_size(t),
       [=](Impl& i, auto d) {
         return reduced(i, op, i.rank() == root ? recv : nullptr, count, t,
                        [&](Op o) { return i.one_pass().reduce(send, recv, count, t, o, root, d); });
@@ -294,7 +391,7 @@ Error Communicator::allreduce_premul_async(const void* send, void* recv, size_t 
   if (Error e = check_premul("all-reduce", count, t, factor)) return e;
   // recv is the scratch buffer: the scaled input, then the sum in place.
   return start(
-      *impl_, timeout_ms,
+      *impl_, timeout_ms, CallKind::all_reduce, count * element_size(t),
       [=](Impl& i, auto d) {
         if (Error e = host::Collective::check_args(send, recv, count, t, Op::sum)) return e;
         host::multiply_elements(send, recv, count, t, factor);
@@ -315,7 +412,7 @@ Error Communicator::reduce_scatter_premul_async(const void* send, void* recv, si
                                                 int timeout_ms) {
   if (Error e = check_premul("reduce-scatter", recv_count, t, factor)) return e;
   return start(
-      *impl_, timeout_ms,
+      *impl_, timeout_ms, CallKind::reduce_scatter, recv_count * element_size(t),
       [=](Impl& i, auto d) {
         const size_t world = static_cast<size_t>(i.world()), es = element_size(t);
         // A size or a buffer reduce_scatter refuses: its error, nothing scaled.
@@ -337,7 +434,8 @@ Error Communicator::barrier(int timeout_ms) {
 
 Error Communicator::barrier_async(AllreduceHandle& handle, int timeout_ms) {
   return start(
-      *impl_, timeout_ms, [](Impl& i, auto d) { return i.one_pass().barrier(d); }, handle);
+      *impl_, timeout_ms, CallKind::barrier, 4,
+      [](Impl& i, auto d) { return i.one_pass().barrier(d); }, handle);
 }
 
 int Communicator::rank() const noexcept { return impl_->rank(); }
@@ -364,6 +462,15 @@ uint32_t Communicator::ring_id(int ring) const noexcept {
   return ring < 0 ? 0 : impl_->collective->config().ring_id(static_cast<unsigned>(ring));
 }
 uint16_t Communicator::window() const noexcept { return impl_->collective->config().window; }
+const LinkFigures& Communicator::links() const noexcept { return impl_->links; }
+uint64_t Communicator::calls(CallKind k, Path p) const noexcept {
+  const auto i = static_cast<size_t>(k) * 2 + static_cast<size_t>(p);
+  return i < impl_->finished.size() ? impl_->finished[i].load(std::memory_order_relaxed) : 0;
+}
+CallRecord Communicator::last_call() const noexcept {
+  std::lock_guard lk(impl_->last_mu);
+  return impl_->last;
+}
 
 Error AllreduceHandle::wait(int timeout_ms) {
   if (!state_) return Error::make(ErrorCode::invalid_argument, "handle: no operation");
@@ -390,5 +497,11 @@ bool AllreduceHandle::test(Error* result) {
 }
 
 Path AllreduceHandle::path() const noexcept { return state_ ? state_->path : Path::ring; }
+
+CallRecord AllreduceHandle::record() const noexcept {
+  if (!state_) return {};
+  std::lock_guard lk(state_->mu);
+  return state_->done && state_->result.ok() ? state_->record : CallRecord{};
+}
 
 }  // namespace netreduce

@@ -20,13 +20,18 @@
 //      rank l's ring, stripe s) in one call and broadcasts the path and
 //      their ids;
 //   5. the probe on every ring, its verdict gathered over all ranks;
-//   6. with local ranks on the INA path, each ring's own bootstrap, over
+//   6. the cost model's link figures (link_figures.h): measured on the ring
+//      (INA path, no local ranks, Options::measure_links) or configured;
+//      rank 0's and its path choice become everyone's;
+//   7. with local ranks on the INA path, each ring's own bootstrap, over
 //      which its members agree on a failover.
 // The communicator then holds the transport, the collective, rank 0's rings
 // and the bootstrap (failover's exchange, the barrier at close). local_size
 // 1 is the plain communicator: one ring of every rank, the same ids and the
 // same wire bytes. A step that fails ends create with its error; what the
 // steps made so far is released in the reverse order.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,6 +43,7 @@
 #include "host-lib/comm_impl.h"
 #include "host-lib/daemon.h"
 #include "host-lib/job.h"
+#include "host-lib/link_figures.h"
 #include "host-lib/local.h"
 #include "host-lib/verbs.h"
 
@@ -100,7 +106,8 @@ class JobSetup {
   Error connect_qps();          // step 3
   Error decide_path();          // step 4
   Error probe();                // step 5
-  Error join_ring_bootstrap();  // step 6
+  Error share_links();          // step 6
+  Error join_ring_bootstrap();  // step 7
   std::unique_ptr<Communicator> communicator();
 
  private:
@@ -118,6 +125,8 @@ class JobSetup {
   uint64_t nonce_ = 0;
   Locality loc_;
   std::vector<PeerInfo> all_;  // every rank's, in rank order
+  LinkFigures links_;
+  double probe_us_ = 0;  // the probe's time through the box (link_figures.h)
   std::unique_ptr<VerbsTransport> t_;
   std::unique_ptr<Bootstrap> boot_;
   std::unique_ptr<LocalGroup> local_;
@@ -315,7 +324,10 @@ Error JobSetup::probe() {
       std::max(deadline_, Clock::now() + std::chrono::milliseconds(options_.daemon_timeout_ms));
   std::string ids;
   for (uint32_t id : cc_.ring_ids) ids += (ids.empty() ? "" : ", ") + std::to_string(id);
-  if (Error e = probe_box(*coll_, loc_.host, loc_.hosts, probe_deadline, confirmed, why))
+  const Clock::time_point probe_start = Clock::now();
+  const Error probed = probe_box(*coll_, loc_.host, loc_.hosts, probe_deadline, confirmed, why);
+  probe_us_ = std::chrono::duration<double, std::micro>(Clock::now() - probe_start).count();
+  if (Error e = probed)
     return Error::make(
         e.code,
         "the daemon installed ring" + std::string(R_ > 1 ? "s " : " ") + ids +
@@ -341,7 +353,37 @@ Error JobSetup::fall_back(std::string reason) {
   return Collective::create(*t_, cc_, coll_);
 }
 
-// Step 6: with local ranks, failover agrees among one ring's members (local
+// Step 6: the link figures every rank's cost model uses: rank 0's, measured
+// on its ring or configured. A rank that asks for another path choice than
+// rank 0 is refused, as other options that must agree are.
+Error JobSetup::share_links() {
+  links_ = configured_links(options_);
+  if (options_.measure_links && loc_.local_size < 2 && coll_->path() == Path::ina) {
+    LinkFigures mine = links_;  // every rank takes part in the calls
+    if (Error e = measure_links(*coll_, loc_.hosts, probe_us_, deadline_, mine))
+      return Error::make(e.code, "measuring the links for the cost model: " + e.message);
+    if (rank_ == 0) links_ = mine;
+  }
+  std::vector<std::string> blobs;
+  if (Error e = boot_->allgather(encode_links(options_.path_choice, links_), blobs, deadline_))
+    return e;
+  for (int r = 0; r < world_; ++r) {
+    PathChoice c{};
+    LinkFigures f;
+    if (!decode_links(blobs[r], c, f))
+      return Error::make(ErrorCode::bootstrap, fmt::format("bootstrap: rank {} sent malformed "
+                                                           "link figures",
+                                                           r));
+    if (c != options_.path_choice)
+      return Error::make(ErrorCode::invalid_argument,
+                         fmt::format("rank {} uses path_choice {}, rank {} {}", r, to_string(c),
+                                     rank_, to_string(options_.path_choice)));
+    if (r == 0) links_ = f;
+  }
+  return {};
+}
+
+// Step 7: with local ranks, failover agrees among one ring's members (local
 // rank l of every host), over a bootstrap of their own.
 // Every rank learns whether every ring got one: if one did not (a port
 // the network refuses), no ring fails over, as every rank says once.
@@ -369,6 +411,7 @@ std::unique_ptr<Communicator> JobSetup::communicator() {
   const unsigned n = loc_.local_size;
   auto impl = std::make_unique<Communicator::Impl>(std::move(t_), std::move(coll_), options_);
   impl->owned_rings = std::move(owned_);
+  impl->links = links_;
   if (n > 1) {
     impl->local = std::move(local_);
     impl->global_rank = rank_;
@@ -411,6 +454,7 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   if (Error e = job.connect_qps()) return e;
   if (Error e = job.decide_path()) return e;
   if (Error e = job.probe()) return e;
+  if (Error e = job.share_links()) return e;
   if (Error e = job.join_ring_bootstrap()) return e;
   out = job.communicator();
   return {};

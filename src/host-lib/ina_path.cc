@@ -44,7 +44,7 @@ class Collective::InaCall {
         es_(element_size(t)),
         R_(c.rings()),
         failover_(static_cast<bool>(c.exchange_)),
-        call_tag_(static_cast<uint32_t>(c.calls_)),
+        call_tag_(static_cast<uint32_t>(c.calls_) & ~kStopBit),
         have_tail_(c.tail_.call != 0 && c.tail_.call + 1 == c.calls_),
         who_(fmt::format("rank {}: ", c.t_.rank())) {}
 
@@ -83,8 +83,11 @@ class Collective::InaCall {
   const size_t es_;
   const unsigned R_;
   const bool failover_;
-  // A stop notice carries its call's number (the immediate): see stop_notice.
+  // A stop notice carries kStopBit and its call's number (31 bits): see
+  // stop_notice.
   const uint32_t call_tag_;
+  uint32_t next_tag() const noexcept { return (call_tag_ + 1) & ~kStopBit; }
+  static uint32_t stop_call(const Completion& c) noexcept { return c.imm & ~kStopBit; }
   const bool have_tail_;  // this rank keeps the previous call's tail
   const std::string who_;
   std::array<Stripe, kMaxRings> st_;
@@ -201,7 +204,8 @@ Error Collective::InaCall::halt(Error e) {
     // successor then learns at its deadline.
     const Window& w = st_[g].w;
     if (w.next_send() - w.writes_completed() >= c_.t_.max_outstanding_writes()) continue;
-    if (Error x = c_.t_.post_write_imm(g, c_.send_mr_, 0, 0, 0, call_tag_, kStopWrId)) return x;
+    if (Error x = c_.t_.post_write_imm(g, c_.send_mr_, 0, 0, 0, kStopBit | call_tag_, kStopWrId))
+      return x;
     stop_[g] = 1;
   }
   return {};
@@ -254,7 +258,8 @@ Error Collective::InaCall::take_receive(Stripe& k, const Completion& c) {
   // Every result of this ring is in and only ACKs are awaited: a write past
   // the call, or a stop notice of the next call, is the next call's (the
   // predecessor finished this one), not raw data of this.
-  if (c.ok && i >= k.plan.messages && (c.byte_len != 0 || (failover_ && c.imm == call_tag_ + 1))) {
+  const bool stop = c.byte_len == 0 && (c.imm & kStopBit) != 0;
+  if (c.ok && i >= k.plan.messages && (!stop || stop_call(c) == next_tag())) {
     c_.next_call_.push_back(c);
     return {};
   }
@@ -265,7 +270,7 @@ Error Collective::InaCall::take_receive(Stripe& k, const Completion& c) {
                                 ring(c.lane), id, predecessor_rank(c_.t_), status_of(c)));
   }
   ++k.received;
-  if (failover_ && c.byte_len == 0) return stop_notice(c);
+  if (failover_ && stop) return stop_notice(c);
   if (i >= k.w.next_send()) {
     if (!unsealed_.ok()) return {};  // draining: the predecessor was ahead
     return raw(
@@ -291,17 +296,18 @@ Error Collective::InaCall::take_receive(Stripe& k, const Completion& c) {
 // report.
 Error Collective::InaCall::stop_notice(const Completion& c) {
   std::string why;
-  if (c.imm == call_tag_) {
+  const uint32_t call = stop_call(c);
+  if (call == call_tag_) {
     why = "stopped the call (it met data no box sealed)";
-  } else if (c.imm == call_tag_ + 1) {
+  } else if (call == next_tag()) {
     why = "completed this call and stopped the next (it met data no box sealed)";
-  } else if (c.imm + 1 == call_tag_ && have_tail_) {
+  } else if (((call + 1) & ~kStopBit) == call_tag_ && have_tail_) {
     why = fmt::format(
         "stopped all-reduce call {}, which this rank completed: the box was lost between the "
         "ranks' last results",
-        c.imm);
+        call);
   } else {
-    why = fmt::format("stopped all-reduce call {}, which this rank cannot finish with it", c.imm);
+    why = fmt::format("stopped all-reduce call {}, which this rank cannot finish with it", call);
     foreign_stop_ = true;
   }
   return raw(format_error(ErrorCode::transport, "{}{}{} {}", who_, ring(c.lane),

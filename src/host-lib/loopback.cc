@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "host-lib/comm_impl.h"
+#include "host-lib/link_figures.h"
 #include "host-lib/local.h"
 #include "host-lib/plan.h"
 #include "wire/message.h"
@@ -491,6 +492,7 @@ Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Op
   if (Error e = Collective::create(*t, cc, c)) return e;
   const unsigned host = t->rank();
   auto impl = std::make_unique<Communicator::Impl>(std::move(t), std::move(c), options);
+  impl->links = configured_links(options);  // threads: a measurement would time the scheduler
   if (n > 1) {
     impl->local = std::move(local);
     impl->global_rank = static_cast<int>(rank);

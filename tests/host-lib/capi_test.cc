@@ -63,6 +63,18 @@ TEST_CASE("C API: bad arguments are status codes with messages", "[hostlib][capi
   CHECK(o.job_key == nullptr);
   CHECK(nr_comm_ring_id(nullptr) == 0);
   CHECK(nr_comm_failovers(nullptr) == -1);
+  // The path choice and the model's figures, and the statistics.
+  CHECK(o.path_choice == NR_CHOICE_MODEL);
+  CHECK(o.measure_links == 1);
+  CHECK(o.box_us == d.box_us);
+  static_assert(NR_CALL_BARRIER == static_cast<int>(netreduce::CallKind::barrier));
+  static_assert(NR_CALL_REDUCE_SCATTER == static_cast<int>(netreduce::CallKind::reduce_scatter));
+  CHECK(nr_comm_calls(nullptr, NR_CALL_ALL_REDUCE, NR_PATH_INA) == 0);
+  CHECK(nr_comm_links(nullptr, nullptr, nullptr, nullptr, nullptr) == NR_ERR_INVALID_ARGUMENT);
+  CHECK(nr_request_record(nullptr, nullptr, nullptr, nullptr) == NR_ERR_INVALID_ARGUMENT);
+  o.path_choice = 3;
+  CHECK(nr_comm_create(0, 2, nullptr, 0, "127.0.0.1:1", &o, &c) == NR_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(nr_last_error()).find("path_choice: 3") != std::string::npos);
 }
 
 TEST_CASE("C API: no RDMA device", "[hostlib][capi]") {

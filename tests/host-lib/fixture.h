@@ -112,8 +112,12 @@ struct Job {
   std::vector<std::unique_ptr<Communicator>> comms;
   // With local ranks (cfg.local_size > 1) the job has world x local_size
   // ranks, created at once (a host's local ranks wait for each other).
-  Job(const LoopbackConfig& cfg, const Options& o)
+  // Calls take the communicator's path (the box's when there is one)
+  // unless `choose` keeps o.path_choice: the tests of the INA path's
+  // mechanics pin it; path_choice_test.cc tests the choice.
+  Job(const LoopbackConfig& cfg, Options o, bool choose = false)
       : fabric(cfg), comms(size_t{cfg.world} * cfg.local_size) {
+    if (!choose) o.path_choice = PathChoice::ina;
     std::vector<Error> errs(comms.size());
     if (cfg.local_size <= 1) {
       for (unsigned r = 0; r < comms.size(); ++r)
@@ -167,6 +171,12 @@ struct Job {
   }
 };
 
+// The ring path's part of an INA communicator's receive region: what its
+// window's INA slots (rounded up to 64 bytes) leave.
+inline size_t ring_region(size_t recv_bytes, unsigned window, unsigned msg_len, unsigned pmtu) {
+  return recv_bytes - (size_t{window} * msg_len * pmtu + 63) / 64 * 64;
+}
+
 inline LoopbackConfig ring_fabric(unsigned P, size_t recv_bytes) {
   LoopbackConfig c;
   c.world = P;
@@ -182,7 +192,7 @@ inline LoopbackConfig box_fabric(unsigned P, uint16_t msg_len, uint16_t window, 
   c.ring.msg_len = msg_len;
   c.ring.window = window;
   c.ring.payload_bytes = pmtu;
-  c.recv_bytes = std::max<size_t>(size_t{window} * msg_len * pmtu, 4096);
+  c.recv_bytes = size_t{window} * msg_len * pmtu + 4096;  // the INA slots, then the ring's
   return c;
 }
 

@@ -330,7 +330,7 @@ TEST_CASE("INA path: a window the box has no room for is caught by the box, not 
   std::mt19937_64 rng(79);
   const unsigned P = 2;
   LoopbackConfig cfg = box_fabric(P, 1, 1, 256);
-  cfg.recv_bytes = 4 * 256;
+  cfg.recv_bytes = 4 * 256 + 4096;  // the hosts' four slots, then the ring path's
   Options o;
   o.window = 4;
   Job job(cfg, o);
@@ -597,7 +597,8 @@ TEST_CASE("a bypassed box: the call is finished on the ring path, or fails on ev
     MessagePlan plan;
     REQUIRE(make_plan(1, DataType::fp32, 4, 256, plan).ok());
     const size_t count = 3 * plan.elems_per_msg;
-    const size_t seg_max = P * (cfg.recv_bytes / (4 * (P - 1)) / 64 * 64 / 4);
+    const size_t seg_max =
+        P * (ring_region(cfg.recv_bytes, shape.window, 4, 256) / (4 * (P - 1)) / 64 * 64 / 4);
     std::vector<std::vector<uint8_t>> in, out;
     for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::fp32, count, false));
     const auto want = rank_order_reference(in, DataType::fp32, Op::sum);
@@ -679,7 +680,7 @@ TEST_CASE("failback: the ranks try the box again and return to the INA path",
   Job job(cfg, o);
   std::mt19937_64 rng(77);
   const size_t count = 700;
-  const size_t seg_max = P * (cfg.recv_bytes / (4 * (P - 1)) / 64 * 64 / 4);
+  const size_t seg_max = P * (ring_region(cfg.recv_bytes, 2, 4, 256) / (4 * (P - 1)) / 64 * 64 / 4);
   for (unsigned call = 1; call <= 16; ++call) {
     INFO("call " << call);
     bypassed = call >= 2 && call <= 6;

@@ -38,6 +38,17 @@ typedef enum {
    all-reduce, reduce-scatter and reduce (netreduce.hpp Op). */
 typedef enum { NR_SUM = 1, NR_MIN = 2, NR_MAX = 3, NR_AVG = 4 } nr_op;
 typedef enum { NR_PATH_INA = 0, NR_PATH_RING = 1 } nr_path;
+/* How a call picks its path while the box is up (netreduce.hpp Options). */
+typedef enum { NR_CHOICE_MODEL = 0, NR_CHOICE_INA = 1, NR_CHOICE_RING = 2 } nr_path_choice;
+/* Which collective a call is (statistics: nr_comm_calls). */
+typedef enum {
+  NR_CALL_ALL_REDUCE = 0,
+  NR_CALL_BROADCAST = 1,
+  NR_CALL_ALL_GATHER = 2,
+  NR_CALL_REDUCE_SCATTER = 3,
+  NR_CALL_REDUCE = 4,
+  NR_CALL_BARRIER = 5
+} nr_call;
 
 typedef struct nr_comm nr_comm;
 typedef struct nr_request nr_request;
@@ -74,6 +85,10 @@ typedef struct {
      after each failed try, up to 64 x); 0: stay on the ring path. */
   uint32_t failback_calls;
   const char* job_key; /* NULL: NETREDUCE_JOB_KEY, else none (netreduce.hpp Options) */
+  /* The path choice and the cost model's figures (netreduce.hpp Options). */
+  int path_choice;   /* nr_path_choice */
+  int measure_links; /* 0: alpha = rtt_us / 2, link_gbps and box_us */
+  double box_us;
 } nr_options;
 
 /* ABI rule for nr_options. The struct only grows, at its end, and the
@@ -172,6 +187,17 @@ int nr_comm_local_size(const nr_comm* comm);
 int nr_comm_world(const nr_comm* comm);
 /* The ring id registered with the daemon (0 for a null comm). */
 uint32_t nr_comm_ring_id(const nr_comm* comm);
+/* Calls of one kind that finished on one path so far (0 for a null comm or
+   an invalid kind or path). */
+uint64_t nr_comm_calls(const nr_comm* comm, nr_call kind, nr_path path);
+/* The cost model's figures (alpha and box in us, bandwidth in Gb/s; any
+   pointer may be NULL; measured: 1 if measured at create). */
+nr_status nr_comm_links(const nr_comm* comm, double* alpha_us, double* gbps, double* box_us,
+                        int* measured);
+/* What a finished request did: its path, dependent network steps and data
+   bytes this rank sent (any pointer may be NULL). NR_IN_PROGRESS while it
+   runs; a failed request's record is empty (steps 0). */
+nr_status nr_request_record(nr_request* req, nr_path* path, uint32_t* steps, uint64_t* bytes_sent);
 
 const char* nr_last_error(void);
 const char* nr_status_string(nr_status s);

@@ -53,6 +53,37 @@ const char* to_string(DataType t) noexcept;
 const char* to_string(Op o) noexcept;
 const char* to_string(Path p) noexcept;
 
+// Which collective a call is (statistics, the path choice).
+enum class CallKind : uint8_t {
+  all_reduce,
+  broadcast,
+  all_gather,
+  reduce_scatter,
+  reduce,
+  barrier
+};
+inline constexpr int kCallKinds = 6;
+const char* to_string(CallKind k) noexcept;
+
+// How a call picks its path while the box is up (Options::path_choice).
+enum class PathChoice : uint8_t { model, ina, ring };
+const char* to_string(PathChoice c) noexcept;
+
+// What a finished call did (AllreduceHandle::record()).
+struct CallRecord {
+  Path path = Path::ring;  // the path it ran on
+  uint32_t steps = 0;  // dependent network steps: 1 through the box, P - 1 or 2(P - 1) on the ring
+  uint64_t bytes_sent = 0;  // data bytes this rank wrote onto the wire
+};
+
+// The cost model's figures of the job's links (Communicator::links()).
+struct LinkFigures {
+  double alpha_us = 0;  // one network step's latency (a ring hop)
+  double gbps = 0;      // one rank's link bandwidth
+  double box_us = 0;    // the box's own latency per pass, beyond a hop
+  bool measured = false;
+};
+
 enum class ErrorCode : int {
   ok = 0,
   invalid_argument = 1,  // bad argument (the message names it)
@@ -156,6 +187,19 @@ struct Options {
   // rank 0 refuses another job's ranks that reach its address (a leftover of
   // an earlier run, a job given the same port) instead of mixing the two.
   std::string job_key;
+  // How each call picks its path while the box is up: model (default) asks
+  // the cost model for the faster of the box's single pass and the ring
+  // algorithms (docs/host-library.md#the-path-of-each-call); ina sends
+  // every call through the box; ring runs every call on the ring (the box
+  // forwards it). Without a box, after a failover, and with local ranks,
+  // calls take the communicator's path(). Every rank must give the same
+  // value.
+  PathChoice path_choice = PathChoice::model;
+  // The model's figures: measured at create on the job's own links (rank
+  // 0's measurement, shared) when true; else alpha = rtt_us / 2, link_gbps
+  // and box_us.
+  bool measure_links = true;
+  double box_us = 1.0;
 };
 
 class AllreduceHandle;
@@ -251,6 +295,12 @@ class Communicator {
   int local_rank() const noexcept;            // 0 without local ranks
   int local_size() const noexcept;            // local ranks per host (1: none)
   int host() const noexcept;                  // host index (rank on the ring across hosts)
+  // Calls of one kind that finished on one path so far, and what the last
+  // call that finished without an error did.
+  uint64_t calls(CallKind k, Path p) const noexcept;
+  CallRecord last_call() const noexcept;
+  // The cost model's figures (Options::measure_links).
+  const LinkFigures& links() const noexcept;
 
   Impl& impl() noexcept { return *impl_; }
 
@@ -272,6 +322,9 @@ class AllreduceHandle {
   bool test(Error* result = nullptr);
   bool valid() const noexcept { return state_ != nullptr; }
   Path path() const noexcept;
+  // What the call did, once it finished without an error (else a default
+  // record).
+  CallRecord record() const noexcept;
 
  private:
   std::shared_ptr<State> state_;
