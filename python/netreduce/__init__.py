@@ -209,9 +209,14 @@ def make_options(options):
             keep.append(b)
             setattr(o, k, b)
             continue
+        if k == "path_choice":
+            if v not in _lib.CHOICES:
+                raise ValueError("netreduce: option path_choice = %r is not one of %s" %
+                                 (v, ", ".join(_lib.CHOICES)))
+            v = _lib.CHOICES[v]
         if isinstance(v, bool):
             v = int(v)
-        if isinstance(v, float) and k not in ("link_gbps", "rtt_us"):
+        if isinstance(v, float) and k not in ("link_gbps", "rtt_us", "box_us"):
             raise TypeError("netreduce: option %s must be an integer, got %r" % (k, v))
         if not isinstance(v, (int, float)):
             raise TypeError("netreduce: option %s must be a number, got %r" % (k, v))
@@ -233,6 +238,7 @@ class Request:
     def __init__(self, comm, handle, buf, keep=(), what="all-reduce"):
         self._comm, self._h, self._buf, self._keep, self._what = comm, handle, buf, keep, what
         self._done = False
+        self.record = None  # once it succeeded: {"path", "steps", "bytes_sent"}
 
     def wait(self, timeout_ms=-1):
         """Blocks until done (timeout_ms < 0) or raises TimeoutError after
@@ -258,6 +264,11 @@ class Request:
     def _finish(self, st):
         self._done = True
         h, self._h = self._h, None
+        if st == _lib.OK:
+            p, n, b = ctypes.c_int(), ctypes.c_uint32(), ctypes.c_uint64()
+            if _lib.lib().nr_request_record(h, ctypes.byref(p), ctypes.byref(n), ctypes.byref(b)) == _lib.OK:
+                self.record = {"path": "ina" if p.value == _lib.PATH_INA else "ring", "steps": n.value,
+                               "bytes_sent": b.value}
         try:
             _check(st, self._what)
         finally:
@@ -337,6 +348,22 @@ class Communicator:
     def local_size(self):
         """Local ranks per host (1 without local ranks)."""
         return int(_lib.lib().nr_comm_local_size(self._handle()))
+
+    def calls(self):
+        """Calls finished so far: {collective: {"ina": n, "ring": m}}, the
+        path each took (the cost model's choice, or the communicator's path)."""
+        h = self._handle()
+        return {name: {"ina": int(_lib.lib().nr_comm_calls(h, k, _lib.PATH_INA)),
+                       "ring": int(_lib.lib().nr_comm_calls(h, k, _lib.PATH_RING))}
+                for k, name in enumerate(_lib.CALLS)}
+
+    @property
+    def links(self):
+        """The cost model's figures: {"alpha_us", "gbps", "box_us", "measured"}."""
+        a, g, b, m = ctypes.c_double(), ctypes.c_double(), ctypes.c_double(), ctypes.c_int()
+        _check(_lib.lib().nr_comm_links(self._handle(), ctypes.byref(a), ctypes.byref(g), ctypes.byref(b),
+                                        ctypes.byref(m)), "links")
+        return {"alpha_us": a.value, "gbps": g.value, "box_us": b.value, "measured": bool(m.value)}
 
     @property
     def closed(self):

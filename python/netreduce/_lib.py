@@ -26,6 +26,9 @@ IN_PROGRESS = 7
 FP32, FP16, BF16, INT32, INT64, FP64 = 1, 2, 3, 4, 5, 6
 SUM, MIN, MAX, AVG = 1, 2, 3, 4
 PATH_INA, PATH_RING = 0, 1
+# nr_path_choice, nr_call
+CHOICES = {"model": 0, "ina": 1, "ring": 2}
+CALLS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "reduce", "barrier")
 
 
 class Options(ctypes.Structure):
@@ -58,6 +61,9 @@ class Options(ctypes.Structure):
         ("host_id", ctypes.c_char_p),
         ("failback_calls", ctypes.c_uint32),
         ("job_key", ctypes.c_char_p),
+        ("path_choice", ctypes.c_int),
+        ("measure_links", ctypes.c_int),
+        ("box_us", ctypes.c_double),
     ]
 
 
@@ -125,6 +131,10 @@ def lib():
             "nr_comm_local_rank": (I, [P]),
             "nr_comm_local_size": (I, [P]),
             "nr_comm_failovers": (I, [P]),
+            "nr_comm_calls": (ctypes.c_uint64, [P, I, I]),
+            "nr_comm_links": (I, [P] + [ctypes.POINTER(ctypes.c_double)] * 3 + [ctypes.POINTER(I)]),
+            "nr_request_record": (I, [P, ctypes.POINTER(I), ctypes.POINTER(U32),
+                                      ctypes.POINTER(ctypes.c_uint64)]),
             "nr_last_error": (ctypes.c_char_p, []),
             "nr_status_string": (ctypes.c_char_p, [I]),
         }

@@ -41,6 +41,8 @@ class RecordingLibrary:
         self.real, self.calls = real, []
 
     def __getattr__(self, name):
+        if name == "nr_request_record":  # a finished request's record: none
+            return lambda *args: _lib.OK
         if not name.startswith(self.RECORDED):
             return getattr(self.real, name)
 
@@ -67,6 +69,7 @@ class Package(unittest.TestCase):
                          (4, 1024, 14, 1, 30000, 0))
         self.assertEqual((o.local_rank, o.local_size, o.host_id), (-1, -1, None))
         self.assertEqual((o.failback_calls, o.job_key), (64, None))
+        self.assertEqual((o.path_choice, o.measure_links, o.box_us), (0, 1, 1.0))  # model, measured
         o, _ = netreduce.make_options({"local_size": 2, "host_id": "h0", "job_key": "k1"})
         self.assertEqual((o.local_size, o.host_id, o.job_key), (2, b"h0", b"k1"))
         self.assertIn("op_timeout_ms", netreduce.OPTIONS)
@@ -94,6 +97,19 @@ class Package(unittest.TestCase):
         self.assertEqual(netreduce.make_options({"op_timeout_ms": (1 << 31) - 1})[0].op_timeout_ms, (1 << 31) - 1)
         with self.assertRaisesRegex(TypeError, "unknown option"):
             netreduce.Communicator(0, 2, bootstrap="127.0.0.1:1", bogus=1)
+        # The path choice by name (nr_path_choice), the model's figures.
+        o, _ = netreduce.make_options({"path_choice": "ring", "measure_links": False, "box_us": 2.5})
+        self.assertEqual((o.path_choice, o.measure_links, o.box_us), (2, 0, 2.5))
+        self.assertEqual(netreduce.make_options({"path_choice": "ina"})[0].path_choice, 1)
+        with self.assertRaisesRegex(ValueError, "path_choice = 'fast' is not one of model, ina, ring"):
+            netreduce.make_options({"path_choice": "fast"})
+        # The library refuses a value the binding would not send.
+        o.path_choice = 7
+        comm = ctypes.c_void_p()
+        st = _lib.lib().nr_comm_create_sized(0, 2, None, -1, b"127.0.0.1:1", ctypes.byref(o), ctypes.sizeof(o),
+                                             ctypes.byref(comm))
+        with self.assertRaisesRegex(netreduce.InvalidArgumentError, "path_choice: 7 is not an nr_path_choice"):
+            netreduce._check(st, "create")
 
     def test_constructor_arguments(self):
         with self.assertRaisesRegex(TypeError, "bootstrap must be"):
@@ -163,7 +179,8 @@ class Package(unittest.TestCase):
         a = np.zeros(4, np.float32)
         self.assertTrue(c.closed)
         self.assertEqual(repr(c), "<netreduce.Communicator closed>")
-        for call in (lambda: c.allreduce(a), lambda: c.allreduce_async(a), lambda: c.path, lambda: c.ring_id):
+        for call in (lambda: c.allreduce(a), lambda: c.allreduce_async(a), lambda: c.path, lambda: c.ring_id,
+                     c.calls, lambda: c.links):
             with self.assertRaisesRegex(ValueError, "the communicator is closed"):
                 call()
         c.close()  # idempotent
