@@ -330,15 +330,18 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
     std::printf("# rings %d (ids", comm.rings());
     for (int g = 0; g < comm.rings(); ++g) std::printf(" %u", comm.ring_id(g));
     std::printf("): each tensor cut into %d stripes\n", comm.rings());
+    const LinkFigures& f = comm.links();
+    std::printf("# links (%s): alpha %.2f us, %.3f Gb/s, box %.2f us\n",
+                f.measured ? "measured" : "configured", f.alpha_us, f.gbps, f.box_us);
     if (comm.local_size() > 1)
       std::printf(
           "# local size %d: %d hosts; local rank l of every host forms ring l (%d x %d "
           "rings)\n",
           comm.local_size(), world / comm.local_size(), comm.local_size(), comm.rings());
-    std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s  %s\n", "size(B)", "count", "type", "op",
-                "path", "time(us)", "algbw", "busbw", "errors", "collective");
-    std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s\n", "", "(elements)", "", "", "", "",
-                "(GB/s)", "(GB/s)", "");
+    std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s %5s  %s\n", "size(B)", "count", "type",
+                "op", "path", "time(us)", "algbw", "busbw", "errors", "steps", "collective");
+    std::printf("# %12s %12s %6s %5s %5s %10s %9s %9s %7s %5s\n", "", "(elements)", "", "", "", "",
+                "(GB/s)", "(GB/s)", "", "");
   }
   std::vector<uint8_t> in(std::max<size_t>(max_bytes, 8)), out(in.size());
   ring_bytes.assign(static_cast<size_t>(comm.rings()), 0);
@@ -399,29 +402,35 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
         else
           fill_order<double>(in, count, h, l);
       };
-      // One call, and the bytes of the all-reduce it is on each ring.
-      const auto run = [&]() -> Error {
+      // One call; on the INA path, the bytes of the all-reduce it is on
+      // each ring (what the box counts).
+      const auto call = [&](size_t& words, size_t& word_bytes) -> Error {
+        words = count;
+        word_bytes = es;
         switch (c) {
           case Coll::all_reduce:
-            add(count, es);
             return comm.allreduce(in.data(), out.data(), count, t, o);
           case Coll::broadcast:
-            add((count * es + 3) / 4, 4);
+            words = (count * es + 3) / 4, word_bytes = 4;
             return comm.broadcast(in.data(), count, t, p.root);
           case Coll::all_gather:
-            add((count * es + 3) / 4, 4);
+            words = (count * es + 3) / 4, word_bytes = 4;
             return comm.all_gather(in.data(), out.data(), per, t);
           case Coll::reduce_scatter:
-            add(count, es);
             return comm.reduce_scatter(in.data(), out.data(), per, t, o);
           case Coll::reduce:
-            add(count, es);
             return comm.reduce(in.data(), out.data(), count, t, o, p.root);
           case Coll::barrier:
-            add(1, 4);
+            words = 1, word_bytes = 4;
             return comm.barrier();
         }
         return Error::make(ErrorCode::internal, "unknown collective");
+      };
+      const auto run = [&]() -> Error {
+        size_t words = 0, word_bytes = 0;
+        Error e = call(words, word_bytes);
+        if (e.ok() && comm.last_call().path == Path::ina) add(words, word_bytes);
+        return e;
       };
       prepare();
       Error err;
@@ -474,11 +483,12 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
       if (rank == 0 || errors > 0) {
         const double algbw = static_cast<double>(count * es) / us / 1e3;
         const double busbw = algbw * bus_factor(c, world);
-        std::printf("  %12zu %12zu %6s %5s %5s %10.1f %9.3f %9.3f %7s  %s\n", count * es, count,
+        const CallRecord last = comm.last_call();
+        std::printf("  %12zu %12zu %6s %5s %5s %10.1f %9.3f %9.3f %7s %5u  %s\n", count * es, count,
                     c == Coll::barrier ? "-" : to_string(t), reduces(c) ? to_string(o) : "-",
-                    to_string(comm.path()), us, algbw, busbw,
+                    to_string(last.path), us, algbw, busbw,
                     check_on && c != Coll::barrier ? std::to_string(errors).c_str() : "N/A",
-                    to_string(c));
+                    last.steps, to_string(c));
         std::fflush(stdout);
       }
       if (c == Coll::barrier) break;
@@ -553,6 +563,11 @@ int main(int argc, char** argv) {
                  "RC retransmission timeout exponent: 4.096 us x 2^N (default 14)")
       ->check(CLI::Range(1, 31));
   app.add_flag("--force-ring", opt.force_ring, "never use the box");
+  std::string path_s = "model";
+  app.add_option("--path", path_s,
+                 "while the box is up: model (the cost model picks per call), ina (every call "
+                 "through the box) or ring (every call on the ring)")
+      ->check(CLI::IsMember({"model", "ina", "ring"}));
   app.add_option("--rings", opt.rings,
                  "rings side by side, each tensor striped over them (1..8; 0: the box's worker "
                  "count from the daemon, or 1)")
@@ -587,6 +602,9 @@ int main(int argc, char** argv) {
                "with --loopback: through an in-process engine (the INA path)");
   CLI11_PARSE(app, argc, argv);
   opt.delete_ring_at_close = !keep_ring;
+  opt.path_choice = path_s == "ina"    ? PathChoice::ina
+                    : path_s == "ring" ? PathChoice::ring
+                                       : PathChoice::model;
 
   std::vector<DataType> types;
   std::vector<Op> ops;

@@ -254,7 +254,7 @@ class Job:
         self.t0 = time.monotonic()
         for r, g in enumerate(lab.guests):
             argv = [exe, "--rank", r, "--world", len(lab.guests), "--bootstrap", "%s:%d" % (g0.ip, BOOT_PORT), "--device",
-                    "rxe0", "--gid-index", g.gid_index, "--qp-timeout", qp_timeout] + list(args)
+                    "rxe0", "--gid-index", g.gid_index, "--qp-timeout", qp_timeout, "--path", "ina"] + list(args)
             self.jobs.append(g.spawn(argv, env=env))
 
     def wait(self, timeout):
@@ -308,10 +308,17 @@ class Job:
                 "window": int(m.group(5))}
         expect(head["path"] == want_path, "%s: path %s (%s), expected %s" %
                (self.tag, head["path"], head["reason"], want_path))
+        # The cost model's figures, measured at create on the INA path (no local ranks).
+        m = re.search(r"^# links \((\w+)\): alpha (\S+) us, (\S+) Gb/s, box (\S+) us$", out, re.M)
+        expect(m, "%s: no '# links' line in rank 0's output" % self.tag)
+        head["links"] = (m.group(1), float(m.group(2)), float(m.group(3)), float(m.group(4)))
+        if want_path == "ina":
+            expect(m.group(1) == "measured" and head["links"][1] > 0 and head["links"][2] > 0,
+                   "%s: links %s, expected measured figures" % (self.tag, head["links"]))
         rows = []
         for line in out.splitlines():
             f = line.split()
-            if len(f) == 10 and f[9] == "all_reduce" and not line.startswith("#") and f[0].isdigit():
+            if len(f) == 11 and f[10] == "all_reduce" and not line.startswith("#") and f[0].isdigit():
                 rows.append({"bytes": int(f[0]), "type": f[2], "op": f[3], "path": f[4], "us": float(f[5]),
                              "errors": f[8]})
         want = sorted({(d, o, b) for d, o, b in expected_calls(self.args)})
@@ -435,6 +442,7 @@ def step2_5(lab, a, daemon, reports):
     rep.line("INA, P=3, %d dtypes x %d ops, %d sizes each (8 B..32 KiB), each size timed once and checked "
              "once: %d rows, all 0 errors, path ina" % (len(DTYPES), len(OPS), len(rows) // 18, len(rows)))
     rep.figure("path reason", head["reason"])
+    rep.figure("links measured at create: alpha us / Gb/s / box us", "%.1f / %.3f / %.1f" % head["links"][1:])
     rep.figure("ring id / window", "%d / %d" % (head["ring"], head["window"]))
     rep.figure("small-size job wall time", "%.1f" % small_s, "s")
     rep.figure("box: data bytes aggregated (expected P x data)", "%d (%d)" % (c["bytes_aggregated"], want_bytes))

@@ -95,7 +95,7 @@ class ParJob:
                 rank = lab.guests.index(g) * per_guest + l
                 argv = [a.perf, "--rank", rank, "--world", world, "--bootstrap", "%s:%d" % (g0.ip, BOOT_PORT),
                         "--device", "rxe0", "--gid-index", g.gid_index, "--qp-timeout", QP_TIMEOUT,
-                        "--keep-ring", "--check-order"] + list(extra) + run
+                        "--keep-ring", "--check-order", "--path", "ina"] + list(extra) + run
                 if per_guest > 1 and not discover:
                     argv += ["--local-size", per_guest, "--local-rank", l]
                 self.jobs.append(g.spawn(argv, env=env))
@@ -128,7 +128,7 @@ def check_output(tag, results, n, R, run):
     rows = []
     for line in out.splitlines():
         f = line.split()
-        if len(f) == 10 and f[9] == "all_reduce" and not line.startswith("#") and f[0].isdigit():
+        if len(f) == 11 and f[10] == "all_reduce" and not line.startswith("#") and f[0].isdigit():
             rows.append((f[2], f[3], int(f[0]), f[4], f[8]))
     want = sorted({(d, o, b) for d, o, b in sa.expected_calls(run)})
     expect(sorted((d, o, b) for d, o, b, _, _ in rows) == want, "%s: rows %s, expected %s" % (tag, rows, want))

@@ -321,14 +321,17 @@ def worker(a):
     import torch_zero
     out = {"import_seconds": time.monotonic() - t}
     rank, phases = a.rank, a.phases.split(",")
+    # path_choice "ina": every call through the box, whose counters are
+    # checked byte for byte (the cost model's choice is the host-lib tests').
     common = dict(device="rxe0", gid_index=a.gid_index, qp_timeout=QP_TIMEOUT, delete_ring_at_close=False,
-                  lease_ms=600000, op_timeout_ms=60000, connect_timeout_ms=120000)
+                  lease_ms=600000, op_timeout_ms=60000, connect_timeout_ms=120000, path_choice="ina")
     nrt.set_backend_options(**common)
     dist.init_process_group("netreduce", init_method="tcp://%s:%d" % (a.master, STORE_PORT), rank=rank,
                             world_size=P)
     pg = dist.distributed_c10d._get_default_group()
     out["backend"] = dist.get_backend()
     out["default_ring"] = pg.comm.ring_id if pg.comm else 0
+    out["links"] = pg.comm.links if pg.comm else None
     out["compute_only_ms_per_step"] = compute_only()
     # Start the INA calls together: the box holds the first rank's packets
     # until the last rank's arrive, and a rank that starts later than its
@@ -563,6 +566,12 @@ def training_job(lab, daemon, env, report, phases, rings):
 def check_all(report, expect, outs, results, rings, phases):
     report.figure("import torch in a guest (per rank)", ", ".join("%.1f" % o["import_seconds"] for o in outs), "s")
     report.figure("backend", outs[0]["backend"])
+    links = outs[0]["links"]
+    report.figure("links measured at create (rank 0's): alpha us / Gb/s / box us",
+                  "%.1f / %.3f / %.1f" % (links["alpha_us"], links["gbps"], links["box_us"]) if links else None)
+    expect(all(o["links"] == links for o in outs), "ranks differ in link figures: %s" % [o["links"] for o in outs])
+    expect(links and links["measured"] and links["alpha_us"] > 0 and links["gbps"] > 0,
+           "links %s, expected figures measured at create" % links)
     expect(all(o["backend"] == "netreduce" for o in outs), "backend %s" % [o["backend"] for o in outs])
     expect(not any(o["fallback_messages"] for o in outs), "fallbacks: %s" % [o["fallback_messages"] for o in outs])
     ph = [o["phases"] for o in outs]
