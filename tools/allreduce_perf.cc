@@ -563,10 +563,10 @@ int main(int argc, char** argv) {
                  "RC retransmission timeout exponent: 4.096 us x 2^N (default 14)")
       ->check(CLI::Range(1, 31));
   app.add_flag("--force-ring", opt.force_ring, "never use the box");
-  std::string path_s = "model";
+  std::string path_s = "ina";
   app.add_option("--path", path_s,
-                 "while the box is up: model (the cost model picks per call), ina (every call "
-                 "through the box) or ring (every call on the ring)")
+                 "while the box is up: ina (every call through the box, the default), model "
+                 "(the cost model picks per call) or ring (every call on the ring)")
       ->check(CLI::IsMember({"model", "ina", "ring"}));
   app.add_option("--rings", opt.rings,
                  "rings side by side, each tensor striped over them (1..8; 0: the box's worker "

@@ -160,6 +160,11 @@ class Collective {
   }
   // The path calls take now: config().path until a failover, then ring.
   Path path() const noexcept { return path_.load(std::memory_order_acquire); }
+  // A failover finished the call this rank was in while the others were
+  // one call ahead and ran that next call as an all-reduce on the ring
+  // path: this rank's next call must be allreduce() too, whatever
+  // collective it is (not a classic ring form, not a ring chosen per call).
+  bool next_is_allreduce() const noexcept { return next_is_allreduce_; }
   // Failovers so far, and why the path is what it is (config().reason until
   // the first switch, then the last switch's; the reference stays valid
   // while the collective lives).
@@ -262,6 +267,7 @@ class Collective {
   Error failed_{};
   bool failed_seal_ = false;
   CallRecord record_{};
+  bool next_is_allreduce_ = false;
 
   // The last INA call, per ring: its first message id, messages copied out
   // (a prefix), sent, and receives completed (those kept for the next call

@@ -185,6 +185,10 @@ host::cost::Kind cost_kind(CallKind k) {
 }  // namespace
 
 Path Communicator::Impl::choose(CallKind k, uint64_t bytes) const {
+  // After a mixed failover the next call is the others' ring all-reduce:
+  // "ina" here only means "not a ring form": allreduce() runs it on the
+  // ring path, where the collective now is.
+  if (collective->next_is_allreduce()) return Path::ina;
   const Path now = collective->path();
   if (now == Path::ring || local) return now;
   switch (options.path_choice) {

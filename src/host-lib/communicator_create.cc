@@ -215,6 +215,8 @@ Error JobSetup::connect_qps() {
   mine.force_ring = options_.force_ring ? 1 : 0;
   mine.rings_option = options_.rings;
   mine.failback_calls = options_.failback_calls;
+  mine.path_choice = static_cast<uint8_t>(options_.path_choice);
+  mine.measure_links = options_.measure_links ? 1 : 0;
   if (Error e = gather_peers(mine)) return e;
   {
     std::vector<PeerInfo> ring;
@@ -242,11 +244,13 @@ Error JobSetup::gather_peers(const PeerInfo& mine) {
     if (p.magic != mine.magic || p.world != mine.world || p.msg_len != mine.msg_len ||
         p.payload_bytes != mine.payload_bytes || p.window != mine.window ||
         p.recv_len != mine.recv_len || p.force_ring != mine.force_ring || p.rings != mine.rings ||
-        p.rings_option != mine.rings_option || p.failback_calls != mine.failback_calls)
+        p.rings_option != mine.rings_option || p.failback_calls != mine.failback_calls ||
+        p.path_choice != mine.path_choice || p.measure_links != mine.measure_links)
       return Error::make(ErrorCode::invalid_argument,
                          "rank " + std::to_string(r) +
                              " uses different options (world, msg_len, payload_bytes, window, "
-                             "ring_buffer_bytes, force_ring, rings or failback_calls) than rank " +
+                             "ring_buffer_bytes, force_ring, rings, failback_calls, path_choice or "
+                             "measure_links) than rank " +
                              std::to_string(rank_));
   }
   return {};
@@ -354,32 +358,24 @@ Error JobSetup::fall_back(std::string reason) {
 }
 
 // Step 6: the link figures every rank's cost model uses: rank 0's, measured
-// on its ring or configured. A rank that asks for another path choice than
-// rank 0 is refused, as other options that must agree are.
+// on its ring or configured (the ranks' path_choice and measure_links
+// agree: gather_peers).
 Error JobSetup::share_links() {
   links_ = configured_links(options_);
   if (options_.measure_links && loc_.local_size < 2 && coll_->path() == Path::ina) {
     LinkFigures mine = links_;  // every rank takes part in the calls
-    if (Error e = measure_links(*coll_, loc_.hosts, probe_us_, deadline_, mine))
+    const auto until =
+        std::max(deadline_, Clock::now() + std::chrono::milliseconds(options_.op_timeout_ms));
+    if (Error e = measure_links(*coll_, loc_.hosts, probe_us_, until, mine))
       return Error::make(e.code, "measuring the links for the cost model: " + e.message);
     if (rank_ == 0) links_ = mine;
   }
   std::vector<std::string> blobs;
   if (Error e = boot_->allgather(encode_links(options_.path_choice, links_), blobs, deadline_))
     return e;
-  for (int r = 0; r < world_; ++r) {
-    PathChoice c{};
-    LinkFigures f;
-    if (!decode_links(blobs[r], c, f))
-      return Error::make(ErrorCode::bootstrap, fmt::format("bootstrap: rank {} sent malformed "
-                                                           "link figures",
-                                                           r));
-    if (c != options_.path_choice)
-      return Error::make(ErrorCode::invalid_argument,
-                         fmt::format("rank {} uses path_choice {}, rank {} {}", r, to_string(c),
-                                     rank_, to_string(options_.path_choice)));
-    if (r == 0) links_ = f;
-  }
+  PathChoice c{};
+  if (!decode_links(blobs[0], c, links_))
+    return Error::make(ErrorCode::bootstrap, "bootstrap: rank 0 sent malformed link figures");
   return {};
 }
 

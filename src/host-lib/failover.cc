@@ -153,6 +153,7 @@ std::string check_calls(const std::vector<Report>& all, uint64_t k) {
 Error Collective::allreduce(const void* send, void* recv, size_t count, DataType t, Op op,
                             Clock::time_point deadline) {
   ++calls_;
+  next_is_allreduce_ = false;
   if (path() == Path::ring && failback_at_ != 0 && calls_ >= failback_at_ && failed_.ok()) {
     // The try has a budget of its own (the call's), and the call its own again.
     const Clock::duration budget = std::max(deadline - Clock::now(), Clock::duration{0});
@@ -423,6 +424,9 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
   }
   // A rank at k takes the message ids the others reached, so that a later
   // try of the box starts every rank at the same id.
+  // The others ran call k + 1 as an all-reduce on the ring path: so must
+  // this rank, whatever collective it is (not a classic ring form).
+  if (mixed && !ahead) next_is_allreduce_ = true;
   if (mixed && !ahead)
     for (unsigned g = 0; g < R; ++g) {
       MessagePlan plan;

@@ -396,6 +396,13 @@ Error Collective::ina_allreduce(const void* send, void* recv, size_t count, Data
   if (!failed_.ok())
     return Error::make(failed_.code, "communicator unusable after: " + failed_.message);
   if (Error e = check_args(send, recv, count, t, op)) return e;
+  // Receives a ring-path call before kept for a later step (its
+  // predecessor's writes of this call, which the box did not hold: it is
+  // gone), then those an INA call before kept: this call's, in order.
+  for (RingState& g : rings_) {
+    pending_.insert(pending_.end(), g.early.begin(), g.early.end());
+    g.early.clear();
+  }
   pending_.insert(pending_.end(), next_call_.begin(), next_call_.end());
   next_call_.clear();
   InaCall call(*this, send, recv, count, t, op);

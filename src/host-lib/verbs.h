@@ -40,7 +40,8 @@ struct PeerInfo {
   uint32_t ipv4 = 0;  // host order; 0 = unknown
   uint32_t active_mtu = 0;
   uint16_t msg_len = 0, payload_bytes = 0, window = 0, force_ring = 0;
-  uint32_t failback_calls = 0;  // every rank tries the box again on the same call
+  uint32_t failback_calls = 0;                 // every rank tries the box again on the same call
+  uint8_t path_choice = 0, measure_links = 0;  // every rank chooses alike, measures together
 };
 
 class VerbsTransport final : public Transport {

@@ -64,7 +64,7 @@ TEST_CASE("C API: bad arguments are status codes with messages", "[hostlib][capi
   CHECK(nr_comm_ring_id(nullptr) == 0);
   CHECK(nr_comm_failovers(nullptr) == -1);
   // The path choice and the model's figures, and the statistics.
-  CHECK(o.path_choice == NR_CHOICE_MODEL);
+  CHECK(o.path_choice == NR_CHOICE_INA);
   CHECK(o.measure_links == 1);
   CHECK(o.box_us == d.box_us);
   static_assert(NR_CALL_BARRIER == static_cast<int>(netreduce::CallKind::barrier));

@@ -713,7 +713,10 @@ struct TwoCalls {
   std::vector<AllreduceHandle> h2, h3;
   std::vector<Error> e2, e3;
 
-  TwoCalls(Job& j, std::mt19937_64& rng, bool exact2) : job(j), h2(P), h3(P), e2(P), e3(P) {
+  bool gather3 = false;  // call 3 is an all-gather of count elements per rank
+
+  TwoCalls(Job& j, std::mt19937_64& rng, bool exact2, bool gather = false)
+      : job(j), h2(P), h3(P), e2(P), e3(P), gather3(gather) {
     MessagePlan plan;
     REQUIRE(make_plan(1, DataType::fp32, 4, 256, plan).ok());
     count = 3 * plan.elems_per_msg;
@@ -724,7 +727,7 @@ struct TwoCalls {
       in2.push_back(make_input(rng, DataType::fp32, count, exact2));
       in3.push_back(make_input(rng, DataType::fp32, count, true));
       out2.emplace_back(in2[r].size(), 0xEE);
-      out3.emplace_back(in3[r].size(), 0xEE);
+      out3.emplace_back(in3[r].size() * (gather3 ? P : 1), 0xEE);
     }
   }
   void submit(std::vector<std::vector<uint8_t>>& i, std::vector<std::vector<uint8_t>>& o,
@@ -736,14 +739,25 @@ struct TwoCalls {
                   .ok());
   }
   void submit2() { submit(in2, out2, h2); }
-  void submit3() { submit(in3, out3, h3); }
+  void submit3() {
+    if (!gather3) return submit(in3, out3, h3);
+    for (unsigned r = 0; r < P; ++r)
+      REQUIRE(
+          job.comms[r]
+              ->all_gather_async(in3[r].data(), out3[r].data(), count, DataType::fp32, h3[r], 5000)
+              .ok());
+  }
   // Every rank's end of both calls (e2 already waited for): exact (call 2
   // in the box's order, call 3's exact inputs in any), one failover, the
   // ring path, `reason` said.
   void check(const std::string& reason) {
     for (unsigned r = 0; r < P; ++r) e3[r] = h3[r].wait();
     const auto want2 = rank_order_reference(in2, DataType::fp32, Op::sum);
-    const auto want3 = rank_order_reference(in3, DataType::fp32, Op::sum);
+    std::vector<uint8_t> want3;
+    if (gather3)
+      for (const auto& x : in3) want3.insert(want3.end(), x.begin(), x.end());
+    else
+      want3 = rank_order_reference(in3, DataType::fp32, Op::sum);
     for (unsigned r = 0; r < P; ++r) {
       INFO("rank " << r << ": call 2: " << e2[r].message << "; call 3: " << e3[r].message);
       CHECK(e2[r].ok());
@@ -799,17 +813,20 @@ TEST_CASE("failover: the next call's raw write, ahead of this call's last ACK, i
   calls.check("all-reduce call 3 failed on the INA path");
 }
 
-TEST_CASE("failover: a rank that lost its last result to the next call's raw write gets it",
-          "[hostlib][failover]") {
-  // P = 3, three messages per call, window 2. Rank 1 is slow to read the
-  // result of call 2's last message: ranks 0 and 2 complete call 2 and
-  // start call 3 through a box that is bypassed from then on, and rank 0's
-  // raw write of call 3 lands in rank 1's receive slot over that result
-  // before rank 1 reads it. Rank 1 fails call 2's seal while every other
-  // rank is in call 3. Ranks 0 and 2 keep the last window of call 2's
-  // result: rank 1 completes call 2 with the box's bytes, and call 3 is
-  // finished on the ring path by every rank. Before, both calls failed on
-  // every rank ("the ranks cannot finish it together").
+namespace {
+
+// P = 3, three messages per call, window 2. Rank 1 is slow to read the
+// result of call 2's last message: ranks 0 and 2 complete call 2 and start
+// call 3 through a box that is bypassed from then on, and rank 0's raw
+// write of call 3 lands in rank 1's receive slot over that result before
+// rank 1 reads it. Rank 1 fails call 2's seal while every other rank is in
+// call 3. Ranks 0 and 2 keep the last window of call 2's result: rank 1
+// completes call 2 with the box's bytes, and call 3 is finished on the ring
+// path by every rank. Before, both calls failed on every rank ("the ranks
+// cannot finish it together"). gather3: call 3 is an all-gather, which
+// ranks 0 and 2 ran as its one all-reduce: rank 1, now on the ring path,
+// must run it so too (not as the classic ring all-gather).
+void lost_last_result(bool gather3) {
   std::atomic<bool> armed{false}, bypassed{false}, held{false};
   unsigned reads = 0;  // rank 1's receives since armed (under the fabric's lock)
   LoopbackConfig cfg = box_fabric(TwoCalls::P, 4, 2, 256);
@@ -825,7 +842,7 @@ TEST_CASE("failover: a rank that lost its last result to the next call's raw wri
   o.failback_calls = 1;  // call 4 tries the box again
   Job job(cfg, o);
   std::mt19937_64 rng(8);
-  TwoCalls calls(job, rng, false);
+  TwoCalls calls(job, rng, false, gather3);
   armed = true;
   calls.submit2();
   calls.e2[0] = calls.h2[0].wait();  // rank 1 still waits for its result
@@ -850,6 +867,18 @@ TEST_CASE("failover: a rank that lost its last result to the next call's raw wri
     CHECK(job.comms[r]->path() == Path::ina);
     CHECK(out[r] == rank_order_reference(in, DataType::fp32, Op::sum));
   }
+}
+
+}  // namespace
+
+TEST_CASE("failover: a rank that lost its last result to the next call's raw write gets it",
+          "[hostlib][failover]") {
+  lost_last_result(false);
+}
+
+TEST_CASE("failover: the rank behind runs the next call as the others ran it, an all-gather too",
+          "[hostlib][failover]") {
+  lost_last_result(true);
 }
 
 TEST_CASE("failover with two rings: every stripe finished on the ring path, exact",

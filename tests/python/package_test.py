@@ -69,7 +69,7 @@ class Package(unittest.TestCase):
                          (4, 1024, 14, 1, 30000, 0))
         self.assertEqual((o.local_rank, o.local_size, o.host_id), (-1, -1, None))
         self.assertEqual((o.failback_calls, o.job_key), (64, None))
-        self.assertEqual((o.path_choice, o.measure_links, o.box_us), (0, 1, 1.0))  # model, measured
+        self.assertEqual((o.path_choice, o.measure_links, o.box_us), (1, 1, 1.0))  # ina, measured
         o, _ = netreduce.make_options({"local_size": 2, "host_id": "h0", "job_key": "k1"})
         self.assertEqual((o.local_size, o.host_id, o.job_key), (2, b"h0", b"k1"))
         self.assertIn("op_timeout_ms", netreduce.OPTIONS)

@@ -187,14 +187,14 @@ struct Options {
   // rank 0 refuses another job's ranks that reach its address (a leftover of
   // an earlier run, a job given the same port) instead of mixing the two.
   std::string job_key;
-  // How each call picks its path while the box is up: model (default) asks
-  // the cost model for the faster of the box's single pass and the ring
-  // algorithms (docs/host-library.md#the-path-of-each-call); ina sends
-  // every call through the box; ring runs every call on the ring (the box
-  // forwards it). Without a box, after a failover, and with local ranks,
-  // calls take the communicator's path(). Every rank must give the same
-  // value.
-  PathChoice path_choice = PathChoice::model;
+  // How each call picks its path while the box is up: ina (default) sends
+  // every call through the box; model asks the cost model for the faster
+  // of the box's single pass and the ring algorithms
+  // (docs/host-library.md#the-path-of-each-call); ring runs every call on
+  // the ring (the box forwards it). Without a box, after a failover, and
+  // with local ranks, calls take the communicator's path(). Every rank must
+  // give the same value.
+  PathChoice path_choice = PathChoice::ina;
   // The model's figures: measured at create on the job's own links (rank
   // 0's measurement, shared) when true; else alpha = rtt_us / 2, link_gbps
   // and box_us.
