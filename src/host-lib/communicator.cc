@@ -162,28 +162,6 @@ Error Communicator::Impl::allreduce_now(const void* send, void* recv, size_t cou
   return collective->allreduce(send, recv, count, t, op, deadline);
 }
 
-namespace {
-
-host::cost::Kind cost_kind(CallKind k) {
-  switch (k) {
-    case CallKind::all_reduce:
-      return host::cost::Kind::allreduce;
-    case CallKind::broadcast:
-      return host::cost::Kind::broadcast;
-    case CallKind::all_gather:
-      return host::cost::Kind::all_gather;
-    case CallKind::reduce_scatter:
-      return host::cost::Kind::reduce_scatter;
-    case CallKind::reduce:
-      return host::cost::Kind::reduce;
-    case CallKind::barrier:
-      return host::cost::Kind::barrier;
-  }
-  return host::cost::Kind::allreduce;
-}
-
-}  // namespace
-
 Path Communicator::Impl::choose(CallKind k, uint64_t bytes) const {
   // After a mixed failover the next call is the others' ring all-reduce:
   // "ina" here only means "not a ring form": allreduce() runs it on the
@@ -209,7 +187,7 @@ Path Communicator::Impl::choose(CallKind k, uint64_t bytes) const {
   p.window = cc.window;
   const auto world_ranks = static_cast<unsigned>(world());
   if (host::cost::check(p, world_ranks)) return Path::ina;  // figures it cannot use: the box
-  return host::cost::estimate(p, cost_kind(k), world_ranks, bytes).choice;
+  return host::cost::estimate(p, k, world_ranks, bytes).choice;
 }
 
 int Communicator::Impl::rank() const noexcept {

@@ -32,7 +32,7 @@ Shape shape(Kind k, unsigned world, uint64_t n) {
       return {p * n, half, static_cast<double>(n), 0};
     case Kind::barrier:
       return {4, 2 * half, 4.0 / static_cast<double>(p), half};
-    case Kind::allreduce:
+    case Kind::all_reduce:
     case Kind::broadcast:
     case Kind::reduce:
       break;
@@ -81,24 +81,6 @@ std::string field_error(const char* field, const char* rule, double got) {
 }
 
 }  // namespace
-
-const char* to_string(Kind k) noexcept {
-  switch (k) {
-    case Kind::allreduce:
-      return "all-reduce";
-    case Kind::reduce_scatter:
-      return "reduce-scatter";
-    case Kind::all_gather:
-      return "all-gather";
-    case Kind::broadcast:
-      return "broadcast";
-    case Kind::reduce:
-      return "reduce";
-    case Kind::barrier:
-      return "barrier";
-  }
-  return "unknown";
-}
 
 Error check(const Params& p, unsigned world) {
   const auto bad = [](const char* field, const char* rule, double got) {

@@ -37,8 +37,8 @@
 
 namespace netreduce::host::cost {
 
-enum class Kind : uint8_t { allreduce, reduce_scatter, all_gather, broadcast, reduce, barrier };
-const char* to_string(Kind k) noexcept;
+// The collective a call is (netreduce.hpp's CallKind).
+using Kind = CallKind;
 
 // The link and the box, measured at communicator creation or configured.
 struct Params {

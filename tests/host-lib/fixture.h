@@ -107,6 +107,14 @@ inline std::vector<uint8_t> ring_order_reference(const std::vector<std::vector<u
   return out;
 }
 
+// Every rank's call succeeded (the failing rank's message shown).
+inline void require_ok(const std::vector<Error>& errs) {
+  for (size_t r = 0; r < errs.size(); ++r) {
+    INFO("rank " << r << ": " << errs[r].message);
+    REQUIRE(errs[r].ok());
+  }
+}
+
 struct Job {
   LoopbackFabric fabric;
   std::vector<std::unique_ptr<Communicator>> comms;

@@ -110,13 +110,6 @@ std::vector<uint8_t> ring_reference(const std::vector<std::vector<uint8_t>>& in,
   return out;
 }
 
-void require_ok(const std::vector<Error>& errs) {
-  for (size_t r = 0; r < errs.size(); ++r) {
-    INFO("rank " << r << ": " << errs[r].message);
-    REQUIRE(errs[r].ok());
-  }
-}
-
 // 0, 1, n - 1, n, n + 1; n x (elements of a first packet, of a message)
 // -1, 0, +1; the local stage's chunk -1, 0, +1 and two chunks + n - 1.
 std::vector<size_t> sizes(unsigned n, size_t per_packet, size_t per_msg, size_t per_chunk) {

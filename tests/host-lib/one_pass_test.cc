@@ -70,13 +70,6 @@ std::vector<Fabric> both_paths(unsigned P) {
           {"ring", ring_fabric(P, 8192), Path::ring}};
 }
 
-void require_ok(const std::vector<Error>& errs) {
-  for (size_t r = 0; r < errs.size(); ++r) {
-    INFO("rank " << r << ": " << errs[r].message);
-    REQUIRE(errs[r].ok());
-  }
-}
-
 // Element counts around the boundaries: one element, one message of the
 // box (msg_len x pmtu less the header), several messages and windows, and
 // an odd number of 2-byte elements (a byte count that is no multiple of 4).

@@ -162,7 +162,7 @@ TEST_CASE("path choice: the model's choice flips at its crossover", "[hostlib][p
   // gives the ring here (a window of 2 messages stalls on every pair).
   all_reduce_checked(job, rng, 1);
   REQUIRE(last_path(job) == Path::ina);
-  REQUIRE(cost::estimate(p, cost::Kind::allreduce, P, 20000).choice == Path::ring);
+  REQUIRE(cost::estimate(p, cost::Kind::all_reduce, P, 20000).choice == Path::ring);
   all_reduce_checked(job, rng, 5000);
   REQUIRE(last_path(job) == Path::ring);
   REQUIRE(job.comms[0]->last_call().steps == 2 * (P - 1));

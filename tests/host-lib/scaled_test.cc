@@ -46,13 +46,6 @@ Options options() {
   return o;
 }
 
-void require_ok(const std::vector<Error>& errs) {
-  for (size_t r = 0; r < errs.size(); ++r) {
-    INFO("rank " << r << ": " << errs[r].message);
-    REQUIRE(errs[r].ok());
-  }
-}
-
 // Odd counts around the box's message: 1, 3, one less and one more than a
 // message, several messages and windows.
 std::vector<size_t> counts(DataType t) {

@@ -59,13 +59,6 @@ std::vector<uint8_t> striped_ring_reference(const std::vector<std::vector<uint8_
   return out;
 }
 
-void require_ok(const std::vector<Error>& errs) {
-  for (size_t r = 0; r < errs.size(); ++r) {
-    INFO("rank " << r << ": " << errs[r].message);
-    REQUIRE(errs[r].ok());
-  }
-}
-
 // Sizes around every stripe boundary (0, 1, R - 1, R, R + 1) and around
 // each stripe's packet and message boundaries: R x (elements of a first
 // packet, of a message, of two messages) -1, 0, +1, and one more element

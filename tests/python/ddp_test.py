@@ -19,15 +19,13 @@ import faulthandler
 import gc
 import os
 import sys
-import tempfile
 import unittest
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from training import Task  # noqa: E402
+from training import SpawnedVariants, Task  # noqa: E402
 
 P = 3
 STEPS = 40
@@ -110,26 +108,10 @@ def have_rdma():
         return False
 
 
-class DDP(unittest.TestCase):
+class DDP(SpawnedVariants, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory(prefix="netreduce-ddp-")
-        cls.results = {}
-        for variant in ("default", "torchhook", "hook", "backend", "both"):
-            init = "file://" + os.path.join(cls.tmp.name, "store-" + variant)
-            mp.spawn(worker, args=(variant, init, cls.tmp.name), nprocs=P, join=True)
-            cls.results[variant] = [torch.load(os.path.join(cls.tmp.name, "%s-%d.pt" % (variant, r)))
-                                    for r in range(P)]
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
-
-    def test_identical_across_ranks(self):
-        for variant, res in self.results.items():
-            for r in range(1, P):
-                for a, b in zip(res[0]["params"], res[r]["params"]):
-                    self.assertTrue(torch.equal(a, b), "%s: rank %d differs from rank 0" % (variant, r))
+        cls.spawn_variants(worker, ("default", "torchhook", "hook", "backend", "both"), P, "netreduce-ddp-")
 
     def test_equal_to_default(self):
         for variant, same in (("hook", "torchhook"), ("both", "torchhook"), ("backend", "default")):

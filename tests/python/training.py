@@ -5,7 +5,38 @@ plus noise; every rank draws its own seeded batches, so the data of a step
 is known to everyone; the reference trains one process on the concatenated
 batches of every rank, which is what data-parallel SGD with averaged
 gradients computes (up to floating-point order)."""
+import os
+import tempfile
+
 import torch
+
+
+class SpawnedVariants:
+    """unittest.TestCase mixin: each variant of a training runs in `ranks`
+    processes (worker(rank, variant, init, out_dir) saves
+    "<variant>-<rank>.pt" there); cls.results[variant] holds every rank's
+    file, and every rank must end with the same parameters."""
+
+    @classmethod
+    def spawn_variants(cls, worker, variants, ranks, prefix):
+        import torch.multiprocessing as mp
+        cls.tmp = tempfile.TemporaryDirectory(prefix=prefix)
+        cls.ranks, cls.results = ranks, {}
+        for variant in variants:
+            init = "file://" + os.path.join(cls.tmp.name, "store-" + variant)
+            mp.spawn(worker, args=(variant, init, cls.tmp.name), nprocs=ranks, join=True)
+            cls.results[variant] = [torch.load(os.path.join(cls.tmp.name, "%s-%d.pt" % (variant, r)))
+                                    for r in range(ranks)]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_identical_across_ranks(self):
+        for variant, res in self.results.items():
+            for r in range(1, self.ranks):
+                for a, b in zip(res[0]["params"], res[r]["params"]):
+                    self.assertTrue(torch.equal(a, b), "%s: rank %d differs from rank 0" % (variant, r))
 
 
 class Task:
