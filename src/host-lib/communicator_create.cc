@@ -21,7 +21,8 @@
 //      their ids;
 //   5. the probe on every ring, its verdict gathered over all ranks;
 //   6. the cost model's link figures (link_figures.h): measured on the ring
-//      (INA path, no local ranks, Options::measure_links) or configured;
+//      (path_choice model on the INA path, no local ranks,
+//      Options::measure_links) or configured;
 //      rank 0's and its path choice become everyone's;
 //   7. with local ranks on the INA path, each ring's own bootstrap, over
 //      which its members agree on a failover.
@@ -358,11 +359,13 @@ Error JobSetup::fall_back(std::string reason) {
 }
 
 // Step 6: the link figures every rank's cost model uses: rank 0's, measured
-// on its ring or configured (the ranks' path_choice and measure_links
+// on its ring (path_choice model only: the measurement's ring traffic is
+// for the model) or configured (the ranks' path_choice and measure_links
 // agree: gather_peers).
 Error JobSetup::share_links() {
   links_ = configured_links(options_);
-  if (options_.measure_links && loc_.local_size < 2 && coll_->path() == Path::ina) {
+  if (options_.path_choice == PathChoice::model && options_.measure_links && loc_.local_size < 2 &&
+      coll_->path() == Path::ina) {
     LinkFigures mine = links_;  // every rank takes part in the calls
     const auto until =
         std::max(deadline_, Clock::now() + std::chrono::milliseconds(options_.op_timeout_ms));

@@ -1,7 +1,8 @@
 // The cost model's figures of a job's links (LinkFigures, netreduce.hpp):
 // configured from the options, or measured at create on the job's own QPs.
 //
-// Measuring (every rank of the ring together, right after the probe):
+// Measuring (path_choice model; every rank of the ring together, right
+// after the probe):
 //  - alpha: the median of 5 ring all-reduces of one int32, divided by their
 //    2(P - 1) dependent steps: one hop's latency, the ring's per-step cost.
 //  - box: the probe's time (create's one pass through the box, one int32

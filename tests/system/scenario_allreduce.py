@@ -308,13 +308,12 @@ class Job:
                 "window": int(m.group(5))}
         expect(head["path"] == want_path, "%s: path %s (%s), expected %s" %
                (self.tag, head["path"], head["reason"], want_path))
-        # The cost model's figures, measured at create on the INA path (no local ranks).
+        # The cost model's figures: configured (these jobs pin --path ina, and
+        # only the model's choice measures them, with traffic of its own).
         m = re.search(r"^# links \((\w+)\): alpha (\S+) us, (\S+) Gb/s, box (\S+) us$", out, re.M)
-        expect(m, "%s: no '# links' line in rank 0's output" % self.tag)
+        expect(m and m.group(1) == "configured", "%s: no '# links (configured)' line in rank 0's output" %
+               self.tag)
         head["links"] = (m.group(1), float(m.group(2)), float(m.group(3)), float(m.group(4)))
-        if want_path == "ina":
-            expect(m.group(1) == "measured" and head["links"][1] > 0 and head["links"][2] > 0,
-                   "%s: links %s, expected measured figures" % (self.tag, head["links"]))
         rows = []
         for line in out.splitlines():
             f = line.split()
@@ -442,7 +441,7 @@ def step2_5(lab, a, daemon, reports):
     rep.line("INA, P=3, %d dtypes x %d ops, %d sizes each (8 B..32 KiB), each size timed once and checked "
              "once: %d rows, all 0 errors, path ina" % (len(DTYPES), len(OPS), len(rows) // 18, len(rows)))
     rep.figure("path reason", head["reason"])
-    rep.figure("links measured at create: alpha us / Gb/s / box us", "%.1f / %.3f / %.1f" % head["links"][1:])
+    rep.figure("links (configured): alpha us / Gb/s / box us", "%.1f / %.3f / %.1f" % head["links"][1:])
     rep.figure("ring id / window", "%d / %d" % (head["ring"], head["window"]))
     rep.figure("small-size job wall time", "%.1f" % small_s, "s")
     rep.figure("box: data bytes aggregated (expected P x data)", "%d (%d)" % (c["bytes_aggregated"], want_bytes))

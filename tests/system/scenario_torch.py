@@ -567,11 +567,10 @@ def check_all(report, expect, outs, results, rings, phases):
     report.figure("import torch in a guest (per rank)", ", ".join("%.1f" % o["import_seconds"] for o in outs), "s")
     report.figure("backend", outs[0]["backend"])
     links = outs[0]["links"]
-    report.figure("links measured at create (rank 0's): alpha us / Gb/s / box us",
+    report.figure("links (rank 0's; path_choice ina: configured): alpha us / Gb/s / box us",
                   "%.1f / %.3f / %.1f" % (links["alpha_us"], links["gbps"], links["box_us"]) if links else None)
     expect(all(o["links"] == links for o in outs), "ranks differ in link figures: %s" % [o["links"] for o in outs])
-    expect(links and links["measured"] and links["alpha_us"] > 0 and links["gbps"] > 0,
-           "links %s, expected figures measured at create" % links)
+    expect(links and not links["measured"], "links %s: measured under path_choice ina" % links)
     expect(all(o["backend"] == "netreduce" for o in outs), "backend %s" % [o["backend"] for o in outs])
     expect(not any(o["fallback_messages"] for o in outs), "fallbacks: %s" % [o["fallback_messages"] for o in outs])
     ph = [o["phases"] for o in outs]

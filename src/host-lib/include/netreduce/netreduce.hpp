@@ -195,9 +195,9 @@ struct Options {
   // with local ranks, calls take the communicator's path(). Every rank must
   // give the same value.
   PathChoice path_choice = PathChoice::ina;
-  // The model's figures: measured at create on the job's own links (rank
-  // 0's measurement, shared) when true; else alpha = rtt_us / 2, link_gbps
-  // and box_us.
+  // The model's figures: with path_choice model, measured at create on the
+  // job's own links (rank 0's measurement, shared) when true; else (and for
+  // the other choices) alpha = rtt_us / 2, link_gbps and box_us.
   bool measure_links = true;
   double box_us = 1.0;
 };
