@@ -462,13 +462,22 @@ class Communicator:
         """The reduction of every rank's buf into the root's; returns buf."""
         return self.reduce_async(buf, op, root, timeout_ms).wait()
 
-    def barrier_async(self, timeout_ms=-1):
-        """Starts a barrier."""
-        return self._start("barrier", _lib.lib().nr_barrier_async, (), None, (), timeout_ms)
+    def barrier_async(self, timeout_ms=-1, path=None):
+        """Starts a barrier. path ("model", "ina" or "ring"; every rank the
+        same) is its own path choice in place of the communicator's: "ring"
+        waits for ranks any distance apart up to the deadline, where a
+        barrier through the box fails once they enter it further apart than
+        the RC retransmission budget."""
+        if path is None:
+            return self._start("barrier", _lib.lib().nr_barrier_async, (), None, (), timeout_ms)
+        if path not in _lib.CHOICES:
+            raise ValueError("netreduce: barrier: path = %r is not one of %s" % (path, ", ".join(_lib.CHOICES)))
+        return self._start("barrier", _lib.lib().nr_barrier_path_async, (_lib.CHOICES[path],), None, (),
+                           timeout_ms)
 
-    def barrier(self, timeout_ms=-1):
-        """Returns once every rank called it."""
-        self.barrier_async(timeout_ms).wait()
+    def barrier(self, timeout_ms=-1, path=None):
+        """Returns once every rank called it (path: see barrier_async)."""
+        self.barrier_async(timeout_ms, path).wait()
 
     def close(self):
         """Destroys the communicator (a barrier with the other ranks). Idempotent."""

@@ -120,6 +120,8 @@ def lib():
             "nr_reduce_scatter_premul_async": (I, [P, P, P, SZ, I, D, I, ctypes.POINTER(P)]),
             "nr_barrier": (I, [P, I]),
             "nr_barrier_async": (I, [P, I, ctypes.POINTER(P)]),
+            "nr_barrier_path": (I, [P, I, I]),
+            "nr_barrier_path_async": (I, [P, I, I, ctypes.POINTER(P)]),
             "nr_wait": (I, [P, I]),
             "nr_test": (I, [P]),
             "nr_request_free": (None, [P]),

@@ -298,6 +298,19 @@ nr_status nr_barrier_async(nr_comm* comm, int timeout_ms, nr_request** out) {
   });
 }
 
+nr_status nr_barrier_path(nr_comm* comm, nr_path_choice path, int timeout_ms) {
+  return call(comm, [&](netreduce::Communicator& c) {
+    return c.barrier(static_cast<netreduce::PathChoice>(path), timeout_ms);
+  });
+}
+
+nr_status nr_barrier_path_async(nr_comm* comm, nr_path_choice path, int timeout_ms,
+                                nr_request** out) {
+  return call_async(comm, out, [&](netreduce::Communicator& c, netreduce::AllreduceHandle& h) {
+    return c.barrier_async(static_cast<netreduce::PathChoice>(path), h, timeout_ms);
+  });
+}
+
 nr_status nr_wait(nr_request* req, int timeout_ms) {
   return guarded([&]() -> nr_status {
     if (!req) return invalid("request: null");

@@ -32,6 +32,9 @@ struct AllreduceHandle::State {
   CallRecord record;  // set with done, when the call succeeded
 };
 
+// invalid_argument unless c is one of PathChoice's values.
+Error check_path_choice(PathChoice c);
+
 struct Communicator::Impl {
   // Owns whatever keeps the transport alive (verbs context, bootstrap).
   Impl(std::unique_ptr<host::Transport> transport, std::unique_ptr<host::Collective> collective,
@@ -41,9 +44,9 @@ struct Communicator::Impl {
   // Queues `call` for the progress thread; its deadline is timeout_ms (< 0:
   // Options::op_timeout_ms) from when it starts, not from when it was queued.
   // kind and bytes (per rank, cost_model.h's meaning) choose its path
-  // (choose), which call_path holds while it runs; a call that succeeds is
-  // recorded (record) and counted.
-  Error submit(int timeout_ms, CallKind kind, uint64_t bytes,
+  // under `choice` (choose), which call_path holds while it runs; a call
+  // that succeeds is recorded (record) and counted.
+  Error submit(int timeout_ms, CallKind kind, uint64_t bytes, PathChoice choice,
                std::function<Error(host::Clock::time_point)> call,
                std::shared_ptr<AllreduceHandle::State>& out);
   // One all-reduce of the job (the local stage first with local ranks), on
@@ -52,9 +55,10 @@ struct Communicator::Impl {
                       host::Clock::time_point deadline);
   // The path of a call of kind k, `bytes` per rank (cost_model.h's
   // meaning): the communicator's path() without a box, after a failover and
-  // with local ranks; else Options::path_choice, the model's choice from
-  // `links` (progress thread only: it reads the collective's path).
-  Path choose(CallKind k, uint64_t bytes) const;
+  // with local ranks; else what `choice` says (the call's own, or
+  // Options::path_choice), for model the model's choice from `links`
+  // (progress thread only: it reads the collective's path).
+  Path choose(CallKind k, uint64_t bytes, PathChoice choice) const;
   // The job's rank and world (global with local ranks).
   int rank() const noexcept;
   int world() const noexcept;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "host-lib/comm_impl.h"
 #include "host-lib/cost_model.h"
@@ -111,7 +112,7 @@ void Communicator::Impl::run() {
   }
 }
 
-Error Communicator::Impl::submit(int timeout_ms, CallKind kind, uint64_t bytes,
+Error Communicator::Impl::submit(int timeout_ms, CallKind kind, uint64_t bytes, PathChoice choice,
                                  std::function<Error(host::Clock::time_point)> call,
                                  std::shared_ptr<AllreduceHandle::State>& out) {
   auto st = std::make_shared<AllreduceHandle::State>();
@@ -120,9 +121,9 @@ Error Communicator::Impl::submit(int timeout_ms, CallKind kind, uint64_t bytes,
   {
     std::lock_guard lk(mu_);
     if (stop_) return Error::make(ErrorCode::internal, "communicator is shutting down");
-    queue_.push_back([this, st, ms, kind, bytes, call = std::move(call)] {
+    queue_.push_back([this, st, ms, kind, bytes, choice, call = std::move(call)] {
       Error e;
-      call_path = choose(kind, bytes);
+      call_path = choose(kind, bytes, choice);
       try {  // nothing may escape the progress thread (a scratch buffer's bad_alloc)
         e = call(host::Clock::now() + std::chrono::milliseconds(ms));
       } catch (const std::exception& x) {
@@ -162,14 +163,21 @@ Error Communicator::Impl::allreduce_now(const void* send, void* recv, size_t cou
   return collective->allreduce(send, recv, count, t, op, deadline);
 }
 
-Path Communicator::Impl::choose(CallKind k, uint64_t bytes) const {
+Error check_path_choice(PathChoice c) {
+  if (c == PathChoice::model || c == PathChoice::ina || c == PathChoice::ring) return {};
+  return Error::make(
+      ErrorCode::invalid_argument,
+      fmt::format("path_choice: {} is not model (0), ina (1) or ring (2)", static_cast<int>(c)));
+}
+
+Path Communicator::Impl::choose(CallKind k, uint64_t bytes, PathChoice choice) const {
   // After a mixed failover the next call is the others' ring all-reduce:
   // "ina" here only means "not a ring form": allreduce() runs it on the
   // ring path, where the collective now is.
   if (collective->next_is_allreduce()) return Path::ina;
   const Path now = collective->path();
   if (now == Path::ring || local) return now;
-  switch (options.path_choice) {
+  switch (choice) {
     case PathChoice::ina:
       return Path::ina;
     case PathChoice::ring:
@@ -245,13 +253,14 @@ Error run_blocking(Start&& start) {
 }
 
 // Queues call(impl, deadline) on the progress thread; `handle` reports it.
-// kind and bytes: what the path choice sees (Impl::choose).
+// kind and bytes: what the path choice sees (Impl::choose); `choice`: the
+// call's own, Options::path_choice when empty.
 template <typename Call>
 Error start(Communicator::Impl& impl, int timeout_ms, CallKind kind, uint64_t bytes, Call call,
-            AllreduceHandle& handle) {
+            AllreduceHandle& handle, std::optional<PathChoice> choice = {}) {
   std::shared_ptr<AllreduceHandle::State> st;
   if (Error e = impl.submit(
-          timeout_ms, kind, bytes,
+          timeout_ms, kind, bytes, choice.value_or(impl.options.path_choice),
           [&impl, call](host::Clock::time_point d) { return call(impl, d); }, st))
     return e;
   handle = AllreduceHandle(std::move(st));
@@ -418,6 +427,20 @@ Error Communicator::barrier_async(AllreduceHandle& handle, int timeout_ms) {
   return start(
       *impl_, timeout_ms, CallKind::barrier, 4,
       [](Impl& i, auto d) { return i.one_pass().barrier(d); }, handle);
+}
+
+Error Communicator::barrier(PathChoice path, int timeout_ms) {
+  return run_blocking([&](AllreduceHandle& h) { return barrier_async(path, h, timeout_ms); });
+}
+
+Error Communicator::barrier_async(PathChoice path, AllreduceHandle& handle, int timeout_ms) {
+  if (Error e = check_path_choice(path)) {
+    e.message = "barrier: " + e.message;
+    return e;
+  }
+  return start(
+      *impl_, timeout_ms, CallKind::barrier, 4,
+      [](Impl& i, auto d) { return i.one_pass().barrier(d); }, handle, path);
 }
 
 int Communicator::rank() const noexcept { return impl_->rank(); }

@@ -73,6 +73,7 @@ Error check_arguments(int rank, int world, const std::string& bootstrap, const O
   if (options.rings != 0)
     if (Error e = check_rings(options.rings)) return e;
   if (Error e = check_local_options(options)) return e;
+  if (Error e = check_path_choice(options.path_choice)) return e;
   MessagePlan probe;
   return make_plan(0, DataType::fp32, options.msg_len, options.payload_bytes, probe);
 }

@@ -457,6 +457,7 @@ Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Op
   }
   const unsigned n = fabric.config().local_size;
   if (Error e = check_local_options(options)) return e;
+  if (Error e = check_path_choice(options.path_choice)) return e;
   if (options.local_size != -1 && static_cast<unsigned>(options.local_size) != n)
     return Error::make(ErrorCode::invalid_argument,
                        "local_size: " + std::to_string(options.local_size) +

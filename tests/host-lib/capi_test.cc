@@ -72,6 +72,7 @@ TEST_CASE("C API: bad arguments are status codes with messages", "[hostlib][capi
   CHECK(nr_comm_calls(nullptr, NR_CALL_ALL_REDUCE, NR_PATH_INA) == 0);
   CHECK(nr_comm_links(nullptr, nullptr, nullptr, nullptr, nullptr) == NR_ERR_INVALID_ARGUMENT);
   CHECK(nr_request_record(nullptr, nullptr, nullptr, nullptr) == NR_ERR_INVALID_ARGUMENT);
+  CHECK(nr_barrier_path(nullptr, NR_CHOICE_RING, -1) == NR_ERR_INVALID_ARGUMENT);
   o.path_choice = 3;
   CHECK(nr_comm_create(0, 2, nullptr, 0, "127.0.0.1:1", &o, &c) == NR_ERR_INVALID_ARGUMENT);
   CHECK(std::string(nr_last_error()).find("path_choice: 3") != std::string::npos);

@@ -8,8 +8,10 @@
 // call (the model itself is tested against the papers in
 // cost_model_test.cc).
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "fixture.h"
 #include "host-lib/comm_impl.h"
@@ -166,6 +168,52 @@ TEST_CASE("path choice: the model's choice flips at its crossover", "[hostlib][p
   all_reduce_checked(job, rng, 5000);
   REQUIRE(last_path(job) == Path::ring);
   REQUIRE(job.comms[0]->last_call().steps == 2 * (P - 1));
+}
+
+// A barrier's own path choice in place of the communicator's: the box's
+// single pass or the ring's 2(P - 1) steps, counted on that path; the calls
+// around it keep the communicator's choice. A ring barrier waits for a rank
+// that enters it late, where one through the box would hold the others'
+// writes unanswered (the lab shows that side on real queue pairs).
+TEST_CASE("path choice: a barrier's own choice, the late rank waited for", "[hostlib][path]") {
+  std::mt19937_64 rng(12);
+  constexpr unsigned P = 4;
+  for (PathChoice comm_choice : {PathChoice::ina, PathChoice::ring}) {
+    const PathChoice own = comm_choice == PathChoice::ina ? PathChoice::ring : PathChoice::ina;
+    const Path want = own == PathChoice::ina ? Path::ina : Path::ring;
+    INFO("communicator " << to_string(comm_choice) << ", barrier " << to_string(own));
+    Job job(box_fabric(P, kMsgLen, kWindow, kPmtu), with_choice(comm_choice), true);
+    all_reduce_checked(job, rng, 300);
+    const Path comm_path = last_path(job);
+    REQUIRE(comm_path != want);
+    std::vector<AllreduceHandle> h(P);
+    for (unsigned r = 0; r + 1 < P; ++r) REQUIRE(job.comms[r]->barrier_async(own, h[r]).ok());
+    if (own == PathChoice::ring) {  // the last rank 200 ms late
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      for (unsigned r = 0; r + 1 < P; ++r) REQUIRE_FALSE(h[r].test());
+    }
+    REQUIRE(job.comms[P - 1]->barrier_async(own, h[P - 1]).ok());
+    for (unsigned r = 0; r < P; ++r) {
+      const Error e = h[r].wait();
+      INFO("rank " << r << ": " << e.message);
+      REQUIRE(e.ok());
+      REQUIRE(h[r].record().path == want);
+      REQUIRE(h[r].record().steps == (want == Path::ina ? 1u : 2 * (P - 1)));
+    }
+    all_reduce_checked(job, rng, 300);
+    REQUIRE(last_path(job) == comm_path);
+    for (auto& c : job.comms) {
+      REQUIRE(c->calls(CallKind::barrier, want) == 1);
+      REQUIRE(c->calls(CallKind::barrier, comm_path) == 0);
+      REQUIRE(c->calls(CallKind::all_reduce, comm_path) == 2);
+      REQUIRE(c->failovers() == 0);
+    }
+    // A choice that is none of the three: refused at the call, nothing queued.
+    AllreduceHandle bad;
+    const Error e = job.comms[0]->barrier_async(static_cast<PathChoice>(7), bad);
+    REQUIRE(e.code == ErrorCode::invalid_argument);
+    REQUIRE(e.message == "barrier: path_choice: 7 is not model (0), ina (1) or ring (2)");
+  }
 }
 
 TEST_CASE("path choice: calls of both paths interleaved stay exact, nothing fails over",

@@ -163,6 +163,13 @@ nr_status nr_reduce_scatter_premul_async(nr_comm* comm, const void* send, void* 
                                          int timeout_ms, nr_request** out);
 nr_status nr_barrier(nr_comm* comm, int timeout_ms);
 nr_status nr_barrier_async(nr_comm* comm, int timeout_ms, nr_request** out);
+/* A barrier with its own path choice in place of the options' (every rank
+   must pass the same): NR_CHOICE_RING waits for ranks any distance apart up
+   to the deadline, where one through the box fails once they enter it
+   further apart than the RC retransmission budget. */
+nr_status nr_barrier_path(nr_comm* comm, nr_path_choice path, int timeout_ms);
+nr_status nr_barrier_path_async(nr_comm* comm, nr_path_choice path, int timeout_ms,
+                                nr_request** out);
 
 /* Waits up to timeout_ms (< 0: until done). NR_ERR_TIMEOUT: still running. */
 nr_status nr_wait(nr_request* req, int timeout_ms);

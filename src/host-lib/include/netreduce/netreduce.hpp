@@ -278,6 +278,14 @@ class Communicator {
   // world()).
   Error barrier(int timeout_ms = -1);
   Error barrier_async(AllreduceHandle& handle, int timeout_ms = -1);
+  // The same with this call's own path choice in place of
+  // Options::path_choice (every rank must pass the same). PathChoice::ring
+  // waits for ranks any distance apart, up to the deadline, where a barrier
+  // through the box fails once the first and the last rank enter it further
+  // apart than the RC retransmission budget
+  // (docs/host-library.md#deadlines-and-errors).
+  Error barrier(PathChoice path, int timeout_ms = -1);
+  Error barrier_async(PathChoice path, AllreduceHandle& handle, int timeout_ms = -1);
 
   int rank() const noexcept;
   int world() const noexcept;
