@@ -37,16 +37,18 @@ _reduce_scatter_base) and reduce of dense contiguous CPU tensors of
 a supported dtype, with SUM/MIN/MAX/AVG, go through netreduce, one tensor
 per process (Work from a Future, completed by the same completion thread,
 which also copies list outputs out of the flat buffer the library filled).
+barrier goes through netreduce on the ring path whatever the path choice:
+it must wait for ranks far apart, which a barrier through the box cannot,
+up to the barrier's timeout (the group's by default).
 AVG is the library's op "avg" (its sum, then each element divided by the
 world in the tensor's dtype, integers truncated), not a division here.
 PREMUL_SUM is refused with ValueError, whatever the path: torch 1.13 keeps
 its factor in C++ (ReduceOp's supplement), out of a Python group's reach,
 and Gloo has no PREMUL_SUM either; netreduce.Communicator's
 op=("premul", f) is the library's form. Everything else
-(barrier, which must tolerate ranks far apart; point-to-point,
-gather/scatter, all-to-all, PRODUCT, other dtypes, several tensors per
-process) is delegated to an internal Gloo group built on the
-same store; calls() counts both per collective.
+(point-to-point, gather/scatter, all-to-all, PRODUCT, other dtypes,
+several tensors per process) is delegated to an internal Gloo group built
+on the same store; calls() counts both per collective.
 Options come from set_backend_options() or NETREDUCE_* environment variables,
 because init_process_group() has no place for them in 1.13.
 """
@@ -158,7 +160,7 @@ def _unwrap(fut):
 class _Completer:
     """One thread completing futures in the order their requests were started.
     Counts what it completed: calls, data bytes (the bytes of the
-    all-reduce each call is) and busy seconds (the union of the calls'
+    all-reduce each call is; none for a barrier) and busy seconds (the union of the calls'
     start-to-completion intervals; calls run in order), also per collective."""
 
     def __init__(self):
@@ -353,6 +355,7 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
         self._own(*rendezvous(dist.PrefixStore("netreduce", store), rank, size, **o))
         self._calls = {}  # collective -> [through netreduce, delegated to Gloo]
         self.world = size
+        self._timeout = timeout
 
     def getBackendName(self):
         return BACKEND
@@ -483,11 +486,18 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
         return self._work("reduce", [req], tensors, _nbytes(tensors[0]))
 
     def barrier(self, opts=None):
-        # Gloo's, over TCP: a barrier is how ranks that drifted apart (a
-        # checkpoint, data loading) are aligned before INA calls, and through
-        # the box it would have the skew limit it is meant to remove
-        # (docs/host-library.md#deadlines-and-errors).
-        return self._gloo_call("barrier", opts if opts is not None else dist.BarrierOptions())
+        # On the ring path, whatever the communicator's path choice: a
+        # barrier is how ranks that drifted apart (a checkpoint, data
+        # loading) are aligned before INA calls, and through the box it would
+        # have the skew limit it is meant to remove
+        # (docs/host-library.md#deadlines-and-errors). The ring waits up to
+        # the barrier's timeout, else the group's.
+        opts = opts if opts is not None else dist.BarrierOptions()
+        if self.comm is None:
+            return self._gloo_call("barrier", opts)
+        timeout = opts.timeout if opts.timeout.total_seconds() > 0 else self._timeout
+        req = self.comm.barrier_async(min(int(timeout.total_seconds() * 1000), 2**31 - 1), path="ring")
+        return self._work("barrier", [req], [], 0)  # no data bytes
 
 
 def _delegate(name):

@@ -218,7 +218,11 @@ def check_backend(pg, rank):
     a = (i * 3 + rank).to(torch.float64)
     dist.all_reduce(a, op=dist.ReduceOp.AVG)  # (9 x + 3) / 3: exact
     assert torch.equal(a, (i * 3 + 1).to(torch.float64)), ("all_reduce avg", a[:10])
-    return pg.calls()
+    # A barrier rank 1 enters 3 s after the others: the ring path waits for it.
+    if rank == 1:
+        time.sleep(3)
+    dist.barrier()
+    return {"backend": pg.calls(), "library": pg.comm.calls()}
 
 
 def compute_only(steps=50):
@@ -356,7 +360,7 @@ def worker(a):
     out["comm_bytes"] = {"ina": res.get("checks", {}).get("bytes", 0) + pg.stats()["bytes"]}
     out["comm_bytes"].update((name, c.stats()["bytes"]) for name, c in opened if name == "hook")
     out["fallback_messages"] = list(nrt.fallback_messages)
-    dist.barrier()  # Gloo's: nothing through the box
+    dist.barrier()  # on the ring path: nothing through the box
     torch.save(out, os.path.join("/nrlab", "torch-result-%d.pt" % rank))
     print(json.dumps({k: v for k, v in out.items() if k != "phases"}))
     # Leave without tearing down communicators one by one: exit closes them
@@ -445,15 +449,20 @@ def check_backend_calls(report, expect, ph):
                   "%s / %d" % (ph[0]["checks"]["path"], ph[0]["checks"]["bytes"]))
     expect(all(p["checks"]["path"] == "ina" for p in ph), "checks not on INA: %s" %
            [(p["checks"]["path"], p["checks"]["reason"]) for p in ph])
-    # The backend's collectives went through netreduce (barrier: Gloo).
+    # The backend's collectives went through netreduce, the barriers on the
+    # ring path.
     for p in ph:
-        calls = p["checks"]["calls"]
+        calls = p["checks"]["calls"]["backend"]
         for name in ("broadcast", "allgather", "_allgather_base", "reduce_scatter", "_reduce_scatter_base",
-                     "reduce", "allreduce"):
+                     "reduce", "allreduce", "barrier"):
             expect(calls.get(name, {}).get("netreduce", 0) >= 1 and calls[name]["gloo"] == 0,
                    "backend %s: %s" % (name, calls.get(name)))
+        # The backend's barriers on the ring, the round trips' comm.barrier() through the box.
+        lib = p["checks"]["calls"]["library"]["barrier"]
+        expect(lib["ring"] == calls["barrier"]["netreduce"] and lib["ina"] == 1, "barriers' paths: %s" % lib)
     report.figure("backend calls through netreduce / Gloo (rank 0, checks)", ", ".join(
-        "%s %d/%d" % (k, v["netreduce"], v["gloo"]) for k, v in sorted(ph[0]["checks"]["calls"].items())))
+        "%s %d/%d" % (k, v["netreduce"], v["gloo"])
+        for k, v in sorted(ph[0]["checks"]["calls"]["backend"].items())))
 
 
 def check_ddp(report, expect, name, rs, ref):
