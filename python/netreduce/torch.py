@@ -33,22 +33,24 @@ c10d backend "netreduce" (registered on import): a Python subclass of
 torch.distributed.ProcessGroup (torch 1.13's PyProcessGroup trampoline, so
 DDP's C++ reducer and constructor call it too). all_reduce (also coalesced),
 broadcast, all_gather (list and _allgather_base), reduce_scatter (list and
-_reduce_scatter_base) and reduce of dense contiguous CPU tensors of
-a supported dtype, with SUM/MIN/MAX/AVG, go through netreduce, one tensor
-per process (Work from a Future, completed by the same completion thread,
+_reduce_scatter_base) and reduce of dense CPU or CUDA tensors of a
+supported dtype, with SUM/MIN/MAX/AVG, go through netreduce, one tensor per
+process (Work from a Future, completed by the same completion thread,
 which also copies list outputs out of the flat buffer the library filled).
-barrier goes through netreduce on the ring path whatever the path choice:
-it must wait for ranks far apart, which a barrier through the box cannot,
-up to the barrier's timeout (the group's by default).
+A tensor the library cannot use in place (CUDA, or not contiguous) is
+staged through a contiguous host copy, pinned for CUDA (_Staging). barrier
+goes through netreduce on the ring path whatever the path choice: it must
+wait for ranks far apart, which a barrier through the box cannot, up to the
+barrier's timeout (the group's by default).
 AVG is the library's op "avg" (its sum, then each element divided by the
 world in the tensor's dtype, integers truncated), not a division here.
 PREMUL_SUM is refused with ValueError, whatever the path: torch 1.13 keeps
 its factor in C++ (ReduceOp's supplement), out of a Python group's reach,
 and Gloo has no PREMUL_SUM either; netreduce.Communicator's
 op=("premul", f) is the library's form. Everything else
-(point-to-point, gather/scatter, all-to-all, PRODUCT, other dtypes,
-several tensors per process) is delegated to an internal Gloo group built
-on the same store; calls() counts both per collective.
+(point-to-point, gather/scatter, all-to-all, PRODUCT, other dtypes and
+devices, several tensors per process) is delegated to an internal Gloo
+group built on the same store; calls() counts both per collective.
 Options come from set_backend_options() or NETREDUCE_* environment variables,
 because init_process_group() has no place for them in 1.13.
 """
@@ -148,6 +150,57 @@ def rendezvous(store, rank, world, device=None, gid_index=-1, use_ring=False, **
     return comm, comm.path_reason
 
 
+class _Staging:
+    """Host stand-ins for the tensors of one call that the library cannot
+    use in place: on an accelerator (CUDA), or not contiguous. Each is a
+    contiguous host copy (pinned for CUDA, so both copies are DMA), filled
+    from the tensor when the call is started if the call reads it, and
+    copied back into the tensor when the call completes (finish(), on the
+    completion thread) if the call writes it. A contiguous CPU tensor is
+    used in place. Example: a CUDA gradient bucket g of 1 MiB is copied
+    into a pinned 1 MiB host buffer h, h is all-reduced through the box,
+    then g.copy_(h) before the call's future completes."""
+
+    def __init__(self):
+        self._back = []
+
+    def host(self, t, read=True, write=True):
+        t = t.detach()
+        if t.device.type == "cpu" and t.is_contiguous():
+            return t
+        h = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.device.type == "cuda")
+        if read:
+            h.copy_(t)
+        if write:
+            self._back.append((t, h))
+        return h
+
+    def finish(self, then=None):
+        """The completion step: the results into the staged tensors, then then()."""
+        back = self._back
+        if not back:
+            return then
+
+        def copy_back():
+            with torch.no_grad():
+                for t, h in back:
+                    t.copy_(h)
+            if then is not None:
+                then()
+        return copy_back
+
+
+def _devices(value):
+    """The accelerators of the tensors in value (a tensor or nested lists):
+    a future completed with them must name them."""
+    if isinstance(value, torch.Tensor):
+        return [] if value.device.type == "cpu" else [value.device]
+    found = []
+    for v in value:
+        found += [d for d in _devices(v) if d not in found]
+    return found
+
+
 def _unwrap(fut):
     """then() callback: the call's value, or its error raised (torch turns it
     into the RuntimeError its waiters see)."""
@@ -177,8 +230,9 @@ class _Completer:
     def submit(self, reqs, value, nbytes, finish=None, name="allreduce"):
         """A torch future of the requests (one call's, started in order):
         `value` once all finished and finish() (if given) ran, else the
-        first error raised."""
-        done = torch.futures.Future()
+        first error raised. Its devices are value's accelerators, so it
+        orders its waiters' streams after finish()'s copies."""
+        done = torch.futures.Future(devices=_devices(value) or None)
         self.q.put((reqs, done, value, nbytes, finish, name, time.monotonic()))
         return done.then(_unwrap)
 
@@ -291,8 +345,9 @@ def allreduce_hook(state, bucket):
         _say_once(("hook", state.reason), "DDP hook falls back to the process group's all_reduce: " + state.reason)
         work = dist.all_reduce(buf, group=state.process_group, async_op=True)
         return work.get_future().then(lambda f: f.value()[0])
-    req = state.comm.allreduce_async(buf, "sum")
-    return state._completer.submit([req], buf, buf.numel() * buf.element_size())
+    s = _Staging()
+    req = state.comm.allreduce_async(s.host(buf), "sum")
+    return state._completer.submit([req], buf, buf.numel() * buf.element_size(), s.finish())
 
 
 # ---------------------------------------------------------------------------
@@ -326,6 +381,7 @@ def _env_options():
 _OPS = {getattr(dist.ReduceOp, n): n.lower() for n in ("SUM", "MIN", "MAX", "AVG") if hasattr(dist.ReduceOp, n)}
 _PREMUL_SUM = getattr(dist.ReduceOp, "PREMUL_SUM", None)
 _DTYPES = {getattr(torch, n) for n in netreduce.DTYPES}
+_DEVICES = ("cpu", "cuda")  # CUDA tensors are staged through pinned host memory (_Staging)
 
 
 def _require(name, ok, what):
@@ -379,9 +435,11 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
         c[0 if native else 1] += 1
 
     def _usable(self, tensors):
+        # Overlapping elements (an expanded view: stride 0) cannot take a
+        # result back: Gloo's, which refuses them as torch does.
         return (self.comm is not None and
-                all(t.device.type == "cpu" and t.dtype in _DTYPES and t.is_contiguous()
-                    and t.layout == torch.strided for t in tensors))
+                all(t.device.type in _DEVICES and t.dtype in _DTYPES and t.layout == torch.strided
+                    and all(st != 0 or n <= 1 for st, n in zip(t.stride(), t.shape)) for t in tensors))
 
     def _op(self, name, op):
         """The library's op for c10d's `op` (a ReduceOp or its RedOpType), or
@@ -397,9 +455,10 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
         if self.comm is None:
             _say_once(("backend", self.reason), "backend falls back to Gloo: " + self.reason)
 
-    def _work(self, name, reqs, value, nbytes, finish=None):
+    def _work(self, name, reqs, value, nbytes, staging, finish=None):
         self._count(name, True)
-        return _create_work_from_future(self._completer.submit(reqs, value, nbytes, finish, name))
+        return _create_work_from_future(
+            self._completer.submit(reqs, value, nbytes, staging.finish(finish), name))
 
     def _gloo_call(self, name, *args):
         self._fallback_said()
@@ -410,8 +469,9 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
         op = self._op(name, opts.reduceOp)
         if op is None or not self._usable(tensors):
             return self._gloo_call(name, tensors, opts)
-        reqs = [self.comm.allreduce_async(t.detach(), op) for t in tensors]
-        return self._work(name, reqs, tensors, sum(map(_nbytes, tensors)))
+        s = _Staging()
+        reqs = [self.comm.allreduce_async(s.host(t), op) for t in tensors]
+        return self._work(name, reqs, tensors, sum(map(_nbytes, tensors)), s)
 
     def allreduce(self, tensors, opts=None):
         return self._allreduce("allreduce", tensors, opts if opts is not None else dist.AllreduceOptions())
@@ -424,8 +484,9 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
         opts = opts if opts is not None else dist.BroadcastOptions()
         if len(tensors) != 1 or not self._usable(tensors):
             return self._gloo_call("broadcast", tensors, opts)
-        req = self.comm.broadcast_async(tensors[0].detach(), opts.rootRank)
-        return self._work("broadcast", [req], tensors, _padded(_nbytes(tensors[0])))
+        s = _Staging()
+        req = self.comm.broadcast_async(s.host(tensors[0]), opts.rootRank)
+        return self._work("broadcast", [req], tensors, _padded(_nbytes(tensors[0])), s)
 
     def _allgather_base(self, output, input, opts=None):
         opts = opts if opts is not None else AllgatherOptions()
@@ -433,8 +494,9 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
             return self._gloo_call("_allgather_base", output, input, opts)
         _require("_allgather_base", output.dtype == input.dtype and output.numel() == self.world * input.numel(),
                  "output must be world x input's elements of input's dtype")
-        req = self.comm.all_gather_async(input.detach(), output.detach())
-        return self._work("_allgather_base", [req], [output], _padded(_nbytes(output)))
+        s = _Staging()
+        req = self.comm.all_gather_async(s.host(input, write=False), s.host(output, read=False))
+        return self._work("_allgather_base", [req], [output], _padded(_nbytes(output)), s)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else AllgatherOptions()
@@ -442,17 +504,18 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
             return self._gloo_call("allgather", output_tensors, input_tensors, opts)
         inp, outs = input_tensors[0], output_tensors[0]
         _require("allgather", len(outs) == self.world and all(
-            o.device.type == "cpu" and o.dtype == inp.dtype and o.numel() == inp.numel() for o in outs),
-            "expected world CPU output tensors, each of the input's dtype and size")
+            o.device.type in _DEVICES and o.dtype == inp.dtype and o.numel() == inp.numel() for o in outs),
+            "expected world output tensors, each of the input's dtype and size")
         n = inp.numel()
+        s = _Staging()
         flat = torch.empty(self.world * n, dtype=inp.dtype)
-        req = self.comm.all_gather_async(inp.detach(), flat)
+        req = self.comm.all_gather_async(s.host(inp, write=False), flat)
 
         def copy_out():
             with torch.no_grad():
                 for r, o in enumerate(outs):
                     o.copy_(flat[r * n:(r + 1) * n].view(o.shape))
-        return self._work("allgather", [req], output_tensors, _padded(_nbytes(flat)), copy_out)
+        return self._work("allgather", [req], output_tensors, _padded(_nbytes(flat)), s, copy_out)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -461,8 +524,9 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
             return self._gloo_call("_reduce_scatter_base", output, input, opts)
         _require("_reduce_scatter_base", output.dtype == input.dtype and input.numel() == self.world * output.numel(),
                  "input must be world x output's elements of output's dtype")
-        req = self.comm.reduce_scatter_async(input.detach(), output.detach(), op)
-        return self._work("_reduce_scatter_base", [req], [output], _nbytes(input))
+        s = _Staging()
+        req = self.comm.reduce_scatter_async(s.host(input, write=False), s.host(output, read=False), op)
+        return self._work("_reduce_scatter_base", [req], [output], _nbytes(input), s)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -471,19 +535,21 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
             return self._gloo_call("reduce_scatter", output_tensors, input_tensors, opts)
         out, ins = output_tensors[0], input_tensors[0]
         _require("reduce_scatter", len(ins) == self.world and all(
-            i.device.type == "cpu" and i.dtype == out.dtype and i.numel() == out.numel() for i in ins),
-            "expected world CPU input tensors, each of the output's dtype and size")
-        send = torch.cat([i.detach().reshape(-1) for i in ins])
-        req = self.comm.reduce_scatter_async(send, out.detach(), op)
-        return self._work("reduce_scatter", [req], output_tensors, _nbytes(send))
+            i.device == out.device and i.dtype == out.dtype and i.numel() == out.numel() for i in ins),
+            "expected world input tensors, each of the output's device, dtype and size")
+        s = _Staging()
+        send = s.host(torch.cat([i.detach().reshape(-1) for i in ins]), write=False)
+        req = self.comm.reduce_scatter_async(send, s.host(out, read=False), op)
+        return self._work("reduce_scatter", [req], output_tensors, _nbytes(send), s)
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
         op = self._op("reduce", opts.reduceOp)
         if op is None or len(tensors) != 1 or not self._usable(tensors):
             return self._gloo_call("reduce", tensors, opts)
-        req = self.comm.reduce_async(tensors[0].detach(), op, opts.rootRank)
-        return self._work("reduce", [req], tensors, _nbytes(tensors[0]))
+        s = _Staging()
+        req = self.comm.reduce_async(s.host(tensors[0]), op, opts.rootRank)
+        return self._work("reduce", [req], tensors, _nbytes(tensors[0]), s)
 
     def barrier(self, opts=None):
         # On the ring path, whatever the communicator's path choice: a
@@ -497,7 +563,7 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
             return self._gloo_call("barrier", opts)
         timeout = opts.timeout if opts.timeout.total_seconds() > 0 else self._timeout
         req = self.comm.barrier_async(min(int(timeout.total_seconds() * 1000), 2**31 - 1), path="ring")
-        return self._work("barrier", [req], [], 0)  # no data bytes
+        return self._work("barrier", [req], [], 0, _Staging())  # no data bytes
 
 
 def _delegate(name):

@@ -218,6 +218,14 @@ def check_backend(pg, rank):
     a = (i * 3 + rank).to(torch.float64)
     dist.all_reduce(a, op=dist.ReduceOp.AVG)  # (9 x + 3) / 3: exact
     assert torch.equal(a, (i * 3 + 1).to(torch.float64)), ("all_reduce avg", a[:10])
+    # A column of a matrix (not contiguous): staged through a host copy,
+    # the other columns untouched.
+    m = torch.arange(3 * CHECK_N, dtype=torch.int64).view(CHECK_N, 3)
+    mine = m * (rank + 1)
+    dist.all_reduce(mine[:, 1])
+    want = m * (rank + 1)
+    want[:, 1] = m[:, 1] * sum(r + 1 for r in range(P))
+    assert torch.equal(mine, want), ("all_reduce of a column", mine[:4])
     # A barrier rank 1 enters 3 s after the others: the ring path waits for it.
     if rank == 1:
         time.sleep(3)
