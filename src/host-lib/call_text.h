@@ -24,10 +24,10 @@ Error format_error(ErrorCode code, fmt::format_string<Args...> text, Args&&... a
 // This rank's neighbours on its ring, as errors name them: "predecessor
 // rank 2", "successor rank 0".
 inline std::string predecessor_rank(const Transport& t) {
-  return fmt::format("predecessor rank {}", t.predecessor());
+  return fmt::format("predecessor rank {}", t.job_rank(t.predecessor()));
 }
 inline std::string successor_rank(const Transport& t) {
-  return fmt::format("successor rank {}", t.successor());
+  return fmt::format("successor rank {}", t.job_rank(t.successor()));
 }
 
 // A failed completion's cause: "(<status name>, status <number>)".

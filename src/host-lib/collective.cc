@@ -177,7 +177,7 @@ class Collective::RingCall {
         reduce_fn_(reduce::kernels(reduce::best_isa(), static_cast<wire::Dtype>(t),
                                    static_cast<wire::ReduceOp>(op))
                        .reduce),
-        who_(fmt::format("rank {}: ", r_)) {}
+        who_(fmt::format("rank {}: ", c.t_.job_rank(r_))) {}
 
   Error run(Clock::time_point deadline);
 

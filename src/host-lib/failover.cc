@@ -121,29 +121,31 @@ std::vector<uint32_t> owed_receives(const Report& mine, const Report& pred, unsi
 // having completed K on the INA path (it keeps K's tail) with nothing of
 // K + 1 copied out (no box could seal it: the ranks at K never sent it).
 // Ranks at one call agree on it. Returns why not, or "".
-std::string check_calls(const std::vector<Report>& all, uint64_t k) {
+std::string check_calls(const std::vector<Report>& all, uint64_t k, const Transport& t) {
   const Report* at[2] = {nullptr, nullptr};
   for (unsigned r = 0; r < all.size(); ++r) {
     const Report& x = all[r];
     if (x.call != k && x.call != k + 1)
-      return fmt::format("rank {} reported call {} where another rank is at call {}", r, x.call, k);
+      return fmt::format("rank {} reported call {} where another rank is at call {}", t.job_rank(r),
+                         x.call, k);
     const Report*& first = at[x.call - k];
     if (!first) first = &x;
     if (!first->same_call(x))
       return fmt::format(
-          "rank {} reported call {} of {} elements where another rank reported it with {}", r,
-          x.call, x.count, first->count);
+          "rank {} reported call {} of {} elements where another rank reported it with {}",
+          t.job_rank(r), x.call, x.count, first->count);
   }
   for (unsigned r = 0; r < all.size(); ++r) {
     const Report& x = all[r];
     if (x.call == k) continue;
     if (x.tail_call != k || x.tail_count != at[0]->count || x.tail_dtype != at[0]->dtype ||
         x.tail_op != at[0]->op)
-      return fmt::format("rank {} is at call {} without the results of call {}", r, k + 1, k);
+      return fmt::format("rank {} is at call {} without the results of call {}", t.job_rank(r),
+                         k + 1, k);
     for (unsigned g = 0; g < x.rings; ++g)
       if (x.copied[g] != 0)
         return fmt::format("rank {} copied out results of call {}, which another rank never sent",
-                           r, k + 1);
+                           t.job_rank(r), k + 1);
   }
   return "";
 }
@@ -181,8 +183,9 @@ Error Collective::close(Clock::time_point deadline) {
   for (unsigned g = 0; g < rings(); ++g) last_.base[g] = rings_[g].next_msg_id;
   last_.recoverable = true;
   closing_ = true;
-  const Error e = fail_over(nullptr, nullptr, 0, tail_.t, tail_.op, deadline,
-                            format_error(ErrorCode::internal, "rank {}: closing", t_.rank()));
+  const Error e =
+      fail_over(nullptr, nullptr, 0, tail_.t, tail_.op, deadline,
+                format_error(ErrorCode::internal, "rank {}: closing", t_.job_rank(t_.rank())));
   closing_ = false;
   return e;
 }
@@ -280,15 +283,16 @@ std::string Collective::gather_reports(size_t count, DataType t, Op op, const Er
   k = mine.call;
   for (unsigned r = 0; r < P; ++r) {
     if (r >= blobs.size() || !decode(blobs[r], all[r]))
-      return fmt::format("rank {} sent no failover report", r);
+      return fmt::format("rank {} sent no failover report", t_.job_rank(r));
     k = std::min(k, all[r].call);
   }
-  if (std::string why = check_calls(all, k); !why.empty()) return why;
+  if (std::string why = check_calls(all, k, t_); !why.empty()) return why;
   std::string cannot;
   for (unsigned r = 0; r < P; ++r)
     if (!all[r].recoverable)
-      list_append(cannot, r == me ? std::string("this rank cannot")
-                                  : fmt::format("rank {} cannot ({})", r, all[r].error));
+      list_append(cannot, r == me
+                              ? std::string("this rank cannot")
+                              : fmt::format("rank {} cannot ({})", t_.job_rank(r), all[r].error));
   return cannot;
 }
 
@@ -360,7 +364,7 @@ std::string Collective::share_results(const std::vector<FailoverReport>& all, ui
     const size_t bytes = (x.elem(x.hi) - x.elem(x.lo)) * x.es;
     if (bytes == 0) continue;
     if (blobs[x.source].size() < at[x.source] + bytes)
-      return fmt::format("rank {} sent too few result bytes", x.source);
+      return fmt::format("rank {} sent too few result bytes", t_.job_rank(x.source));
     // Where this rank copied out too, these are the same bytes (the box's
     // one result for each message). A rank at k + 1 holds call k + 1's
     // buffers: k's results are not its to copy.
@@ -440,7 +444,7 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
   std::string behind, first_error;  // ranks at call k, and the first of their errors
   for (unsigned r = 0; r < all.size(); ++r) {
     if (all[r].call != k) continue;
-    list_append(behind, fmt::to_string(r), ", ");
+    list_append(behind, fmt::to_string(t_.job_rank(r)), ", ");
     if (first_error.empty()) first_error = all[r].error;
   }
   const std::string reason =
@@ -460,7 +464,7 @@ Error Collective::fail_over(const void* send, void* recv, size_t count, DataType
 }
 
 void Collective::switch_path(Path p, std::string reason) {
-  std::fprintf(stderr, "netreduce: rank %u: switched to the %s path: %s\n", t_.rank(),
+  std::fprintf(stderr, "netreduce: rank %u: switched to the %s path: %s\n", t_.job_rank(t_.rank()),
                p == Path::ina ? "INA" : "ring", reason.c_str());
   {
     std::lock_guard lk(reason_mu_);
@@ -486,8 +490,8 @@ Error Collective::fail_back(Clock::time_point deadline, Clock::duration budget) 
   const auto broken = [&](const std::string& why) {
     failback_at_ = 0;  // the communicator is unusable: no more tries
     return fail(format_error(ErrorCode::transport,
-                             "rank {}: trying the box again (all-reduce call {}): {}", me, calls_,
-                             why));
+                             "rank {}: trying the box again (all-reduce call {}): {}",
+                             t_.job_rank(me), calls_, why));
   };
   std::vector<std::string> blobs;
   const std::string gate = me == 0 && failback_gate_ ? failback_gate_() : std::string();
@@ -522,8 +526,9 @@ Error Collective::fail_back(Clock::time_point deadline, Clock::duration budget) 
   std::string unsound, first_error;
   for (unsigned r = 0; r < P; ++r) {
     if (r >= blobs.size() || !decode(blobs[r], all[r]))
-      return broken(fmt::format("rank {} sent no probe report", r));
-    if (!all[r].recoverable) list_append(unsound, fmt::format("rank {}: {}", r, all[r].error));
+      return broken(fmt::format("rank {} sent no probe report", t_.job_rank(r)));
+    if (!all[r].recoverable)
+      list_append(unsound, fmt::format("rank {}: {}", t_.job_rank(r), all[r].error));
     if (first_error.empty() && !all[r].error.empty()) first_error = all[r].error;
   }
   if (!unsound.empty()) return broken(unsound);

@@ -46,7 +46,7 @@ class Collective::InaCall {
         failover_(static_cast<bool>(c.exchange_)),
         call_tag_(static_cast<uint32_t>(c.calls_) & ~kStopBit),
         have_tail_(c.tail_.call != 0 && c.tail_.call + 1 == c.calls_),
-        who_(fmt::format("rank {}: ", c.t_.rank())) {}
+        who_(fmt::format("rank {}: ", c.t_.job_rank(c.t_.rank()))) {}
 
   // Each ring's stripe, plan, window and message ids; `total` messages.
   Error plan(size_t& total);

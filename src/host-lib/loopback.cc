@@ -246,6 +246,11 @@ class LoopbackTransport final : public Transport {
   unsigned rank() const noexcept override { return rank_; }
   unsigned world() const noexcept override { return static_cast<unsigned>(f_.ranks.size()); }
   unsigned lanes() const noexcept override { return f_.group_lanes; }
+  unsigned job_rank(unsigned place) const noexcept override {
+    return place < job_ranks_.size() ? job_ranks_[place] : place;
+  }
+  // The job's rank at each place of this ring (job_rank).
+  void set_job_ranks(std::vector<unsigned> by_place) { job_ranks_ = std::move(by_place); }
 
   Error register_memory(void* addr, size_t len, Region& out) override {
     if (addr == nullptr || len == 0)
@@ -308,6 +313,7 @@ class LoopbackTransport final : public Transport {
  private:
   LoopbackFabric::Impl& f_;
   unsigned rank_, group_, lane0_;
+  std::vector<unsigned> job_ranks_;
 };
 
 }  // namespace
@@ -469,6 +475,11 @@ Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Op
                            std::to_string(rank % n));
   std::unique_ptr<Transport> t;
   if (Error e = fabric.transport(rank, t)) return e;
+  {
+    std::vector<unsigned> by_place(fabric.config().world);
+    for (unsigned p = 0; p < by_place.size(); ++p) by_place[p] = p * n + rank % n;
+    static_cast<LoopbackTransport&>(*t).set_job_ranks(std::move(by_place));
+  }
   std::unique_ptr<LocalGroup> local;
   if (n > 1) {
     const auto deadline = Clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);

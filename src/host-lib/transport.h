@@ -78,6 +78,9 @@ class Transport {
 
   unsigned successor() const noexcept { return (rank() + 1) % world(); }
   unsigned predecessor() const noexcept { return (rank() + world() - 1) % world(); }
+  // The job's rank at a place of this ring (rank() is the place), which
+  // messages name: another with local ranks or a ring out of rank order.
+  virtual unsigned job_rank(unsigned place) const noexcept { return place; }
 };
 
 }  // namespace netreduce::host

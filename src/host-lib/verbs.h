@@ -53,6 +53,7 @@ class VerbsTransport final : public Transport {
 
   unsigned rank() const noexcept override { return rank_; }
   unsigned world() const noexcept override { return world_; }
+  unsigned job_rank(unsigned place) const noexcept override { return global(place); }
   unsigned lanes() const noexcept override { return static_cast<unsigned>(recv_.size()); }
   const Region& recv_region(unsigned lane) const noexcept override { return recv_[lane]; }
   size_t successor_recv_bytes() const noexcept override { return succ_.recv_len; }

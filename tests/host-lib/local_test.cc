@@ -634,6 +634,9 @@ TEST_CASE("local ranks: a rank whose ring fails tells its local peers at once",
   REQUIRE(errs[0].code == ErrorCode::timeout);
   CHECK(errs[0].message.find("local rank 0 of 2 on host 0, shard elements [0, 1): rank 0: "
                              "all-reduce (ina path, ring 7) timed out") == 0);
+  // Its ring's predecessor is host 1's local rank 0: global rank 2.
+  CHECK(errs[0].message.find("not received from predecessor rank 2 (through the box") !=
+        std::string::npos);
   INFO(errs[1].message);
   CHECK(errs[1].code == ErrorCode::transport);
   CHECK(errs[1].message.find("local rank 1 of 2 on host 0: local rank 0 failed (" +
