@@ -59,7 +59,7 @@ DTYPES = {"float32": _lib.FP32, "float16": _lib.FP16, "bfloat16": _lib.BF16, "in
           "int64": _lib.INT64, "float64": _lib.FP64}
 # Options accepted as keyword arguments: the fields of nr_options.
 OPTIONS = tuple(name for name, _ in _lib.Options._fields_)
-_STRING_OPTIONS = ("daemon", "token", "ipv4", "host_id", "job_key")
+_STRING_OPTIONS = ("daemon", "token", "ipv4", "host_id", "job_key", "rack", "ring_order")
 
 
 class NetreduceError(RuntimeError):

@@ -64,6 +64,8 @@ class Options(ctypes.Structure):
         ("path_choice", ctypes.c_int),
         ("measure_links", ctypes.c_int),
         ("box_us", ctypes.c_double),
+        ("rack", ctypes.c_char_p),
+        ("ring_order", ctypes.c_char_p),
     ]
 
 

@@ -113,6 +113,8 @@ void nr_options_init_sized(nr_options* o, size_t size) {
   v.path_choice = static_cast<int>(d.path_choice);
   v.measure_links = d.measure_links ? 1 : 0;
   v.box_us = d.box_us;
+  v.rack = nullptr;
+  v.ring_order = nullptr;
   std::memcpy(o, &v, size);  // the caller's struct: only the bytes it has
 }
 
@@ -165,6 +167,8 @@ nr_status nr_comm_create_sized(int rank, int world, const char* device, int gid_
       o.path_choice = static_cast<netreduce::PathChoice>(v.path_choice);
       o.measure_links = v.measure_links != 0;
       o.box_us = v.box_us;
+      o.rack = v.rack ? v.rack : "";
+      o.ring_order = v.ring_order ? v.ring_order : "";
     }
     auto c = std::make_unique<nr_comm>();
     const Error e = netreduce::Communicator::create(rank, world, device ? device : "", gid_index,

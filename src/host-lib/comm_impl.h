@@ -88,6 +88,10 @@ struct Communicator::Impl {
   // below are the job's. Null and -1 otherwise (the transport's are).
   std::unique_ptr<host::LocalGroup> local;
   int global_rank = -1, global_world = -1;
+  // The ring visits the ranks in rank order (Options::ring_order, rack:
+  // ring_order.h). Otherwise the transport's rank is the ring's place, the
+  // global rank above the job's, and the classic ring forms are off.
+  bool ring_in_rank_order = true;
   unsigned host = 0;
   // Rank 0 of an INA communicator: its rings at the daemon, one per stripe
   // (lease renewals; deleted with their credentials once the queued calls

@@ -195,6 +195,12 @@ Path Communicator::Impl::choose(CallKind k, uint64_t bytes, PathChoice choice) c
   p.window = cc.window;
   const auto world_ranks = static_cast<unsigned>(world());
   if (host::cost::check(p, world_ranks)) return Path::ina;  // figures it cannot use: the box
+  // Out of rank order the classic ring forms are off: an all-gather or a
+  // reduce-scatter is one all-reduce of world x its bytes on either path.
+  if (!ring_in_rank_order && (k == CallKind::all_gather || k == CallKind::reduce_scatter)) {
+    k = CallKind::all_reduce;
+    bytes *= world_ranks;
+  }
   return host::cost::estimate(p, k, world_ranks, bytes).choice;
 }
 
@@ -208,9 +214,11 @@ int Communicator::Impl::world() const noexcept {
 host::OnePass& Communicator::Impl::one_pass() {
   if (one_pass_) return *one_pass_;
   // With local ranks the classic ring forms do not apply (a host's ranks
-  // meet in the local stage first): every collective stays one all-reduce.
+  // meet in the local stage first), nor with a ring out of rank order (its
+  // shards would follow the ring's places): every collective stays one
+  // all-reduce.
   host::RingForms ring;
-  if (!local) {
+  if (!local && ring_in_rank_order) {
     host::Collective* c = collective.get();
     ring.path = [this] { return call_path; };
     ring.reduce_scatter = [c](const void* s, void* r, size_t n, DataType t, Op op,

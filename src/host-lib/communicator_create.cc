@@ -46,6 +46,7 @@
 #include "host-lib/job.h"
 #include "host-lib/link_figures.h"
 #include "host-lib/local.h"
+#include "host-lib/ring_order.h"
 #include "host-lib/verbs.h"
 
 namespace netreduce {
@@ -74,6 +75,8 @@ Error check_arguments(int rank, int world, const std::string& bootstrap, const O
     if (Error e = check_rings(options.rings)) return e;
   if (Error e = check_local_options(options)) return e;
   if (Error e = check_path_choice(options.path_choice)) return e;
+  if (Error e = check_ring_order(pinned_ring_order(options), static_cast<unsigned>(world)))
+    return e;
   MessagePlan probe;
   return make_plan(0, DataType::fp32, options.msg_len, options.payload_bytes, probe);
 }
@@ -180,7 +183,8 @@ Error JobSetup::job_header() {
 Error JobSetup::locality() {
   std::vector<std::string> blobs;
   {
-    LocalityClaim mine{host_identity(options_), options_.local_rank, options_.local_size};
+    LocalityClaim mine{host_identity(options_), options_.local_rank, options_.local_size,
+                       rack_label(options_), pinned_ring_order(options_)};
     if (Error e = boot_->allgather(encode_claim(mine), blobs, deadline_)) return e;
   }
   std::vector<LocalityClaim> claims(static_cast<size_t>(world_));
@@ -412,19 +416,28 @@ std::unique_ptr<Communicator> JobSetup::communicator() {
   auto impl = std::make_unique<Communicator::Impl>(std::move(t_), std::move(coll_), options_);
   impl->owned_rings = std::move(owned_);
   impl->links = links_;
-  if (n > 1) {
+  impl->ring_in_rank_order = loc_.rank_order;
+  if (n > 1 || !loc_.rank_order) {  // the transport's rank is the ring's place
     impl->local = std::move(local_);
     impl->global_rank = rank_;
     impl->global_world = world_;
     impl->host = loc_.host;
   }
   std::shared_ptr<Bootstrap> b = std::move(boot_);
-  // Failover (docs/design.md#failover) agrees among the ring's members: the
-  // job's bootstrap, or the ring's own with local ranks.
+  // Failover (docs/design.md#failover) agrees among the ring's members, in
+  // ring order: the job's bootstrap (its blobs put in ring order), or the
+  // ring's own with local ranks.
   if (impl->collective->path() == Path::ina && (n == 1 || ring_boot_)) {
     impl->collective->set_exchange(
-        [x = n > 1 ? ring_boot_ : b](const std::string& mine, std::vector<std::string>& all,
-                                     Clock::time_point dl) { return x->allgather(mine, all, dl); });
+        [x = n > 1 ? ring_boot_ : b, ring = n > 1 ? std::vector<unsigned>{} : loc_.ring](
+            const std::string& mine, std::vector<std::string>& all, Clock::time_point dl) {
+          if (ring.empty()) return x->allgather(mine, all, dl);
+          std::vector<std::string> by_rank;
+          if (Error e = x->allgather(mine, by_rank, dl)) return e;
+          all.clear();
+          for (unsigned g : ring) all.push_back(std::move(by_rank[g]));
+          return Error{};
+        });
     impl->collective->set_failback(
         options_.failback_calls,
         [target = daemon_target(options_), ids = cc_.ring_ids, ms = options_.daemon_timeout_ms] {

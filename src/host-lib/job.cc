@@ -52,18 +52,31 @@ Error decode_job_header(const std::string& s, unsigned& stripes, uint64_t& nonce
   return {};
 }
 
-// "<local_rank> <local_size> <host id>" (the host id last: it may hold spaces).
+// "<local_rank> <local_size> <rack bytes> <ring_order bytes> <rack><ring_order><host_id>":
+// the labels are any strings (the host id last).
 std::string encode_claim(const LocalityClaim& c) {
-  return std::to_string(c.local_rank) + " " + std::to_string(c.local_size) + " " + c.host_id;
+  return std::to_string(c.local_rank) + " " + std::to_string(c.local_size) + " " +
+         std::to_string(c.rack.size()) + " " + std::to_string(c.ring_order.size()) + " " + c.rack +
+         c.ring_order + c.host_id;
 }
 
 Error decode_claim(const std::string& s, unsigned rank, LocalityClaim& out) {
-  const size_t a = s.find(' ');
-  const size_t b = a == std::string::npos ? a : s.find(' ', a + 1);
-  if (b == std::string::npos || !parse_int(s.substr(0, a), out.local_rank) ||
-      !parse_int(s.substr(a + 1, b - a - 1), out.local_size) || b + 1 >= s.size())
+  int fields[4] = {};
+  size_t at = 0;
+  bool ok = true;
+  for (int& f : fields) {
+    const size_t sp = s.find(' ', at);
+    ok = ok && sp != std::string::npos && parse_int(s.substr(at, sp - at), f);
+    at = sp == std::string::npos ? s.size() : sp + 1;
+  }
+  const auto rack = static_cast<size_t>(fields[2]), order = static_cast<size_t>(fields[3]);
+  if (!ok || fields[2] < 0 || fields[3] < 0 || s.size() < at + rack + order + 1)
     return bad("rank " + std::to_string(rank) + " sent a malformed locality claim");
-  out.host_id = s.substr(b + 1);
+  out.local_rank = fields[0];
+  out.local_size = fields[1];
+  out.rack = s.substr(at, rack);
+  out.ring_order = s.substr(at + rack, order);
+  out.host_id = s.substr(at + rack + order);
   return {};
 }
 

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "host-lib/plan.h"
+#include "host-lib/ring_order.h"
 #include "reduce/reduce.h"
 
 namespace netreduce::host {
@@ -193,7 +194,19 @@ Error resolve_locality(const std::vector<LocalityClaim>& all, unsigned rank, Loc
       local[r] = static_cast<unsigned>(l);
     }
   }
+  {
+    std::vector<std::vector<unsigned>> hosts;
+    for (const auto& id : ids) hosts.push_back(members[id]);
+    std::vector<unsigned> order;
+    if (Error e = ring_order(all, hosts, order)) return e;
+    std::vector<std::string> ring_ids;
+    for (unsigned h : order) ring_ids.push_back(ids[h]);
+    ids.swap(ring_ids);
+  }
   out = {};
+  out.rank_order = std::is_sorted(
+      ids.begin(), ids.end(),
+      [&](const std::string& a, const std::string& b) { return members[a][0] < members[b][0]; });
   out.local_size = static_cast<unsigned>(n);
   out.local_rank = local[rank];
   out.hosts = static_cast<unsigned>(ids.size());

@@ -46,13 +46,16 @@ inline constexpr unsigned kMaxLocalRanks = 16;
 // What one rank says about itself in the bootstrap's allgather.
 struct LocalityClaim {
   std::string host_id;
-  int local_rank = -1;  // -1: discover
-  int local_size = -1;  // -1: discover
+  int local_rank = -1;     // -1: discover
+  int local_size = -1;     // -1: discover
+  std::string rack;        // Options::rack as resolved ("": none)
+  std::string ring_order;  // Options::ring_order as resolved (rank 0's counts)
 };
 
 struct Locality {
   unsigned local_rank = 0, local_size = 1;
-  unsigned host = 0, hosts = 1;  // host index (by lowest global rank), host count
+  unsigned host = 0, hosts = 1;  // host index (its place in the ring), host count
+  bool rank_order = true;        // hosts in the order of their lowest rank
   std::vector<unsigned> ring;    // global ranks of my ring (local rank l of each host), host order
   std::vector<std::vector<unsigned>> rings;  // rings[l]: ring l's global ranks, host order
 };
@@ -61,7 +64,7 @@ struct Locality {
 // rank) and checks them: every host the same number of ranks (else an error
 // naming each host and its ranks), explicit local_size equal to it, explicit
 // local ranks 0..n-1 once each on every host that gives them (all of a
-// host's ranks, or none).
+// host's ranks, or none). Hosts are numbered in ring order (ring_order.h).
 Error resolve_locality(const std::vector<LocalityClaim>& all, unsigned rank, Locality& out);
 
 // options.host_id, else NETREDUCE_HOST_ID, else boot_id + "/" + hostname.

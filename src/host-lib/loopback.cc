@@ -14,6 +14,7 @@
 #include "host-lib/link_figures.h"
 #include "host-lib/local.h"
 #include "host-lib/plan.h"
+#include "host-lib/ring_order.h"
 #include "wire/message.h"
 #include "wire/parse.h"
 #include "wire/psn.h"
@@ -473,11 +474,32 @@ Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Op
                        "local_rank: " + std::to_string(options.local_rank) + " where rank " +
                            std::to_string(rank) + " of the loopback fabric is local rank " +
                            std::to_string(rank % n));
+  // A pinned ring order (Options::ring_order; racks need the bootstrap):
+  // the transport's rank is the ring's place.
+  unsigned place = rank;
+  bool in_rank_order = true;
+  std::vector<unsigned> order;  // place -> rank
+  if (!options.ring_order.empty()) {
+    if (n > 1)
+      return Error::make(ErrorCode::invalid_argument,
+                         "ring_order: not with the loopback fabric's local ranks");
+    const unsigned P = fabric.config().world;
+    std::vector<LocalityClaim> claims(P);
+    std::vector<std::vector<unsigned>> hosts;
+    for (unsigned r = 0; r < P; ++r) {
+      claims[r].ring_order = options.ring_order;
+      hosts.push_back({r});
+    }
+    if (Error e = ring_order(claims, hosts, order)) return e;
+    place = static_cast<unsigned>(std::find(order.begin(), order.end(), rank) - order.begin());
+    in_rank_order = std::is_sorted(order.begin(), order.end());
+  }
   std::unique_ptr<Transport> t;
-  if (Error e = fabric.transport(rank, t)) return e;
+  if (Error e = fabric.transport(place, t)) return e;
   {
     std::vector<unsigned> by_place(fabric.config().world);
     for (unsigned p = 0; p < by_place.size(); ++p) by_place[p] = p * n + rank % n;
+    if (!in_rank_order) by_place = order;
     static_cast<LoopbackTransport&>(*t).set_job_ranks(std::move(by_place));
   }
   std::unique_ptr<LocalGroup> local;
@@ -505,17 +527,18 @@ Error make_loopback_communicator(LoopbackFabric& fabric, unsigned rank, const Op
   const unsigned host = t->rank();
   auto impl = std::make_unique<Communicator::Impl>(std::move(t), std::move(c), options);
   impl->links = configured_links(options);  // threads: a measurement would time the scheduler
-  if (n > 1) {
+  impl->ring_in_rank_order = in_rank_order;
+  if (n > 1 || !in_rank_order) {
     impl->local = std::move(local);
     impl->global_rank = static_cast<int>(rank);
     impl->global_world = static_cast<int>(fabric.config().world * n);
     impl->host = host;
   }
   if (box) {
-    impl->collective->set_exchange([&fabric, rank](const std::string& mine,
-                                                   std::vector<std::string>& all,
-                                                   Clock::time_point deadline) {
-      return fabric.exchange(rank, mine, all, deadline);
+    impl->collective->set_exchange([&fabric, place](const std::string& mine,
+                                                    std::vector<std::string>& all,
+                                                    Clock::time_point deadline) {
+      return fabric.exchange(place, mine, all, deadline);
     });
     impl->collective->set_failback(options.failback_calls, nullptr);
   }

@@ -35,12 +35,12 @@ TEST_CASE("job plan: the job header and the locality claims round-trip", "[hostl
     CHECK(e.message.find("malformed job header from rank 0") != std::string::npos);
   }
 
-  LocalityClaim c{"boot-id/host with spaces", -1, -1}, back;
+  LocalityClaim c{"boot-id/host with spaces", -1, -1, "", ""}, back;
   REQUIRE(decode_claim(encode_claim(c), 4, back).ok());
   CHECK(back.host_id == "boot-id/host with spaces");
   CHECK(back.local_rank == -1);
   CHECK(back.local_size == -1);
-  c = {"h", 1, 2};
+  c = {"h", 1, 2, "", ""};
   REQUIRE(decode_claim(encode_claim(c), 4, back).ok());
   CHECK((back.host_id == "h" && back.local_rank == 1 && back.local_size == 2));
   for (const char* bad : {"", "1 2", "1 2 ", "a 2 h", "1 -2 h", "1  h"}) {
@@ -55,8 +55,12 @@ TEST_CASE("job plan: 3 hosts x 2 local ranks, ranks interleaved, form two rings 
           "[hostlib][job][local]") {
   // Global ranks 0..5 on hosts a, b, a, c, b, c (discovered local ranks:
   // global order within a host). Hosts by lowest rank: a = 0, b = 1, c = 2.
-  const auto all = via_bootstrap(
-      {{"a", -1, -1}, {"b", -1, -1}, {"a", -1, 2}, {"c", -1, -1}, {"b", -1, -1}, {"c", -1, 2}});
+  const auto all = via_bootstrap({{"a", -1, -1, "", ""},
+                                  {"b", -1, -1, "", ""},
+                                  {"a", -1, 2, "", ""},
+                                  {"c", -1, -1, "", ""},
+                                  {"b", -1, -1, "", ""},
+                                  {"c", -1, 2, "", ""}});
   const std::vector<std::vector<unsigned>> rings = {{0, 1, 3}, {2, 4, 5}};
   struct Want {
     unsigned host, local_rank;
@@ -75,8 +79,12 @@ TEST_CASE("job plan: 3 hosts x 2 local ranks, ranks interleaved, form two rings 
     CHECK(loc.ring[loc.host] == r);  // my position on my ring is my host index
   }
   // Explicit local ranks swap the rings' members.
-  const auto given =
-      via_bootstrap({{"a", 1, 2}, {"b", 0, 2}, {"a", 0, 2}, {"c", 1, 2}, {"b", 1, 2}, {"c", 0, 2}});
+  const auto given = via_bootstrap({{"a", 1, 2, "", ""},
+                                    {"b", 0, 2, "", ""},
+                                    {"a", 0, 2, "", ""},
+                                    {"c", 1, 2, "", ""},
+                                    {"b", 1, 2, "", ""},
+                                    {"c", 0, 2, "", ""}});
   Locality loc;
   REQUIRE(resolve_locality(given, 0, loc).ok());
   CHECK(loc.rings == std::vector<std::vector<unsigned>>{{2, 1, 5}, {0, 4, 3}});
@@ -84,7 +92,8 @@ TEST_CASE("job plan: 3 hosts x 2 local ranks, ranks interleaved, form two rings 
 }
 
 TEST_CASE("job plan: one rank per host is the plain communicator", "[hostlib][job][local]") {
-  const auto all = via_bootstrap({{"a", -1, -1}, {"b", -1, -1}, {"c", -1, 1}, {"d", 0, -1}});
+  const auto all = via_bootstrap(
+      {{"a", -1, -1, "", ""}, {"b", -1, -1, "", ""}, {"c", -1, 1, "", ""}, {"d", 0, -1, "", ""}});
   for (unsigned r = 0; r < 4; ++r) {
     Locality loc;
     REQUIRE(resolve_locality(all, r, loc).ok());

@@ -456,7 +456,7 @@ TEST_CASE("local ranks: validation names the field, the hosts and the ranks",
           "[hostlib][local][args]") {
   const auto claims = [](std::vector<std::pair<std::string, int>> v) {
     std::vector<LocalityClaim> c;
-    for (auto& [id, l] : v) c.push_back({id, l, -1});
+    for (auto& [id, l] : v) c.push_back({id, l, -1, "", ""});
     return c;
   };
   Locality loc;

@@ -110,6 +110,13 @@ class Package(unittest.TestCase):
                                              ctypes.byref(comm))
         with self.assertRaisesRegex(netreduce.InvalidArgumentError, "path_choice: 7 is not an nr_path_choice"):
             netreduce._check(st, "create")
+        # The ring's order: labels as strings; a pinned order that is not
+        # every rank once is refused before any device is opened.
+        o, _ = netreduce.make_options({"rack": "r7", "ring_order": "0,2,1"})
+        self.assertEqual((o.rack, o.ring_order), (b"r7", b"0,2,1"))
+        with self.assertRaisesRegex(netreduce.InvalidArgumentError,
+                                    "ring_order: '0,2,2' is not every rank 0..2 once"):
+            netreduce.Communicator(0, 3, bootstrap="127.0.0.1:1", ring_order="0,2,2")
 
     def test_constructor_arguments(self):
         with self.assertRaisesRegex(TypeError, "bootstrap must be"):

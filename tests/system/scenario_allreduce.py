@@ -241,11 +241,11 @@ class Job:
     """One netreduce-allreduce-perf run over the lab's guests (rank r in guest
     g<r>)."""
 
-    def __init__(self, lab, exe, args, daemon=None, tag="", qp_timeout=QP_TIMEOUT):
+    def __init__(self, lab, exe, args, daemon=None, tag="", qp_timeout=QP_TIMEOUT, env=None):
         self.lab, self.args, self.tag = lab, args, tag
-        env = {}
+        env = dict(env or {})
         if daemon:
-            env = {"NETREDUCE_DAEMON": daemon.url, "NETREDUCE_TOKEN_FILE": daemon.token_file}
+            env.update({"NETREDUCE_DAEMON": daemon.url, "NETREDUCE_TOKEN_FILE": daemon.token_file})
             # Rank 0 would delete its ring at exit; the ring's counters are read after the job
             # (the ring then goes when its lease, 30 s by default, runs out).
             args = list(args) + ["--keep-ring"]
@@ -751,13 +751,23 @@ def step4(lab, a, daemon, reports):
     # INA path again, exact.
     restart_box(lab, daemon, {"faults": {"enabled": True}})
     run_step(lab, [rep], bypass_mid_job, lab, a, daemon, rep)
-    job = Job(lab, a.perf, AFTER_RESTART, daemon, "INA after the box restarted")
+    # The next job pins its ring's order (NETREDUCE_RING_ORDER): rank 0
+    # writes to rank 2, which writes to rank 1; the box holds the ring with
+    # its members in that order.
+    order = [0, 2, 1]
+    job = Job(lab, a.perf, AFTER_RESTART, daemon, "INA after the box restarted",
+              env={"NETREDUCE_RING_ORDER": ",".join(map(str, order))})
     head, rows = job.check_ok(job.wait(600), "ina")
-    c = daemon.ring(head["ring"])["counters"]
+    ring = daemon.ring(head["ring"])
+    c = ring["counters"]
     wb, _ = expected_box_counts(AFTER_RESTART)
     expect(c["bytes_aggregated"] == wb, "after the restart the box aggregated %d data bytes, expected %d" %
            (c["bytes_aggregated"], wb))
-    rep.figure("box restarted: next job (fp32 sum 8 B..32 KiB) path / rows / data bytes aggregated",
+    members = [m["address"] if isinstance(m, dict) else m for m in ring["members"]]
+    expect(members == [lab.guests[r].ip for r in order], "ring members %s, expected the order %s" %
+           (members, order))
+    rep.figure("box restarted: next job (fp32 sum 8 B..32 KiB, ring order %s) path / rows / data bytes "
+               "aggregated" % ",".join(map(str, order)),
                "%s / %d / %d" % (head["path"], len(rows), c["bytes_aggregated"]))
 
 

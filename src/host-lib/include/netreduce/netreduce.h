@@ -89,6 +89,9 @@ typedef struct {
   int path_choice;   /* nr_path_choice */
   int measure_links; /* 0: alpha = rtt_us / 2, link_gbps and box_us */
   double box_us;
+  /* The ring's order (netreduce.hpp Options). */
+  const char* rack;       /* NULL or "": NETREDUCE_RACK, else none */
+  const char* ring_order; /* NULL or "": NETREDUCE_RING_ORDER, else by rack; rank 0's counts */
 } nr_options;
 
 /* ABI rule for nr_options. The struct only grows, at its end, and the

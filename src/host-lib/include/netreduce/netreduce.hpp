@@ -200,6 +200,16 @@ struct Options {
   // the other choices) alpha = rtt_us / 2, link_gbps and box_us.
   bool measure_links = true;
   double box_us = 1.0;
+  // The ring's order. rack: this rank's rack (any label; empty:
+  // NETREDUCE_RACK, else none): the ring visits each rack's ranks one after
+  // the other, racks in the order of their lowest rank, so it crosses each
+  // rack boundary once. ring_order: rank 0's pins it instead (empty:
+  // NETREDUCE_RING_ORDER, else by rack), every rank 0..world-1 once,
+  // comma-separated (with local ranks, hosts by their lowest rank's place).
+  // rank() stays the rank given to create; the box reduces in ring order
+  // (docs/host-library.md#the-order-of-the-ring).
+  std::string rack;
+  std::string ring_order;
 };
 
 class AllreduceHandle;
