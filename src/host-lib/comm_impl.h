@@ -55,9 +55,9 @@ struct Communicator::Impl {
                       host::Clock::time_point deadline);
   // The path of a call of kind k, `bytes` per rank (cost_model.h's
   // meaning): the communicator's path() without a box, after a failover and
-  // with local ranks; else what `choice` says (the call's own, or
-  // Options::path_choice), for model the model's choice from `links`
-  // (progress thread only: it reads the collective's path).
+  // with local ranks unless `choice` is ring; else what `choice` says (the
+  // call's own, or Options::path_choice), for model the model's choice from
+  // `links` (progress thread only: it reads the collective's path).
   Path choose(CallKind k, uint64_t bytes, PathChoice choice) const;
   // The job's rank and world (global with local ranks).
   int rank() const noexcept;

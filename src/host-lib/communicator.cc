@@ -157,9 +157,9 @@ CallRecord Communicator::Impl::record(CallKind kind) {
 
 Error Communicator::Impl::allreduce_now(const void* send, void* recv, size_t count, DataType t,
                                         Op op, host::Clock::time_point deadline) {
-  if (local) return local->allreduce(*collective, send, recv, count, t, op, deadline);
-  if (call_path == Path::ring && collective->path() == Path::ina)
-    return collective->ring_allreduce(send, recv, count, t, op, deadline);
+  const bool on_ring = call_path == Path::ring && collective->path() == Path::ina;
+  if (local) return local->allreduce(*collective, send, recv, count, t, op, deadline, on_ring);
+  if (on_ring) return collective->ring_allreduce(send, recv, count, t, op, deadline);
   return collective->allreduce(send, recv, count, t, op, deadline);
 }
 
@@ -176,7 +176,9 @@ Path Communicator::Impl::choose(CallKind k, uint64_t bytes, PathChoice choice) c
   // ring path, where the collective now is.
   if (collective->next_is_allreduce()) return Path::ina;
   const Path now = collective->path();
-  if (now == Path::ring || local) return now;
+  // With local ranks only a forced ring is taken (the model does not
+  // know the local stage).
+  if (now == Path::ring || (local && choice != PathChoice::ring)) return now;
   switch (choice) {
     case PathChoice::ina:
       return Path::ina;

@@ -399,7 +399,7 @@ Error LocalGroup::barrier(const char* what, Clock::time_point deadline) {
 // ------------------------------------------------------------- all-reduce
 
 Error LocalGroup::allreduce(Collective& ring, const void* send, void* recv, size_t count,
-                            DataType t, Op op, Clock::time_point deadline) {
+                            DataType t, Op op, Clock::time_point deadline, bool on_ring) {
   if (!failed_.ok())
     return Error::make(failed_.code, "communicator unusable after: " + failed_.message);
   if (Error e = Collective::check_args(send, recv, count, t, op)) return e;
@@ -442,8 +442,9 @@ Error LocalGroup::allreduce(Collective& ring, const void* send, void* recv, size
     if (s.count > 0) {
       for (unsigned j = 0; j < n_; ++j) srcs[j] = slot(j) + s.first * es;
       fold(srcs, n_, res + s.first * es, s.count);
-      if (Error e =
-              ring.allreduce(res + s.first * es, res + s.first * es, s.count, t, op, deadline))
+      uint8_t* shard = res + s.first * es;
+      if (Error e = on_ring ? ring.ring_allreduce(shard, shard, s.count, t, op, deadline)
+                            : ring.allreduce(shard, shard, s.count, t, op, deadline))
         return fail(
             Error::make(e.code, who() + ", shard elements [" + std::to_string(off + s.first) +
                                     ", " + std::to_string(off + s.first + s.count) +

@@ -86,9 +86,10 @@ class LocalGroup {
   LocalGroup& operator=(const LocalGroup&) = delete;
 
   // The parallel all-reduce (see the top of this file); `ring` is this local
-  // rank's ring across the hosts.
+  // rank's ring across the hosts, its stage the ring algorithm when
+  // `on_ring` (a call on the ring path while the ring's path is INA).
   Error allreduce(Collective& ring, const void* send, void* recv, size_t count, DataType t, Op op,
-                  Clock::time_point deadline);
+                  Clock::time_point deadline, bool on_ring = false);
 
   unsigned local_rank() const noexcept { return l_; }
   unsigned local_size() const noexcept { return n_; }

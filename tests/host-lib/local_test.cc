@@ -272,6 +272,43 @@ TEST_CASE("local ranks, ring path: every dtype x op, n = 2..4, 2..3 hosts",
   }
 }
 
+// A barrier on the ring (its own choice) and path_choice ring: the stage
+// across the hosts takes the ring (2(H - 1) steps) while the communicator
+// stays on its box; a barrier's late host is waited for. Other calls keep
+// the box.
+TEST_CASE("local ranks: a ring choice runs the stage across the hosts on the ring",
+          "[hostlib][local][path]") {
+  const unsigned H = 3, n = 2, P = H * n;
+  Job job(local_box(H, n), local_options(), true);
+  std::vector<AllreduceHandle> h(P);
+  for (unsigned r = 0; r < P; ++r)
+    if (r / n != 2) REQUIRE(job.comms[r]->barrier_async(PathChoice::ring, h[r], 20000).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // host 2 late
+  for (unsigned r = 0; r < P; ++r)
+    if (r / n == 2) REQUIRE(job.comms[r]->barrier_async(PathChoice::ring, h[r], 20000).ok());
+  for (unsigned r = 0; r < P; ++r) {
+    INFO("rank " << r);
+    REQUIRE(h[r].wait().ok());
+    REQUIRE(h[r].record().path == Path::ring);
+    REQUIRE(job.comms[r]->path() == Path::ina);
+  }
+  // The one element is local rank 0's shard: its ring ran 2(H - 1) steps.
+  REQUIRE(job.comms[0]->last_call().steps == 2 * (H - 1));
+  std::mt19937_64 rng(81);
+  for (PathChoice c : {PathChoice::ina, PathChoice::ring}) {
+    Options o = local_options();
+    o.path_choice = c;
+    Job j2(local_box(H, n), o, true);
+    std::vector<std::vector<uint8_t>> in, out;
+    for (unsigned r = 0; r < P; ++r) in.push_back(make_input(rng, DataType::int32, 500, true));
+    require_ok(j2.run(in, out, 500, DataType::int32, Op::sum));
+    for (unsigned r = 0; r < P; ++r) {
+      REQUIRE(out[r] == rank_order_reference(in, DataType::int32, Op::sum));
+      REQUIRE(j2.comms[r]->last_call().path == (c == PathChoice::ring ? Path::ring : Path::ina));
+    }
+  }
+}
+
 TEST_CASE("local ranks: in place, and several calls in a row", "[hostlib][local][ina]") {
   std::mt19937_64 rng(1655);
   const unsigned H = 3, n = 2, P = H * n;

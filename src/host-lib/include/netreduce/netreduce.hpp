@@ -191,9 +191,10 @@ struct Options {
   // every call through the box; model asks the cost model for the faster
   // of the box's single pass and the ring algorithms
   // (docs/host-library.md#the-path-of-each-call); ring runs every call on
-  // the ring (the box forwards it). Without a box, after a failover, and
-  // with local ranks, calls take the communicator's path(). Every rank must
-  // give the same value.
+  // the ring (the box forwards it; with local ranks, the stage across the
+  // hosts). Without a box, after a failover, and with local ranks for
+  // model, calls take the communicator's path(). Every rank must give the
+  // same value.
   PathChoice path_choice = PathChoice::ina;
   // The model's figures: with path_choice model, measured at create on the
   // job's own links (rank 0's measurement, shared) when true; else (and for
