@@ -57,12 +57,7 @@ Error make_rina_plan(const std::vector<RinaRack>& racks, RinaPlan& out) {
 
 Rina::Rina(const RinaPlan& plan, unsigned rank, Communicator* rack,
            std::vector<Communicator*> lanes)
-    : plan_(plan),
-      rank_(rank),
-      group_(plan.group_of[rank]),
-      member_(plan.member_of[rank]),
-      rack_(rack),
-      lanes_(std::move(lanes)) {}
+    : plan_(plan), member_(plan.member_of[rank]), rack_(rack), lanes_(std::move(lanes)) {}
 
 Error Rina::create(const RinaPlan& plan, unsigned rank, Communicator* rack,
                    std::vector<Communicator*> lanes, std::unique_ptr<Rina>& out) {

@@ -84,7 +84,7 @@ class Rina {
   Error spread(uint8_t* out, size_t count, DataType t, bool lanes_ok, unsigned& ok_members,
                int timeout_ms);
   RinaPlan plan_;
-  unsigned rank_, group_, member_;
+  unsigned member_;  // this rank's index in its group
   Communicator* rack_;
   std::vector<Communicator*> lanes_;
   std::vector<uint8_t> scratch_;  // the spread's words
