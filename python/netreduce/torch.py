@@ -455,10 +455,10 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
         if self.comm is None:
             _say_once(("backend", self.reason), "backend falls back to Gloo: " + self.reason)
 
-    def _work(self, name, reqs, value, nbytes, staging, finish=None):
+    def _work(self, name, reqs, value, nbytes, staging=None, finish=None):
         self._count(name, True)
-        return _create_work_from_future(
-            self._completer.submit(reqs, value, nbytes, staging.finish(finish), name))
+        finish = staging.finish(finish) if staging is not None else finish
+        return _create_work_from_future(self._completer.submit(reqs, value, nbytes, finish, name))
 
     def _gloo_call(self, name, *args):
         self._fallback_said()
@@ -563,7 +563,7 @@ class ProcessGroupNetreduce(ProcessGroup, _CommOwner):
             return self._gloo_call("barrier", opts)
         timeout = opts.timeout if opts.timeout.total_seconds() > 0 else self._timeout
         req = self.comm.barrier_async(min(int(timeout.total_seconds() * 1000), 2**31 - 1), path="ring")
-        return self._work("barrier", [req], [], 0, _Staging())  # no data bytes
+        return self._work("barrier", [req], [], 0)  # no data bytes
 
 
 def _delegate(name):
