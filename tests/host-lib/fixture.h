@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/reference.h"
+#include "host-lib/cost_model.h"
 #include "host-lib/loopback.h"
 #include "netreduce/netreduce.hpp"
 
@@ -183,6 +184,19 @@ struct Job {
 // window's INA slots (rounded up to 64 bytes) leave.
 inline size_t ring_region(size_t recv_bytes, unsigned window, unsigned msg_len, unsigned pmtu) {
   return recv_bytes - (size_t{window} * msg_len * pmtu + 63) / 64 * 64;
+}
+
+// The cost model's parameters as communicator c has them (its link figures
+// and window; msg_len and pmtu its fabric's).
+inline cost::Params model_params(const Communicator& c, uint16_t msg_len, uint16_t pmtu) {
+  cost::Params p;
+  p.alpha_s = c.links().alpha_us * 1e-6;
+  p.bandwidth_Bps = c.links().gbps * 1e9 / 8;
+  p.box_s = c.links().box_us * 1e-6;
+  p.msg_len = msg_len;
+  p.payload_bytes = pmtu;
+  p.window = c.window();
+  return p;
 }
 
 inline LoopbackConfig ring_fabric(unsigned P, size_t recv_bytes) {

@@ -34,17 +34,7 @@ Options with_choice(PathChoice c) {
   return o;
 }
 
-// The model's parameters as the communicator has them.
-cost::Params params_of(const Communicator& c) {
-  cost::Params p;
-  p.alpha_s = c.links().alpha_us * 1e-6;
-  p.bandwidth_Bps = c.links().gbps * 1e9 / 8;
-  p.box_s = c.links().box_us * 1e-6;
-  p.msg_len = kMsgLen;
-  p.payload_bytes = kPmtu;
-  p.window = c.window();
-  return p;
-}
+cost::Params params_of(const Communicator& c) { return model_params(c, kMsgLen, kPmtu); }
 
 std::vector<std::vector<uint8_t>> inputs(std::mt19937_64& rng, unsigned P, DataType t,
                                          size_t count) {

@@ -197,13 +197,7 @@ TEST_CASE("ring order: the model prices the all-gather it will run", "[hostlib][
   o.window = 2;
   o.path_choice = PathChoice::model;
   Job job(box_fabric(P, 2, 2, 256), o, true);
-  cost::Params p;
-  p.alpha_s = job.comms[0]->links().alpha_us * 1e-6;
-  p.bandwidth_Bps = job.comms[0]->links().gbps * 1e9 / 8;
-  p.box_s = job.comms[0]->links().box_us * 1e-6;
-  p.msg_len = 2;
-  p.payload_bytes = 256;
-  p.window = job.comms[0]->window();
+  const cost::Params p = model_params(*job.comms[0], 2, 256);
   const auto flip = cost::crossover(p, cost::Kind::all_gather, P);
   REQUIRE(flip.has_value());
   size_t n = *flip / 4 + 1;  // int32 elements per rank
