@@ -5,6 +5,7 @@
 #include <rte_launch.h>
 #include <rte_lcore.h>
 #include <rte_ring.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -103,7 +104,8 @@ netreduce::dataplane::DataplaneConfig box_config(const Options& o) {
   cfg.ports = {{"net_ring_nrlb_box_a"}, {"net_ring_nrlb_box_b"}};  // the ring PMD prefixes names
   cfg.workers.clear();
   for (unsigned q = 0; q < o.workers; ++q) cfg.workers.push_back(2 * q + 1);
-  cfg.mbufs = 8192;
+  // Each worker's ring may hold 384 packets, and half the pool stays for RX.
+  cfg.mbufs = std::max(8192u, 2048 * o.workers);
   cfg.engine_memory = 512ull << 20;
   cfg.control_socket = o.box_socket;
   cfg.retire_grace_ms = 100;  // a removed ring is gone before the next point
@@ -115,19 +117,46 @@ netreduce::dataplane::DataplaneConfig box_config(const Options& o) {
 
 }  // namespace
 
-std::vector<std::string> inproc_eal_args(unsigned workers, const std::string& prefix) {
-  // lcore 0: the box's control loop, 1, 3, ...: box workers, 2, 4, ...:
-  // generators (one per worker); CPU 0 takes the control loop and the
-  // generators, CPU 1 the box workers.
-  std::string lcores = "0@0";
-  for (unsigned q = 0; q < workers; ++q)
-    lcores.append(",")
-        .append(std::to_string(2 * q + 1))
-        .append("@1,")
-        .append(std::to_string(2 * q + 2))
-        .append("@0");
+std::vector<unsigned> usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<unsigned> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (unsigned c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  if (cpus.empty()) cpus.push_back(0);
+  return cpus;
+}
+
+std::vector<unsigned> inproc_cpus(unsigned workers, const std::vector<unsigned>& cpus) {
+  const size_t n = cpus.size();
+  std::vector<unsigned> place(2 * workers + 1, cpus[0]);
+  for (unsigned q = 0; q < workers; ++q) {
+    if (n <= 2) {
+      place[2 * q + 1] = cpus[1 % n];
+      continue;
+    }
+    // Round the CPUs after the first, then the first again.
+    place[2 * q + 1] = cpus[(1 + q) % n];
+    place[2 * q + 2] = cpus[(1 + workers + q) % n];
+  }
+  return place;
+}
+
+std::vector<std::string> inproc_eal_args(const std::vector<unsigned>& place,
+                                         const std::string& prefix) {
+  const auto workers = static_cast<unsigned>(place.size() / 2);
+  std::string lcores;
+  for (size_t l = 0; l < place.size(); ++l)
+    lcores.append(l ? "," : "")
+        .append(std::to_string(l))
+        .append("@")
+        .append(std::to_string(place[l]));
+  // The generators' mbufs (a pool share per two workers) and the box's
+  // engine memory, with room to spare.
+  const std::string memory = std::to_string(std::max(1536u, 1024 + 128 * workers));
   std::vector<std::string> eal;
-  for (const char* a : {"--no-huge", "-m", "1536", "--lcores", lcores.c_str(), "--no-pci",
+  for (const char* a : {"--no-huge", "-m", memory.c_str(), "--lcores", lcores.c_str(), "--no-pci",
                         "--log-level", "lib.eal:warning"})
     eal.push_back(a);
   eal.push_back("--file-prefix");
@@ -180,6 +209,7 @@ int run_inproc(const Options& o, Ports& ports, json& report, std::string& error)
   }
   rte_eal_wait_lcore(2);
   for (const InprocArgs& a : more) rte_eal_wait_lcore(2 * a.q + 2);
+  report["lcore_cpus"] = o.lcore_cpus;
   if (o.per_worker) {
     report["per_worker"] = {{"workers", o.workers}, {"points", phase.points}};
     report["points"] = json::array();

@@ -15,8 +15,8 @@
 // Modes.
 //   inproc  the box (the real Dataplane) runs in this process on net_ring
 //           ports wired to the generator's; lcore 0 runs the box's control
-//           loop, lcore 1 the box worker, lcore 2 the generator
-//           (bench/loopback/inproc.h).
+//           loop, lcore 1 the box worker, lcore 2 the generator, placed
+//           on the CPUs the process may use (bench/loopback/inproc.h).
 //   ports   the box is another process (netreduce-dataplane); the generator
 //           uses two DPDK ports given by EAL arguments: memif, af_packet, or
 //           real NIC ports cabled to the box's. --box-socket names the box's
@@ -105,9 +105,10 @@ void add_options(CLI::App& app, Options& o) {
                  "inproc: the box's engine.reduce_mode (deterministic or accumulate)")
       ->check(CLI::IsMember({"deterministic", "accumulate"}));
   app.add_option("--workers", o.workers,
-                 "inproc: box workers (1 to 4; more than 1 runs the per-worker phase: one ring "
-                 "and one generator thread per worker, on lcores sharing the 2 CPUs)")
-      ->check(CLI::Range(1, 4));
+                 "inproc: box workers (1 to 16; more than 1 runs the per-worker phase: one ring "
+                 "and one generator thread per worker, each on a CPU of its own while the "
+                 "machine has 2W + 1, sharing them past that)")
+      ->check(CLI::Range(1, 16));
   app.add_flag("--stripes", o.stripes,
                "per-worker phase: the rings are the stripes of one job (the same members, "
                "each ring its own QPs, as the host library's Options::rings registers them): "
@@ -186,7 +187,8 @@ std::vector<std::string> eal_arguments(Options& o, std::vector<std::string> extr
   std::vector<std::string> eal = {"netreduce-loopback"};
   if (o.mode == "inproc") {
     o.box_socket = "/tmp/" + prefix + ".sock";
-    const std::vector<std::string> own = inproc_eal_args(o.workers, prefix);
+    o.lcore_cpus = inproc_cpus(o.workers, usable_cpus());  // before the EAL pins this thread
+    const std::vector<std::string> own = inproc_eal_args(o.lcore_cpus, prefix);
     eal.insert(eal.end(), own.begin(), own.end());
   }
   eal.insert(eal.end(), extra.begin(), extra.end());

@@ -40,6 +40,7 @@ struct Options {
   int idle_sleep_max_us = -1;  // inproc: the box's idle_sleep_max_us (-1: its default)
   std::string reduce_mode = "deterministic";  // inproc: the box's engine.reduce_mode
   unsigned workers = 1;                       // inproc: box workers
+  std::vector<unsigned> lcore_cpus;           // inproc: the CPU of each lcore (set at start)
   bool per_worker = false;                    // inproc: the per-worker phase instead of the sweep
   bool stripes = false;  // per-worker phase: the rings are one job's stripes (same members)
 };

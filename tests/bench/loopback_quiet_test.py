@@ -43,3 +43,28 @@ with open(report) as f:
     rep = json.load(f)
 assert rep["ok"] is True and rep["points"], "the JSON report says %s" % {k: rep[k] for k in ("ok",) if k in rep}
 print("--quiet --json: stdout empty, %s holds %d points, ok" % (report, len(rep["points"])))
+
+# The lcores' CPUs: the box worker (lcore 1) and the generator (lcore 2) on
+# CPUs of their own where the process may use three, else the 2-CPU layout.
+cpus = sorted(os.sched_getaffinity(0))
+want = cpus[:3] if len(cpus) >= 3 else [cpus[0], cpus[1 % len(cpus)], cpus[0]]
+assert rep["lcore_cpus"] == want, "lcores on CPUs %s, expected %s with %d CPUs usable" % (
+    rep["lcore_cpus"], want, len(cpus))
+print("lcore CPUs %s with %d CPUs usable" % (rep["lcore_cpus"], len(cpus)))
+
+# Two box workers: workers on the CPUs after the first, generators after
+# them, round the CPUs (the 2-CPU layout: workers on the second, the rest on
+# the first).
+report2 = os.path.join(workdir, "quiet-report-2.json")
+r = subprocess.run([exe, "--workers", "2", "--ranks", "2", "--payloads", "1024", "--dtypes", "fp32",
+                    "--seconds", "0.05", "--quiet", "--json", report2], capture_output=True, text=True, timeout=120)
+assert r.returncode == 0, "--workers 2 run failed (exit %d):\n%s" % (r.returncode, r.stderr[-3000:])
+with open(report2) as f:
+    got = json.load(f)["lcore_cpus"]
+n = len(cpus)
+if n <= 2:
+    want = [cpus[0], cpus[1 % n], cpus[0], cpus[1 % n], cpus[0]]
+else:
+    want = [cpus[0], cpus[1 % n], cpus[3 % n], cpus[2 % n], cpus[4 % n]]
+assert got == want, "--workers 2: lcores on CPUs %s, expected %s with %d CPUs usable" % (got, want, n)
+print("--workers 2: lcore CPUs %s" % got)
