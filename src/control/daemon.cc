@@ -503,15 +503,16 @@ Reply Daemon::status() {
     dp["error"] = s.message();
   }
   std::lock_guard lock(mu_);
-  return {200,
-          {{"dataplane", dp},
-           {"rings", rings_.size()},
-           {"version", NETREDUCE_VERSION},
-           {"state_file", state_.path()},
-           {"quotas",
-            {{"max_rings", cfg_.max_rings},
-             {"max_memory_bytes", cfg_.max_memory},
-             {"memory_in_use_bytes", memory_locked()}}}}};
+  json reply = {{"dataplane", dp},
+                {"rings", rings_.size()},
+                {"version", NETREDUCE_VERSION},
+                {"state_file", state_.path()},
+                {"quotas",
+                 {{"max_rings", cfg_.max_rings},
+                  {"max_memory_bytes", cfg_.max_memory},
+                  {"memory_in_use_bytes", memory_locked()}}}};
+  if (cfg_.fabric) reply["fabric"] = fabric_outline(*cfg_.fabric);
+  return {200, reply};
 }
 
 Reply Daemon::stats() {

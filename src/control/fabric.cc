@@ -31,6 +31,17 @@ std::string port_toward(const FabricBox& b, const std::string& child) {
 
 }  // namespace
 
+json fabric_outline(const FabricConfig& fc) {
+  json racks = json::array();
+  for (const FabricRack& r : fc.racks) {
+    json workers = json::array();
+    for (const auto& [net, len] : r.workers)
+      workers.push_back(ipv4_to_string(net) + "/" + std::to_string(len));
+    racks.push_back({{"leaf", r.leaf}, {"workers", workers}});
+  }
+  return {{"self", fc.self}, {"racks", racks}};
+}
+
 Status compute_fabric_entries(const engine::RingSpec& spec, const FabricConfig& fc,
                               const TreeSecret& secret, std::vector<FabricEntry>& out) {
   const size_t nb = fc.boxes.size();

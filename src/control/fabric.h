@@ -45,6 +45,12 @@ struct TreeSecret {
 Status compute_fabric_entries(const engine::RingSpec& spec, const FabricConfig& fabric,
                               const TreeSecret& secret, std::vector<FabricEntry>& out);
 
+// What GET /v1/status says of the fabric: {"self": name, "racks": [{"leaf":
+// name, "workers": ["10.0.1.0/24", ...]}, ...]}, racks in fabric.racks
+// order. Host libraries order their rings by it
+// (docs/host-library.md#the-order-of-the-ring).
+nlohmann::json fabric_outline(const FabricConfig& fabric);
+
 // The ring JSON a box's data plane installs: the spec with "tree" when there is one.
 nlohmann::json fabric_entry_json(const engine::RingSpec& spec, const FabricEntry& e);
 

@@ -405,7 +405,7 @@ def scenario_api(tmp):
     expect_error(d.call("DELETE", "/v1/rings/2"), 404, "not_found", "id")
     st, body = d.call("GET", "/v1/status")
     assert st == 200 and body["rings"] == 2 and body["dataplane"]["connected"] is False, body
-    assert body["version"] and body["dataplane"]["error"], body
+    assert body["version"] and body["dataplane"]["error"] and "fabric" not in body, body
     expect_error(d.call("GET", "/v1/stats"), 503, "dataplane_unavailable", "")
 
     # The state file holds exactly the rings, as JSON.

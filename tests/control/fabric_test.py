@@ -235,6 +235,12 @@ def scenario_fabric(tmp):
     ds, dps, etcd = setup(tmp)
     a, spine, b = ds["leafA"], ds["spine"], ds["leafB"]
 
+    # Every box's status names its fabric's racks, as configured (the host library orders
+    # its rings by them).
+    for name, d in ds.items():
+        st, body = d.call("GET", "/v1/status")
+        assert st == 200 and body["fabric"] == {"self": name, "racks": d.cfg["fabric"]["racks"]}, body
+
     # One registration at leaf A (the host library's unchanged call) installs every box's entry.
     st, body = a.call("POST", "/v1/rings", ring(21, FOUR))
     assert st == 201, (st, body)
