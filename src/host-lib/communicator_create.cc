@@ -6,7 +6,8 @@
 // Each rank checks its arguments, opens the device (VerbsTransport, verbs.h)
 // and joins the bootstrap. Then every rank of the job, all together:
 //   1. the job header: rank 0 decides the number of stripes R
-//      (Options::rings; 0: from the box's worker count) and a job nonce;
+//      (Options::rings; 0: from the box's worker count), a job nonce and
+//      the racks of the box's fabric (ring_order.h);
 //   2. locality: an allgather of locality claims numbers hosts and local
 //      ranks (local.h). A rank's ring is local rank l of every host, in host
 //      order (without local ranks: every rank, in rank order); with local
@@ -119,6 +120,7 @@ class JobSetup {
   Error gather_peers(const PeerInfo& mine);
   PathDecision register_rings();
   Error fall_back(std::string reason);
+  std::string my_rack() const;
 
   const int rank_, world_;
   const std::string& bootstrap_;
@@ -128,6 +130,7 @@ class JobSetup {
   CollectiveConfig cc_;
   unsigned R_ = 0;  // stripes: rings per local rank
   uint64_t nonce_ = 0;
+  std::vector<FabricRack> fabric_racks_;  // from the job header
   Locality loc_;
   std::vector<PeerInfo> all_;  // every rank's, in rank order
   LinkFigures links_;
@@ -158,33 +161,52 @@ Error JobSetup::open(const std::string& device, int gid_index) {
 // names them), 1 without a box or with the ring path forced; with n local
 // ranks found in step 2, rings 0 takes max(1, W / n) stripes so that the
 // job's n x R rings fill the workers once, not n times. With it, the job
-// nonce (shared segments' names).
+// nonce (shared segments' names), and the racks of the box's fabric
+// (ring_order.h). A forced ring path asks the daemon nothing.
 Error JobSetup::job_header() {
   std::string header;
   if (rank_ == 0) {
-    unsigned r = options_.rings;
-    if (r == 0) {
-      std::string why;
-      r = options_.force_ring
-              ? 1u
-              : std::clamp(box_workers(daemon_target(options_), options_.daemon_timeout_ms, why),
-                           1u, kMaxRings);
-    }
-    header = encode_job_header(r, random_nonce());
+    JobHeader h{options_.rings, random_nonce(), {}};
+    const bool workers = h.stripes == 0 && !options_.force_ring;
+    BoxOutline box;
+    std::string why;
+    // Within the job's deadline: the other ranks wait for the header until then.
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
+    const int timeout = static_cast<int>(
+        std::clamp<int64_t>(left.count(), 1, std::max(1, options_.daemon_timeout_ms)));
+    if (workers || (!options_.force_ring && pinned_ring_order(options_).empty()))
+      box = box_outline(daemon_target(options_), timeout, why);
+    if (h.stripes == 0) h.stripes = workers ? std::clamp(box.workers, 1u, kMaxRings) : 1u;
+    h.racks = std::move(box.racks);
+    header = encode_job_header(h);
   }
   if (Error e = boot_->broadcast(header, deadline_)) return e;
-  if (Error e = decode_job_header(header, R_, nonce_)) return e;
+  JobHeader h;
+  if (Error e = decode_job_header(header, h)) return e;
+  R_ = h.stripes;
+  nonce_ = h.nonce;
+  fabric_racks_ = std::move(h.racks);
   if (Error e = check_rings(R_))
     return Error::make(ErrorCode::bootstrap, "bootstrap: rank 0 sent " + e.message);
   return {};
+}
+
+// This rank's rack: its own label, else the fabric's rack of its address.
+std::string JobSetup::my_rack() const {
+  std::string rack = rack_label(options_);
+  if (!rack.empty() || fabric_racks_.empty()) return rack;
+  uint32_t ip = t_->local_info().ipv4;
+  if (!options_.ipv4.empty()) ipv4_from_string(options_.ipv4, ip);
+  return fabric_rack_of(ip, fabric_racks_);
 }
 
 // Step 2: locality. Hosts, local ranks, and my ring (local rank l of every host).
 Error JobSetup::locality() {
   std::vector<std::string> blobs;
   {
-    LocalityClaim mine{host_identity(options_), options_.local_rank, options_.local_size,
-                       rack_label(options_), pinned_ring_order(options_)};
+    LocalityClaim mine{host_identity(options_), options_.local_rank, options_.local_size, my_rack(),
+                       pinned_ring_order(options_)};
     if (Error e = boot_->allgather(encode_claim(mine), blobs, deadline_)) return e;
   }
   std::vector<LocalityClaim> claims(static_cast<size_t>(world_));

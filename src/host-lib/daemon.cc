@@ -309,9 +309,10 @@ Registration setup_job_rings(const Options& options, const std::string& bootstra
 
 namespace {
 
-// The "dataplane" object of the daemon's GET /v1/status, or false with why.
+// The "dataplane" object of the daemon's GET /v1/status (and the whole
+// answer in `all`), or false with why.
 bool dataplane_status(const DaemonTarget& target, int timeout_ms, nlohmann::json& dp,
-                      std::string& why) {
+                      std::string& why, nlohmann::json* all = nullptr) {
   if (target.url.empty()) {
     why = "no box configured (NETREDUCE_DAEMON unset)";
     return false;
@@ -324,9 +325,10 @@ bool dataplane_status(const DaemonTarget& target, int timeout_ms, nlohmann::json
       why = "daemon at " + target.url + " status: " + describe_error(res);
       return false;
     }
-    const auto j = nlohmann::json::parse(res.body);
+    auto j = nlohmann::json::parse(res.body);
     dp = j.value("dataplane", nlohmann::json::object());
     if (!dp.is_object()) throw std::runtime_error("\"dataplane\" is not an object");
+    if (all) *all = std::move(j);
     return true;
   } catch (const std::exception& e) {
     why = std::string("daemon status: ") + e.what();
@@ -336,15 +338,20 @@ bool dataplane_status(const DaemonTarget& target, int timeout_ms, nlohmann::json
 
 }  // namespace
 
-unsigned box_workers(const DaemonTarget& target, int timeout_ms, std::string& why) {
-  nlohmann::json dp;
-  if (!dataplane_status(target, timeout_ms, dp, why)) return 0;
+BoxOutline box_outline(const DaemonTarget& target, int timeout_ms, std::string& why) {
+  nlohmann::json dp, all;
+  BoxOutline out;
+  if (!dataplane_status(target, timeout_ms, dp, why, &all)) return out;
+  // A fabric section the library cannot read orders nothing (rank order).
+  if (const auto f = all.find("fabric"); f != all.end() && f->is_object() && f->contains("racks"))
+    parse_fabric_racks((*f)["racks"], out.racks);
   const auto w = dp.value("workers", nlohmann::json::array());
   if (!w.is_array() || w.empty()) {
     why = "daemon at " + target.url + " reports no data plane workers (data plane down?)";
-    return 0;
+    return out;
   }
-  return static_cast<unsigned>(w.size());
+  out.workers = static_cast<unsigned>(w.size());
+  return out;
 }
 
 std::string box_unfit(const DaemonTarget& target, int timeout_ms, uint8_t qp_timeout) {

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "engine/ring.h"
+#include "host-lib/ring_order.h"
 #include "netreduce/netreduce.hpp"
 
 namespace netreduce::host {
@@ -115,11 +116,17 @@ Registration setup_job_rings(const Options& options, const std::string& bootstra
                              const std::vector<engine::RingSpec>& per_ring, unsigned stripes,
                              std::vector<std::unique_ptr<OwnedRing>>& owned);
 
-// The box's worker count as the daemon reports it (GET /v1/status: the
-// length of dataplane.workers): Options::rings 0's value (the box spreads a
-// job's rings over its workers by their QPs). 0, with `why`, when
-// the daemon does not answer or reports no workers (data plane down).
-unsigned box_workers(const DaemonTarget& target, int timeout_ms, std::string& why);
+// What GET /v1/status tells a job. workers: the box's worker count (the
+// length of dataplane.workers), Options::rings 0's value (the box spreads a
+// job's rings over its workers by their QPs); 0, with `why`, when the daemon
+// does not answer or reports no workers (data plane down). racks: the
+// fabric's racks ("fabric"."racks", ring_order.h), empty without a fabric
+// or when they do not parse.
+struct BoxOutline {
+  unsigned workers = 0;
+  std::vector<FabricRack> racks;
+};
+BoxOutline box_outline(const DaemonTarget& target, int timeout_ms, std::string& why);
 
 // Why the box behind the daemon cannot carry a job's INA path, or empty
 // when it can: it must seal every result (capability "result_digest" in

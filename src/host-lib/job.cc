@@ -36,19 +36,30 @@ bool parse_int(const std::string& s, int& out) {
 
 }  // namespace
 
-std::string encode_job_header(unsigned stripes, uint64_t nonce) {
+std::string encode_job_header(const JobHeader& h) {
   char buf[48];
-  std::snprintf(buf, sizeof buf, "%u %016" PRIx64, stripes, nonce);
-  return buf;
+  std::snprintf(buf, sizeof buf, "%u %016" PRIx64, h.stripes, h.nonce);
+  std::string out(buf);
+  // Appends only: GCC 12 at -O3 warns falsely (-Wrestrict) on `" " + string`.
+  if (!h.racks.empty()) out.append(" ").append(fabric_racks_json(h.racks).dump());
+  return out;
 }
 
-Error decode_job_header(const std::string& s, unsigned& stripes, uint64_t& nonce) {
+Error decode_job_header(const std::string& s, JobHeader& out) {
   const size_t sp = s.find(' ');
+  const size_t sp2 = sp == std::string::npos ? sp : s.find(' ', sp + 1);
   uint64_t r = 0;
-  if (sp == std::string::npos || !parse_u64(s.substr(0, sp), 10, r) ||
-      !parse_u64(s.substr(sp + 1), 16, nonce) || r > 0xFFFFFFFFu)
-    return bad("malformed job header from rank 0: '" + s + "'");
-  stripes = static_cast<unsigned>(r);
+  bool ok =
+      sp != std::string::npos && parse_u64(s.substr(0, sp), 10, r) &&
+      parse_u64(s.substr(sp + 1, sp2 == std::string::npos ? sp2 : sp2 - sp - 1), 16, out.nonce) &&
+      r <= 0xFFFFFFFFu;
+  out.racks.clear();
+  if (ok && sp2 != std::string::npos) {
+    const auto racks = nlohmann::json::parse(s.substr(sp2 + 1), nullptr, false);
+    ok = !racks.is_discarded() && parse_fabric_racks(racks, out.racks) && !out.racks.empty();
+  }
+  if (!ok) return bad("malformed job header from rank 0: '" + s + "'");
+  out.stripes = static_cast<unsigned>(r);
   return {};
 }
 

@@ -4,9 +4,10 @@
 // Theory of operation
 // -------------------
 // Every rank of the job (P ranks, global numbering) joins one bootstrap.
-//   1. Rank 0 broadcasts the job header: the number of stripes R and a
-//      random job nonce ("R <nonce hex>"). The nonce names the hosts' shared
-//      segments (local.h), so two jobs on one host never meet.
+//   1. Rank 0 broadcasts the job header: the number of stripes R, a random
+//      job nonce and the racks of the box's fabric when its daemon has one
+//      ("R <nonce hex>[ <racks JSON>]", ring_order.h). The nonce names the
+//      hosts' shared segments (local.h), so two jobs on one host never meet.
 //   2. An allgather of every rank's locality claim (host identity, the
 //      local_rank / local_size options) that resolve_locality() turns into
 //      hosts, local ranks and rings: ring l = local rank l of every host, in
@@ -38,12 +39,18 @@
 
 #include "host-lib/bootstrap.h"
 #include "host-lib/local.h"
+#include "host-lib/ring_order.h"
 
 namespace netreduce::host {
 
 // Step 1: the job header.
-std::string encode_job_header(unsigned stripes, uint64_t nonce);
-Error decode_job_header(const std::string& s, unsigned& stripes, uint64_t& nonce);
+struct JobHeader {
+  unsigned stripes = 1;
+  uint64_t nonce = 0;
+  std::vector<FabricRack> racks;  // the box's fabric; empty: none
+};
+std::string encode_job_header(const JobHeader& h);
+Error decode_job_header(const std::string& s, JobHeader& out);
 
 // Step 2: one rank's claim in the bootstrap's allgather.
 std::string encode_claim(const LocalityClaim& c);

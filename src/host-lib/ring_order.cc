@@ -1,10 +1,13 @@
 #include "host-lib/ring_order.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdlib>
 #include <map>
 #include <numeric>
+
+#include "common/ring_json.h"
 
 namespace netreduce::host {
 namespace {
@@ -36,7 +39,66 @@ Error bad_pin(const std::string& pin, size_t world) {
                          " once, comma-separated");
 }
 
+uint32_t prefix_mask(unsigned len) { return len == 0 ? 0 : ~uint32_t{0} << (32 - len); }
+
+bool leaf_name(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+  });
+}
+
+// "a.b.c.d/n" with no host bits set.
+bool parse_cidr(const std::string& s, std::pair<uint32_t, unsigned>& out) {
+  const size_t slash = s.find('/');
+  unsigned len = 0;
+  if (slash == std::string::npos || !ipv4_from_string(s.substr(0, slash), out.first)) return false;
+  const char* end = s.data() + s.size();
+  const auto [p, ec] = std::from_chars(s.data() + slash + 1, end, len);
+  if (ec != std::errc() || p != end || slash + 1 == s.size() || len > 32) return false;
+  out.second = len;
+  return (out.first & ~prefix_mask(len)) == 0;
+}
+
 }  // namespace
+
+std::string fabric_rack_of(uint32_t ipv4, const std::vector<FabricRack>& racks) {
+  for (const FabricRack& r : racks)
+    for (const auto& [net, len] : r.workers)
+      if ((ipv4 & prefix_mask(len)) == net) return r.leaf;
+  return "";
+}
+
+nlohmann::json fabric_racks_json(const std::vector<FabricRack>& racks) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const FabricRack& r : racks) {
+    nlohmann::json workers = nlohmann::json::array();
+    for (const auto& [net, len] : r.workers)
+      workers.push_back(ipv4_to_string(net) + "/" + std::to_string(len));
+    out.push_back({{"leaf", r.leaf}, {"workers", workers}});
+  }
+  return out;
+}
+
+bool parse_fabric_racks(const nlohmann::json& j, std::vector<FabricRack>& out) {
+  out.clear();
+  std::vector<FabricRack> racks;
+  if (!j.is_array()) return false;
+  for (const auto& e : j) {
+    if (!e.is_object() || !e.contains("leaf") || !e["leaf"].is_string() ||
+        !leaf_name(e["leaf"].get<std::string>()) || !e.contains("workers") ||
+        !e["workers"].is_array())
+      return false;
+    FabricRack r{e["leaf"].get<std::string>(), {}};
+    for (const auto& w : e["workers"]) {
+      std::pair<uint32_t, unsigned> cidr;
+      if (!w.is_string() || !parse_cidr(w.get<std::string>(), cidr)) return false;
+      r.workers.push_back(cidr);
+    }
+    racks.push_back(std::move(r));
+  }
+  out = std::move(racks);
+  return true;
+}
 
 Error check_ring_order(const std::string& pin, unsigned world) {
   std::vector<size_t> place;

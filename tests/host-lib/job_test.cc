@@ -22,15 +22,29 @@ std::vector<LocalityClaim> via_bootstrap(const std::vector<LocalityClaim>& claim
 }  // namespace
 
 TEST_CASE("job plan: the job header and the locality claims round-trip", "[hostlib][job]") {
-  unsigned R = 0;
-  uint64_t nonce = 0;
-  REQUIRE(decode_job_header(encode_job_header(3, 0xDEADBEEF01234567ull), R, nonce).ok());
-  CHECK(R == 3);
-  CHECK(nonce == 0xDEADBEEF01234567ull);
-  CHECK(encode_job_header(1, 0x2A) == "1 000000000000002a");
-  for (const char* bad : {"", "2", "2 ", " 2 1", "x 1", "2 zz", "-1 5", "2 1 3"}) {
+  JobHeader h;
+  REQUIRE(decode_job_header(encode_job_header({3, 0xDEADBEEF01234567ull, {}}), h).ok());
+  CHECK(h.stripes == 3);
+  CHECK(h.nonce == 0xDEADBEEF01234567ull);
+  CHECK(h.racks.empty());
+  CHECK(encode_job_header({1, 0x2A, {}}) == "1 000000000000002a");
+  // With the fabric's racks, as the daemon writes them.
+  const std::vector<FabricRack> racks = {{"leaf0", {{0x0A000100, 24}, {0x0A000905, 32}}},
+                                         {"leaf-1.b", {{0x0A000200, 24}}}};
+  const std::string text = encode_job_header({2, 7, racks});
+  CHECK(text ==
+        "2 0000000000000007 [{\"leaf\":\"leaf0\",\"workers\":[\"10.0.1.0/24\","
+        "\"10.0.9.5/32\"]},{\"leaf\":\"leaf-1.b\",\"workers\":[\"10.0.2.0/24\"]}]");
+  REQUIRE(decode_job_header(text, h).ok());
+  CHECK((h.stripes == 2 && h.nonce == 7 && h.racks == racks));
+  for (const char* bad : {"", "2", "2 ", " 2 1", "x 1", "2 zz", "-1 5", "2 1 3", "2 1 ", "2 1 []",
+                          "2 1 [{\"leaf\":\"a b\",\"workers\":[]}]",
+                          "2 1 [{\"leaf\":\"a\",\"workers\":[\"10.0.1.1/24\"]}]",
+                          "2 1 [{\"leaf\":\"a\",\"workers\":[\"10.0.1.0/33\"]}]",
+                          "2 1 [{\"leaf\":\"a\",\"workers\":[\"10.0.1/24\"]}]",
+                          "2 1 [{\"leaf\":\"a\"}]", "2 1 [{\"leaf\":\"a\",\"workers\":"}) {
     INFO(bad);
-    const Error e = decode_job_header(bad, R, nonce);
+    const Error e = decode_job_header(bad, h);
     CHECK(e.code == ErrorCode::bootstrap);
     CHECK(e.message.find("malformed job header from rank 0") != std::string::npos);
   }

@@ -266,6 +266,7 @@ struct FakeDaemon {
   // data plane reports them (src/dataplane/control_api.cc, status).
   nlohmann::json capabilities = nlohmann::json::array({"result_digest"});
   nlohmann::json retire_grace_ms = 60000;
+  nlohmann::json fabric;  // GET /v1/status: "fabric" unless null (as a fabric's daemon writes it)
   std::set<uint32_t> taken;  // ids held by "other jobs": POST -> 409
   std::map<uint32_t, Ring> rings;
   std::vector<Call> calls;
@@ -341,8 +342,9 @@ struct FakeDaemon {
         for (int w = 0; w < workers; ++w)
           dp["workers"].push_back({{"worker", w}, {"lcore", w + 1}});
       }
-      res.set_content(nlohmann::json{{"dataplane", dp}, {"rings", rings.size()}}.dump(),
-                      "application/json");
+      nlohmann::json st{{"dataplane", dp}, {"rings", rings.size()}};
+      if (!fabric.is_null()) st["fabric"] = fabric;
+      res.set_content(st.dump(), "application/json");
     });
     srv.Get(R"(/v1/rings/(\d+))", [this](const httplib::Request& req, httplib::Response& res) {
       std::lock_guard lk(mu);
@@ -616,7 +618,7 @@ TEST_CASE("daemon: a daemon answering a byte at a time costs each call its timeo
   CHECK(r.reason.find("timed out") != std::string::npos);
   CHECK(ms < 800 + 1500);
   std::string why;
-  ms = took_ms([&] { CHECK(box_workers(target, 800, why) == 0); });
+  ms = took_ms([&] { CHECK(box_outline(target, 800, why).workers == 0); });
   CHECK(why.find("timed out") != std::string::npos);
   CHECK(ms < 800 + 1500);
   // Renewals every 100 ms (lease 300 ms), each stuck in the drip; release
@@ -916,17 +918,44 @@ TEST_CASE("daemon: the box's worker count for rings 0", "[hostlib][daemon][strip
   FakeDaemon d;
   std::string why;
   d.workers = 3;
-  CHECK(box_workers({d.url(), "s3cret", ""}, 2000, why) == 3);
+  CHECK(box_outline({d.url(), "s3cret", ""}, 2000, why).workers == 3);
   d.workers = 12;  // the caller clamps to kMaxRings
-  CHECK(box_workers({d.url(), "", ""}, 2000, why) == 12);
+  CHECK(box_outline({d.url(), "", ""}, 2000, why).workers == 12);
   d.workers = -1;
-  CHECK(box_workers({d.url(), "", ""}, 2000, why) == 0);
+  CHECK(box_outline({d.url(), "", ""}, 2000, why).workers == 0);
   CHECK(why.find("reports no data plane workers") != std::string::npos);
-  CHECK(box_workers({"", "", ""}, 2000, why) == 0);
+  CHECK(box_outline({"", "", ""}, 2000, why).workers == 0);
   CHECK(why.find("NETREDUCE_DAEMON unset") != std::string::npos);
   const std::string url = "http://127.0.0.1:" + std::to_string(free_port());
-  CHECK(box_workers({url, "", ""}, 500, why) == 0);
+  CHECK(box_outline({url, "", ""}, 500, why).workers == 0);
   CHECK(why.find("no answer") != std::string::npos);
+}
+
+TEST_CASE("daemon: the fabric's racks from the box's status", "[hostlib][daemon][order]") {
+  FakeDaemon d;
+  std::string why;
+  const DaemonTarget t{d.url(), "", ""};
+  CHECK(box_outline(t, 2000, why).racks.empty());  // no fabric
+  d.fabric = {{"self", "leaf1"},
+              {"racks",
+               {{{"leaf", "leaf0"}, {"workers", {"10.0.1.0/24", "192.168.7.9/32"}}},
+                {{"leaf", "leaf1"}, {"workers", {"10.0.2.0/24"}}}}}};
+  BoxOutline box = box_outline(t, 2000, why);
+  CHECK(box.workers == 2);
+  REQUIRE(box.racks.size() == 2);
+  CHECK(box.racks[0] == FabricRack{"leaf0", {{0x0A000100, 24}, {0xC0A80709, 32}}});
+  CHECK(box.racks[1] == FabricRack{"leaf1", {{0x0A000200, 24}}});
+  CHECK(fabric_rack_of(0x0A000105, box.racks) == "leaf0");
+  CHECK(fabric_rack_of(0xC0A80709, box.racks) == "leaf0");
+  CHECK(fabric_rack_of(0x0A0002FE, box.racks) == "leaf1");
+  CHECK(fabric_rack_of(0x0A000305, box.racks).empty());
+  // A fabric the library cannot read orders nothing; the workers still count.
+  d.fabric["racks"][1]["workers"][0] = "10.0.2.1/24";
+  box = box_outline(t, 2000, why);
+  CHECK(box.workers == 2);
+  CHECK(box.racks.empty());
+  d.fabric["racks"] = "leaf0";
+  CHECK(box_outline(t, 2000, why).racks.empty());
 }
 
 TEST_CASE("daemon: a box that cannot carry the INA path is refused with why",

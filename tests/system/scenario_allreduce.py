@@ -239,21 +239,22 @@ class Daemon:
 
 class Job:
     """One netreduce-allreduce-perf run over the lab's guests (rank r in guest
-    g<r>)."""
+    g<r>, or in guests[r] when given)."""
 
-    def __init__(self, lab, exe, args, daemon=None, tag="", qp_timeout=QP_TIMEOUT, env=None):
+    def __init__(self, lab, exe, args, daemon=None, tag="", qp_timeout=QP_TIMEOUT, env=None, guests=None):
         self.lab, self.args, self.tag = lab, args, tag
+        guests = guests or lab.guests
         env = dict(env or {})
         if daemon:
             env.update({"NETREDUCE_DAEMON": daemon.url, "NETREDUCE_TOKEN_FILE": daemon.token_file})
             # Rank 0 would delete its ring at exit; the ring's counters are read after the job
             # (the ring then goes when its lease, 30 s by default, runs out).
             args = list(args) + ["--keep-ring"]
-        g0 = lab.guests[0]
+        g0 = guests[0]
         self.jobs = []
         self.t0 = time.monotonic()
-        for r, g in enumerate(lab.guests):
-            argv = [exe, "--rank", r, "--world", len(lab.guests), "--bootstrap", "%s:%d" % (g0.ip, BOOT_PORT), "--device",
+        for r, g in enumerate(guests):
+            argv = [exe, "--rank", r, "--world", len(guests), "--bootstrap", "%s:%d" % (g0.ip, BOOT_PORT), "--device",
                     "rxe0", "--gid-index", g.gid_index, "--qp-timeout", qp_timeout, "--path", "ina"] + list(args)
             self.jobs.append(g.spawn(argv, env=env))
 

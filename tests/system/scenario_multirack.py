@@ -34,6 +34,12 @@ Steps, each reported on its own and each able to fail:
      directions (nftables on the link's ends): fp32, int64, bf16 sums,
      8 B..32 KiB, --check-order --rack-size 2: still exact and still INA;
      the link dropped frames, the workers' RC recovered (no retry_exceeded).
+  fabric-order: ranks alternate between the racks (rank r on g0, g2, g1,
+     g3) and name no rack: rank 0 reads the racks from its daemon's status
+     (the fabric section) and every rank its rack from its address, so the
+     ring the origin registers holds g0, g1 (rack A) then g2, g3 (rack B):
+     two rack crossings where rank order makes four. fp32 sums 8 B..32 KiB,
+     exact, on the INA path.
 A report per step (figures, counters) is printed and saved next to the run.
 """
 import os
@@ -273,6 +279,22 @@ def step_loss(lab, a, daemons, rep):
     sa.check_rxe_clean(rep, lab, rx0, sa.rxe_all(lab), "rxe (all guests)")
 
 
+def step_fabric_order(lab, a, daemons, rep):
+    guests = [lab.guests[i] for i in (0, 2, 1, 3)]  # rank r's guest: racks A, B, A, B
+    job = sa.Job(lab, a.perf, sa.AFTER_RESTART, daemon=daemons[ORIGIN], tag="fabric order", guests=guests)
+    head, rows = job.check_ok(job.wait(JOB_TIMEOUT), "ina")
+    members = [m["address"] if isinstance(m, dict) else m for m in daemons[ORIGIN].ring(head["ring"])["members"]]
+    racks = {g.ip: g.rack for g in lab.guests}
+    crossings = sum(racks[members[i]] != racks[members[(i + 1) % len(members)]] for i in range(len(members)))
+    rank_order = sum(guests[i].rack != guests[(i + 1) % len(guests)].rack for i in range(len(guests)))
+    expect(members == [g.ip for g in lab.guests] and crossings == 2,
+           "ring members %s (racks %s), expected rack A's guests then rack B's: %d rack crossings" %
+           (members, [racks[m] for m in members], crossings))
+    rep.figure("ring members (ranks alternate between the racks)", ", ".join(members))
+    rep.figure("rack crossings of the ring / of rank order", "%d / %d" % (crossings, rank_order))
+    rep.figure("rows checked exact (fp32 sum 8 B..32 KiB)", len(rows))
+
+
 def main():
     a, _ = scenario_args(("dataplane", "daemon", "perf"))
     sa.BOOT_PORT = BOOT_PORT
@@ -289,7 +311,8 @@ def main():
             etcd = EtcdCluster(lab.run_dir, wrap=["ip", "netns", "exec", lab.ns], host=HOST_IP)
             try:
                 daemons = start_daemons(lab, a.daemon, etcd)
-                for name, step in (("multirack-tree", step_tree), ("multirack-loss", step_loss)):
+                for name, step in (("multirack-tree", step_tree), ("multirack-loss", step_loss),
+                                   ("multirack-fabric-order", step_fabric_order)):
                     reports.append(Report(name, lab.run_dir))
                     run_step(lab, [reports[-1]], step, lab, a, daemons, reports[-1])
             finally:

@@ -90,7 +90,7 @@ typedef struct {
   int measure_links; /* 0: alpha = rtt_us / 2, link_gbps and box_us */
   double box_us;
   /* The ring's order (netreduce.hpp Options). */
-  const char* rack;       /* NULL or "": NETREDUCE_RACK, else none */
+  const char* rack;       /* NULL or "": NETREDUCE_RACK, else the box's fabric's */
   const char* ring_order; /* NULL or "": NETREDUCE_RING_ORDER, else by rack; rank 0's counts */
 } nr_options;
 

@@ -202,9 +202,10 @@ struct Options {
   bool measure_links = true;
   double box_us = 1.0;
   // The ring's order. rack: this rank's rack (any label; empty:
-  // NETREDUCE_RACK, else none): the ring visits each rack's ranks one after
-  // the other, racks in the order of their lowest rank, so it crosses each
-  // rack boundary once. ring_order: rank 0's pins it instead (empty:
+  // NETREDUCE_RACK, else the box's fabric's rack of this rank's address,
+  // else none): the ring visits each rack's ranks one after the other,
+  // racks in the order of their lowest rank, so it crosses each rack
+  // boundary once. ring_order: rank 0's pins it instead (empty:
   // NETREDUCE_RING_ORDER, else by rack), every rank 0..world-1 once,
   // comma-separated (with local ranks, hosts by their lowest rank's place).
   // rank() stays the rank given to create; the box reduces in ring order
