@@ -18,6 +18,7 @@
 #include "host-lib/daemon.h"
 #include "host-lib/local.h"
 #include "host-lib/one_pass.h"
+#include "host-lib/rina_job.h"
 #include "host-lib/transport.h"
 #include "netreduce/netreduce.hpp"
 
@@ -82,6 +83,9 @@ struct Communicator::Impl {
   std::shared_ptr<void> keepalive;
   std::unique_ptr<host::Transport> transport;
   std::unique_ptr<host::Collective> collective;
+  // Rina mode (rina_job.h): every all-reduce runs on its communicators;
+  // `collective` is the job's ring (the other collectives). Null otherwise.
+  std::unique_ptr<host::RinaJob> rina;
   // Parallel NetReduce (local_size > 1): the host's shared segment; then
   // `collective` is this local rank's ring across the hosts (its rank the
   // host index, its world the host count) and the global rank and world
@@ -109,6 +113,7 @@ struct Communicator::Impl {
  private:
   // The record of the call that just succeeded, counted in `finished`.
   CallRecord record(CallKind kind);
+  bool rina_call_ = false;  // the call that just ran went through `rina`
   std::unique_ptr<host::OnePass> one_pass_;
   std::vector<uint8_t> scaled_;
   void run();

@@ -85,6 +85,7 @@ Communicator::Impl::~Impl() {
   }
   cv_.notify_all();
   thread_.join();  // queued calls finish first; each has a deadline
+  rina.reset();    // its communicators close with their members'
   // A rank that lost its last result to a box that left may need ours. It
   // may learn of the loss only at its call's deadline and then agrees
   // within as long again: wait for it twice the calls' timeout.
@@ -147,7 +148,13 @@ Error Communicator::Impl::submit(int timeout_ms, CallKind kind, uint64_t bytes, 
 CallRecord Communicator::Impl::record(CallKind kind) {
   const host::Collective::CallRecord& r = collective->last_call();
   // Nothing on the wire (zero elements, one rank): the path it was given.
-  const CallRecord rec{r.dependent_steps ? r.path : call_path, r.dependent_steps, r.bytes_sent};
+  CallRecord rec{r.dependent_steps ? r.path : call_path, r.dependent_steps, r.bytes_sent};
+  if (rina_call_) {  // its rack stage's path; the rack's pass, the ring, the spread
+    const host::RinaJob& j = *rina;
+    const auto G = static_cast<unsigned>(j.plan.groups.size());
+    rec = {j.rina->rack_path(), 2 * (G - 1) + (j.rack ? 2 : 0), 0};
+    rina_call_ = false;
+  }
   finished[static_cast<size_t>(kind) * 2 + static_cast<size_t>(rec.path)].fetch_add(
       1, std::memory_order_relaxed);
   std::lock_guard lk(last_mu);
@@ -157,6 +164,13 @@ CallRecord Communicator::Impl::record(CallKind kind) {
 
 Error Communicator::Impl::allreduce_now(const void* send, void* recv, size_t count, DataType t,
                                         Op op, host::Clock::time_point deadline) {
+  // Each Rina stage gets its communicator's op_timeout_ms: a rack whose box
+  // vanished finds out at its stage's deadline and finishes on its ring, and
+  // the lanes must still have their own time after that.
+  if (rina) {
+    rina_call_ = true;
+    return rina->rina->allreduce(send, recv, count, t, op, -1);
+  }
   const bool on_ring = call_path == Path::ring && collective->path() == Path::ina;
   if (local) return local->allreduce(*collective, send, recv, count, t, op, deadline, on_ring);
   if (on_ring) return collective->ring_allreduce(send, recv, count, t, op, deadline);
@@ -469,6 +483,8 @@ const std::string& Communicator::path_reason() const noexcept {
   return impl_->collective->path_reason();
 }
 int Communicator::failovers() const noexcept {
+  const host::RinaJob* r = impl_->rina.get();
+  if (r) return r->rack ? r->rack->failovers() : 0;  // the rack stage's
   return static_cast<int>(impl_->collective->failovers());
 }
 uint32_t Communicator::ring_id() const noexcept { return impl_->collective->config().ring_id(0); }

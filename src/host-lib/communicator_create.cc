@@ -47,6 +47,7 @@
 #include "host-lib/job.h"
 #include "host-lib/link_figures.h"
 #include "host-lib/local.h"
+#include "host-lib/rina_job.h"
 #include "host-lib/ring_order.h"
 #include "host-lib/verbs.h"
 
@@ -98,15 +99,21 @@ CollectiveConfig collective_config(const Options& options) {
 // collective before the rings and the transport it runs on).
 class JobSetup {
  public:
-  JobSetup(int rank, int world, const std::string& bootstrap, const Options& options)
+  // part: one of a Rina job's communicators (never Rina mode itself,
+  // whatever NETREDUCE_RINA says).
+  JobSetup(int rank, int world, const std::string& bootstrap, const Options& options,
+           bool part = false)
       : rank_(rank),
         world_(world),
         bootstrap_(bootstrap),
         options_(options),
         deadline_(Clock::now() + std::chrono::milliseconds(options.connect_timeout_ms)),
+        rina_mode_(!part && rina_mode(options)),
         cc_(collective_config(options)) {}
 
+  // The device, then the job's bootstrap: made, or one already made.
   Error open(const std::string& device, int gid_index);
+  Error adopt(const std::string& device, int gid_index, std::unique_ptr<Bootstrap> boot);
   Error job_header();           // step 1
   Error locality();             // step 2
   Error connect_qps();          // step 3
@@ -114,6 +121,7 @@ class JobSetup {
   Error probe();                // step 5
   Error share_links();          // step 6
   Error join_ring_bootstrap();  // step 7
+  Error rina();                 // step 8
   std::unique_ptr<Communicator> communicator();
 
  private:
@@ -121,16 +129,21 @@ class JobSetup {
   PathDecision register_rings();
   Error fall_back(std::string reason);
   std::string my_rack() const;
+  Error open_device(const std::string& device, int gid_index);
 
   const int rank_, world_;
   const std::string& bootstrap_;
   const Options& options_;
   const Clock::time_point deadline_;
+  const bool rina_mode_;
   std::string job_key_;
   CollectiveConfig cc_;
   unsigned R_ = 0;  // stripes: rings per local rank
   uint64_t nonce_ = 0;
   std::vector<FabricRack> fabric_racks_;  // from the job header
+  std::vector<std::string> racks_;        // every rank's rack label (its claim)
+  std::string device_;
+  int gid_index_ = -1;
   Locality loc_;
   std::vector<PeerInfo> all_;  // every rank's, in rank order
   LinkFigures links_;
@@ -141,18 +154,30 @@ class JobSetup {
   std::vector<std::unique_ptr<OwnedRing>> owned_;
   std::unique_ptr<Collective> coll_;
   std::shared_ptr<Bootstrap> ring_boot_;
+  std::unique_ptr<RinaJob> rina_;
 };
 
-// The device, then the job's bootstrap.
-Error JobSetup::open(const std::string& device, int gid_index) {
+Error JobSetup::open_device(const std::string& device, int gid_index) {
+  device_ = device;
+  gid_index_ = gid_index;
   t_ = std::make_unique<VerbsTransport>();
   if (Error e = t_->open(static_cast<unsigned>(rank_), static_cast<unsigned>(world_), device,
                          gid_index, options_.port, options_.qp_timeout))
     return e;
   job_key_ = options_.job_key;
   if (const char* env = std::getenv("NETREDUCE_JOB_KEY"); job_key_.empty() && env) job_key_ = env;
+  return {};
+}
+
+Error JobSetup::open(const std::string& device, int gid_index) {
+  if (Error e = open_device(device, gid_index)) return e;
   return Bootstrap::create(static_cast<unsigned>(rank_), static_cast<unsigned>(world_), bootstrap_,
                            job_key_, deadline_, boot_);
+}
+
+Error JobSetup::adopt(const std::string& device, int gid_index, std::unique_ptr<Bootstrap> boot) {
+  boot_ = std::move(boot);
+  return open_device(device, gid_index);
 }
 
 // Step 1 (job.h): rank 0 decides the number of rings per local ring (the
@@ -175,7 +200,8 @@ Error JobSetup::job_header() {
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
     const int timeout = static_cast<int>(
         std::clamp<int64_t>(left.count(), 1, std::max(1, options_.daemon_timeout_ms)));
-    if (workers || (!options_.force_ring && pinned_ring_order(options_).empty()))
+    // Rina mode needs the racks (which have a box) whatever the order.
+    if (workers || rina_mode_ || (!options_.force_ring && pinned_ring_order(options_).empty()))
       box = box_outline(daemon_target(options_), timeout, why);
     if (h.stripes == 0) h.stripes = workers ? std::clamp(box.workers, 1u, kMaxRings) : 1u;
     h.racks = std::move(box.racks);
@@ -212,6 +238,7 @@ Error JobSetup::locality() {
   std::vector<LocalityClaim> claims(static_cast<size_t>(world_));
   for (int r = 0; r < world_; ++r)
     if (Error e = decode_claim(blobs[r], static_cast<unsigned>(r), claims[r])) return e;
+  for (const LocalityClaim& c : claims) racks_.push_back(c.rack);
   if (Error e = resolve_locality(claims, static_cast<unsigned>(rank_), loc_)) return e;
   const unsigned n = loc_.local_size;
   if (options_.rings == 0) R_ = std::max(1u, R_ / n);
@@ -245,6 +272,7 @@ Error JobSetup::connect_qps() {
   mine.failback_calls = options_.failback_calls;
   mine.path_choice = static_cast<uint8_t>(options_.path_choice);
   mine.measure_links = options_.measure_links ? 1 : 0;
+  mine.rina = rina_mode_ ? 1 : 0;
   if (Error e = gather_peers(mine)) return e;
   {
     std::vector<PeerInfo> ring;
@@ -273,12 +301,13 @@ Error JobSetup::gather_peers(const PeerInfo& mine) {
         p.payload_bytes != mine.payload_bytes || p.window != mine.window ||
         p.recv_len != mine.recv_len || p.force_ring != mine.force_ring || p.rings != mine.rings ||
         p.rings_option != mine.rings_option || p.failback_calls != mine.failback_calls ||
-        p.path_choice != mine.path_choice || p.measure_links != mine.measure_links)
+        p.path_choice != mine.path_choice || p.measure_links != mine.measure_links ||
+        p.rina != mine.rina)
       return Error::make(ErrorCode::invalid_argument,
                          "rank " + std::to_string(r) +
                              " uses different options (world, msg_len, payload_bytes, window, "
-                             "ring_buffer_bytes, force_ring, rings, failback_calls, path_choice or "
-                             "measure_links) than rank " +
+                             "ring_buffer_bytes, force_ring, rings, failback_calls, path_choice, "
+                             "measure_links or rina) than rank " +
                              std::to_string(rank_));
   }
   return {};
@@ -323,7 +352,9 @@ PathDecision JobSetup::register_rings() {
       sp.payload_bytes = cc_.pmtu;
     }
   PathDecision d;
-  if (options_.force_ring) {
+  if (rina_mode_) {
+    d.reason = "rina mode: all-reduce through the racks' boxes and a ring across them";
+  } else if (options_.force_ring) {
     d.reason = "ring forced by options";
   } else if (H < 2) {
     d.reason = world_ < 2 ? "a single rank needs no box" : "a single host needs no box";
@@ -432,6 +463,39 @@ Error JobSetup::join_ring_bootstrap() {
   return {};
 }
 
+// Step 8: Rina mode's communicators (rina_job.h), over the job's
+// bootstrap, with a connect_timeout_ms of their own; then every rank
+// learns whether every rank made its parts, and all fail together.
+Error JobSetup::rina() {
+  if (!rina_mode_) return {};
+  if (loc_.local_size > 1)
+    return Error::make(ErrorCode::invalid_argument,
+                       "rina: local ranks (" + std::to_string(loc_.local_size) +
+                           " per host) are not supported in Rina mode");
+  if (rank_ == 0 && fabric_racks_.empty())
+    std::fprintf(stderr,
+                 "netreduce: rank 0: Rina mode, but the daemon named no racks of a fabric: no "
+                 "rack has a box, every all-reduce runs on rings\n");
+  const RinaJobInput in{static_cast<unsigned>(rank_),
+                        racks_,
+                        loc_.ring,
+                        fabric_racks_,
+                        device_,
+                        gid_index_,
+                        job_key_};
+  const auto until = Clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms);
+  const Error mine = make_rina_job(in, *boot_, options_, until, rina_);
+  std::vector<std::string> blobs;
+  if (Error e = boot_->allgather(mine.ok() ? "1" : "0" + mine.message, blobs,
+                                 until + std::chrono::milliseconds(options_.connect_timeout_ms)))
+    return e;
+  for (int r = 0; r < world_; ++r)
+    if (blobs[r] != "1")
+      return Error::make(mine.ok() ? ErrorCode::bootstrap : mine.code,
+                         "rank " + std::to_string(r) + ": " + blobs[r].substr(1));
+  return {};
+}
+
 // The communicator of what the steps made.
 std::unique_ptr<Communicator> JobSetup::communicator() {
   const unsigned n = loc_.local_size;
@@ -439,6 +503,7 @@ std::unique_ptr<Communicator> JobSetup::communicator() {
   impl->owned_rings = std::move(owned_);
   impl->links = links_;
   impl->ring_in_rank_order = loc_.rank_order;
+  impl->rina = std::move(rina_);
   if (n > 1 || !loc_.rank_order) {  // the transport's rank is the ring's place
     impl->local = std::move(local_);
     impl->global_rank = rank_;
@@ -473,6 +538,20 @@ std::unique_ptr<Communicator> JobSetup::communicator() {
   return std::make_unique<Communicator>(std::move(impl));
 }
 
+// Steps 1-8 on a job whose device and bootstrap are open.
+Error run_steps(JobSetup& job, std::unique_ptr<Communicator>& out) {
+  if (Error e = job.job_header()) return e;
+  if (Error e = job.locality()) return e;
+  if (Error e = job.connect_qps()) return e;
+  if (Error e = job.decide_path()) return e;
+  if (Error e = job.probe()) return e;
+  if (Error e = job.share_links()) return e;
+  if (Error e = job.join_ring_bootstrap()) return e;
+  if (Error e = job.rina()) return e;
+  out = job.communicator();
+  return {};
+}
+
 }  // namespace
 }  // namespace host
 
@@ -484,15 +563,21 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   if (Error e = check_arguments(rank, world, bootstrap, options)) return e;
   JobSetup job(rank, world, bootstrap, options);
   if (Error e = job.open(device, gid_index)) return e;
-  if (Error e = job.job_header()) return e;
-  if (Error e = job.locality()) return e;
-  if (Error e = job.connect_qps()) return e;
-  if (Error e = job.decide_path()) return e;
-  if (Error e = job.probe()) return e;
-  if (Error e = job.share_links()) return e;
-  if (Error e = job.join_ring_bootstrap()) return e;
-  out = job.communicator();
-  return {};
+  return run_steps(job, out);
 }
 
+namespace host {
+
+Error create_on_bootstrap(unsigned rank, unsigned world, const std::string& device, int gid_index,
+                          std::unique_ptr<Bootstrap> boot, const std::string& address,
+                          const Options& options, std::unique_ptr<Communicator>& out) {
+  out.reset();
+  if (Error e = check_arguments(static_cast<int>(rank), static_cast<int>(world), address, options))
+    return e;
+  JobSetup job(static_cast<int>(rank), static_cast<int>(world), address, options, /*part=*/true);
+  if (Error e = job.adopt(device, gid_index, std::move(boot))) return e;
+  return run_steps(job, out);
+}
+
+}  // namespace host
 }  // namespace netreduce

@@ -42,6 +42,7 @@ struct PeerInfo {
   uint16_t msg_len = 0, payload_bytes = 0, window = 0, force_ring = 0;
   uint32_t failback_calls = 0;                 // every rank tries the box again on the same call
   uint8_t path_choice = 0, measure_links = 0;  // every rank chooses alike, measures together
+  uint8_t rina = 0;                            // Rina mode (every rank alike)
 };
 
 class VerbsTransport final : public Transport {

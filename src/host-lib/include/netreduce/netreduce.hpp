@@ -212,6 +212,15 @@ struct Options {
   // (docs/host-library.md#the-order-of-the-ring).
   std::string rack;
   std::string ring_order;
+  // Rina mode (also NETREDUCE_RINA=1; every rank alike): for a job whose
+  // racks do not all have a box. Each rack whose label is a leaf of the
+  // box's fabric reduces through its box, a ring runs across the racks and
+  // the ranks without one, and the rack spreads the result
+  // (docs/multi-rack.md#rina-mode-in-a-job). Every collective made of
+  // all-reduces takes that way, each stage with op_timeout_ms; path() is
+  // ring, last_call() the rack stage's path, failovers() the rack
+  // stage's. ring_id is not used. Not with local ranks.
+  bool rina = false;
 };
 
 class AllreduceHandle;
