@@ -5,7 +5,8 @@
 //   netreduce-allreduce-perf --rank R --world P --bootstrap HOST:PORT
 //       [--device rxe0] [--gid-index -1] [-b 8] [-e 32M] [-f 2] [-d fp32]
 //       [-o sum] [-n 20] [-w 5] [-c 1] [--msg-len 4] [--payload 1024]
-//       [--window 0] [--timeout-ms 30000] [--qp-timeout 14] [--force-ring]
+//       [--window 0] [--timeout-ms 30000] [--qp-timeout 14] [--force-ring] [--rina]
+//       [--failback-calls 64]
 //       [--rings 0] [--local-size n] [--local-rank l] [--host-id ID]
 //       [--check-order [--rack-size K]] [--collective all_reduce] [--root 0]
 //   netreduce-allreduce-perf --loopback [--loopback-box] --world P ...
@@ -59,6 +60,7 @@
 #include <thread>
 #include <vector>
 
+#include "host-lib/comm_impl.h"
 #include "host-lib/local.h"
 #include "host-lib/loopback.h"
 #include "host-lib/plan.h"
@@ -509,6 +511,10 @@ int sweep(Communicator& comm, const SweepParams& p, std::vector<uint64_t>& ring_
   if (comm.failovers() > 0)
     std::printf("# rank %d: failovers %d, path now %s (%s)\n", rank, comm.failovers(),
                 to_string(comm.path()), comm.path_reason().c_str());
+  if (const host::RinaJob* rj = comm.impl().rina.get())
+    std::printf("# rank %d: %s; this rank's rack stage: %s (ring %u, %d failovers)\n", rank,
+                rj->describe().c_str(), to_string(rj->rina->rack_path()),
+                rj->rack ? rj->rack->ring_id() : 0u, rj->rack ? rj->rack->failovers() : 0);
   if (rank == 0)
     std::printf("# errors: %zu, status: %s\n", total_errors,
                 status == 0 && total_errors == 0 ? "ok" : "FAILED");
@@ -563,6 +569,11 @@ int main(int argc, char** argv) {
                  "RC retransmission timeout exponent: 4.096 us x 2^N (default 14)")
       ->check(CLI::Range(1, 31));
   app.add_flag("--force-ring", opt.force_ring, "never use the box");
+  app.add_option("--failback-calls", opt.failback_calls,
+                 "after a failover, calls before the box is tried again (0: never; default 64)");
+  app.add_flag("--rina", opt.rina,
+               "Rina mode (Options::rina): racks through their boxes, a ring across them; "
+               "every rank prints its rack stage's path at the end");
   std::string path_s = "ina";
   app.add_option("--path", path_s,
                  "while the box is up: ina (every call through the box, the default), model "
