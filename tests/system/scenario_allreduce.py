@@ -239,9 +239,11 @@ class Daemon:
 
 class Job:
     """One netreduce-allreduce-perf run over the lab's guests (rank r in guest
-    g<r>, or in guests[r] when given)."""
+    g<r>, or in guests[r] when given; rank r's environment also has
+    rank_env[r] when given)."""
 
-    def __init__(self, lab, exe, args, daemon=None, tag="", qp_timeout=QP_TIMEOUT, env=None, guests=None):
+    def __init__(self, lab, exe, args, daemon=None, tag="", qp_timeout=QP_TIMEOUT, env=None, guests=None,
+                 rank_env=None):
         self.lab, self.args, self.tag = lab, args, tag
         guests = guests or lab.guests
         env = dict(env or {})
@@ -256,14 +258,15 @@ class Job:
         for r, g in enumerate(guests):
             argv = [exe, "--rank", r, "--world", len(guests), "--bootstrap", "%s:%d" % (g0.ip, BOOT_PORT), "--device",
                     "rxe0", "--gid-index", g.gid_index, "--qp-timeout", qp_timeout, "--path", "ina"] + list(args)
-            self.jobs.append(g.spawn(argv, env=env))
+            self.jobs.append(g.spawn(argv, env=dict(env, **(rank_env[r] if rank_env else {}))))
 
     def wait(self, timeout):
         return [j.wait(timeout) for j in self.jobs]
 
-    def check_ok(self, results, want_path):
-        """Every rank exited 0, rank 0's table has one row per expected size
-        with 0 errors on path want_path; returns (header info, rows)."""
+    def check_ok(self, results, want_path, row_path=None):
+        """Every rank exited 0, rank 0's header says path want_path and its
+        table has one row per expected size with 0 errors on path row_path
+        (default want_path); returns (header info, rows)."""
         if any(res.rc != 0 for res in results):
             # Every rank's error first (CI logs keep only the start of a long
             # message), then what the box saw, then rank 0's table.
@@ -327,7 +330,7 @@ class Job:
         for x in rows:
             expect(x["errors"] == "0", "%s: %s %s %d B: %s element errors" %
                    (self.tag, x["type"], x["op"], x["bytes"], x["errors"]))
-            expect(x["path"] == want_path, "%s: row on path %s" % (self.tag, x["path"]))
+            expect(x["path"] == (row_path or want_path), "%s: row on path %s" % (self.tag, x["path"]))
         expect(re.search(r"^# errors: 0, status: ok$", out, re.M), "%s: no clean summary line" % self.tag)
         for r, res in enumerate(results[1:], 1):  # other ranks print only rows with errors
             expect(not re.search(r"^\s+\d+ ", res.out, re.M), "%s: rank %d reported errors:\n%s" %

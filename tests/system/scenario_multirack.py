@@ -40,6 +40,24 @@ Steps, each reported on its own and each able to fail:
      ring the origin registers holds g0, g1 (rack A) then g2, g3 (rack B):
      two rack crossings where rank order makes four. fp32 sums 8 B..32 KiB,
      exact, on the INA path.
+  rina: Rina mode (--rina) with rack B taken as a rack without a box (its
+     ranks labelled rackB, no leaf of the fabric): rack A (g0, g1, its
+     label from the fabric) reduces through leafA, a ring of 3 groups runs
+     in 2 lanes (g0 and g1 each carry one, g2 and g3 both), and leafA
+     spreads the lanes. fp32, int64 and bf16 sums, 8 B..32 KiB,
+     exact; every rank names the plan; ranks 0 and 1 report their rack
+     stage on the INA path through one ring at leafA, which aggregated
+     exactly the two passes of every call (the rack's sum, the spread);
+     ranks 2 and 3 have no rack stage. The leaf-spine link upA carries
+     the lanes, g0 and g1 one each (equal WRITE payloads up), and no
+     box-to-box frame. The same calls then run on the flat ring (rank
+     order, --force-ring) for the figures beside Rina's: time per call and
+     bytes on upA.
+  rina-bypass: the same job (NETREDUCE_RINA=1 this time), fp32 sums of 256
+     KiB, while leafA, restarted with fault injection, bypasses every ring
+     for 3 s: only rack A's stage fails over to its ring (ranks 0 and 1 log
+     the switch; 2 and 3 do not), the job goes on exact, and rack A is back
+     on its box at the end (failback after 8 calls).
 A report per step (figures, counters) is printed and saved next to the run.
 """
 import os
@@ -295,6 +313,131 @@ def step_fabric_order(lab, a, daemons, rep):
     rep.figure("rows checked exact (fp32 sum 8 B..32 KiB)", len(rows))
 
 
+RINA_RUN = ["-d", "fp32,int64,bf16", "-o", "sum", "-b", "8", "-e", "32K", "-f", "8", "-n", "3", "-w", "0",
+            "-c", "1", "--rina"]
+
+
+RINA_PLAN = "rina: 3 groups, 2 lanes: leafA (ranks 0, 1) through its box; rank 2 alone; rank 3 alone"
+NO_BOX = [{}, {}, {"NETREDUCE_RACK": "rackB"}, {"NETREDUCE_RACK": "rackB"}]  # rack B: a label no leaf has
+
+
+def rina_stages(res):
+    """{rank: (rack stage path, its ring id, its failovers)} from each rank's
+    Rina line, which must name RINA_PLAN."""
+    stages = {}
+    for r, out in enumerate(x.out for x in res):
+        m = re.search(r"^# rank %d: (.*); this rank's rack stage: (\w+) \(ring (\d+), (\d+) failovers\)$" % r,
+                      out, re.M)
+        expect(m and m.group(1) == RINA_PLAN, "rank %d's Rina line %s, expected the plan %r" %
+               (r, m and m.group(0), RINA_PLAN))
+        stages[r] = (m.group(2), int(m.group(3)), int(m.group(4)))
+    return stages
+
+
+def step_rina(lab, a, daemons, rep):
+    rack_a = {g.ip for g in lab.guests if g.rack == 0}
+    cap = Capture(lab, ("upA",), bpf="udp")
+    job = sa.Job(lab, a.perf, RINA_RUN, daemon=daemons[ORIGIN], tag="rina", rank_env=NO_BOX)
+    res = job.wait(JOB_TIMEOUT)
+    time.sleep(1)  # last ACKs into the capture
+    caps = cap.stop()
+    head, rows = job.check_ok(res, "ring", row_path="ina")  # a row's path: rank 0's rack stage
+    stages = rina_stages(res)
+    expect(stages[0] == stages[1] and stages[0][0] == "ina" and stages[0][1] != 0 and stages[0][2] == 0,
+           "ranks 0 and 1: rack stages %s, expected one ring at leafA on the INA path" % [stages[0], stages[1]])
+    expect(all(stages[r][1] == 0 for r in (2, 3)), "ranks 2 and 3 have a rack ring: %s" % stages)
+    # Rack A's two ranks, per call of b bytes: the rack's pass (b each) and
+    # the spread (b as int32 words, plus the count word), and the probe.
+    calls = sa.expected_calls(RINA_RUN)
+    want = 2 * (sum(b + 4 * (-(-b // 4)) + 4 for _, _, b in calls) + 4)
+    ring = lab.boxes["leafA"].ring(stages[0][1])
+    expect(ring is not None and ring["counters"]["bytes_aggregated"] == want,
+           "leafA's rack ring %d aggregated %s data bytes, expected %d (%d calls: pass and spread)" %
+           (stages[0][1], ring and ring["counters"]["bytes_aggregated"], want, len(calls)))
+    path, kdrops = caps["upA"]
+    expect(kdrops == 0, "the capture on upA dropped %d frames" % kdrops)
+    t = link_traffic(path, rack_a, B2B["leafA"][0])
+    up = sa.write_payload_by_source(pcap_frames(path))
+    expect(t["in_rack"] == 0 and not t["b2b"] and t["roce_up"][0] > 0 and t["roce_down"][0] > 0,
+           "upA during Rina: %d RoCE frames between rack A's guests, box-to-box %s, RoCE up / down %s / %s "
+           "(expected lanes only)" % (t["in_rack"], sorted(t["b2b"]), t["roce_up"], t["roce_down"]))
+    g0, g1 = up.get(lab.guests[0].ip, 0), up.get(lab.guests[1].ip, 0)
+    expect(g0 > 0 and abs(g0 - g1) <= 0.05 * max(g0, g1),
+           "WRITE payload up upA from g0 / g1: %d / %d B, expected their two equal lanes" % (g0, g1))
+    rep.figure("plan", RINA_PLAN)
+    rep.figure("rows checked exact (fp32, int64, bf16 sums, 8 B..32 KiB)", len(rows))
+    rep.figure("rack A's ring at leafA: data bytes aggregated", ring["counters"]["bytes_aggregated"])
+    rep.figure("upA: RoCE frames / bytes up, down", "%d / %d, %d / %d" % tuple(t["roce_up"] + t["roce_down"]))
+    rep.figure("upA: RDMA WRITE payload up from g0 / g1 (their lanes)",
+               "%d / %d" % (up.get(lab.guests[0].ip, 0), up.get(lab.guests[1].ip, 0)), "B")
+
+    # The same calls on the flat ring (rank order, the box forwarding), for
+    # the figures beside Rina's: time per call and bytes on upA.
+    cap = Capture(lab, ("upA",), bpf="udp")
+    flat = sa.Job(lab, a.perf, RINA_RUN[:-1] + ["--force-ring"], daemon=daemons[ORIGIN], tag="flat ring")
+    fres = flat.wait(JOB_TIMEOUT)
+    time.sleep(1)
+    fpath, _ = cap.stop()["upA"]
+    _, frows = flat.check_ok(fres, "ring")
+    ft = link_traffic(fpath, rack_a, B2B["leafA"][0])
+    us = {(x["type"], x["bytes"]): x["us"] for x in rows}
+    fus = {(x["type"], x["bytes"]): x["us"] for x in frows}
+    for key in sorted(k for k in us if k[0] == "fp32"):
+        rep.figure("%s %d B: us per call, Rina / flat ring" % key, "%.0f / %.0f" % (us[key], fus[key]))
+    rep.figure("upA: RoCE bytes up + down, Rina / flat ring",
+               "%d / %d" % (t["roce_up"][1] + t["roce_down"][1], ft["roce_up"][1] + ft["roce_down"][1]))
+
+
+RINA_BYPASS_RUN = ["-d", "fp32", "-o", "sum", "-b", "256K", "-e", "256K", "-n", "120", "-w", "0", "-c", "1",
+                   "--timeout-ms", "30000", "--failback-calls", "8"]
+
+
+def rack_a_rings(box, ips):
+    return {r["spec"]["id"]: r for r in box.control(cmd="list_rings")["rings"]
+            if [m["address"] if isinstance(m, dict) else m for m in r["spec"]["members"]] == ips}
+
+
+def step_rina_bypass(lab, a, daemons, rep):
+    box, daemon = lab.boxes["leafA"], daemons["leafA"]
+    box.stop()
+    box.start(extra={"faults": {"enabled": True}})
+    deadline = time.monotonic() + 60
+    while not (daemon.get("/v1/health", check=False) or {}).get("dataplane_connected"):
+        expect(time.monotonic() < deadline, "netreduced-leafA did not reconnect to the restarted box")
+        time.sleep(0.3)
+    ips = [g.ip for g in lab.guests if g.rack == 0]
+    before = set(rack_a_rings(box, ips))
+    job = sa.Job(lab, a.perf, RINA_BYPASS_RUN, daemon=daemons[ORIGIN], tag="rina bypass",
+                 qp_timeout=sa.BYPASS_QP_TIMEOUT, env={"NETREDUCE_RINA": "1"}, rank_env=NO_BOX)
+    try:
+        # Once rack A's new ring aggregates, every ring at leafA is bypassed for 3 s.
+        deadline = time.monotonic() + 300
+        while True:
+            fresh = {i: r for i, r in rack_a_rings(box, ips).items() if i not in before}
+            if any(r["counters"]["bytes_aggregated"] > 0 for r in fresh.values()):
+                break
+            expect(time.monotonic() < deadline and not any(j.done() for j in job.jobs),
+                   "rack A's ring never aggregated before the bypass (rings %s)" % sorted(fresh))
+            time.sleep(0.2)
+        daemon.post("/v1/faults", {"ring": "all", "kind": "bypass", "duration_ms": 3000})
+        res = job.wait(900)
+    finally:
+        daemon.delete("/v1/faults")
+    expect(all(x.rc == 0 for x in res), "ranks exited %s after rack A's bypass\n%s" % (
+        [x.rc for x in res], "\n".join("rank %d:\n%s" % (r, x.err.strip()[-1500:]) for r, x in enumerate(res))))
+    expect("status: ok" in res[0].out, "rank 0 did not report every call exact:\n%s" % res[0].out[-2000:])
+    stages = rina_stages(res)
+    switches = [sum("switched to the ring path" in ln for ln in x.err.splitlines()) for x in res]
+    expect(switches[0] >= 1 and switches[1] >= 1 and switches[2] == 0 and switches[3] == 0,
+           "switches to the ring path logged per rank %s: expected rack A's two ranks only" % switches)
+    expect(all(stages[r][0] == "ina" and stages[r][2] >= 1 for r in (0, 1)),
+           "rack A's stages at the end %s: expected back on its box after its failover" % [stages[0], stages[1]])
+    rep.figure("rack stage at the end, failovers (ranks 0, 1)", "%s, %d / %s, %d" % (
+        stages[0][0], stages[0][2], stages[1][0], stages[1][2]))
+    rep.figure("switches to the ring path logged per rank", switches)
+    rep.line("rack A fell back during the bypass and rejoined its box; ranks 2, 3 ran on unchanged")
+
+
 def main():
     a, _ = scenario_args(("dataplane", "daemon", "perf"))
     sa.BOOT_PORT = BOOT_PORT
@@ -312,7 +455,8 @@ def main():
             try:
                 daemons = start_daemons(lab, a.daemon, etcd)
                 for name, step in (("multirack-tree", step_tree), ("multirack-loss", step_loss),
-                                   ("multirack-fabric-order", step_fabric_order)):
+                                   ("multirack-fabric-order", step_fabric_order),
+                                   ("multirack-rina", step_rina), ("multirack-rina-bypass", step_rina_bypass)):
                     reports.append(Report(name, lab.run_dir))
                     run_step(lab, [reports[-1]], step, lab, a, daemons, reports[-1])
             finally:
