@@ -211,6 +211,14 @@ Error Bootstrap::listen(unsigned world, const std::string& ip, std::unique_ptr<B
   return {};
 }
 
+std::unique_ptr<Bootstrap> Bootstrap::over(unsigned rank, unsigned world, const Rendezvous& rv,
+                                           std::string ip) {
+  std::unique_ptr<Bootstrap> b(new Bootstrap(rank, world, rv.name));
+  b->rendezvous_ = rv.allgather;
+  b->listen_ip_ = std::move(ip);
+  return b;
+}
+
 Error Bootstrap::bind_listen(const sockaddr_in& sa) {
   listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   const int one = 1;
@@ -235,7 +243,7 @@ Error Bootstrap::accept(const std::string& job_key, Clock::time_point deadline) 
 }
 
 std::string Bootstrap::local_ip() const {
-  if (rank_ == 0) return listen_ip_;
+  if (rank_ == 0 || rendezvous_) return listen_ip_;
   if (peers_.empty()) return "";
   sockaddr_in sa{};
   socklen_t len = sizeof sa;
@@ -402,6 +410,14 @@ Error Bootstrap::hello(const sockaddr_in& sa, const JobTag& job, Clock::time_poi
 
 Error Bootstrap::allgather(const std::string& mine, std::vector<std::string>& all,
                            Clock::time_point deadline) {
+  if (rendezvous_) {
+    all.clear();
+    if (Error e = rendezvous_(mine, all)) return e;
+    if (all.size() != world_ || all[rank_] != mine)
+      return berr("the rendezvous gave " + std::to_string(all.size()) + " blobs for " +
+                  std::to_string(world_) + " ranks, or not this rank's own");
+    return {};
+  }
   all.assign(world_, {});
   all[rank_] = mine;
   if (world_ == 1) return {};
@@ -443,6 +459,12 @@ Error Bootstrap::allgather(const std::string& mine, std::vector<std::string>& al
 
 Error Bootstrap::broadcast(std::string& blob, Clock::time_point deadline) {
   if (world_ == 1) return {};
+  if (rendezvous_) {
+    std::vector<std::string> all;
+    if (Error e = allgather(rank_ == 0 ? blob : std::string(), all, deadline)) return e;
+    blob = all[0];
+    return {};
+  }
   if (rank_ == 0) {
     for (unsigned r = 1; r < world_; ++r)
       if (!send_frame(peers_[r], blob, deadline))

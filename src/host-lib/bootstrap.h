@@ -20,6 +20,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,6 +54,12 @@ class Bootstrap {
   // that address.
   static Error listen(unsigned world, const std::string& ip, std::unique_ptr<Bootstrap>& out);
   Error accept(const std::string& job_key, Clock::time_point deadline);
+  // Over a rendezvous the caller has (netreduce.hpp Rendezvous): allgather
+  // is the caller's, broadcast is an allgather of rank 0's blob, and
+  // local_ip() is `ip` (the address the rank's own rendezvous would listen
+  // at). The caller's allgather bounds its own wait.
+  static std::unique_ptr<Bootstrap> over(unsigned rank, unsigned world, const Rendezvous& rv,
+                                         std::string ip);
   const std::string& address() const noexcept { return address_; }
   // The IPv4 address this rank reaches rank 0 through (at rank 0: the one
   // it listens at); empty if unknown.
@@ -74,6 +81,7 @@ class Bootstrap {
   int listen_fd_ = -1;
   std::string listen_ip_;   // rank 0: the address it listens at
   std::vector<int> peers_;  // rank 0: fd per rank (index 0 unused); others: [0] = rank 0
+  std::function<Error(const std::string&, std::vector<std::string>&)> rendezvous_;  // over()
 };
 
 }  // namespace netreduce::host

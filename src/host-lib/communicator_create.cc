@@ -56,7 +56,7 @@ namespace host {
 namespace {
 
 // The arguments, before anything is opened or sent.
-Error check_arguments(int rank, int world, const std::string& bootstrap, const Options& options) {
+Error check_arguments(int rank, int world, const Options& options) {
   if (world < 1 || world > 64)
     return Error::make(ErrorCode::invalid_argument,
                        "world: " + std::to_string(world) + " is outside 1..64");
@@ -64,12 +64,6 @@ Error check_arguments(int rank, int world, const std::string& bootstrap, const O
     return Error::make(
         ErrorCode::invalid_argument,
         "rank: " + std::to_string(rank) + " is outside 0.." + std::to_string(world - 1));
-  {
-    std::string h, err;
-    uint16_t p = 0;
-    if (!parse_host_port(bootstrap, h, p, err))
-      return Error::make(ErrorCode::invalid_argument, err);
-  }
   if (options.connect_timeout_ms <= 0 || options.op_timeout_ms <= 0 ||
       options.daemon_timeout_ms <= 0)
     return Error::make(ErrorCode::invalid_argument, "timeouts must be positive");
@@ -81,6 +75,13 @@ Error check_arguments(int rank, int world, const std::string& bootstrap, const O
     return e;
   MessagePlan probe;
   return make_plan(0, DataType::fp32, options.msg_len, options.payload_bytes, probe);
+}
+
+Error check_arguments(int rank, int world, const std::string& bootstrap, const Options& options) {
+  std::string h, err;
+  uint16_t p = 0;
+  if (!parse_host_port(bootstrap, h, p, err)) return Error::make(ErrorCode::invalid_argument, err);
+  return check_arguments(rank, world, options);
 }
 
 CollectiveConfig collective_config(const Options& options) {
@@ -114,6 +115,7 @@ class JobSetup {
   // The device, then the job's bootstrap: made, or one already made.
   Error open(const std::string& device, int gid_index);
   Error adopt(const std::string& device, int gid_index, std::unique_ptr<Bootstrap> boot);
+  Error open_over(const std::string& device, int gid_index, const Rendezvous& rendezvous);
   Error job_header();           // step 1
   Error locality();             // step 2
   Error connect_qps();          // step 3
@@ -178,6 +180,17 @@ Error JobSetup::open(const std::string& device, int gid_index) {
 Error JobSetup::adopt(const std::string& device, int gid_index, std::unique_ptr<Bootstrap> boot) {
   boot_ = std::move(boot);
   return open_device(device, gid_index);
+}
+
+// The rendezvous's own TCP bootstraps (local ranks, Rina parts) listen at
+// the rank's RoCE address: the one the ring connects to anyway.
+Error JobSetup::open_over(const std::string& device, int gid_index, const Rendezvous& rendezvous) {
+  if (Error e = open_device(device, gid_index)) return e;
+  uint32_t ip = t_->local_info().ipv4;
+  if (!options_.ipv4.empty()) ipv4_from_string(options_.ipv4, ip);
+  boot_ = Bootstrap::over(static_cast<unsigned>(rank_), static_cast<unsigned>(world_), rendezvous,
+                          ip != 0 ? ipv4_to_string(ip) : std::string());
+  return {};
 }
 
 // Step 1 (job.h): rank 0 decides the number of rings per local ring (the
@@ -563,6 +576,19 @@ Error Communicator::create(int rank, int world, const std::string& device, int g
   if (Error e = check_arguments(rank, world, bootstrap, options)) return e;
   JobSetup job(rank, world, bootstrap, options);
   if (Error e = job.open(device, gid_index)) return e;
+  return run_steps(job, out);
+}
+
+Error Communicator::create(int rank, int world, const std::string& device, int gid_index,
+                           const Rendezvous& rendezvous, const Options& options,
+                           std::unique_ptr<Communicator>& out) {
+  using namespace host;
+  out.reset();
+  if (!rendezvous.allgather)
+    return Error::make(ErrorCode::invalid_argument, "rendezvous: no allgather");
+  if (Error e = check_arguments(rank, world, options)) return e;
+  JobSetup job(rank, world, rendezvous.name, options);
+  if (Error e = job.open_over(device, gid_index, rendezvous)) return e;
   return run_steps(job, out);
 }
 

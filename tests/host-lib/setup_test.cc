@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -82,6 +83,92 @@ TEST_CASE("bootstrap: allgather and broadcast over TCP", "[hostlib][bootstrap]")
       CHECK(got[r][k] == "rank" + std::to_string(k) + std::string(k * 100, 'x'));
     CHECK(bc[r] == "decision");
   }
+}
+
+namespace {
+
+// The caller's rendezvous of the test: P threads meet at a generation
+// counter, each leaving its blob; the last one in publishes the table.
+struct Meeting {
+  explicit Meeting(unsigned p) : P(p), slots(p) {}
+  Error allgather(unsigned r, const std::string& mine, std::vector<std::string>& all) {
+    std::unique_lock<std::mutex> lk(mu);
+    const uint64_t gen = generation;
+    slots[r] = mine;
+    if (++arrived == P) {
+      table = slots;
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+    } else {
+      cv.wait(lk, [&] { return generation != gen; });
+    }
+    all = table;
+    return {};
+  }
+  const unsigned P;
+  std::mutex mu;
+  std::condition_variable cv;
+  unsigned arrived = 0;
+  uint64_t generation = 0;
+  std::vector<std::string> slots, table;
+};
+
+}  // namespace
+
+TEST_CASE("bootstrap: over a caller's rendezvous", "[hostlib][bootstrap]") {
+  const unsigned P = 3;
+  Meeting m(P);
+  std::vector<std::vector<std::string>> got(P);
+  std::vector<std::string> bc(P), ip(P);
+  std::vector<Error> errs(P);
+  std::vector<std::thread> th;
+  for (unsigned r = 0; r < P; ++r)
+    th.emplace_back([&, r] {
+      Rendezvous rv{[&, r](const std::string& mine, std::vector<std::string>& all) {
+                      return m.allgather(r, mine, all);
+                    },
+                    "test"};
+      auto b = Bootstrap::over(r, P, rv, "10.0.0." + std::to_string(r + 1));
+      ip[r] = b->local_ip();
+      errs[r] = b->allgather(std::string(r + 1, char('a' + r)), got[r], in_ms(1000));
+      if (!errs[r].ok()) return;
+      bc[r] = r == 0 ? "decision" : "ignored";
+      errs[r] = b->broadcast(bc[r], in_ms(1000));
+    });
+  for (auto& t : th) t.join();
+  for (unsigned r = 0; r < P; ++r) {
+    INFO(errs[r].message);
+    REQUIRE(errs[r].ok());
+    CHECK(got[r] == std::vector<std::string>{"a", "bb", "ccc"});
+    CHECK(bc[r] == "decision");
+    CHECK(ip[r] == "10.0.0." + std::to_string(r + 1));
+  }
+
+  // A rendezvous that fails, or hands back a table of the wrong shape, is
+  // the bootstrap's error, never a short table.
+  std::vector<std::string> all;
+  Rendezvous fails{[](const std::string&, std::vector<std::string>&) {
+                     return Error::make(ErrorCode::transport, "MPI_Allgather: rank 2 is gone");
+                   },
+                   "test"};
+  Error e = Bootstrap::over(0, 2, fails, "")->allgather("x", all, in_ms(1000));
+  CHECK(e.message == "MPI_Allgather: rank 2 is gone");
+  Rendezvous short_table{[](const std::string& mine, std::vector<std::string>& out) {
+                           out = {mine};
+                           return Error{};
+                         },
+                         "test"};
+  e = Bootstrap::over(1, 2, short_table, "")->allgather("x", all, in_ms(1000));
+  CHECK(e.code == ErrorCode::bootstrap);
+  CHECK(e.message.find("1 blobs for 2 ranks") != std::string::npos);
+  Rendezvous not_mine{[](const std::string&, std::vector<std::string>& out) {
+                        out = {"a", "b"};
+                        return Error{};
+                      },
+                      "test"};
+  e = Bootstrap::over(1, 2, not_mine, "")->allgather("x", all, in_ms(1000));
+  CHECK(e.code == ErrorCode::bootstrap);
 }
 
 TEST_CASE("bootstrap: deadlines name who is missing", "[hostlib][bootstrap]") {

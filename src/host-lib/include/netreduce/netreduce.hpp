@@ -34,9 +34,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace netreduce {
 
@@ -225,6 +227,17 @@ struct Options {
 
 class AllreduceHandle;
 
+// A rendezvous the caller already has, in place of create()'s TCP bootstrap
+// (libnetreduce-mpi runs it over the MPI communicator). allgather gives every
+// rank's blob to every rank, in rank order (all.size() == world), or fails;
+// create() calls it a few times, from the calling thread, every rank in the
+// same order, and never after create() returns. Local ranks and Rina mode
+// still open their own TCP rendezvous, at the address of the rank's GID.
+struct Rendezvous {
+  std::function<Error(const std::string& mine, std::vector<std::string>& all)> allgather;
+  std::string name;  // the job's name (seeds the ring id as a bootstrap address does)
+};
+
 class Communicator {
  public:
   struct Impl;
@@ -233,6 +246,10 @@ class Communicator {
   // RDMA device. Fails with ErrorCode::no_device when there is none.
   static Error create(int rank, int world, const std::string& device, int gid_index,
                       const std::string& bootstrap, const Options& options,
+                      std::unique_ptr<Communicator>& out);
+  // The same over a rendezvous the caller has (Rendezvous above).
+  static Error create(int rank, int world, const std::string& device, int gid_index,
+                      const Rendezvous& rendezvous, const Options& options,
                       std::unique_ptr<Communicator>& out);
 
   explicit Communicator(std::unique_ptr<Impl> impl);
