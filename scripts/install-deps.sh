@@ -39,6 +39,8 @@ TEST=(
   zlib1g-dev
   # the Python package (python/netreduce) and its tests: PyTorch (CPU, Gloo)
   python3-torch
+  # the MPI interposer (libnetreduce-mpi) and its tests: Open MPI, mpirun, mpi4py
+  libopenmpi-dev openmpi-bin python3-mpi4py
   # system tests: the Soft-RoCE lab (QEMU guests on Debian's kernel, rdma_rxe)
   qemu-system-x86 linux-image-amd64 busybox-static kmod cpio ibverbs-utils
   perftest tcpdump

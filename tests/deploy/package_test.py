@@ -49,6 +49,7 @@ EXPECT = {
     "netreduce-tools": ["usr/bin/netreduce-allreduce-perf", "usr/bin/netreduce-loopback",
                         "usr/bin/netreduce-pcap-inspect"],
     "libnetreduce1": [ARCH_LIB + "/libnetreduce.so.1"],
+    "libnetreduce-mpi1": [ARCH_LIB + "/libnetreduce-mpi.so.1"],
     "libnetreduce-dev": ["usr/include/netreduce/netreduce.h", "usr/include/netreduce/netreduce.hpp",
                          ARCH_LIB + "/libnetreduce.so", ARCH_LIB + "/pkgconfig/netreduce.pc"],
     "python3-netreduce": [PY_DIR + "/netreduce/" + f for f in ("__init__.py", "_lib.py", "_config.py", "torch.py")],

@@ -46,7 +46,7 @@ READY = "netreduce-fresh: the tree is mounted"
 # What the test profile's tree must then do: configure everything the suite
 # builds, and import what the Python tests import.
 TEST_DEPS_CHECK = ("./scripts/install-deps.sh test"
-                   " && meson setup /tmp/fresh-build -Dtests=enabled -Ddpdk=enabled -Dman=enabled"
+                   " && meson setup /tmp/fresh-build -Dtests=enabled -Ddpdk=enabled -Dman=enabled -Dmpi=enabled"
                    " && /usr/bin/python3 tests/fresh/imports.py .")
 
 

@@ -1,0 +1,146 @@
+#include "mpi/comms.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+
+#include "mpi/rendezvous.h"
+
+namespace netreduce::mpi {
+namespace {
+
+std::mutex mu;
+std::set<CommState*> live;
+int keyval = MPI_KEYVAL_INVALID;
+unsigned made = 0;
+
+void report_and_free(CommState* st) {
+  std::string path = "not set up (no call was served)";
+  if (st->nr)
+    path = std::string("path ") + to_string(st->nr->path()) + ": " + st->nr->path_reason();
+  else if (st->tried)
+    path = "not set up: " + st->why_not;
+  if (st->rank == 0 || config().verbose)
+    std::fprintf(
+        stderr, "%s\n",
+        report_line(st->world_rank, st->rank, st->label, st->size, st->tally, path).c_str());
+  delete st;
+}
+
+// The attribute's delete callback: a state MPI_Finalize already reported is
+// no longer in `live` and is left alone.
+int on_delete(MPI_Comm, int, void* value, void*) {
+  auto* st = static_cast<CommState*>(value);
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    if (live.erase(st) == 0) return MPI_SUCCESS;
+  }
+  report_and_free(st);
+  return MPI_SUCCESS;
+}
+
+std::string comm_label(MPI_Comm comm) {
+  char name[MPI_MAX_OBJECT_NAME] = {};
+  int len = 0;
+  PMPI_Comm_get_name(comm, name, &len);
+  if (len > 0) return std::string(name, static_cast<size_t>(len));
+  return "communicator #" + std::to_string(made);
+}
+
+}  // namespace
+
+const Config& config() {
+  static const Config c = [] {
+    Config out;
+    std::string error;
+    if (!read_config([](const char* n) { return std::getenv(n); }, out, error)) {
+      int rank = 0;
+      PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      std::fprintf(stderr, "netreduce-mpi: rank %d: %s\n", rank, error.c_str());
+      PMPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    return out;
+  }();
+  return c;
+}
+
+std::string who(const CommState& st) {
+  return "netreduce-mpi: rank " + std::to_string(st.world_rank) + " (rank " +
+         std::to_string(st.rank) + " of " + st.label + "): ";
+}
+
+CommState& state_of(MPI_Comm comm) {
+  config();
+  std::lock_guard<std::mutex> lk(mu);
+  if (keyval == MPI_KEYVAL_INVALID)
+    PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, on_delete, &keyval, nullptr);
+  void* value = nullptr;
+  int found = 0;
+  PMPI_Comm_get_attr(comm, keyval, &value, &found);
+  if (found) return *static_cast<CommState*>(value);
+  auto* st = new CommState;
+  st->comm = comm;
+  ++made;
+  st->label = comm_label(comm);
+  PMPI_Comm_rank(comm, &st->rank);
+  PMPI_Comm_size(comm, &st->size);
+  PMPI_Comm_rank(MPI_COMM_WORLD, &st->world_rank);
+  int inter = 0;
+  PMPI_Comm_test_inter(comm, &inter);
+  st->inter = inter != 0;
+  PMPI_Comm_set_attr(comm, keyval, st);
+  live.insert(st);
+  return *st;
+}
+
+Communicator* served_by(CommState& st) {
+  if (st.tried) return st.nr.get();
+  st.tried = true;
+  const Config& c = config();
+  Options o;
+  o.force_ring = c.force_ring;
+  o.local_size = c.local_size;
+  o.op_timeout_ms = c.timeout_ms;
+  MpiRendezvous mr(st.comm);
+  Rendezvous rv{[&mr](const std::string& mine, std::vector<std::string>& all) {
+                  return mr.allgather(mine, all);
+                },
+                "mpi:" + st.label};
+  std::unique_ptr<Communicator> nr;
+  const Error e = Communicator::create(st.rank, st.size, c.device, c.gid_index, rv, o, nr);
+  st.why_not = mr.settle(e);
+  if (st.why_not.empty()) {
+    st.nr = std::move(nr);
+    if (c.verbose)
+      std::fprintf(stderr, "%snetreduce set up, path %s: %s\n", who(st).c_str(),
+                   to_string(st.nr->path()), st.nr->path_reason().c_str());
+    return st.nr.get();
+  }
+  nr.reset();
+  if (c.require) {
+    std::fprintf(stderr, "%snetreduce cannot serve this communicator: %s\n", who(st).c_str(),
+                 st.why_not.c_str());
+    PMPI_Abort(st.comm, 1);
+  }
+  if (st.rank == 0 || c.verbose)
+    std::fprintf(stderr, "%sits collectives go to MPI: %s\n", who(st).c_str(), st.why_not.c_str());
+  return nullptr;
+}
+
+void finish_all() {
+  if (keyval != MPI_KEYVAL_INVALID) {
+    void* value = nullptr;
+    int found = 0;
+    PMPI_Comm_get_attr(MPI_COMM_WORLD, keyval, &value, &found);
+    if (found) PMPI_Comm_delete_attr(MPI_COMM_WORLD, keyval);
+  }
+  std::set<CommState*> rest;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    rest.swap(live);
+  }
+  for (CommState* st : rest) report_and_free(st);
+}
+
+}  // namespace netreduce::mpi

@@ -1,0 +1,276 @@
+// mpi-check: an MPI program that knows nothing of netreduce. Run under
+// mpirun with libnetreduce-mpi preloaded, it makes each collective the
+// interposer may serve twice: through MPI_ (served or delegated) and
+// through PMPI_ (Open MPI's own result, the reference), and compares the
+// bytes. The values are small multiples of 1/8, so every sum is exact in
+// any order and the comparison is bit-exact for every type and op.
+//
+// It also makes calls that must go to MPI (a user op, MPI_PROD, a derived
+// type, mismatched all-gather types, a 3-byte all-gather block, a zero
+// count, MPI_Iallreduce, an intercommunicator) and prints, per
+// communicator, what it made: "mpi-check: expect <name> <size>: eligible N,
+// op A, datatype B, ...", for the test to hold against the interposer's own
+// report line. Output: "mpi-check: rank R: C checks, M mismatches" per rank;
+// exit status 1 on any mismatch.
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+int g_checks = 0, g_mismatches = 0;
+
+struct Expect {
+  int size = 0;
+  std::map<std::string, int> n;  // "eligible" and the delegation reasons
+};
+std::map<std::string, Expect> g_expect;
+
+void note(MPI_Comm comm, const std::string& what) {
+  char name[MPI_MAX_OBJECT_NAME] = {};
+  int len = 0, size = 0;
+  PMPI_Comm_get_name(comm, name, &len);
+  PMPI_Comm_size(comm, &size);
+  Expect& e = g_expect[name];
+  e.size = size;
+  e.n[what]++;
+}
+
+void compare(const char* what, const void* got, const void* want, size_t bytes, MPI_Comm comm) {
+  ++g_checks;
+  if (std::memcmp(got, want, bytes) == 0) return;
+  ++g_mismatches;
+  int rank = 0;
+  PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  char name[MPI_MAX_OBJECT_NAME] = {};
+  int len = 0;
+  PMPI_Comm_get_name(comm, name, &len);
+  std::fprintf(stderr, "mpi-check: rank %d: %s on %s differs from Open MPI's result\n", rank, what,
+               name);
+}
+
+struct Type {
+  MPI_Datatype t;
+  const char* name;
+  size_t size;
+};
+
+// Element i of rank r as bytes of type t: small multiples of 1/8 (or of 1
+// for the integers), negative and positive.
+std::vector<uint8_t> values(const Type& t, size_t n, int r, int salt) {
+  std::vector<uint8_t> out(n * t.size);
+  for (size_t i = 0; i < n; ++i) {
+    const long v = static_cast<long>((static_cast<size_t>(r) * 7 + i * 3 + salt) % 41) - 20;
+    uint8_t* p = out.data() + i * t.size;
+    if (t.t == MPI_FLOAT) {
+      const float f = static_cast<float>(v) / 8;
+      std::memcpy(p, &f, 4);
+    } else if (t.t == MPI_DOUBLE) {
+      const double d = static_cast<double>(v) / 8;
+      std::memcpy(p, &d, 8);
+    } else if (t.size == 4) {
+      const int32_t x = static_cast<int32_t>(v);
+      std::memcpy(p, &x, 4);
+    } else if (t.size == 8) {
+      const int64_t x = v * 1000000007L;
+      std::memcpy(p, &x, 8);
+    } else {
+      *p = static_cast<uint8_t>(v);
+    }
+  }
+  return out;
+}
+
+const Type kSummed[] = {{MPI_FLOAT, "MPI_FLOAT", 4},     {MPI_DOUBLE, "MPI_DOUBLE", 8},
+                        {MPI_INT, "MPI_INT", 4},         {MPI_LONG, "MPI_LONG", 8},
+                        {MPI_INT64_T, "MPI_INT64_T", 8}, {MPI_LONG_LONG, "MPI_LONG_LONG", 8}};
+const MPI_Op kOps[] = {MPI_SUM, MPI_MIN, MPI_MAX};
+const size_t kCounts[] = {1, 300, 5000};
+
+void user_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  for (int i = 0; i < *len; ++i) static_cast<float*>(inout)[i] += static_cast<float*>(in)[i];
+}
+
+void check_allreduce(MPI_Comm comm, int rank) {
+  for (const Type& t : kSummed)
+    for (MPI_Op op : kOps)
+      for (size_t n : kCounts) {
+        const auto in = values(t, n, rank, 1);
+        std::vector<uint8_t> got(in.size()), want(in.size());
+        MPI_Allreduce(in.data(), got.data(), static_cast<int>(n), t.t, op, comm);
+        note(comm, "eligible");
+        PMPI_Allreduce(in.data(), want.data(), static_cast<int>(n), t.t, op, comm);
+        compare("MPI_Allreduce", got.data(), want.data(), got.size(), comm);
+        if (n == 300) {  // in place
+          got = in;
+          MPI_Allreduce(MPI_IN_PLACE, got.data(), static_cast<int>(n), t.t, op, comm);
+          note(comm, "eligible");
+          compare("MPI_Allreduce in place", got.data(), want.data(), got.size(), comm);
+        }
+      }
+}
+
+void check_reduce_scatter(MPI_Comm comm, int rank, int size) {
+  for (const Type& t : kSummed)
+    for (MPI_Op op : kOps)
+      for (size_t n : {size_t{1}, size_t{777}}) {
+        const auto in = values(t, n * static_cast<size_t>(size), rank, 2);
+        std::vector<uint8_t> got(n * t.size), want(n * t.size);
+        MPI_Reduce_scatter_block(in.data(), got.data(), static_cast<int>(n), t.t, op, comm);
+        note(comm, "eligible");
+        PMPI_Reduce_scatter_block(in.data(), want.data(), static_cast<int>(n), t.t, op, comm);
+        compare("MPI_Reduce_scatter_block", got.data(), want.data(), got.size(), comm);
+        if (n == 777) {
+          auto inplace = in;
+          MPI_Reduce_scatter_block(MPI_IN_PLACE, inplace.data(), static_cast<int>(n), t.t, op,
+                                   comm);
+          note(comm, "eligible");
+          compare("MPI_Reduce_scatter_block in place", inplace.data(), want.data(), want.size(),
+                  comm);
+        }
+      }
+}
+
+void check_copies(MPI_Comm comm, int rank, int size) {
+  const Type copied[] = {
+      {MPI_FLOAT, "MPI_FLOAT", 4}, {MPI_DOUBLE, "MPI_DOUBLE", 8}, {MPI_BYTE, "MPI_BYTE", 1}};
+  for (const Type& t : copied)
+    for (size_t n : {size_t{4}, size_t{4096}}) {
+      const auto in = values(t, n, rank, 3);
+      std::vector<uint8_t> got(in.size() * static_cast<size_t>(size)), want(got.size());
+      MPI_Allgather(in.data(), static_cast<int>(n), t.t, got.data(), static_cast<int>(n), t.t,
+                    comm);
+      note(comm, "eligible");
+      PMPI_Allgather(in.data(), static_cast<int>(n), t.t, want.data(), static_cast<int>(n), t.t,
+                     comm);
+      compare("MPI_Allgather", got.data(), want.data(), got.size(), comm);
+      std::vector<uint8_t> inplace(got.size());
+      std::memcpy(inplace.data() + in.size() * static_cast<size_t>(rank), in.data(), in.size());
+      MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, inplace.data(), static_cast<int>(n), t.t,
+                    comm);
+      note(comm, "eligible");
+      compare("MPI_Allgather in place", inplace.data(), want.data(), want.size(), comm);
+      for (int root : {0, size - 1}) {
+        auto b = values(t, n, rank, 4 + root), ref = b;
+        MPI_Bcast(b.data(), static_cast<int>(n), t.t, root, comm);
+        note(comm, "eligible");
+        PMPI_Bcast(ref.data(), static_cast<int>(n), t.t, root, comm);
+        compare("MPI_Bcast", b.data(), ref.data(), b.size(), comm);
+      }
+    }
+  MPI_Barrier(comm);
+  note(comm, "eligible");
+}
+
+// Calls the interposer must leave to MPI, each still compared with PMPI_.
+void check_delegated(MPI_Comm comm, int rank, int size) {
+  const Type f{MPI_FLOAT, "MPI_FLOAT", 4};
+  const auto in = values(f, 64, rank, 5);
+  std::vector<uint8_t> got(in.size()), want(in.size());
+  MPI_Op mine;
+  PMPI_Op_create(user_sum, 1, &mine);
+  MPI_Allreduce(in.data(), got.data(), 64, MPI_FLOAT, mine, comm);
+  note(comm, "op");
+  PMPI_Allreduce(in.data(), want.data(), 64, MPI_FLOAT, mine, comm);
+  compare("MPI_Allreduce (user op)", got.data(), want.data(), got.size(), comm);
+  PMPI_Op_free(&mine);
+  const auto ints = values({MPI_INT, "MPI_INT", 4}, 16, rank, 6);
+  std::vector<uint8_t> gi(ints.size()), wi(ints.size());
+  MPI_Allreduce(ints.data(), gi.data(), 16, MPI_INT, MPI_PROD, comm);
+  note(comm, "op");
+  PMPI_Allreduce(ints.data(), wi.data(), 16, MPI_INT, MPI_PROD, comm);
+  compare("MPI_Allreduce (MPI_PROD)", gi.data(), wi.data(), gi.size(), comm);
+
+  MPI_Datatype pair;
+  PMPI_Type_contiguous(2, MPI_FLOAT, &pair);
+  PMPI_Type_commit(&pair);
+  std::vector<uint8_t> gp(in.size() * static_cast<size_t>(size)), wp(gp.size());
+  MPI_Allgather(in.data(), 32, pair, gp.data(), 32, pair, comm);
+  note(comm, "datatype");
+  PMPI_Allgather(in.data(), 32, pair, wp.data(), 32, pair, comm);
+  compare("MPI_Allgather (derived type)", gp.data(), wp.data(), gp.size(), comm);
+  auto b = in, rb = in;
+  MPI_Bcast(b.data(), 32, pair, 0, comm);
+  note(comm, "datatype");
+  PMPI_Bcast(rb.data(), 32, pair, 0, comm);
+  compare("MPI_Bcast (derived type)", b.data(), rb.data(), b.size(), comm);
+  PMPI_Type_free(&pair);
+
+  std::vector<uint8_t> gm(in.size() * static_cast<size_t>(size)), wm(gm.size());
+  MPI_Allgather(in.data(), 64, MPI_INT, gm.data(), 64, MPI_FLOAT, comm);
+  note(comm, "type mismatch");
+  PMPI_Allgather(in.data(), 64, MPI_INT, wm.data(), 64, MPI_FLOAT, comm);
+  compare("MPI_Allgather (send and receive types differ)", gm.data(), wm.data(), gm.size(), comm);
+
+  std::vector<uint8_t> g3(3 * static_cast<size_t>(size)), w3(g3.size());
+  MPI_Allgather(in.data(), 3, MPI_BYTE, g3.data(), 3, MPI_BYTE, comm);
+  note(comm, "datatype");
+  PMPI_Allgather(in.data(), 3, MPI_BYTE, w3.data(), 3, MPI_BYTE, comm);
+  compare("MPI_Allgather (3-byte blocks)", g3.data(), w3.data(), g3.size(), comm);
+
+  MPI_Allreduce(in.data(), got.data(), 0, MPI_FLOAT, MPI_SUM, comm);
+  note(comm, "below threshold");
+
+  MPI_Request req;
+  MPI_Iallreduce(in.data(), got.data(), 64, MPI_FLOAT, MPI_SUM, comm, &req);
+  note(comm, "non-blocking");
+  PMPI_Wait(&req, MPI_STATUS_IGNORE);
+  PMPI_Allreduce(in.data(), want.data(), 64, MPI_FLOAT, MPI_SUM, comm);
+  compare("MPI_Iallreduce", got.data(), want.data(), got.size(), comm);
+}
+
+void check_all(MPI_Comm comm) {
+  int rank = 0, size = 0;
+  PMPI_Comm_rank(comm, &rank);
+  PMPI_Comm_size(comm, &size);
+  check_allreduce(comm, rank);
+  check_reduce_scatter(comm, rank, size);
+  check_copies(comm, rank, size);
+  check_delegated(comm, rank, size);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 0;
+  PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  PMPI_Comm_size(MPI_COMM_WORLD, &size);
+  check_all(MPI_COMM_WORLD);
+
+  // Halves by rank parity, set up and freed by the application.
+  MPI_Comm half;
+  PMPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
+  PMPI_Comm_set_name(half, rank % 2 == 0 ? "even" : "odd");
+  check_all(half);
+
+  // An intercommunicator between the halves: every call goes to MPI.
+  MPI_Comm inter;
+  PMPI_Intercomm_create(half, 0, MPI_COMM_WORLD, rank % 2 == 0 ? 1 : 0, 7, &inter);
+  PMPI_Comm_set_name(inter, "inter");
+  int x = rank, got = 0, want = 0;
+  MPI_Allreduce(&x, &got, 1, MPI_INT, MPI_SUM, inter);
+  note(inter, "intercommunicator");
+  PMPI_Allreduce(&x, &want, 1, MPI_INT, MPI_SUM, inter);
+  compare("MPI_Allreduce (intercommunicator)", &got, &want, sizeof got, inter);
+  MPI_Barrier(inter);
+  note(inter, "intercommunicator");
+  PMPI_Comm_free(&inter);
+  PMPI_Comm_free(&half);
+
+  std::printf("mpi-check: rank %d: %d checks, %d mismatches\n", rank, g_checks, g_mismatches);
+  for (const auto& [name, e] : g_expect) {
+    std::string line = "mpi-check: rank " + std::to_string(rank) + " expect " + name + " " +
+                       std::to_string(e.size) + ":";
+    for (const auto& [what, n] : e.n) line += " " + what + "=" + std::to_string(n) + ";";
+    std::printf("%s\n", line.c_str());
+  }
+  std::fflush(stdout);
+  MPI_Finalize();
+  return g_mismatches == 0 ? 0 : 1;
+}
