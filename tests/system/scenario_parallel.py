@@ -34,6 +34,12 @@ Steps, each reported on its own and each able to fail:
   parallel-discover: as parallel-ina (fp32 sum, 8 B..32 KiB) with neither
      --local-size nor --local-rank: the bootstrap finds that each guest (one
      boot id) runs two ranks and numbers them in rank order.
+  mpi-local (with --mpi-lib and --mpi-check): tests/mpi/mpi_test.py in g0,
+     served: Open MPI's mpirun, 4 ranks in the guest with libnetreduce-mpi
+     preloaded, each MPI communicator's netreduce communicator over rxe0 (the
+     ring path: rxe delivers a guest's writes to itself, never through the
+     box). Every intercepted call x dtype x op equals Open MPI's own result,
+     every call netreduce can serve is served, and mpi4py under the preload.
 A report per step (figures, counters) is printed and saved next to the run.
 """
 import os
@@ -213,12 +219,38 @@ def step_discover(lab, a, daemon, reports):
     run_step(lab, a, daemon, reports["parallel-discover"], 2, 1, RUN_SMALL, discover=True)
 
 
+def step_mpi_local(lab, a, daemon, reports):
+    rep, g = reports["mpi-local"], lab.guests[0]
+    env = {"NETREDUCE_MPI_DEVICE": "rxe0", "NETREDUCE_MPI_GID_INDEX": str(g.gid_index),
+           "NETREDUCE_MPI_LOCAL_SIZE": "1", "NETREDUCE_MPI_REQUIRE": "1"}
+    r = g.run(["/usr/bin/python3", os.path.join(HERE, "..", "mpi", "mpi_test.py"), "--served",
+               "--lib", a.mpi_lib, "--check", a.mpi_check], env=env, timeout=600)
+    expect(r.rc == 0 and r.out.rstrip().endswith("PASS"),
+           "mpi_test.py in %s (exit %d):\n%s%s" % (g.name, r.rc, r.out[-4000:], r.err[-4000:]))
+    for line in r.out.splitlines():
+        if line.startswith("  "):
+            rep.line(line.strip())
+    rep.figure("mpirun, 4 ranks in %s: mpi-check and mpi4py" % g.name, "%.1f" % r.seconds, "s")
+
+
 def main():
-    a, ap = scenario_args(("dataplane", "daemon", "perf"), lambda ap: ap.add_argument(
-        "--steps", default="parallel-ina,striped,parallel-discover"))
+    def extra(ap):
+        ap.add_argument("--steps", default=None)
+        ap.add_argument("--mpi-lib")
+        ap.add_argument("--mpi-check")
+    a, ap = scenario_args(("dataplane", "daemon", "perf"), extra)
     t0 = time.monotonic()
-    steps = {"parallel-ina": step_parallel, "striped": step_striped, "parallel-discover": step_discover}
+    steps = {"parallel-ina": step_parallel, "striped": step_striped, "parallel-discover": step_discover,
+             "mpi-local": step_mpi_local}
+    if a.steps is None:
+        a.steps = "parallel-ina,striped,parallel-discover" + (",mpi-local" if a.mpi_lib else "")
+    if (a.mpi_lib is None) != (a.mpi_check is None):
+        ap.error("--mpi-lib and --mpi-check go together")
+    if a.mpi_lib:
+        a.mpi_lib, a.mpi_check = os.path.abspath(a.mpi_lib), os.path.abspath(a.mpi_check)
     chosen = a.steps.split(",")
+    if "mpi-local" in chosen and not a.mpi_lib:
+        ap.error("--steps mpi-local needs --mpi-lib and --mpi-check")
     for s in chosen:
         if s not in steps:
             ap.error("--steps: unknown step %r (known: %s)" % (s, ", ".join(steps)))
