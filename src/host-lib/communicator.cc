@@ -124,6 +124,7 @@ Error Communicator::Impl::submit(int timeout_ms, CallKind kind, uint64_t bytes, 
     if (stop_) return Error::make(ErrorCode::internal, "communicator is shutting down");
     queue_.push_back([this, st, ms, kind, bytes, choice, call = std::move(call)] {
       Error e;
+      rina_call_ = false;  // set by this call if it goes through `rina`, failed or not
       call_path = choose(kind, bytes, choice);
       try {  // nothing may escape the progress thread (a scratch buffer's bad_alloc)
         e = call(host::Clock::now() + std::chrono::milliseconds(ms));
@@ -153,7 +154,6 @@ CallRecord Communicator::Impl::record(CallKind kind) {
     const host::RinaJob& j = *rina;
     const auto G = static_cast<unsigned>(j.plan.groups.size());
     rec = {j.rina->rack_path(), 2 * (G - 1) + (j.rack ? 2 : 0), 0};
-    rina_call_ = false;
   }
   finished[static_cast<size_t>(kind) * 2 + static_cast<size_t>(rec.path)].fetch_add(
       1, std::memory_order_relaxed);

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "fixture.h"
+#include "host-lib/comm_impl.h"
 
 using namespace netreduce;
 using namespace netreduce::host;
@@ -35,7 +36,7 @@ std::vector<RinaRack> racks_of(std::vector<std::pair<unsigned, bool>> spec) {
 
 // Every rank's Rina over its communicators; bypass[g] sends group g's INA
 // writes past its box (a bypassed box: its rack fails over).
-struct RinaJob {
+struct RinaParts {
   RinaPlan plan;
   std::vector<std::unique_ptr<std::atomic<bool>>> bypass;
   std::vector<std::unique_ptr<LoopbackFabric>> fabrics;
@@ -45,7 +46,7 @@ struct RinaJob {
   std::vector<std::vector<Communicator*>> lanes;  // [rank][lane], null where it carries none
   Communicator* lane_comm(unsigned rank, unsigned lane) { return lanes[rank][lane]; }
 
-  explicit RinaJob(const std::vector<RinaRack>& racks) {
+  explicit RinaParts(const std::vector<RinaRack>& racks) {
     REQUIRE(make_rina_plan(racks, plan).ok());
     const unsigned P = plan.world, G = static_cast<unsigned>(plan.groups.size());
     rack_comm.assign(P, nullptr);
@@ -87,7 +88,7 @@ struct RinaJob {
       REQUIRE(e.ok());
     }
   }
-  ~RinaJob() {
+  ~RinaParts() {
     rina.clear();
     std::vector<std::thread> th;
     for (auto& c : comms) th.emplace_back([&c] { c.reset(); });
@@ -186,7 +187,7 @@ TEST_CASE("rina: plans follow the racks", "[hostlib][rina]") {
 
 TEST_CASE("rina: every dtype x op, exact in the stated order", "[hostlib][rina]") {
   std::mt19937_64 rng(41);
-  RinaJob job(racks_of({{3, true}, {2, true}, {1, false}}));
+  RinaParts job(racks_of({{3, true}, {2, true}, {1, false}}));
   for (DataType t : kTypes)
     for (Op op : kOps)
       for (size_t count :
@@ -206,7 +207,7 @@ TEST_CASE("rina: avg, in place, and layouts without a box or with one", "[hostli
                     {{2, false}, {1, false}},
                     {{4, true}},
                     {{1, true}, {2, true}}}) {
-    RinaJob job(racks_of(spec));
+    RinaParts job(racks_of(spec));
     const unsigned P = job.plan.world;
     INFO("ranks " << P << ", groups " << job.plan.groups.size());
     const size_t count = 301;
@@ -247,7 +248,7 @@ TEST_CASE("rina: avg, in place, and layouts without a box or with one", "[hostli
 
 TEST_CASE("rina: a rack's box lost: only that rack falls back, then rejoins", "[hostlib][rina]") {
   std::mt19937_64 rng(43);
-  RinaJob job(racks_of({{3, true}, {2, true}, {1, false}}));
+  RinaParts job(racks_of({{3, true}, {2, true}, {1, false}}));
   const unsigned P = job.plan.world;
   std::vector<std::vector<uint8_t>> out;
   auto in = inputs(rng, P, DataType::fp32, 900, /*exact=*/false);
@@ -293,7 +294,7 @@ TEST_CASE("rina: a rack's box lost: only that rack falls back, then rejoins", "[
 // counts). The default deadline is each stage's op_timeout_ms.
 TEST_CASE("rina: a failed lane reaches its whole rack; the default deadline", "[hostlib][rina]") {
   std::mt19937_64 rng(44);
-  RinaJob job(racks_of({{3, true}, {3, true}}));
+  RinaParts job(racks_of({{3, true}, {3, true}}));
   const unsigned P = job.plan.world;
   std::vector<std::vector<uint8_t>> out;
   auto in = inputs(rng, P, DataType::int32, 600, true);
@@ -332,7 +333,7 @@ TEST_CASE("rina: a failed lane reaches its whole rack; the default deadline", "[
 }
 
 TEST_CASE("rina: communicators that do not fit the plan are refused", "[hostlib][rina]") {
-  RinaJob job(racks_of({{2, true}, {1, false}}));
+  RinaParts job(racks_of({{2, true}, {1, false}}));
   std::unique_ptr<Rina> r;
   // Rank 2 is alone: no rack communicator; it carries lanes 0 and 1.
   Error e = Rina::create(job.plan, 2, job.rack_comm[0], {nullptr, nullptr}, r);
@@ -355,4 +356,50 @@ TEST_CASE("rina: communicators that do not fit the plan are refused", "[hostlib]
   e = job.rina[0]->allreduce(b.data(), b.data(), 2, static_cast<DataType>(9), Op::sum, 1000);
   REQUIRE(e.code == ErrorCode::invalid_argument);
   REQUIRE(e.message.rfind("rina: all-reduce: ", 0) == 0);
+}
+
+// A job's communicator in Rina mode records each call by what it ran: after
+// a Rina all-reduce that failed, an all-gather in rank order is the classic
+// ring form on the job's ring, recorded as such (not as the rack stage's
+// path). The job ring is a loopback ring; the Rina is the fixture's.
+TEST_CASE("rina: a call after a failed Rina call is recorded as what it ran", "[hostlib][rina]") {
+  RinaParts parts(racks_of({{2, true}, {1, false}}));
+  const unsigned P = parts.plan.world;
+  Job job(ring_fabric(P, 1 << 16), Options{});
+  for (unsigned r = 0; r < P; ++r) {
+    auto rina = std::make_unique<host::RinaJob>();
+    rina->plan = parts.plan;
+    rina->rina = std::move(parts.rina[r]);
+    job.comms[r]->impl().rina = std::move(rina);
+  }
+  // Lane 0's two carriers break it (10 elements against 20): the next Rina
+  // call fails on every rank.
+  Communicator* l0[2] = {parts.lane_comm(parts.plan.carrier(0, 0), 0),
+                         parts.lane_comm(parts.plan.carrier(1, 0), 0)};
+  REQUIRE((l0[0] && l0[1]));
+  std::vector<int32_t> a(20), b(20);
+  AllreduceHandle h0, h1;
+  REQUIRE(l0[0]->allreduce_async(a.data(), a.data(), 10, DataType::int32, Op::sum, h0, 2000).ok());
+  REQUIRE(l0[1]->allreduce_async(b.data(), b.data(), 20, DataType::int32, Op::sum, h1, 2000).ok());
+  REQUIRE_FALSE(h0.wait().ok());
+  REQUIRE_FALSE(h1.wait().ok());
+  std::vector<std::vector<uint8_t>> in(P, std::vector<uint8_t>(64, 1)), out;
+  for (const Error& e : job.run(in, out, 16, DataType::int32, Op::sum)) REQUIRE_FALSE(e.ok());
+
+  std::vector<std::vector<int32_t>> mine(P, std::vector<int32_t>(4)), all(P);
+  for (unsigned r = 0; r < P; ++r) {
+    std::fill(mine[r].begin(), mine[r].end(), static_cast<int32_t>(r + 1));
+    all[r].assign(4 * P, -1);
+  }
+  require_ok(job.run_all([&](unsigned r, Communicator& c, AllreduceHandle& h) {
+    return c.all_gather_async(mine[r].data(), all[r].data(), 4, DataType::int32, h);
+  }));
+  for (unsigned r = 0; r < P; ++r) {
+    INFO("rank " << r);
+    for (unsigned k = 0; k < 4 * P; ++k) CHECK(all[r][k] == static_cast<int32_t>(k / 4 + 1));
+    const CallRecord rec = job.comms[r]->last_call();
+    CHECK(rec.path == Path::ring);
+    CHECK(rec.steps == P - 1);
+    CHECK(job.comms[r]->calls(CallKind::all_gather, Path::ring) == 1);
+  }
 }
