@@ -102,6 +102,8 @@ Communicator* served_by(CommState& st) {
   o.force_ring = c.force_ring;
   o.local_size = c.local_size;
   o.op_timeout_ms = c.timeout_ms;
+  if (c.qp_timeout >= 0) o.qp_timeout = static_cast<uint8_t>(c.qp_timeout);
+  o.delete_ring_at_close = !c.keep_rings;
   MpiRendezvous mr(st.comm);
   Rendezvous rv{[&mr](const std::string& mine, std::vector<std::string>& all) {
                   return mr.allgather(mine, all);

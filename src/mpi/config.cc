@@ -48,7 +48,11 @@ bool read_config(const std::function<const char*(const char*)>& get, Config& out
   if (const char* v = get("NETREDUCE_MPI_LOCAL_SIZE"); v && *v)
     if (!parse_int(v, -1, 64, c.local_size) || c.local_size == 0)
       return bad("NETREDUCE_MPI_LOCAL_SIZE", v, "-1 (discovered) or 1..64");
+  if (const char* v = get("NETREDUCE_MPI_QP_TIMEOUT"); v && *v)
+    if (!parse_int(v, 1, 31, c.qp_timeout))
+      return bad("NETREDUCE_MPI_QP_TIMEOUT", v, "an exponent in 1..31");
   if (!flag("NETREDUCE_MPI_FORCE_RING", c.force_ring) ||
+      !flag("NETREDUCE_MPI_KEEP_RINGS", c.keep_rings) ||
       !flag("NETREDUCE_MPI_REQUIRE", c.require) || !flag("NETREDUCE_MPI_VERBOSE", c.verbose))
     return false;
   out = c;

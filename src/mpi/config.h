@@ -8,6 +8,11 @@
 //   NETREDUCE_MPI_FORCE_RING   1: never the box, the ring path only (0)
 //   NETREDUCE_MPI_LOCAL_SIZE   ranks per host sharing one all-reduce
 //                              (-1: discovered; 1: none)
+//   NETREDUCE_MPI_QP_TIMEOUT   RC retransmission timeout exponent, 4.096 us
+//                              x 2^n (the host library's default)
+//   NETREDUCE_MPI_KEEP_RINGS   1: a communicator's ring stays at the daemon
+//                              after it is freed, until its lease ends, so
+//                              its counters can be read (0)
 //   NETREDUCE_MPI_REQUIRE      1: a communicator netreduce cannot make is
 //                              an error, not MPI's collectives (0)
 //   NETREDUCE_MPI_VERBOSE      1: every rank reports, not only rank 0 (0)
@@ -31,6 +36,8 @@ struct Config {
   int timeout_ms = 300000;
   bool force_ring = false;
   int local_size = -1;
+  int qp_timeout = -1;  // -1: the host library's default
+  bool keep_rings = false;
   bool require = false;
   bool verbose = false;
 };

@@ -40,6 +40,8 @@ TEST_CASE("mpi config: defaults, every variable, and bad values named", "[mpi]")
   CHECK(c.min_bytes == 0);
   CHECK(c.timeout_ms == 300000);
   CHECK(c.local_size == -1);
+  CHECK(c.qp_timeout == -1);
+  CHECK_FALSE(c.keep_rings);
   CHECK_FALSE(c.force_ring);
   CHECK_FALSE(c.require);
   CHECK_FALSE(c.verbose);
@@ -50,6 +52,8 @@ TEST_CASE("mpi config: defaults, every variable, and bad values named", "[mpi]")
                 {"NETREDUCE_MPI_TIMEOUT_MS", "2000"},
                 {"NETREDUCE_MPI_FORCE_RING", "1"},
                 {"NETREDUCE_MPI_LOCAL_SIZE", "1"},
+                {"NETREDUCE_MPI_QP_TIMEOUT", "18"},
+                {"NETREDUCE_MPI_KEEP_RINGS", "1"},
                 {"NETREDUCE_MPI_REQUIRE", "1"},
                 {"NETREDUCE_MPI_VERBOSE", "1"}},
                c, error));
@@ -59,6 +63,8 @@ TEST_CASE("mpi config: defaults, every variable, and bad values named", "[mpi]")
   CHECK(c.timeout_ms == 2000);
   CHECK(c.force_ring);
   CHECK(c.local_size == 1);
+  CHECK(c.qp_timeout == 18);
+  CHECK(c.keep_rings);
   CHECK(c.require);
   CHECK(c.verbose);
 
@@ -68,7 +74,8 @@ TEST_CASE("mpi config: defaults, every variable, and bad values named", "[mpi]")
       {{"NETREDUCE_MPI_TIMEOUT_MS", "0"}},   {{"NETREDUCE_MPI_TIMEOUT_MS", "9999999999"}},
       {{"NETREDUCE_MPI_FORCE_RING", "yes"}}, {{"NETREDUCE_MPI_LOCAL_SIZE", "0"}},
       {{"NETREDUCE_MPI_LOCAL_SIZE", "65"}},  {{"NETREDUCE_MPI_VERBOSE", "2"}},
-      {{"NETREDUCE_MPI_REQUIRE", " 1"}},
+      {{"NETREDUCE_MPI_REQUIRE", " 1"}},     {{"NETREDUCE_MPI_QP_TIMEOUT", "0"}},
+      {{"NETREDUCE_MPI_QP_TIMEOUT", "32"}},  {{"NETREDUCE_MPI_KEEP_RINGS", "true"}},
   };
   for (const auto& env : bad) {
     Config before;
