@@ -1,11 +1,11 @@
 #include "mpi/comms.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <set>
-
-#include "mpi/rendezvous.h"
+#include <vector>
 
 namespace netreduce::mpi {
 namespace {
@@ -14,6 +14,7 @@ std::mutex mu;
 std::set<CommState*> live;
 int keyval = MPI_KEYVAL_INVALID;
 unsigned made = 0;
+int thread_level = -1;  // -1: MPI_Init not seen (MPI initialised before the preload)
 
 void report_and_free(CommState* st) {
   std::string path = "not set up (no call was served)";
@@ -81,7 +82,7 @@ CommState& state_of(MPI_Comm comm) {
   if (found) return *static_cast<CommState*>(value);
   auto* st = new CommState;
   st->comm = comm;
-  ++made;
+  st->seq = ++made;
   st->label = comm_label(comm);
   PMPI_Comm_rank(comm, &st->rank);
   PMPI_Comm_size(comm, &st->size);
@@ -98,20 +99,30 @@ Communicator* served_by(CommState& st) {
   if (st.tried) return st.nr.get();
   st.tried = true;
   const Config& c = config();
+  if (thread_level >= 0 && thread_level < MPI_THREAD_SERIALIZED) {
+    st.why_not =
+        "MPI gives less than MPI_THREAD_SERIALIZED (a failover's exchange runs on "
+        "netreduce's progress thread)";
+    if (st.rank == 0 || c.verbose)
+      std::fprintf(stderr, "%sits collectives go to MPI: %s\n", who(st).c_str(),
+                   st.why_not.c_str());
+    return nullptr;
+  }
   Options o;
   o.force_ring = c.force_ring;
   o.local_size = c.local_size;
   o.op_timeout_ms = c.timeout_ms;
   if (c.qp_timeout >= 0) o.qp_timeout = static_cast<uint8_t>(c.qp_timeout);
   o.delete_ring_at_close = !c.keep_rings;
-  MpiRendezvous mr(st.comm);
-  Rendezvous rv{[&mr](const std::string& mine, std::vector<std::string>& all) {
-                  return mr.allgather(mine, all);
+  st.rendezvous = std::make_unique<MpiRendezvous>(st.comm);
+  MpiRendezvous* mr = st.rendezvous.get();
+  Rendezvous rv{[mr](const std::string& mine, std::vector<std::string>& all) {
+                  return mr->allgather(mine, all);
                 },
                 "mpi:" + st.label};
   std::unique_ptr<Communicator> nr;
   const Error e = Communicator::create(st.rank, st.size, c.device, c.gid_index, rv, o, nr);
-  st.why_not = mr.settle(e);
+  st.why_not = mr->settle(e);
   if (st.why_not.empty()) {
     st.nr = std::move(nr);
     if (c.verbose)
@@ -130,19 +141,32 @@ Communicator* served_by(CommState& st) {
   return nullptr;
 }
 
-void finish_all() {
-  if (keyval != MPI_KEYVAL_INVALID) {
-    void* value = nullptr;
-    int found = 0;
-    PMPI_Comm_get_attr(MPI_COMM_WORLD, keyval, &value, &found);
-    if (found) PMPI_Comm_delete_attr(MPI_COMM_WORLD, keyval);
-  }
-  std::set<CommState*> rest;
+void release(MPI_Comm comm) {
+  CommState* st = nullptr;
   {
     std::lock_guard<std::mutex> lk(mu);
-    rest.swap(live);
+    if (keyval == MPI_KEYVAL_INVALID) return;
+    void* value = nullptr;
+    int found = 0;
+    PMPI_Comm_get_attr(comm, keyval, &value, &found);
+    if (!found || live.erase(static_cast<CommState*>(value)) == 0) return;
+    st = static_cast<CommState*>(value);
   }
+  report_and_free(st);  // the attribute's callback then finds it gone
+}
+
+void finish_all() {
+  std::vector<CommState*> rest;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    rest.assign(live.begin(), live.end());
+    live.clear();
+  }
+  std::sort(rest.begin(), rest.end(),
+            [](const CommState* a, const CommState* b) { return a->seq < b->seq; });
   for (CommState* st : rest) report_and_free(st);
 }
+
+void set_thread_level(int provided) { thread_level = provided; }
 
 }  // namespace netreduce::mpi

@@ -6,11 +6,18 @@
 //   set up at the first call that netreduce serves: a collective step over
 //   the MPI communicator (rendezvous.h), after which every rank has one or
 //   every rank has none and the reason.
-// - The attribute's delete callback (MPI_Comm_free, MPI_Finalize) prints the
-//   communicator's report line (rank 0; every rank with
-//   NETREDUCE_MPI_VERBOSE=1) and frees the netreduce communicator.
-//   MPI_Finalize does the same for every communicator the application left
-//   alive, before MPI's own finalize.
+// - The netreduce communicator keeps using the MPI communicator after its
+//   set-up (netreduce.hpp Rendezvous: a failover's exchange, the closing
+//   exchange), so it is freed while the MPI communicator still works, outside
+//   any MPI call: in MPI_Comm_free before PMPI_Comm_free, and at MPI_Finalize
+//   for every communicator still alive (in the order the states were made, the
+//   same on every rank for communicators made collectively), before MPI's own
+//   finalize. Each prints its report line then (rank 0; every rank with
+//   NETREDUCE_MPI_VERBOSE=1). The attribute's delete callback does the same for
+//   a communicator MPI frees some other way.
+// - The interposer asks MPI for MPI_THREAD_SERIALIZED at least: a failover's
+//   exchange runs on the progress thread while the application's thread waits
+//   in the interposer, never inside MPI.
 //
 // Threads: the table of live states is guarded by a mutex (set-up and
 // teardown only); a state itself is used by the thread that makes the
@@ -24,6 +31,7 @@
 
 #include "mpi/config.h"
 #include "mpi/policy.h"
+#include "mpi/rendezvous.h"
 #include "netreduce/netreduce.hpp"
 
 namespace netreduce::mpi {
@@ -33,9 +41,11 @@ struct CommState {
   std::string label;  // its MPI name, or "communicator #N"
   int rank = 0, size = 0, world_rank = 0;
   bool inter = false;
-  bool tried = false;                // set-up attempted
-  std::unique_ptr<Communicator> nr;  // after a set-up that worked on every rank
-  std::string why_not;               // after one that did not
+  unsigned seq = 0;    // the order states were made in (teardown at MPI_Finalize)
+  bool tried = false;  // set-up attempted
+  std::unique_ptr<MpiRendezvous> rendezvous;  // outlives nr, which uses it
+  std::unique_ptr<Communicator> nr;           // after a set-up that worked on every rank
+  std::string why_not;                        // after one that did not
   Tally tally;
 };
 
@@ -46,8 +56,13 @@ CommState& state_of(MPI_Comm comm);
 // Its netreduce communicator, set up on first use; null (the reason in
 // why_not) if it cannot be.
 Communicator* served_by(CommState& st);
+// Before PMPI_Comm_free: reports and frees comm's state, if it has one.
+void release(MPI_Comm comm);
 // At MPI_Finalize: reports and frees every state still alive.
 void finish_all();
+// After PMPI_Init_thread: MPI's thread level (below MPI_THREAD_SERIALIZED
+// no communicator is set up).
+void set_thread_level(int provided);
 // "netreduce-mpi: rank R of MPI_COMM_WORLD: " for errors and warnings.
 std::string who(const CommState& st);
 

@@ -19,6 +19,7 @@
 // netreduce communicator of MPI_COMM_WORLD, set up at this first call.
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 
@@ -183,6 +184,28 @@ int MPI_Barrier(MPI_Comm comm) {
   if (nr == nullptr) return PMPI_Barrier(comm);
   // The ring path waits for ranks any distance apart (netreduce.hpp).
   return finish(st, "MPI_Barrier", nr->barrier(PathChoice::ring, timeout()));
+}
+
+// MPI_THREAD_SERIALIZED at least (comms.h): the application asked for no
+// more than it gets.
+int MPI_Init(int* argc, char*** argv) {
+  int provided = MPI_THREAD_SINGLE;
+  const int rc = PMPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+  if (rc == MPI_SUCCESS) set_thread_level(provided);
+  return rc;
+}
+
+int MPI_Init_thread(int* argc, char*** argv, int required, int* provided) {
+  const int rc =
+      PMPI_Init_thread(argc, argv, std::max(required, int{MPI_THREAD_SERIALIZED}), provided);
+  if (rc == MPI_SUCCESS) set_thread_level(*provided);
+  return rc;
+}
+
+// The netreduce communicator goes first, while the MPI one still works.
+int MPI_Comm_free(MPI_Comm* comm) {
+  if (comm != nullptr && *comm != MPI_COMM_NULL) release(*comm);
+  return PMPI_Comm_free(comm);
 }
 
 int MPI_Finalize(void) {

@@ -229,10 +229,13 @@ class AllreduceHandle;
 
 // A rendezvous the caller already has, in place of create()'s TCP bootstrap
 // (libnetreduce-mpi runs it over the MPI communicator). allgather gives every
-// rank's blob to every rank, in rank order (all.size() == world), or fails;
-// create() calls it a few times, from the calling thread, every rank in the
-// same order, and never after create() returns. Local ranks and Rina mode
-// still open their own TCP rendezvous, at the address of the rank's GID.
+// rank's blob to every rank, in rank order (all.size() == world), or fails.
+// Every rank calls it in the same order: a few times in create(), and later
+// wherever the TCP bootstrap would be used: a failover's exchange (on the
+// communicator's progress thread, while one of its calls is waited for) and
+// the closing exchange (in the destructor, on the destroying thread). It must
+// stay callable until the communicator is destroyed. Local ranks and Rina
+// mode still open their own TCP rendezvous, at the address of the rank's GID.
 struct Rendezvous {
   std::function<Error(const std::string& mine, std::vector<std::string>& all)> allgather;
   std::string name;  // the job's name (seeds the ring id as a bootstrap address does)
