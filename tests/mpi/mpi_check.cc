@@ -8,10 +8,14 @@
 // It also makes calls that must go to MPI (a user op, MPI_PROD, a derived
 // type, mismatched all-gather types, a 3-byte all-gather block, a zero
 // count, MPI_Iallreduce, an intercommunicator) and prints, per
-// communicator, what it made: "mpi-check: expect <name> <size>: eligible N,
-// op A, datatype B, ...", for the test to hold against the interposer's own
-// report line. Output: "mpi-check: rank R: C checks, M mismatches" per rank;
-// exit status 1 on any mismatch.
+// communicator, what it made: "mpi-check: rank R expect <name> <size>:
+// eligible=N; op=A; ...;" (on a one-rank communicator every call is
+// "communicator size"), for the test to hold against the interposer's own
+// report line, and the bytes of its servable MPI_Allreduce calls
+// ("mpi-check: rank R allreduce-bytes <name>: B"). Output: "mpi-check: rank
+// R: C checks, M mismatches" per rank; exit status 1 on any mismatch.
+// --allreduce-only: MPI_COMM_WORLD's all-reduces and the delegated calls
+// only, so that every byte a box aggregates is one of those B.
 #include <mpi.h>
 
 #include <cstdint>
@@ -30,15 +34,21 @@ struct Expect {
   std::map<std::string, int> n;  // "eligible" and the delegation reasons
 };
 std::map<std::string, Expect> g_expect;
+std::map<std::string, uint64_t> g_allreduce_bytes;
+
+std::string name_of(MPI_Comm comm) {
+  char name[MPI_MAX_OBJECT_NAME] = {};
+  int len = 0;
+  PMPI_Comm_get_name(comm, name, &len);
+  return name;
+}
 
 void note(MPI_Comm comm, const std::string& what) {
-  char name[MPI_MAX_OBJECT_NAME] = {};
-  int len = 0, size = 0;
-  PMPI_Comm_get_name(comm, name, &len);
+  int size = 0;
   PMPI_Comm_size(comm, &size);
-  Expect& e = g_expect[name];
+  Expect& e = g_expect[name_of(comm)];
   e.size = size;
-  e.n[what]++;
+  e.n[size < 2 && what != "intercommunicator" ? "communicator size" : what]++;
 }
 
 void compare(const char* what, const void* got, const void* want, size_t bytes, MPI_Comm comm) {
@@ -104,12 +114,14 @@ void check_allreduce(MPI_Comm comm, int rank) {
         std::vector<uint8_t> got(in.size()), want(in.size());
         MPI_Allreduce(in.data(), got.data(), static_cast<int>(n), t.t, op, comm);
         note(comm, "eligible");
+        g_allreduce_bytes[name_of(comm)] += in.size();
         PMPI_Allreduce(in.data(), want.data(), static_cast<int>(n), t.t, op, comm);
         compare("MPI_Allreduce", got.data(), want.data(), got.size(), comm);
         if (n == 300) {  // in place
           got = in;
           MPI_Allreduce(MPI_IN_PLACE, got.data(), static_cast<int>(n), t.t, op, comm);
           note(comm, "eligible");
+          g_allreduce_bytes[name_of(comm)] += in.size();
           compare("MPI_Allreduce in place", got.data(), want.data(), got.size(), comm);
         }
       }
@@ -224,30 +236,52 @@ void check_delegated(MPI_Comm comm, int rank, int size) {
   compare("MPI_Iallreduce", got.data(), want.data(), got.size(), comm);
 }
 
-void check_all(MPI_Comm comm) {
+void check_all(MPI_Comm comm, bool allreduce_only) {
   int rank = 0, size = 0;
   PMPI_Comm_rank(comm, &rank);
   PMPI_Comm_size(comm, &size);
   check_allreduce(comm, rank);
-  check_reduce_scatter(comm, rank, size);
-  check_copies(comm, rank, size);
+  if (!allreduce_only) {
+    check_reduce_scatter(comm, rank, size);
+    check_copies(comm, rank, size);
+  }
   check_delegated(comm, rank, size);
+}
+
+void report(int rank) {
+  std::printf("mpi-check: rank %d: %d checks, %d mismatches\n", rank, g_checks, g_mismatches);
+  for (const auto& [name, e] : g_expect) {
+    std::string line = "mpi-check: rank " + std::to_string(rank) + " expect " + name + " " +
+                       std::to_string(e.size) + ":";
+    for (const auto& [what, n] : e.n) line += " " + what + "=" + std::to_string(n) + ";";
+    std::printf("%s\n", line.c_str());
+  }
+  for (const auto& [name, b] : g_allreduce_bytes)
+    std::printf("mpi-check: rank %d allreduce-bytes %s: %llu\n", rank, name.c_str(),
+                static_cast<unsigned long long>(b));
+  std::fflush(stdout);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
+  const bool allreduce_only = argc > 1 && std::strcmp(argv[1], "--allreduce-only") == 0;
   int rank = 0, size = 0;
   PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
   PMPI_Comm_size(MPI_COMM_WORLD, &size);
-  check_all(MPI_COMM_WORLD);
+  check_all(MPI_COMM_WORLD, allreduce_only);
+  if (allreduce_only) {
+    report(rank);
+    MPI_Finalize();
+    return g_mismatches == 0 ? 0 : 1;
+  }
 
   // Halves by rank parity, set up and freed by the application.
   MPI_Comm half;
   PMPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
   PMPI_Comm_set_name(half, rank % 2 == 0 ? "even" : "odd");
-  check_all(half);
+  check_all(half, false);
 
   // An intercommunicator between the halves: every call goes to MPI.
   MPI_Comm inter;
@@ -263,14 +297,7 @@ int main(int argc, char** argv) {
   MPI_Comm_free(&inter);  // as an application frees them (the interposer's teardown)
   MPI_Comm_free(&half);
 
-  std::printf("mpi-check: rank %d: %d checks, %d mismatches\n", rank, g_checks, g_mismatches);
-  for (const auto& [name, e] : g_expect) {
-    std::string line = "mpi-check: rank " + std::to_string(rank) + " expect " + name + " " +
-                       std::to_string(e.size) + ":";
-    for (const auto& [what, n] : e.n) line += " " + what + "=" + std::to_string(n) + ";";
-    std::printf("%s\n", line.c_str());
-  }
-  std::fflush(stdout);
+  report(rank);
   MPI_Finalize();
   return g_mismatches == 0 ? 0 : 1;
 }

@@ -40,6 +40,15 @@ Steps, each reported on its own and each able to fail:
      ring path: rxe delivers a guest's writes to itself, never through the
      box). Every intercepted call x dtype x op equals Open MPI's own result,
      every call netreduce can serve is served, and mpi4py under the preload.
+  mpi-box (with --mpi-lib and --mpi-check): one MPI job across the three
+     guests, one rank each: mpirun runs in the lab's namespace and starts its
+     orteds in the guests through lab_mpi.py (Open MPI's own traffic is
+     TCP between the guests). mpi-check --allreduce-only under the preload
+     with netreduced: every MPI_Allreduce type x op x size and its in-place
+     form equals Open MPI's own result and is served through the box (path
+     ina), the delegated calls are counted as such, and the box's ring of
+     MPI_COMM_WORLD aggregated exactly 3 x (the bytes of those all-reduces +
+     the 4-byte probe).
 A report per step (figures, counters) is printed and saved next to the run.
 """
 import os
@@ -55,6 +64,9 @@ import lab_report  # noqa: E402  (its run_step: this file has its own)
 from lab_report import Report, scenario_args  # noqa: E402
 from nrlab import Lab  # noqa: E402
 import scenario_allreduce as sa  # noqa: E402  (Daemon, sweep rules, capture parsing)
+sys.path.insert(0, os.path.join(HERE, "..", "mpi"))
+import mpi_test  # noqa: E402  (mpi-check under mpirun, and its checks)
+import lab_mpi  # noqa: E402  (mpirun across the guests)
 
 GUESTS = 3
 BOOT_PORT = 29510
@@ -233,6 +245,34 @@ def step_mpi_local(lab, a, daemon, reports):
     rep.figure("mpirun, 4 ranks in %s: mpi-check and mpi4py" % g.name, "%.1f" % r.seconds, "s")
 
 
+def step_mpi_box(lab, a, daemon, reports):
+    rep = reports["mpi-box"]
+    gids = {g.gid_index for g in lab.guests}
+    expect(len(gids) == 1, "the guests' RoCEv2 GID indexes differ (%s): one setting cannot serve" % gids)
+    mpirun = lab_mpi.mpirun_argv(lab)
+    env = {"NETREDUCE_DAEMON": daemon.url, "NETREDUCE_TOKEN_FILE": daemon.token_file,
+           "NETREDUCE_MPI_DEVICE": "rxe0", "NETREDUCE_MPI_GID_INDEX": str(gids.pop()),
+           "NETREDUCE_MPI_QP_TIMEOUT": str(QP_TIMEOUT), "NETREDUCE_MPI_KEEP_RINGS": "1",
+           "NETREDUCE_MPI_REQUIRE": "1", "NETREDUCE_MPI_LOCAL_SIZE": "1"}
+    before = {r["spec"]["id"] for r in lab.box.control(cmd="list_rings").get("rings", [])}
+    t = time.monotonic()
+    try:
+        ar = mpi_test.check_mpi_check(a.mpi_lib, a.mpi_check, True, np=GUESTS, mpirun=mpirun, env=env,
+                                      args=["--allreduce-only"], want_path="ina")
+    except mpi_test.MpiTestFailed as e:
+        raise Failed("mpi-check across the guests: %s" % e)
+    rep.figure("mpirun, 3 ranks (one per guest): mpi-check --allreduce-only", "%.1f" % (time.monotonic() - t), "s")
+    rings = [r for r in lab.box.control(cmd="list_rings").get("rings", []) if r["spec"]["id"] not in before]
+    expect(len(rings) == 1, "expected one new ring at the box (MPI_COMM_WORLD's), found %s" %
+           [r["spec"]["id"] for r in rings])
+    c = rings[0]["counters"]
+    want = GUESTS * (ar["MPI_COMM_WORLD"] + 4)
+    rep.figure("box: MPI_COMM_WORLD's ring %d, data bytes aggregated (expected 3 x (all-reduces + probe))"
+               % rings[0]["spec"]["id"], "%d (%d)" % (c["bytes_aggregated"], want))
+    expect(c["bytes_aggregated"] == want, "the box aggregated %d bytes for MPI_COMM_WORLD's ring, expected %d"
+           % (c["bytes_aggregated"], want))
+
+
 def main():
     def extra(ap):
         ap.add_argument("--steps", default=None)
@@ -241,16 +281,16 @@ def main():
     a, ap = scenario_args(("dataplane", "daemon", "perf"), extra)
     t0 = time.monotonic()
     steps = {"parallel-ina": step_parallel, "striped": step_striped, "parallel-discover": step_discover,
-             "mpi-local": step_mpi_local}
+             "mpi-local": step_mpi_local, "mpi-box": step_mpi_box}
     if a.steps is None:
-        a.steps = "parallel-ina,striped,parallel-discover" + (",mpi-local" if a.mpi_lib else "")
+        a.steps = "parallel-ina,striped,parallel-discover" + (",mpi-local,mpi-box" if a.mpi_lib else "")
     if (a.mpi_lib is None) != (a.mpi_check is None):
         ap.error("--mpi-lib and --mpi-check go together")
     if a.mpi_lib:
         a.mpi_lib, a.mpi_check = os.path.abspath(a.mpi_lib), os.path.abspath(a.mpi_check)
     chosen = a.steps.split(",")
-    if "mpi-local" in chosen and not a.mpi_lib:
-        ap.error("--steps mpi-local needs --mpi-lib and --mpi-check")
+    if ("mpi-local" in chosen or "mpi-box" in chosen) and not a.mpi_lib:
+        ap.error("--steps mpi-local and mpi-box need --mpi-lib and --mpi-check")
     for s in chosen:
         if s not in steps:
             ap.error("--steps: unknown step %r (known: %s)" % (s, ", ".join(steps)))
