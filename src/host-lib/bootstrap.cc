@@ -412,7 +412,7 @@ Error Bootstrap::allgather(const std::string& mine, std::vector<std::string>& al
                            Clock::time_point deadline) {
   if (rendezvous_) {
     all.clear();
-    if (Error e = rendezvous_(mine, all)) return e;
+    if (Error e = rendezvous_(mine, all, deadline)) return e;
     if (all.size() != world_ || all[rank_] != mine)
       return berr("the rendezvous gave " + std::to_string(all.size()) + " blobs for " +
                   std::to_string(world_) + " ranks, or not this rank's own");

@@ -57,7 +57,7 @@ class Bootstrap {
   // Over a rendezvous the caller has (netreduce.hpp Rendezvous): allgather
   // is the caller's, broadcast is an allgather of rank 0's blob, and
   // local_ip() is `ip` (the address the rank's own rendezvous would listen
-  // at). The caller's allgather bounds its own wait.
+  // at). The caller's allgather gets each exchange's deadline.
   static std::unique_ptr<Bootstrap> over(unsigned rank, unsigned world, const Rendezvous& rv,
                                          std::string ip);
   const std::string& address() const noexcept { return address_; }
@@ -81,7 +81,8 @@ class Bootstrap {
   int listen_fd_ = -1;
   std::string listen_ip_;   // rank 0: the address it listens at
   std::vector<int> peers_;  // rank 0: fd per rank (index 0 unused); others: [0] = rank 0
-  std::function<Error(const std::string&, std::vector<std::string>&)> rendezvous_;  // over()
+  std::function<Error(const std::string&, std::vector<std::string>&, Clock::time_point)>
+      rendezvous_;  // over()
 };
 
 }  // namespace netreduce::host

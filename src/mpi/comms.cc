@@ -1,6 +1,7 @@
 #include "mpi/comms.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -13,8 +14,8 @@ namespace {
 std::mutex mu;
 std::set<CommState*> live;
 int keyval = MPI_KEYVAL_INVALID;
-unsigned made = 0;
-int thread_level = -1;  // -1: MPI_Init not seen (MPI initialised before the preload)
+unsigned made = 0;    // states made: "communicator #N"
+unsigned set_up = 0;  // netreduce communicators set up (CommState::seq)
 
 void report_and_free(CommState* st) {
   std::string path = "not set up (no call was served)";
@@ -33,11 +34,17 @@ void report_and_free(CommState* st) {
 // no longer in `live` and is left alone.
 int on_delete(MPI_Comm, int, void* value, void*) {
   auto* st = static_cast<CommState*>(value);
+  if (st == nullptr) return MPI_SUCCESS;  // before the lock: state_of may hold it here
   {
     std::lock_guard<std::mutex> lk(mu);
     if (live.erase(st) == 0) return MPI_SUCCESS;
   }
-  report_and_free(st);
+  try {  // called from MPI's C code: nothing may escape
+    report_and_free(st);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "netreduce-mpi: freeing a communicator: %s\n", e.what());
+    return MPI_ERR_OTHER;
+  }
   return MPI_SUCCESS;
 }
 
@@ -52,7 +59,8 @@ std::string comm_label(MPI_Comm comm) {
 }  // namespace
 
 const Config& config() {
-  static const Config c = [] {
+  // Never destroyed: a static's destructor may finalize MPI after ours ran.
+  static const Config& c = *new Config([] {
     Config out;
     std::string error;
     if (!read_config([](const char* n) { return std::getenv(n); }, out, error)) {
@@ -62,7 +70,7 @@ const Config& config() {
       PMPI_Abort(MPI_COMM_WORLD, 1);
     }
     return out;
-  }();
+  }());
   return c;
 }
 
@@ -79,10 +87,10 @@ CommState& state_of(MPI_Comm comm) {
   void* value = nullptr;
   int found = 0;
   PMPI_Comm_get_attr(comm, keyval, &value, &found);
-  if (found) return *static_cast<CommState*>(value);
+  if (found && value != nullptr) return *static_cast<CommState*>(value);
   auto* st = new CommState;
   st->comm = comm;
-  st->seq = ++made;
+  ++made;
   st->label = comm_label(comm);
   PMPI_Comm_rank(comm, &st->rank);
   PMPI_Comm_size(comm, &st->size);
@@ -95,42 +103,9 @@ CommState& state_of(MPI_Comm comm) {
   return *st;
 }
 
-Communicator* served_by(CommState& st) {
-  if (st.tried) return st.nr.get();
-  st.tried = true;
-  const Config& c = config();
-  if (thread_level >= 0 && thread_level < MPI_THREAD_SERIALIZED) {
-    st.why_not =
-        "MPI gives less than MPI_THREAD_SERIALIZED (a failover's exchange runs on "
-        "netreduce's progress thread)";
-    if (st.rank == 0 || c.verbose)
-      std::fprintf(stderr, "%sits collectives go to MPI: %s\n", who(st).c_str(),
-                   st.why_not.c_str());
-    return nullptr;
-  }
-  Options o;
-  o.force_ring = c.force_ring;
-  o.local_size = c.local_size;
-  o.op_timeout_ms = c.timeout_ms;
-  if (c.qp_timeout >= 0) o.qp_timeout = static_cast<uint8_t>(c.qp_timeout);
-  o.delete_ring_at_close = !c.keep_rings;
-  st.rendezvous = std::make_unique<MpiRendezvous>(st.comm);
-  MpiRendezvous* mr = st.rendezvous.get();
-  Rendezvous rv{[mr](const std::string& mine, std::vector<std::string>& all) {
-                  return mr->allgather(mine, all);
-                },
-                "mpi:" + st.label};
-  std::unique_ptr<Communicator> nr;
-  const Error e = Communicator::create(st.rank, st.size, c.device, c.gid_index, rv, o, nr);
-  st.why_not = mr->settle(e);
-  if (st.why_not.empty()) {
-    st.nr = std::move(nr);
-    if (c.verbose)
-      std::fprintf(stderr, "%snetreduce set up, path %s: %s\n", who(st).c_str(),
-                   to_string(st.nr->path()), st.nr->path_reason().c_str());
-    return st.nr.get();
-  }
-  nr.reset();
+// The outcome of a set-up every rank learns alike: warned about (rank 0),
+// or the job stopped with NETREDUCE_MPI_REQUIRE=1.
+Communicator* not_served(CommState& st, const Config& c) {
   if (c.require) {
     std::fprintf(stderr, "%snetreduce cannot serve this communicator: %s\n", who(st).c_str(),
                  st.why_not.c_str());
@@ -139,6 +114,53 @@ Communicator* served_by(CommState& st) {
   if (st.rank == 0 || c.verbose)
     std::fprintf(stderr, "%sits collectives go to MPI: %s\n", who(st).c_str(), st.why_not.c_str());
   return nullptr;
+}
+
+Communicator* served_by(CommState& st) {
+  if (st.tried) return st.nr.get();
+  st.tried = true;
+  const Config& c = config();
+  // A failover's exchange runs on netreduce's progress thread and may meet
+  // the application's thread inside MPI (a delegated call).
+  int level = MPI_THREAD_SINGLE;
+  PMPI_Query_thread(&level);
+  if (level < MPI_THREAD_MULTIPLE) {
+    st.why_not = "MPI gives less than MPI_THREAD_MULTIPLE (netreduce's progress thread uses MPI)";
+    return not_served(st, c);
+  }
+  Options o;
+  o.force_ring = c.force_ring;
+  o.local_size = c.local_size;
+  o.op_timeout_ms = c.timeout_ms;
+  if (c.qp_timeout >= 0) o.qp_timeout = static_cast<uint8_t>(c.qp_timeout);
+  o.delete_ring_at_close = !c.keep_rings;
+  // Set-up deadlines start when the last rank arrives, not the first.
+  PMPI_Barrier(st.comm);
+  st.rendezvous = std::make_unique<MpiRendezvous>(st.comm);
+  MpiRendezvous* mr = st.rendezvous.get();
+  Rendezvous rv{
+      [mr](const std::string& mine, std::vector<std::string>& all,
+           MpiRendezvous::Deadline deadline) { return mr->allgather(mine, all, deadline); },
+      "mpi:" + st.label};
+  std::unique_ptr<Communicator> nr;
+  const Error e = Communicator::create(st.rank, st.size, c.device, c.gid_index, rv, o, nr);
+  // The verdict waits for the slowest rank's create: its own steps' time.
+  const int settle_ms = std::max(c.timeout_ms, o.connect_timeout_ms + o.daemon_timeout_ms);
+  st.why_not =
+      mr->settle(e, std::chrono::steady_clock::now() + std::chrono::milliseconds(settle_ms));
+  if (!st.why_not.empty()) {
+    nr.reset();
+    return not_served(st, c);
+  }
+  st.nr = std::move(nr);
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    st.seq = ++set_up;  // a collective step: the same order on every rank
+  }
+  if (c.verbose)
+    std::fprintf(stderr, "%snetreduce set up, path %s: %s\n", who(st).c_str(),
+                 to_string(st.nr->path()), st.nr->path_reason().c_str());
+  return st.nr.get();
 }
 
 void release(MPI_Comm comm) {
@@ -152,7 +174,10 @@ void release(MPI_Comm comm) {
     if (!found || live.erase(static_cast<CommState*>(value)) == 0) return;
     st = static_cast<CommState*>(value);
   }
-  report_and_free(st);  // the attribute's callback then finds it gone
+  // The attribute goes before the state: its callback finds the state gone
+  // from `live`, and no other state can have its address yet.
+  PMPI_Comm_delete_attr(comm, keyval);
+  report_and_free(st);
 }
 
 void finish_all() {
@@ -166,7 +191,5 @@ void finish_all() {
             [](const CommState* a, const CommState* b) { return a->seq < b->seq; });
   for (CommState* st : rest) report_and_free(st);
 }
-
-void set_thread_level(int provided) { thread_level = provided; }
 
 }  // namespace netreduce::mpi

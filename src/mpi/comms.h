@@ -10,14 +10,15 @@
 //   set-up (netreduce.hpp Rendezvous: a failover's exchange, the closing
 //   exchange), so it is freed while the MPI communicator still works, outside
 //   any MPI call: in MPI_Comm_free before PMPI_Comm_free, and at MPI_Finalize
-//   for every communicator still alive (in the order the states were made, the
-//   same on every rank for communicators made collectively), before MPI's own
+//   for every communicator still alive (in the order their set-ups ran: a
+//   collective step, so the same order on every rank), before MPI's own
 //   finalize. Each prints its report line then (rank 0; every rank with
-//   NETREDUCE_MPI_VERBOSE=1). The attribute's delete callback does the same for
-//   a communicator MPI frees some other way.
-// - The interposer asks MPI for MPI_THREAD_SERIALIZED at least: a failover's
-//   exchange runs on the progress thread while the application's thread waits
-//   in the interposer, never inside MPI.
+//   NETREDUCE_MPI_VERBOSE=1). The attribute's delete callback does the same
+//   for a communicator MPI frees some other way.
+// - The interposer asks MPI for MPI_THREAD_MULTIPLE: a failover's exchange
+//   runs on netreduce's progress thread, on the rendezvous's own duplicate of
+//   the communicator (rendezvous.h), while the application's thread may be
+//   inside MPI. Without that level no communicator is set up.
 //
 // Threads: the table of live states is guarded by a mutex (set-up and
 // teardown only); a state itself is used by the thread that makes the
@@ -41,7 +42,7 @@ struct CommState {
   std::string label;  // its MPI name, or "communicator #N"
   int rank = 0, size = 0, world_rank = 0;
   bool inter = false;
-  unsigned seq = 0;    // the order states were made in (teardown at MPI_Finalize)
+  unsigned seq = 0;    // the order of the set-ups that worked (teardown at MPI_Finalize)
   bool tried = false;  // set-up attempted
   std::unique_ptr<MpiRendezvous> rendezvous;  // outlives nr, which uses it
   std::unique_ptr<Communicator> nr;           // after a set-up that worked on every rank
@@ -60,10 +61,8 @@ Communicator* served_by(CommState& st);
 void release(MPI_Comm comm);
 // At MPI_Finalize: reports and frees every state still alive.
 void finish_all();
-// After PMPI_Init_thread: MPI's thread level (below MPI_THREAD_SERIALIZED
-// no communicator is set up).
-void set_thread_level(int provided);
-// "netreduce-mpi: rank R of MPI_COMM_WORLD: " for errors and warnings.
+// "netreduce-mpi: rank 5 (rank 1 of even): " for errors and warnings (rank
+// 5 of MPI_COMM_WORLD).
 std::string who(const CommState& st);
 
 }  // namespace netreduce::mpi

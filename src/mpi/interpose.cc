@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <optional>
 
 #include "mpi/comms.h"
@@ -110,106 +111,136 @@ Communicator* serve(CommState& st, const CallFacts& f) {
 
 int timeout() { return config().timeout_ms; }
 
+// An entry point's body: nothing escapes into the application's C code (a
+// bad_alloc, a throwing std::function); an exception is the call's error.
+template <typename Body>
+int guarded(MPI_Comm comm, const char* call, Body&& body) {
+  const char* what = "unknown exception";
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  std::fprintf(stderr, "netreduce-mpi: %s: %s\n", call, what);
+  PMPI_Comm_call_errhandler(comm, MPI_ERR_OTHER);
+  return MPI_ERR_OTHER;
+}
+
 }  // namespace
 
 extern "C" {
 
 int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
                   MPI_Comm comm) {
-  CommState& st = state_of(comm);
-  Communicator* nr = serve(st, reduction(st, datatype, op, static_cast<uint64_t>(count)));
-  if (nr == nullptr) return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
-  const void* send = sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf;
-  return finish(st, "MPI_Allreduce",
-                nr->allreduce(send, recvbuf, static_cast<size_t>(count), *summed_type(datatype),
-                              *op_of(op), timeout()));
+  return guarded(comm, "MPI_Allreduce", [&] {
+    CommState& st = state_of(comm);
+    Communicator* nr = serve(st, reduction(st, datatype, op, static_cast<uint64_t>(count)));
+    if (nr == nullptr) return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+    const void* send = sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf;
+    return finish(st, "MPI_Allreduce",
+                  nr->allreduce(send, recvbuf, static_cast<size_t>(count), *summed_type(datatype),
+                                *op_of(op), timeout()));
+  });
 }
 
 int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op,
                    MPI_Comm comm, MPI_Request* request) {
-  CommState& st = state_of(comm);
-  CallFacts f = reduction(st, datatype, op, static_cast<uint64_t>(count));
-  f.non_blocking = true;
-  serve(st, f);
-  return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
+  return guarded(comm, "MPI_Iallreduce", [&] {
+    CommState& st = state_of(comm);
+    CallFacts f = reduction(st, datatype, op, static_cast<uint64_t>(count));
+    f.non_blocking = true;
+    serve(st, f);
+    return PMPI_Iallreduce(sendbuf, recvbuf, count, datatype, op, comm, request);
+  });
 }
 
 int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount,
                              MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
-  CommState& st = state_of(comm);
-  const uint64_t n = static_cast<uint64_t>(recvcount) * static_cast<uint64_t>(st.size);
-  Communicator* nr = serve(st, reduction(st, datatype, op, n));
-  if (nr == nullptr)
-    return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
-  // In place, the input is recvbuf and the result its first block.
-  const void* send = sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf;
-  return finish(st, "MPI_Reduce_scatter_block",
-                nr->reduce_scatter(send, recvbuf, static_cast<size_t>(recvcount),
-                                   *summed_type(datatype), *op_of(op), timeout()));
+  return guarded(comm, "MPI_Reduce_scatter_block", [&] {
+    CommState& st = state_of(comm);
+    const uint64_t n = static_cast<uint64_t>(recvcount) * static_cast<uint64_t>(st.size);
+    Communicator* nr = serve(st, reduction(st, datatype, op, n));
+    if (nr == nullptr)
+      return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
+    // In place, the input is recvbuf and the result its first block.
+    const void* send = sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf;
+    return finish(st, "MPI_Reduce_scatter_block",
+                  nr->reduce_scatter(send, recvbuf, static_cast<size_t>(recvcount),
+                                     *summed_type(datatype), *op_of(op), timeout()));
+  });
 }
 
 int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf,
                   int recvcount, MPI_Datatype recvtype, MPI_Comm comm) {
-  CommState& st = state_of(comm);
-  const bool in_place = sendbuf == MPI_IN_PLACE;
-  CallFacts f =
-      copy(st, recvtype, static_cast<uint64_t>(recvcount), static_cast<uint64_t>(st.size));
-  f.types_match = in_place || (sendtype == recvtype && sendcount == recvcount);
-  Communicator* nr = serve(st, f);
-  if (nr == nullptr)
-    return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
-  const size_t block = static_cast<size_t>(recvcount) * type_bytes(recvtype);
-  const void* send =
-      in_place ? static_cast<char*>(recvbuf) + block * static_cast<size_t>(st.rank) : sendbuf;
-  return finish(st, "MPI_Allgather",
-                nr->all_gather(send, recvbuf, block / 4, DataType::int32, timeout()));
+  return guarded(comm, "MPI_Allgather", [&] {
+    CommState& st = state_of(comm);
+    const bool in_place = sendbuf == MPI_IN_PLACE;
+    CallFacts f =
+        copy(st, recvtype, static_cast<uint64_t>(recvcount), static_cast<uint64_t>(st.size));
+    f.types_match = in_place || (sendtype == recvtype && sendcount == recvcount);
+    Communicator* nr = serve(st, f);
+    if (nr == nullptr)
+      return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+    const size_t block = static_cast<size_t>(recvcount) * type_bytes(recvtype);
+    const void* send =
+        in_place ? static_cast<char*>(recvbuf) + block * static_cast<size_t>(st.rank) : sendbuf;
+    return finish(st, "MPI_Allgather",
+                  nr->all_gather(send, recvbuf, block / 4, DataType::int32, timeout()));
+  });
 }
 
 int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm) {
-  CommState& st = state_of(comm);
-  Communicator* nr = serve(st, copy(st, datatype, static_cast<uint64_t>(count), 1));
-  if (nr == nullptr) return PMPI_Bcast(buffer, count, datatype, root, comm);
-  const size_t bytes = static_cast<size_t>(count) * type_bytes(datatype);
-  return finish(st, "MPI_Bcast",
-                nr->broadcast(buffer, bytes / 4, DataType::int32, root, timeout()));
+  return guarded(comm, "MPI_Bcast", [&] {
+    CommState& st = state_of(comm);
+    Communicator* nr = serve(st, copy(st, datatype, static_cast<uint64_t>(count), 1));
+    if (nr == nullptr) return PMPI_Bcast(buffer, count, datatype, root, comm);
+    const size_t bytes = static_cast<size_t>(count) * type_bytes(datatype);
+    return finish(st, "MPI_Bcast",
+                  nr->broadcast(buffer, bytes / 4, DataType::int32, root, timeout()));
+  });
 }
 
 int MPI_Barrier(MPI_Comm comm) {
-  CommState& st = state_of(comm);
-  CallFacts f;
-  f.intercomm = st.inter;
-  f.comm_size = st.size;
-  f.has_vector = false;
-  Communicator* nr = serve(st, f);
-  if (nr == nullptr) return PMPI_Barrier(comm);
-  // The ring path waits for ranks any distance apart (netreduce.hpp).
-  return finish(st, "MPI_Barrier", nr->barrier(PathChoice::ring, timeout()));
+  return guarded(comm, "MPI_Barrier", [&] {
+    CommState& st = state_of(comm);
+    CallFacts f;
+    f.intercomm = st.inter;
+    f.comm_size = st.size;
+    f.has_vector = false;
+    Communicator* nr = serve(st, f);
+    if (nr == nullptr) return PMPI_Barrier(comm);
+    // The ring path waits for ranks any distance apart (netreduce.hpp).
+    return finish(st, "MPI_Barrier", nr->barrier(PathChoice::ring, timeout()));
+  });
 }
 
-// MPI_THREAD_SERIALIZED at least (comms.h): the application asked for no
-// more than it gets.
+// MPI_THREAD_MULTIPLE (comms.h): the application gets no less than it
+// asked for.
 int MPI_Init(int* argc, char*** argv) {
   int provided = MPI_THREAD_SINGLE;
-  const int rc = PMPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
-  if (rc == MPI_SUCCESS) set_thread_level(provided);
-  return rc;
+  return PMPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
 }
 
 int MPI_Init_thread(int* argc, char*** argv, int required, int* provided) {
-  const int rc =
-      PMPI_Init_thread(argc, argv, std::max(required, int{MPI_THREAD_SERIALIZED}), provided);
-  if (rc == MPI_SUCCESS) set_thread_level(*provided);
-  return rc;
+  return PMPI_Init_thread(argc, argv, std::max(required, int{MPI_THREAD_MULTIPLE}), provided);
 }
 
 // The netreduce communicator goes first, while the MPI one still works.
 int MPI_Comm_free(MPI_Comm* comm) {
-  if (comm != nullptr && *comm != MPI_COMM_NULL) release(*comm);
-  return PMPI_Comm_free(comm);
+  if (comm == nullptr || *comm == MPI_COMM_NULL) return PMPI_Comm_free(comm);
+  const int rc = guarded(*comm, "MPI_Comm_free", [&] {
+    release(*comm);
+    return MPI_SUCCESS;
+  });
+  return rc == MPI_SUCCESS ? PMPI_Comm_free(comm) : rc;
 }
 
 int MPI_Finalize(void) {
-  finish_all();
+  guarded(MPI_COMM_WORLD, "MPI_Finalize", [] {
+    finish_all();
+    return MPI_SUCCESS;
+  });
   return PMPI_Finalize();
 }
 

@@ -125,9 +125,8 @@ TEST_CASE("bootstrap: over a caller's rendezvous", "[hostlib][bootstrap]") {
   std::vector<std::thread> th;
   for (unsigned r = 0; r < P; ++r)
     th.emplace_back([&, r] {
-      Rendezvous rv{[&, r](const std::string& mine, std::vector<std::string>& all) {
-                      return m.allgather(r, mine, all);
-                    },
+      Rendezvous rv{[&, r](const std::string& mine, std::vector<std::string>& all,
+                           Clock::time_point) { return m.allgather(r, mine, all); },
                     "test"};
       auto b = Bootstrap::over(r, P, rv, "10.0.0." + std::to_string(r + 1));
       ip[r] = b->local_ip();
@@ -148,21 +147,26 @@ TEST_CASE("bootstrap: over a caller's rendezvous", "[hostlib][bootstrap]") {
   // A rendezvous that fails, or hands back a table of the wrong shape, is
   // the bootstrap's error, never a short table.
   std::vector<std::string> all;
-  Rendezvous fails{[](const std::string&, std::vector<std::string>&) {
+  Clock::time_point seen{};
+  Rendezvous fails{[&seen](const std::string&, std::vector<std::string>&, Clock::time_point d) {
+                     seen = d;
                      return Error::make(ErrorCode::transport, "MPI_Allgather: rank 2 is gone");
                    },
                    "test"};
-  Error e = Bootstrap::over(0, 2, fails, "")->allgather("x", all, in_ms(1000));
+  const Clock::time_point deadline = in_ms(1000);
+  Error e = Bootstrap::over(0, 2, fails, "")->allgather("x", all, deadline);
+  CHECK(seen == deadline);  // the exchange's own deadline reaches the rendezvous
   CHECK(e.message == "MPI_Allgather: rank 2 is gone");
-  Rendezvous short_table{[](const std::string& mine, std::vector<std::string>& out) {
-                           out = {mine};
-                           return Error{};
-                         },
-                         "test"};
+  Rendezvous short_table{
+      [](const std::string& mine, std::vector<std::string>& out, Clock::time_point) {
+        out = {mine};
+        return Error{};
+      },
+      "test"};
   e = Bootstrap::over(1, 2, short_table, "")->allgather("x", all, in_ms(1000));
   CHECK(e.code == ErrorCode::bootstrap);
   CHECK(e.message.find("1 blobs for 2 ranks") != std::string::npos);
-  Rendezvous not_mine{[](const std::string&, std::vector<std::string>& out) {
+  Rendezvous not_mine{[](const std::string&, std::vector<std::string>& out, Clock::time_point) {
                         out = {"a", "b"};
                         return Error{};
                       },

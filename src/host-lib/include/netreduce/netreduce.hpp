@@ -32,6 +32,7 @@
 // the error names the peer rank, the message id and what was missing.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -234,10 +235,14 @@ class AllreduceHandle;
 // wherever the TCP bootstrap would be used: a failover's exchange (on the
 // communicator's progress thread, while one of its calls is waited for) and
 // the closing exchange (in the destructor, on the destroying thread). It must
-// stay callable until the communicator is destroyed. Local ranks and Rina
-// mode still open their own TCP rendezvous, at the address of the rank's GID.
+// stay callable until the communicator is destroyed, and return by the
+// deadline it is given (a rank that never joins is a timeout error, as over
+// TCP). Local ranks and Rina mode still open their own TCP rendezvous, at
+// the address of the rank's GID.
 struct Rendezvous {
-  std::function<Error(const std::string& mine, std::vector<std::string>& all)> allgather;
+  std::function<Error(const std::string& mine, std::vector<std::string>& all,
+                      std::chrono::steady_clock::time_point deadline)>
+      allgather;
   std::string name;  // the job's name (seeds the ring id as a bootstrap address does)
 };
 
