@@ -11,9 +11,9 @@
 //
 // Datatypes: reductions carry MPI_FLOAT, MPI_DOUBLE, MPI_INT, MPI_INT32_T,
 // MPI_LONG (64-bit), MPI_LONG_LONG and MPI_INT64_T with MPI_SUM, MPI_MIN and
-// MPI_MAX; broadcast and all-gather copy any named type as 32-bit words when
-// the bytes are a multiple of 4 (bit-exact). MPI_IN_PLACE is taken by
-// MPI_Allreduce, MPI_Allgather and MPI_Reduce_scatter_block.
+// MPI_MAX; broadcast and all-gather copy any named type without padding as
+// 32-bit words when the bytes are a multiple of 4 (bit-exact). MPI_IN_PLACE
+// is taken by MPI_Allreduce, MPI_Allgather and MPI_Reduce_scatter_block.
 // Example: MPI_Allreduce(MPI_IN_PLACE, x, 1024, MPI_FLOAT, MPI_SUM, world)
 // on 4 ranks is Communicator::allreduce(x, x, 1024, fp32, sum) on the
 // netreduce communicator of MPI_COMM_WORLD, set up at this first call.
@@ -31,11 +31,18 @@ using namespace netreduce::mpi;
 
 namespace {
 
+// A named type whose elements lie back to back: no padding (MPI_DOUBLE_INT
+// has 12 bytes of data in 16 of extent), so count x size bytes are the data.
 bool named(MPI_Datatype t) {
   if (t == MPI_DATATYPE_NULL) return false;
   int ni = 0, na = 0, nd = 0, combiner = 0;
   PMPI_Type_get_envelope(t, &ni, &na, &nd, &combiner);
-  return combiner == MPI_COMBINER_NAMED;
+  if (combiner != MPI_COMBINER_NAMED) return false;
+  int size = 0;
+  MPI_Aint lb = 0, extent = 0;
+  PMPI_Type_size(t, &size);
+  PMPI_Type_get_extent(t, &lb, &extent);
+  return lb == 0 && extent == size && size > 0;
 }
 
 std::optional<DataType> summed_type(MPI_Datatype t) {

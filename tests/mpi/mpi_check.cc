@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -49,6 +50,18 @@ void note(MPI_Comm comm, const std::string& what) {
   Expect& e = g_expect[name_of(comm)];
   e.size = size;
   e.n[size < 2 && what != "intercommunicator" ? "communicator size" : what]++;
+}
+
+// A call netreduce can serve, of `bytes` (the call's vector: what one rank
+// reduces or receives,
+// docs/mpi.md#what-goes-to-mpi-and-why-it-is-counted): "below threshold"
+// under NETREDUCE_MPI_MIN_BYTES, "eligible" otherwise.
+uint64_t g_min_bytes = 0;
+
+bool servable(MPI_Comm comm, uint64_t bytes) {
+  const bool small = bytes < g_min_bytes;
+  note(comm, small ? "below threshold" : "eligible");
+  return !small;
 }
 
 void compare(const char* what, const void* got, const void* want, size_t bytes, MPI_Comm comm) {
@@ -96,9 +109,13 @@ std::vector<uint8_t> values(const Type& t, size_t n, int r, int salt) {
   return out;
 }
 
-const Type kSummed[] = {{MPI_FLOAT, "MPI_FLOAT", 4},     {MPI_DOUBLE, "MPI_DOUBLE", 8},
-                        {MPI_INT, "MPI_INT", 4},         {MPI_LONG, "MPI_LONG", 8},
-                        {MPI_INT64_T, "MPI_INT64_T", 8}, {MPI_LONG_LONG, "MPI_LONG_LONG", 8}};
+const Type kSummed[] = {{MPI_FLOAT, "MPI_FLOAT", 4},
+                        {MPI_DOUBLE, "MPI_DOUBLE", 8},
+                        {MPI_INT, "MPI_INT", 4},
+                        {MPI_INT32_T, "MPI_INT32_T", 4},
+                        {MPI_LONG, "MPI_LONG", 8},
+                        {MPI_INT64_T, "MPI_INT64_T", 8},
+                        {MPI_LONG_LONG, "MPI_LONG_LONG", 8}};
 const MPI_Op kOps[] = {MPI_SUM, MPI_MIN, MPI_MAX};
 const size_t kCounts[] = {1, 300, 5000};
 
@@ -113,15 +130,13 @@ void check_allreduce(MPI_Comm comm, int rank) {
         const auto in = values(t, n, rank, 1);
         std::vector<uint8_t> got(in.size()), want(in.size());
         MPI_Allreduce(in.data(), got.data(), static_cast<int>(n), t.t, op, comm);
-        note(comm, "eligible");
-        g_allreduce_bytes[name_of(comm)] += in.size();
+        if (servable(comm, in.size())) g_allreduce_bytes[name_of(comm)] += in.size();
         PMPI_Allreduce(in.data(), want.data(), static_cast<int>(n), t.t, op, comm);
         compare("MPI_Allreduce", got.data(), want.data(), got.size(), comm);
         if (n == 300) {  // in place
           got = in;
           MPI_Allreduce(MPI_IN_PLACE, got.data(), static_cast<int>(n), t.t, op, comm);
-          note(comm, "eligible");
-          g_allreduce_bytes[name_of(comm)] += in.size();
+          if (servable(comm, in.size())) g_allreduce_bytes[name_of(comm)] += in.size();
           compare("MPI_Allreduce in place", got.data(), want.data(), got.size(), comm);
         }
       }
@@ -134,14 +149,14 @@ void check_reduce_scatter(MPI_Comm comm, int rank, int size) {
         const auto in = values(t, n * static_cast<size_t>(size), rank, 2);
         std::vector<uint8_t> got(n * t.size), want(n * t.size);
         MPI_Reduce_scatter_block(in.data(), got.data(), static_cast<int>(n), t.t, op, comm);
-        note(comm, "eligible");
+        servable(comm, in.size());
         PMPI_Reduce_scatter_block(in.data(), want.data(), static_cast<int>(n), t.t, op, comm);
         compare("MPI_Reduce_scatter_block", got.data(), want.data(), got.size(), comm);
         if (n == 777) {
           auto inplace = in;
           MPI_Reduce_scatter_block(MPI_IN_PLACE, inplace.data(), static_cast<int>(n), t.t, op,
                                    comm);
-          note(comm, "eligible");
+          servable(comm, in.size());
           compare("MPI_Reduce_scatter_block in place", inplace.data(), want.data(), want.size(),
                   comm);
         }
@@ -157,7 +172,7 @@ void check_copies(MPI_Comm comm, int rank, int size) {
       std::vector<uint8_t> got(in.size() * static_cast<size_t>(size)), want(got.size());
       MPI_Allgather(in.data(), static_cast<int>(n), t.t, got.data(), static_cast<int>(n), t.t,
                     comm);
-      note(comm, "eligible");
+      servable(comm, got.size());
       PMPI_Allgather(in.data(), static_cast<int>(n), t.t, want.data(), static_cast<int>(n), t.t,
                      comm);
       compare("MPI_Allgather", got.data(), want.data(), got.size(), comm);
@@ -165,18 +180,18 @@ void check_copies(MPI_Comm comm, int rank, int size) {
       std::memcpy(inplace.data() + in.size() * static_cast<size_t>(rank), in.data(), in.size());
       MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, inplace.data(), static_cast<int>(n), t.t,
                     comm);
-      note(comm, "eligible");
+      servable(comm, got.size());
       compare("MPI_Allgather in place", inplace.data(), want.data(), want.size(), comm);
       for (int root : {0, size - 1}) {
         auto b = values(t, n, rank, 4 + root), ref = b;
         MPI_Bcast(b.data(), static_cast<int>(n), t.t, root, comm);
-        note(comm, "eligible");
+        servable(comm, b.size());
         PMPI_Bcast(ref.data(), static_cast<int>(n), t.t, root, comm);
         compare("MPI_Bcast", b.data(), ref.data(), b.size(), comm);
       }
     }
   MPI_Barrier(comm);
-  note(comm, "eligible");
+  note(comm, "eligible");  // no vector: no threshold
 }
 
 // Calls the interposer must leave to MPI, each still compared with PMPI_.
@@ -211,13 +226,50 @@ void check_delegated(MPI_Comm comm, int rank, int size) {
   note(comm, "datatype");
   PMPI_Bcast(rb.data(), 32, pair, 0, comm);
   compare("MPI_Bcast (derived type)", b.data(), rb.data(), b.size(), comm);
+  // Legal MPI (the type signatures match), described differently.
+  std::vector<uint8_t> gm(in.size() * static_cast<size_t>(size)), wm(gm.size());
+  MPI_Allgather(in.data(), 32, pair, gm.data(), 64, MPI_FLOAT, comm);
+  note(comm, "type mismatch");
+  PMPI_Allgather(in.data(), 32, pair, wm.data(), 64, MPI_FLOAT, comm);
+  compare("MPI_Allgather (send and receive types differ)", gm.data(), wm.data(), gm.size(), comm);
   PMPI_Type_free(&pair);
 
-  std::vector<uint8_t> gm(in.size() * static_cast<size_t>(size)), wm(gm.size());
-  MPI_Allgather(in.data(), 64, MPI_INT, gm.data(), 64, MPI_FLOAT, comm);
-  note(comm, "type mismatch");
-  PMPI_Allgather(in.data(), 64, MPI_INT, wm.data(), 64, MPI_FLOAT, comm);
-  compare("MPI_Allgather (send and receive types differ)", gm.data(), wm.data(), gm.size(), comm);
+  // A named type the reductions do not carry; copies with padding in the
+  // type (MPI_DOUBLE_INT: 12 bytes of data in 16) or not a multiple of 4.
+  std::vector<uint32_t> u(16, static_cast<uint32_t>(rank + 1)), gu(16), wu(16);
+  MPI_Allreduce(u.data(), gu.data(), 16, MPI_UNSIGNED, MPI_SUM, comm);
+  note(comm, "datatype");
+  PMPI_Allreduce(u.data(), wu.data(), 16, MPI_UNSIGNED, MPI_SUM, comm);
+  compare("MPI_Allreduce (MPI_UNSIGNED)", gu.data(), wu.data(), gu.size() * 4, comm);
+  struct DoubleInt {
+    double d;
+    int i;
+  };
+  std::vector<DoubleInt> di(8), rdi(8);
+  for (size_t k = 0; k < di.size(); ++k) {
+    std::memset(&di[k], 0, sizeof di[k]);  // the padding compared too
+    di[k].d = static_cast<double>(rank) + static_cast<double>(k) / 8;
+    di[k].i = rank * 100 + static_cast<int>(k);
+  }
+  rdi = di;
+  MPI_Bcast(di.data(), 8, MPI_DOUBLE_INT, size - 1, comm);
+  note(comm, "datatype");
+  PMPI_Bcast(rdi.data(), 8, MPI_DOUBLE_INT, size - 1, comm);
+  compare("MPI_Bcast (MPI_DOUBLE_INT)", di.data(), rdi.data(), di.size() * sizeof(DoubleInt), comm);
+  std::vector<uint8_t> b3(in.begin(), in.begin() + 3), rb3 = b3;
+  MPI_Bcast(b3.data(), 3, MPI_BYTE, 0, comm);
+  note(comm, "datatype");
+  PMPI_Bcast(rb3.data(), 3, MPI_BYTE, 0, comm);
+  compare("MPI_Bcast (3 bytes)", b3.data(), rb3.data(), 3, comm);
+
+  PMPI_Op_create(user_sum, 1, &mine);
+  const auto rs_in = values(f, 8 * static_cast<size_t>(size), rank, 7);
+  std::vector<uint8_t> grs(8 * 4), wrs(8 * 4);
+  MPI_Reduce_scatter_block(rs_in.data(), grs.data(), 8, MPI_FLOAT, mine, comm);
+  note(comm, "op");
+  PMPI_Reduce_scatter_block(rs_in.data(), wrs.data(), 8, MPI_FLOAT, mine, comm);
+  compare("MPI_Reduce_scatter_block (user op)", grs.data(), wrs.data(), grs.size(), comm);
+  PMPI_Op_free(&mine);
 
   std::vector<uint8_t> g3(3 * static_cast<size_t>(size)), w3(g3.size());
   MPI_Allgather(in.data(), 3, MPI_BYTE, g3.data(), 3, MPI_BYTE, comm);
@@ -230,7 +282,7 @@ void check_delegated(MPI_Comm comm, int rank, int size) {
 
   MPI_Request req;
   MPI_Iallreduce(in.data(), got.data(), 64, MPI_FLOAT, MPI_SUM, comm, &req);
-  note(comm, "non-blocking");
+  note(comm, 256 < g_min_bytes ? "below threshold" : "non-blocking");
   PMPI_Wait(&req, MPI_STATUS_IGNORE);
   PMPI_Allreduce(in.data(), want.data(), 64, MPI_FLOAT, MPI_SUM, comm);
   compare("MPI_Iallreduce", got.data(), want.data(), got.size(), comm);
@@ -267,6 +319,8 @@ void report(int rank) {
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   const bool allreduce_only = argc > 1 && std::strcmp(argv[1], "--allreduce-only") == 0;
+  if (const char* v = std::getenv("NETREDUCE_MPI_MIN_BYTES"))
+    g_min_bytes = std::strtoull(v, nullptr, 10);
   int rank = 0, size = 0;
   PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
   PMPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -276,6 +330,12 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return g_mismatches == 0 ? 0 : 1;
   }
+
+  // One rank: nothing to aggregate.
+  int one = rank, one_sum = 0;
+  MPI_Allreduce(&one, &one_sum, 1, MPI_INT, MPI_SUM, MPI_COMM_SELF);
+  note(MPI_COMM_SELF, "eligible");  // counted as "communicator size"
+  compare("MPI_Allreduce (MPI_COMM_SELF)", &one_sum, &one, sizeof one, MPI_COMM_SELF);
 
   // Halves by rank parity, set up and freed by the application.
   MPI_Comm half;
