@@ -39,7 +39,9 @@ Steps, each reported on its own and each able to fail:
      preloaded, each MPI communicator's netreduce communicator over rxe0 (the
      ring path: rxe delivers a guest's writes to itself, never through the
      box). Every intercepted call x dtype x op equals Open MPI's own result,
-     every call netreduce can serve is served, and mpi4py under the preload.
+     every call netreduce can serve is served on the ring path (also with
+     NETREDUCE_MPI_MIN_BYTES=1000), a bad setting stops the job, and mpi4py
+     under the preload.
   mpi-box (with --mpi-lib and --mpi-check): one MPI job across the three
      guests, one rank each: mpirun runs in the lab's namespace and starts its
      orteds in the guests through lab_mpi.py (Open MPI's own traffic is
@@ -234,9 +236,11 @@ def step_discover(lab, a, daemon, reports):
 def step_mpi_local(lab, a, daemon, reports):
     rep, g = reports["mpi-local"], lab.guests[0]
     env = {"NETREDUCE_MPI_DEVICE": "rxe0", "NETREDUCE_MPI_GID_INDEX": str(g.gid_index),
-           "NETREDUCE_MPI_LOCAL_SIZE": "1", "NETREDUCE_MPI_REQUIRE": "1"}
+           "NETREDUCE_MPI_LOCAL_SIZE": "1", "NETREDUCE_MPI_REQUIRE": "1",
+           "NETREDUCE_MPI_TIMEOUT_MS": "30000"}
     r = g.run(["/usr/bin/python3", os.path.join(HERE, "..", "mpi", "mpi_test.py"), "--served",
-               "--lib", a.mpi_lib, "--check", a.mpi_check], env=env, timeout=600)
+               "--want-path", "ring", "--lib", a.mpi_lib, "--check", a.mpi_check], env=env,
+              timeout=420)
     expect(r.rc == 0 and r.out.rstrip().endswith("PASS"),
            "mpi_test.py in %s (exit %d):\n%s%s" % (g.name, r.rc, r.out[-4000:], r.err[-4000:]))
     for line in r.out.splitlines():
@@ -253,12 +257,14 @@ def step_mpi_box(lab, a, daemon, reports):
     env = {"NETREDUCE_DAEMON": daemon.url, "NETREDUCE_TOKEN_FILE": daemon.token_file,
            "NETREDUCE_MPI_DEVICE": "rxe0", "NETREDUCE_MPI_GID_INDEX": str(gids.pop()),
            "NETREDUCE_MPI_QP_TIMEOUT": str(QP_TIMEOUT), "NETREDUCE_MPI_KEEP_RINGS": "1",
-           "NETREDUCE_MPI_REQUIRE": "1", "NETREDUCE_MPI_LOCAL_SIZE": "1"}
+           "NETREDUCE_MPI_REQUIRE": "1", "NETREDUCE_MPI_LOCAL_SIZE": "1",
+           "NETREDUCE_MPI_TIMEOUT_MS": "30000"}
     before = {r["spec"]["id"] for r in lab.box.control(cmd="list_rings").get("rings", [])}
     t = time.monotonic()
     try:
-        ar = mpi_test.check_mpi_check(a.mpi_lib, a.mpi_check, True, np=GUESTS, mpirun=mpirun, env=env,
-                                      args=["--allreduce-only"], want_path="ina")
+        ar = mpi_test.check_mpi_check(a.mpi_lib, a.mpi_check, True, np=GUESTS, mpirun=mpirun,
+                                      settings=env, args=["--allreduce-only"], want_path="ina",
+                                      timeout=240)
     except mpi_test.MpiTestFailed as e:
         raise Failed("mpi-check across the guests: %s" % e)
     rep.figure("mpirun, 3 ranks (one per guest): mpi-check --allreduce-only", "%.1f" % (time.monotonic() - t), "s")
