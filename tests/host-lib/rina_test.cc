@@ -115,6 +115,18 @@ struct RinaParts {
 // The order rule written out: each group's value (its rack's sum in rank
 // order, or in the ring's order for the groups in `ring_racks`; a rank
 // alone: its input), then per lane the ring's order over the groups.
+// A lane's two members make it unusable: a call of different counts (10
+// elements against 20) fails on both.
+void break_lane(Communicator* x, Communicator* y) {
+  REQUIRE((x && y));
+  std::vector<int32_t> a(20), b(20);
+  AllreduceHandle hx, hy;
+  REQUIRE(x->allreduce_async(a.data(), a.data(), 10, DataType::int32, Op::sum, hx, 2000).ok());
+  REQUIRE(y->allreduce_async(b.data(), b.data(), 20, DataType::int32, Op::sum, hy, 2000).ok());
+  REQUIRE_FALSE(hx.wait().ok());
+  REQUIRE_FALSE(hy.wait().ok());
+}
+
 std::vector<uint8_t> reference(const RinaPlan& plan, const std::vector<std::vector<uint8_t>>& in,
                                DataType t, Op op, const std::vector<unsigned>& ring_racks = {}) {
   const size_t es = element_size(t), count = in[0].size() / es;
@@ -309,15 +321,8 @@ TEST_CASE("rina: a failed lane reaches its whole rack; the default deadline", "[
     });
   for (auto& x : th) x.join();
   require_ok(errs);
-  // Ranks 1 and 4 break their lane 1 (10 elements against 20).
-  Communicator* l1[2] = {job.lane_comm(1, 1), job.lane_comm(4, 1)};
-  REQUIRE((l1[0] && l1[1]));
-  std::vector<int32_t> a(20), b(20);
-  AllreduceHandle h0, h1;
-  REQUIRE(l1[0]->allreduce_async(a.data(), a.data(), 10, DataType::int32, Op::sum, h0, 2000).ok());
-  REQUIRE(l1[1]->allreduce_async(b.data(), b.data(), 20, DataType::int32, Op::sum, h1, 2000).ok());
-  REQUIRE_FALSE(h0.wait().ok());
-  REQUIRE_FALSE(h1.wait().ok());
+  // Ranks 1 and 4 break their lane 1.
+  break_lane(job.lane_comm(1, 1), job.lane_comm(4, 1));
   errs = job.run(in, out, 600, DataType::int32, Op::sum);
   for (unsigned r = 0; r < P; ++r) {
     INFO("rank " << r << ": " << errs[r].message);
@@ -372,17 +377,9 @@ TEST_CASE("rina: a call after a failed Rina call is recorded as what it ran", "[
     rina->rina = std::move(parts.rina[r]);
     job.comms[r]->impl().rina = std::move(rina);
   }
-  // Lane 0's two carriers break it (10 elements against 20): the next Rina
-  // call fails on every rank.
-  Communicator* l0[2] = {parts.lane_comm(parts.plan.carrier(0, 0), 0),
-                         parts.lane_comm(parts.plan.carrier(1, 0), 0)};
-  REQUIRE((l0[0] && l0[1]));
-  std::vector<int32_t> a(20), b(20);
-  AllreduceHandle h0, h1;
-  REQUIRE(l0[0]->allreduce_async(a.data(), a.data(), 10, DataType::int32, Op::sum, h0, 2000).ok());
-  REQUIRE(l0[1]->allreduce_async(b.data(), b.data(), 20, DataType::int32, Op::sum, h1, 2000).ok());
-  REQUIRE_FALSE(h0.wait().ok());
-  REQUIRE_FALSE(h1.wait().ok());
+  // Lane 0's two carriers break it: the next Rina call fails on every rank.
+  break_lane(parts.lane_comm(parts.plan.carrier(0, 0), 0),
+             parts.lane_comm(parts.plan.carrier(1, 0), 0));
   std::vector<std::vector<uint8_t>> in(P, std::vector<uint8_t>(64, 1)), out;
   for (const Error& e : job.run(in, out, 16, DataType::int32, Op::sum)) REQUIRE_FALSE(e.ok());
 
