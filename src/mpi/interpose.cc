@@ -85,9 +85,10 @@ CallFacts copy(const CommState& st, MPI_Datatype t, uint64_t count, uint64_t blo
   CallFacts f;
   f.intercomm = st.inter;
   f.comm_size = st.size;
-  const uint64_t block = named(t) ? count * type_bytes(t) : 0;
+  const bool ok = named(t);
+  const uint64_t block = ok ? count * type_bytes(t) : 0;
   f.bytes = block * blocks;
-  f.type_ok = named(t) && block % 4 == 0;
+  f.type_ok = ok && block % 4 == 0;
   return f;
 }
 
